@@ -1,0 +1,196 @@
+"""The worker environment contract: one table of names, a builder (launcher side) and a
+reader (worker side).
+
+Names and meanings follow torchrun (``torch.distributed.run``) so that unmodified
+``torch.distributed`` programs using ``init_method="env://"`` work. One value differs on
+purpose: ``TORCHELASTIC_USE_AGENT_STORE`` is ``False`` because distlaunch does not host a
+torch TCPStore on ``MASTER_PORT``; that port is left free and rank 0's torch binds it, as
+with a plain ``env://`` launch. distlaunch's own store is announced under ``DISTLAUNCH_*``.
+
+This module is imported by workers (``distlaunch.collectives``): keep it to the standard
+library.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from .errors import ConfigError
+
+# name -> meaning. The builder sets every one of these (OMP_NUM_THREADS only when unset).
+TORCHRUN_VARS = {
+    "RANK": "global rank of the worker, 0..WORLD_SIZE-1",
+    "LOCAL_RANK": "rank of the worker on its node, 0..LOCAL_WORLD_SIZE-1",
+    "WORLD_SIZE": "number of workers in the job",
+    "LOCAL_WORLD_SIZE": "number of workers on this node",
+    "GROUP_RANK": "node rank (rank of this node's agent)",
+    "GROUP_WORLD_SIZE": "number of nodes",
+    "ROLE_RANK": "rank among workers of the same role (one role: equals RANK)",
+    "ROLE_NAME": "the role (--role, default 'default')",
+    "ROLE_WORLD_SIZE": "number of workers of the same role",
+    "MASTER_ADDR": "address of rank 0's node, for the program's own rendezvous",
+    "MASTER_PORT": "a port free for the program's own use on rank 0's node",
+    "TORCHELASTIC_RESTART_COUNT": "how many times the worker group was restarted",
+    "TORCHELASTIC_MAX_RESTARTS": "--max-restarts",
+    "TORCHELASTIC_RUN_ID": "the run id (--run-id)",
+    "TORCHELASTIC_USE_AGENT_STORE": "always False: torch's rank 0 hosts its own store",
+    "TORCHELASTIC_ERROR_FILE": "where torch's @record writes a structured error (read for the summary)",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE": "signals torch's elastic code handles",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "passed through, default 1 (as torchrun)",
+}
+
+# mpirun front ends (Open MPI, MPICH/Intel MPI). Never PMIX_*, PMI_FD, PMI_PORT or
+# PRTE_LAUNCHED: those make a real MPI library try to contact a PMI server and fail.
+MPI_VARS = {
+    "OMPI_COMM_WORLD_RANK": "RANK",
+    "OMPI_COMM_WORLD_SIZE": "WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_NODE_RANK": "GROUP_RANK",
+    "PMI_RANK": "RANK",
+    "PMI_SIZE": "WORLD_SIZE",
+    "MPI_LOCALRANKID": "LOCAL_RANK",
+    "MPI_LOCALNRANKS": "LOCAL_WORLD_SIZE",
+}
+
+DISTLAUNCH_VARS = {
+    "DISTLAUNCH_STORE_ADDR": "host of distlaunch's key-value store",
+    "DISTLAUNCH_STORE_PORT": "port of distlaunch's key-value store",
+    "DISTLAUNCH_STORE_TOKEN": "the job's secret for the store (environment only, never argv)",
+    "DISTLAUNCH_RUN_ID": "the run id; namespaces store keys and shared-memory names",
+    "DISTLAUNCH_NODE_ID": "identity of this node as assigned by the launcher (not a hostname)",
+}
+
+# Inherited variables from other launchers / schedulers that would be wrong in a worker.
+STALE_VARS = (
+    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
+    "PMI_FD", "PMI_PORT", "PMI_ID", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI2",
+    "PMIX_SERVER_URI3", "PMIX_SERVER_URI4", "PMIX_SERVER_URI21", "PMIX_SECURITY_MODE",
+    "PRTE_LAUNCHED", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_NODE_RANK",
+    "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+)
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """Everything the launcher tells one worker about itself and the job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    node_id: str
+    run_id: str
+    restart_count: int = 0
+    max_restarts: int = 0
+    role: str = "default"
+    master_addr: str = "localhost"
+    master_port: int = 29500
+    store_addr: str | None = None
+    store_port: int | None = None
+    store_token: str | None = None
+
+
+def build_worker_env(
+    ident: WorkerIdentity,
+    base: Mapping[str, str],
+    error_file: str | None = None,
+    set_omp_threads: bool = False,
+) -> dict[str, str]:
+    """Return the full environment for one worker: ``base`` cleaned of stale launcher
+    variables, plus the torchrun, MPI-style and ``DISTLAUNCH_*`` names of ``ident``.
+
+    ``set_omp_threads`` sets ``OMP_NUM_THREADS=1`` when ``base`` has none (torchrun does
+    the same when several workers share a node).
+    """
+    env = {k: v for k, v in base.items() if k not in STALE_VARS and not k.startswith("PMIX_")}
+    values = {
+        "RANK": ident.rank,
+        "LOCAL_RANK": ident.local_rank,
+        "WORLD_SIZE": ident.world_size,
+        "LOCAL_WORLD_SIZE": ident.local_world_size,
+        "GROUP_RANK": ident.node_rank,
+        "GROUP_WORLD_SIZE": ident.num_nodes,
+        "ROLE_RANK": ident.rank,
+        "ROLE_NAME": ident.role,
+        "ROLE_WORLD_SIZE": ident.world_size,
+        "MASTER_ADDR": ident.master_addr,
+        "MASTER_PORT": ident.master_port,
+        "TORCHELASTIC_RESTART_COUNT": ident.restart_count,
+        "TORCHELASTIC_MAX_RESTARTS": ident.max_restarts,
+        "TORCHELASTIC_RUN_ID": ident.run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "DISTLAUNCH_RUN_ID": ident.run_id,
+        "DISTLAUNCH_NODE_ID": ident.node_id,
+    }
+    for mpi_name, source in MPI_VARS.items():
+        values[mpi_name] = values[source]
+    if ident.store_port is not None:
+        values["DISTLAUNCH_STORE_ADDR"] = ident.store_addr
+        values["DISTLAUNCH_STORE_PORT"] = ident.store_port
+        values["DISTLAUNCH_STORE_TOKEN"] = ident.store_token or ""
+    else:
+        for name in ("DISTLAUNCH_STORE_ADDR", "DISTLAUNCH_STORE_PORT", "DISTLAUNCH_STORE_TOKEN"):
+            env.pop(name, None)
+    if error_file is not None:
+        values["TORCHELASTIC_ERROR_FILE"] = error_file
+    else:
+        env.pop("TORCHELASTIC_ERROR_FILE", None)
+    if set_omp_threads and "OMP_NUM_THREADS" not in base:
+        values["OMP_NUM_THREADS"] = 1
+    env.update((k, str(v)) for k, v in values.items())
+    return env
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = environ.get(name)
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"environment variable {name} is not set; start the program with "
+                              f"'distlaunch run' or set it")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerIdentity:
+    """Read a worker's identity from its environment (``os.environ`` by default).
+
+    Requires RANK and WORLD_SIZE; the rest default as for a single-node job (local rank =
+    rank, one node). The store fields are None when no ``DISTLAUNCH_STORE_PORT`` is set.
+    Raises ConfigError naming a missing or non-integer variable.
+    """
+    e = os.environ if environ is None else environ
+    rank = _int(e, "RANK")
+    world_size = _int(e, "WORLD_SIZE")
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"RANK={rank} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={world_size})")
+    node_rank = _int(e, "GROUP_RANK", 0)
+    store_port = e.get("DISTLAUNCH_STORE_PORT")
+    return WorkerIdentity(
+        rank=rank,
+        local_rank=_int(e, "LOCAL_RANK", rank),
+        world_size=world_size,
+        local_world_size=_int(e, "LOCAL_WORLD_SIZE", world_size),
+        node_rank=node_rank,
+        num_nodes=_int(e, "GROUP_WORLD_SIZE", 1),
+        node_id=e.get("DISTLAUNCH_NODE_ID", str(node_rank)),
+        run_id=e.get("DISTLAUNCH_RUN_ID", e.get("TORCHELASTIC_RUN_ID", "none")),
+        restart_count=_int(e, "TORCHELASTIC_RESTART_COUNT", 0),
+        max_restarts=_int(e, "TORCHELASTIC_MAX_RESTARTS", 0),
+        role=e.get("ROLE_NAME", "default"),
+        master_addr=e.get("MASTER_ADDR", "localhost"),
+        master_port=_int(e, "MASTER_PORT", 29500),
+        store_addr=e.get("DISTLAUNCH_STORE_ADDR") if store_port else None,
+        store_port=int(store_port) if store_port else None,
+        store_token=e.get("DISTLAUNCH_STORE_TOKEN") if store_port else None,
+    )

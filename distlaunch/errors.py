@@ -1,0 +1,87 @@
+"""The one exception hierarchy of distlaunch (a leaf module: imports nothing of ours).
+
+Library code raises these; only ``distlaunch.cli`` turns them into messages and exit
+codes. Third-party errors are wrapped with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class DistlaunchError(Exception):
+    """Root of every error distlaunch raises on purpose."""
+
+
+class ConfigError(DistlaunchError, ValueError):
+    """Bad usage or configuration, found before anything starts (exit code 2)."""
+
+
+# --- store -------------------------------------------------------------------------------
+
+class StoreError(DistlaunchError):
+    """The key-value store failed a request."""
+
+
+class StoreTimeoutError(StoreError, TimeoutError):
+    """A blocking store call (get, wait, connect) ran past its timeout."""
+
+
+class StoreConnectionError(StoreError, ConnectionError):
+    """The connection to the store could not be made or was lost."""
+
+
+class StoreAuthError(StoreConnectionError):
+    """The store refused the connection: the secret token did not match."""
+
+
+class StoreProtocolError(StoreError):
+    """A frame broke the store protocol (malformed, oversized, unknown type)."""
+
+
+# --- launching -----------------------------------------------------------------------------
+
+class RendezvousError(DistlaunchError):
+    """Agents could not agree on a rendezvous round (membership, ranks)."""
+
+
+class SpawnError(DistlaunchError):
+    """A worker process could not be started (e.g. the executable is missing)."""
+
+
+class WorkerFailedError(DistlaunchError):
+    """The worker group failed and no restarts remain.
+
+    ``failure`` is the root cause (the first worker that failed in the last attempt);
+    ``exit_code`` is what the launcher should exit with (signal N gives 128+N).
+    """
+
+    def __init__(self, message: str, failure=None, exit_code: int = 1):
+        super().__init__(message)
+        self.failure = failure
+        self.exit_code = exit_code
+
+
+class LaunchInterrupted(DistlaunchError):
+    """The launcher was told to stop by a signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+# --- collectives ---------------------------------------------------------------------------
+
+class CollectiveError(DistlaunchError):
+    """A collective or point-to-point operation failed."""
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A collective did not complete within the group timeout; names the missing ranks."""
+
+
+class CollectiveMismatchError(CollectiveError, ValueError):
+    """Ranks called the same collective with different shape, dtype, op or root."""
+
+
+class PeerLostError(CollectiveError, ConnectionError):
+    """A peer rank's connection dropped (the peer died) during an operation."""
