@@ -1,0 +1,152 @@
+"""One attempt of a node's worker group: start every worker, relay output, and stop the
+group at the first failure (SIGTERM to each process group, ``stop_timeout`` seconds of
+grace, then SIGKILL), as torchrun's agent does.
+
+Event-driven, no polling: one ``select`` over the workers' pipes, their pidfds and the
+signal wake-up fd, so a failure is seen (and the group restarted) within milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .guard import OrphanGuard
+from .output import StreamSink
+from .process import WorkerFailure, WorkerProcess
+from .signals import SignalRelay
+
+# After every worker exited, how long to wait for pipes still held open by processes
+# that left the worker's process group (seconds).
+DRAIN_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to start for one worker."""
+
+    slot: object  # topology.WorkerSlot
+    argv: list[str]
+    env: dict[str, str]
+    stdout: StreamSink
+    stderr: StreamSink
+    error_file: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    failure: WorkerFailure | None  # the first worker that failed, if any
+    stop_signal: int | None  # the launcher was told to stop by this signal
+
+
+class WorkerGroup:
+    def __init__(self, specs: list[LaunchSpec], relay: SignalRelay, guard: OrphanGuard,
+                 stop_timeout: float, on_failure: Callable[[WorkerFailure], None] | None = None):
+        self.specs = specs
+        self.relay = relay
+        self.guard = guard
+        self.stop_timeout = stop_timeout
+        self.on_failure = on_failure
+        self.workers: list[WorkerProcess] = []
+
+    def live(self) -> list[WorkerProcess]:
+        return [w for w in self.workers if w.returncode is None]
+
+    def run(self) -> AttemptResult:
+        """Start the workers and block until all have exited. Raises SpawnError if one
+        cannot be started (the ones already started are stopped first)."""
+        sel = selectors.DefaultSelector()
+        sel.register(self.relay.wakeup_fd, selectors.EVENT_READ, None)
+        try:
+            for spec in self.specs:
+                w = WorkerProcess(spec.slot, spec.argv, spec.env)
+                self.workers.append(w)
+                self.guard.watch(w.pid)
+                os.set_blocking(w.popen.stdout.fileno(), False)
+                os.set_blocking(w.popen.stderr.fileno(), False)
+                sel.register(w.popen.stdout, selectors.EVENT_READ, spec.stdout)
+                sel.register(w.popen.stderr, selectors.EVENT_READ, spec.stderr)
+                sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
+            return self._loop(sel)
+        finally:
+            self._kill_all_and_reap()
+            for spec in self.specs:
+                spec.stdout.close()
+                spec.stderr.close()
+            sel.close()
+
+    def _loop(self, sel: selectors.BaseSelector) -> AttemptResult:
+        failure: WorkerFailure | None = None
+        kill_at: float | None = None  # set once stopping: when SIGKILL follows SIGTERM
+        drain_until: float | None = None
+        open_pipes = 2 * len(self.workers)
+        while open_pipes or self.live():
+            if self.relay.stop_signal is not None and kill_at is None:
+                kill_at = time.monotonic() + self.stop_timeout  # signal already forwarded
+            if self.relay.kill_now:
+                kill_at = 0.0
+            now = time.monotonic()
+            if kill_at is not None and now >= kill_at:
+                for w in self.live():
+                    w.signal_group(signal.SIGKILL)
+                kill_at = float("inf")
+            if not self.live():
+                if drain_until is None:
+                    self._kill_leftovers()
+                    drain_until = now + DRAIN_SECONDS
+                elif now >= drain_until:
+                    break
+            deadlines = [t for t in (kill_at, drain_until) if t is not None and t != float("inf")]
+            timeout = max(0.0, min(deadlines) - now) if deadlines else None
+            for key, _ in sel.select(timeout):
+                target = key.data
+                if target is None:
+                    self.relay.drain()
+                elif isinstance(target, StreamSink):
+                    try:
+                        data = os.read(key.fd, 1 << 16)
+                    except BlockingIOError:  # drained already by _fail
+                        continue
+                    if data:
+                        target.feed(data)
+                    else:
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()
+                        open_pipes -= 1
+                else:
+                    w, spec = target
+                    sel.unregister(w.pidfd)
+                    if w.reap() != 0 and failure is None and self.relay.stop_signal is None:
+                        failure = self._fail(w, spec)
+                        kill_at = time.monotonic() + self.stop_timeout
+                        for other in self.live():
+                            other.signal_group(signal.SIGTERM)
+        return AttemptResult(failure, self.relay.stop_signal)
+
+    def _fail(self, w: WorkerProcess, spec: LaunchSpec) -> WorkerFailure:
+        # The traceback was written before the exit; read what the pipe still holds.
+        try:
+            while data := os.read(w.popen.stderr.fileno(), 1 << 16):
+                spec.stderr.feed(data)
+        except (BlockingIOError, ValueError):  # ValueError: pipe already closed at EOF
+            pass
+        failure = w.failure(spec.stderr.tail_text(), spec.error_file)
+        if self.on_failure:
+            self.on_failure(failure)
+        return failure
+
+    def _kill_leftovers(self) -> None:
+        # Processes a worker spawned into its own group outlive it: the group is the job's.
+        for w in self.workers:
+            w.signal_group(signal.SIGKILL)
+
+    def _kill_all_and_reap(self) -> None:
+        for w in self.workers:
+            if w.returncode is None:
+                w.signal_group(signal.SIGKILL)
+                w.reap()
+            self.guard.forget(w.pid)

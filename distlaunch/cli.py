@@ -1,0 +1,185 @@
+"""The command line: the only module that prints for the user and maps errors to exit
+codes (0 success; the first failed worker's code, signal N -> 128+N; 2 bad usage)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from . import __version__
+from .errors import ConfigError, DistlaunchError, LaunchInterrupted, WorkerFailedError
+
+SECRET_VARS = ("DISTLAUNCH_STORE_TOKEN",)
+
+
+def say(msg: str) -> None:
+    """One launcher line on stderr (worker output has its own ``[rank]: `` prefix)."""
+    sys.stderr.write(f"distlaunch: {msg}\n")
+    sys.stderr.flush()
+
+
+def option(*names: str, **kw):
+    """A click option accepting both torchrun spellings: --nproc-per-node and --nproc_per_node."""
+    spelled = []
+    for n in names:
+        spelled.append(n)
+        if n.startswith("--") and "-" in n[2:]:
+            spelled.append("--" + n[2:].replace("-", "_"))
+    return click.option(*spelled, **kw)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="distlaunch")
+def cli() -> None:
+    """Launch, supervise and connect distributed Python programs (torchrun / mpirun style)."""
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@option("--nproc-per-node", default="1", show_default=True, metavar="N|auto|cpu|gpu",
+        help="Workers on this node: a number, or auto (GPUs if any, else CPUs), cpu, gpu.")
+@option("--nnodes", default="1", show_default=True, metavar="N",
+        help="Number of nodes in the job.")
+@option("--node-rank", default=0, show_default=True, type=int,
+        help="Rank of this node, 0..nnodes-1.")
+@option("--master-addr", default=None, metavar="HOST",
+        help="Address of rank 0's node, exported as MASTER_ADDR (default: localhost).")
+@option("--master-port", default=None, type=int, metavar="PORT",
+        help="Port exported as MASTER_PORT for the program's own rendezvous "
+             "(default: a free port). Must be free.")
+@option("--max-restarts", default=0, show_default=True, type=int,
+        help="Restart the whole worker group this many times after a worker fails.")
+@option("--monitor-interval", default=0.1, show_default=True, type=float, metavar="SECONDS",
+        help="Accepted for torchrun compatibility; distlaunch is event-driven and sees "
+             "exits at once.")
+@option("-m", "--module", is_flag=True,
+        help="Run SCRIPT as a Python module (python -m SCRIPT).")
+@option("--no-python", is_flag=True,
+        help="Run SCRIPT as a program, without the Python interpreter.")
+@option("--role", default="default", show_default=True, help="Role name (ROLE_NAME).")
+@option("--run-id", default=None, help="Id of the job (default: random). Namespaces store "
+        "keys and logs.")
+@option("--log-dir", default=None, type=click.Path(file_okay=False),
+        help="Also write each worker's stdout/stderr to LOG_DIR/RUN_ID/attempt_K/RANK/.")
+@option("-r", "--redirects", default="0", show_default=True, metavar="STD",
+        help="Send streams to log files only, not the console: 0 none, 1 stdout, "
+             "2 stderr, 3 both, or per local rank like 0:3,1:2.")
+@option("-t", "--tee", default="0", show_default=True, metavar="STD",
+        help="Send streams to the console and to log files (values as --redirects).")
+@option("--local-ranks-filter", default=None, metavar="RANKS",
+        help="Show only these local ranks' output on the console, e.g. 0 or 0,1.")
+@option("--standalone", is_flag=True,
+        help="Single-node job with its own local rendezvous (implies --nnodes 1).")
+@option("--stop-timeout", default=30.0, show_default=True, type=float, metavar="SECONDS",
+        help="Grace between SIGTERM and SIGKILL when stopping workers.")
+@option("--no-prefix", is_flag=True, help="Do not prefix worker output lines with [rank]: .")
+@option("--dry-run", is_flag=True,
+        help="Print the plan (ranks, command lines, environment) and start nothing.")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def run(script: str, script_args: tuple[str, ...], **o) -> None:
+    """Start SCRIPT on every worker and supervise it. Everything after SCRIPT goes to the
+    script untouched."""
+    from .config import LaunchConfig, parse_nproc_per_node, parse_ranks_filter, parse_std
+
+    try:
+        nnodes = int(o["nnodes"])
+    except ValueError:
+        raise ConfigError(f"--nnodes {o['nnodes']!r} is invalid: give a number of nodes "
+                          f"(elastic MIN:MAX ranges are not yet supported)") from None
+    if o["standalone"]:
+        nnodes = 1
+    kw = dict(
+        entrypoint=script, args=script_args, nproc_per_node=parse_nproc_per_node(o["nproc_per_node"]),
+        nnodes=nnodes, node_rank=o["node_rank"], master_addr=o["master_addr"],
+        master_port=o["master_port"], max_restarts=o["max_restarts"],
+        monitor_interval=o["monitor_interval"], module=o["module"], no_python=o["no_python"],
+        role=o["role"], log_dir=o["log_dir"], redirects=parse_std(o["redirects"], "--redirects"),
+        tee=parse_std(o["tee"], "--tee"),
+        local_ranks_filter=parse_ranks_filter(o["local_ranks_filter"]),
+        standalone=o["standalone"], stop_timeout=o["stop_timeout"], prefix=not o["no_prefix"],
+        dry_run=o["dry_run"])
+    if o["run_id"]:
+        kw["run_id"] = o["run_id"]
+    cfg = LaunchConfig(**kw).validate()
+
+    from . import launcher
+
+    plan = launcher.make_plan(cfg)
+    if cfg.dry_run:
+        _print_plan(plan)
+        return
+    restarts = launcher.run(cfg, say, plan)
+    if restarts:
+        say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+
+
+def _print_plan(plan) -> None:
+    import os
+    import shlex
+
+    c = plan.cfg
+    click.echo(f"run id {c.run_id}: {len(plan.slots)} workers on node {c.node_rank} of "
+               f"{c.nnodes}, max restarts {c.max_restarts}")
+    click.echo(f"store: 127.0.0.1:<port chosen at start>, token DISTLAUNCH_STORE_TOKEN=****")
+    for slot in plan.slots:
+        env = plan.worker_env(slot)
+        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+        click.echo(f"rank {slot.rank} (local rank {slot.local_rank}): {shlex.join(plan.argv)}")
+        for k in sorted(changed):
+            click.echo(f"    {k}={'****' if k in SECRET_VARS else changed[k]}")
+
+
+def _print_root_cause(e: WorkerFailedError) -> None:
+    f = e.failure
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.timestamp))
+    say("=" * 24 + " root cause (first failed worker) " + "=" * 24)
+    say(f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}), "
+        f"pid {f.pid}: {f.how} at {when}")
+    trace = _error_file_trace(f.error_file_text) or f.stderr_tail
+    if trace:
+        say("last lines of its stderr:" if trace is f.stderr_tail else "its recorded error:")
+        for line in trace.splitlines():
+            sys.stderr.write(f"    {line}\n")
+    say(f"exiting with code {e.exit_code}")
+
+
+def _error_file_trace(text: str | None) -> str | None:
+    """The traceback torch.distributed.elastic's @record wrote, if any."""
+    if not text:
+        return None
+    import json
+
+    try:
+        msg = json.loads(text)["message"]
+        return msg["extraInfo"]["py_callstack"] if isinstance(msg, dict) else str(msg)
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the CLI and exit with the right code."""
+    try:
+        cli.main(args=argv, prog_name="distlaunch", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.UsageError as e:
+        cmd = e.ctx.command_path if e.ctx else "distlaunch"
+        say(f"error: {e.format_message()} (see '{cmd} --help')")
+        sys.exit(2)
+    except click.Abort:
+        sys.exit(130)
+    except ConfigError as e:
+        say(f"error: {e}")
+        sys.exit(2)
+    except WorkerFailedError as e:
+        _print_root_cause(e)
+        sys.exit(e.exit_code)
+    except LaunchInterrupted as e:
+        say(f"stopped by signal {e.signum}; workers stopped")
+        sys.exit(e.exit_code)
+    except DistlaunchError as e:
+        say(f"error: {e}")
+        sys.exit(1)
+    sys.exit(0)

@@ -1,0 +1,177 @@
+"""LaunchConfig: the validated description of one `distlaunch run`.
+
+Option meanings follow torchrun (``torch.distributed.run``); checks that need no I/O
+beyond the file system happen here, so every bad value is reported before anything
+starts (ConfigError -> exit code 2).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+# torchrun's Std values: which of a worker's streams an option applies to.
+STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class StdSpec:
+    """torchrun's ``--redirects``/``--tee`` value: one Std for all local ranks
+    (``"3"``) or per local rank (``"0:1,1:2"``; unlisted ranks get NONE)."""
+
+    default: int = STD_NONE
+    per_rank: tuple[tuple[int, int], ...] = ()
+
+    def for_rank(self, local_rank: int) -> int:
+        return dict(self.per_rank).get(local_rank, self.default)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.default or any(v for _, v in self.per_rank))
+
+
+def parse_std(value: str | int | None, option: str) -> StdSpec:
+    if value is None or value == "":
+        return StdSpec()
+    text = str(value).strip()
+    bad = ConfigError(f"{option} {text!r} is invalid: use 0 (none), 1 (stdout), 2 (stderr), "
+                      f"3 (both), or per local rank like '0:3,1:2'")
+    if re.fullmatch(r"[0-3]", text):
+        return StdSpec(int(text))
+    pairs = []
+    for item in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*:\s*([0-3])\s*", item)
+        if not m:
+            raise bad
+        pairs.append((int(m.group(1)), int(m.group(2))))
+    return StdSpec(STD_NONE, tuple(pairs))
+
+
+def _gpu_count() -> int:
+    # Without importing torch: the NVIDIA driver lists one directory per GPU.
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def parse_nproc_per_node(value: str | int) -> int:
+    """torchrun's ``--nproc-per-node``: a positive int, or ``auto`` (GPUs if any, else
+    CPUs), ``cpu`` (CPU count) or ``gpu`` (GPU count; an error without GPUs)."""
+    text = str(value).strip().lower()
+    if text == "cpu":
+        return os.cpu_count() or 1
+    if text == "gpu":
+        n = _gpu_count()
+        if n == 0:
+            raise ConfigError("--nproc-per-node gpu: no GPU found on this node; "
+                              "give a number or 'cpu'")
+        return n
+    if text == "auto":
+        return _gpu_count() or os.cpu_count() or 1
+    try:
+        n = int(text)
+    except ValueError:
+        raise ConfigError(f"--nproc-per-node {value!r} is not a number; give a positive "
+                          f"integer or one of auto, cpu, gpu") from None
+    if n < 1:
+        raise ConfigError(f"--nproc-per-node {n} is invalid: give at least 1")
+    return n
+
+
+def parse_ranks_filter(value: str | None) -> frozenset[int] | None:
+    if not value:
+        return None
+    try:
+        ranks = frozenset(int(x) for x in str(value).split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--local-ranks-filter {value!r} is invalid: give local ranks "
+                          f"separated by commas, like '0,1'") from None
+    if any(r < 0 for r in ranks):
+        raise ConfigError(f"--local-ranks-filter {value!r} has a negative rank")
+    return ranks
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything one `distlaunch run` needs. Build with ``LaunchConfig(...)`` and call
+    ``validate()``; all durations are float seconds."""
+
+    entrypoint: str
+    args: tuple[str, ...] = ()
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    max_restarts: int = 0
+    monitor_interval: float = 0.1
+    module: bool = False
+    no_python: bool = False
+    role: str = "default"
+    run_id: str = field(default_factory=lambda: os.urandom(6).hex())
+    log_dir: str | None = None
+    redirects: StdSpec = StdSpec()
+    tee: StdSpec = StdSpec()
+    local_ranks_filter: frozenset[int] | None = None
+    standalone: bool = False
+    stop_timeout: float = 30.0
+    prefix: bool = True
+    dry_run: bool = False
+
+    def validate(self) -> "LaunchConfig":
+        """Raise ConfigError (one line naming the bad value and the fix) or return self."""
+        if self.module and self.no_python:
+            raise ConfigError("--module and --no-python cannot be combined; choose one")
+        if self.nproc_per_node < 1:
+            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is invalid: give at least 1")
+        if self.nnodes < 1:
+            raise ConfigError(f"--nnodes {self.nnodes} is invalid: give at least 1")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(f"--node-rank {self.node_rank} is invalid with --nnodes "
+                              f"{self.nnodes}: give a value from 0 to {self.nnodes - 1}")
+        if self.nnodes > 1:
+            raise ConfigError(f"--nnodes {self.nnodes}: multi-node launch is not yet supported; "
+                              f"use --nnodes 1")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts {self.max_restarts} is invalid: give 0 or more")
+        if self.stop_timeout < 0:
+            raise ConfigError(f"--stop-timeout {self.stop_timeout} is invalid: give 0 or more seconds")
+        if self.monitor_interval <= 0:
+            raise ConfigError(f"--monitor-interval {self.monitor_interval} is invalid: "
+                              f"give a positive number of seconds")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ConfigError(f"--master-port {self.master_port} is invalid: give 1..65535")
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.run_id):
+            raise ConfigError(f"--run-id {self.run_id!r} is invalid: use letters, digits, "
+                              f"'.', '_' and '-' only")
+        self._check_entrypoint()
+        if self.log_dir is not None:
+            self._check_log_dir()
+        return self
+
+    def _check_entrypoint(self) -> None:
+        if self.module:
+            if not re.fullmatch(r"[A-Za-z_][\w.]*", self.entrypoint):
+                raise ConfigError(f"--module {self.entrypoint!r} is not a module name")
+        elif self.no_python:
+            if shutil.which(self.entrypoint) is None:
+                raise ConfigError(f"--no-python: program {self.entrypoint!r} not found on PATH "
+                                  f"or not executable")
+        elif not os.path.isfile(self.entrypoint):
+            raise ConfigError(f"script {self.entrypoint!r} not found; check the path "
+                              f"(use -m for a module, --no-python for a program)")
+
+    def _check_log_dir(self) -> None:
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--log-dir {self.log_dir!r} cannot be created ({e.strerror}); "
+                              f"choose a writable directory") from None
+        if not os.access(self.log_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"--log-dir {self.log_dir!r} is not writable; choose a "
+                              f"writable directory")
