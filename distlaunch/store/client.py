@@ -1,0 +1,485 @@
+"""Blocking store client with torch c10d ``Store`` semantics, and a prefixed view.
+
+Thread-safety: a ``StoreClient`` may be shared between threads. Each request holds the
+client's lock from sending the request until its reply is read, so requests from
+different threads are serialised on the one connection; a ``get``/``wait`` that blocks
+therefore also delays the other threads' calls on the same client. For independent
+blocking calls give each thread its own connection with ``clone()`` (as torch suggests
+for ``Store.clone``).
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import socket
+import threading
+import time
+
+from ..errors import (StoreAuthError, StoreConnectionError, StoreError, StoreProtocolError,
+                      StoreTimeoutError)
+from . import protocol as P
+from .protocol import HEADER, HEADER_SIZE, Reader
+
+__all__ = ["StoreClient", "PrefixStore"]
+
+# Slack on top of a blocking call's timeout before the client gives up on a server that
+# should already have answered TIMEOUT (it is then hung or the network is).
+_REPLY_GRACE = 10.0
+_RETRYABLE_CONNECT = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
+                      errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EAGAIN}
+
+
+def _key(key) -> bytes:
+    if not isinstance(key, str):
+        raise TypeError(f"store keys are str, not {type(key).__name__}")
+    b = key.encode("utf-8")
+    if not 0 < len(b) <= P.MAX_KEY_BYTES:
+        raise ValueError(f"store key must be 1..{P.MAX_KEY_BYTES} bytes of UTF-8, got {len(b)}")
+    return b
+
+
+def _value(value) -> bytes:
+    if isinstance(value, str):
+        b = value.encode("utf-8")
+    elif isinstance(value, bytes):
+        b = value
+    elif isinstance(value, (bytearray, memoryview)):
+        b = bytes(value)
+    else:
+        raise TypeError(f"store values are bytes or str, not {type(value).__name__}")
+    if len(b) > P.MAX_VALUE_BYTES:
+        raise ValueError(f"store value of {len(b)} bytes exceeds the {P.MAX_VALUE_BYTES}-byte limit")
+    return b
+
+
+def _keys(keys) -> list:
+    if isinstance(keys, str):
+        raise TypeError("keys must be a list of str, not one str")
+    ks = [_key(k) for k in keys]
+    if len(ks) > P.MAX_KEYS_PER_REQUEST:
+        raise ValueError(f"{len(ks)} keys in one request exceed the limit of {P.MAX_KEYS_PER_REQUEST}")
+    return ks
+
+
+def _timeout(t) -> float:
+    t = float(t)
+    if not t > 0:  # also rejects NaN
+        raise ValueError(f"timeout must be > 0 seconds (math.inf for none), got {t!r}")
+    return t
+
+
+class StoreClient:
+    """A blocking connection to a distlaunch store (semantics of torch c10d ``Store``).
+
+    ``StoreClient(host, port, token=None, timeout=300.0, connect_timeout=None)``
+
+    * ``token``: the job's secret (str or bytes). None reads ``DISTLAUNCH_STORE_TOKEN``
+      from the environment; with neither, the server refuses the connection.
+    * ``timeout``: float seconds, the default for blocking calls (``get``, ``wait``,
+      ``multi_get``) and the limit for any reply; ``math.inf`` waits forever.
+    * ``connect_timeout``: seconds to keep retrying a refused connection (like
+      TCPStore's client, so workers may start before the server); default ``timeout``.
+
+    Connecting blocks. Raises StoreTimeoutError if the server is not reachable within
+    ``connect_timeout``, StoreAuthError if it rejects the token, StoreConnectionError for
+    other connection failures, StoreProtocolError if the peer is not a distlaunch store.
+
+    Every method may raise StoreConnectionError when the connection is (or was) lost; the
+    client does not reconnect (use a new one). Thread-safe; see the module docstring.
+    """
+
+    def __init__(self, host: str, port: int, token=None, timeout: float = 300.0,
+                 connect_timeout: float | None = None):
+        self.host = host
+        self.port = int(port)
+        if token is None:
+            token = os.environ.get("DISTLAUNCH_STORE_TOKEN")
+        self._token = token
+        self._secret = P.secret_bytes(token) if token is not None else b""
+        self.timeout = _timeout(timeout)
+        self._connect_timeout = self.timeout if connect_timeout is None else _timeout(connect_timeout)
+        self._lock = threading.Lock()
+        self._sock = None
+        self._buf = b""
+        self._broken: str | None = None
+        self._connect()
+
+    # --- connection -------------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        deadline = time.monotonic() + self._connect_timeout
+        delay = 0.01
+        last = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise StoreTimeoutError(
+                    f"could not connect to the store at {self.host}:{self.port} within "
+                    f"{self._connect_timeout:g} s (last error: {last})")
+            try:
+                sock = socket.create_connection((self.host, self.port),
+                                                timeout=min(remaining, 30.0))
+                break
+            except OSError as e:
+                if isinstance(e, socket.timeout) or e.errno in _RETRYABLE_CONNECT:
+                    last = e
+                    time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                    delay = min(delay * 2, 0.5)
+                    continue
+                raise StoreConnectionError(
+                    f"cannot connect to the store at {self.host}:{self.port}: {e}") from e
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        try:
+            self._handshake(max(deadline - time.monotonic(), 1.0))
+        except BaseException:
+            self._drop("handshake failed")
+            raise
+        sock.settimeout(None if math.isinf(self.timeout) else self.timeout)
+
+    def _handshake(self, timeout: float) -> None:
+        self._sock.settimeout(timeout)
+        where = f"the store at {self.host}:{self.port}"
+        try:
+            mtype, body = self._read_frame()
+        except StoreConnectionError as e:
+            raise StoreConnectionError(f"{where} closed the connection before greeting "
+                                       f"(is it a distlaunch store?): {e}") from None
+        if mtype != P.HELLO or len(body) != len(P.MAGIC) + P.NONCE_BYTES or \
+                not body.startswith(P.MAGIC):
+            raise StoreProtocolError(f"{where} did not greet like a distlaunch store")
+        server_nonce = body[len(P.MAGIC):]
+        client_nonce = os.urandom(P.NONCE_BYTES)
+        proof = P.mac(self._secret, P.AUTH_LABEL_CLIENT, server_nonce, client_nonce)
+        self._sendall(P.frame(P.AUTH, client_nonce + proof))
+        hint = ("no token was given (pass token= or set DISTLAUNCH_STORE_TOKEN)"
+                if self._token is None else "the token does not match the store's")
+        try:
+            mtype, body = self._read_frame()
+        except StoreConnectionError:
+            raise StoreAuthError(f"{where} closed the connection during authentication: "
+                                 f"{hint}") from None
+        if mtype == P.AUTH_FAIL:
+            raise StoreAuthError(f"{where} rejected the secret token: {hint}")
+        if mtype != P.AUTH_OK or len(body) != P.MAC_BYTES:
+            raise StoreProtocolError(f"{where} sent message type {mtype:#x} during authentication")
+        if not P.macs_equal(body, P.mac(self._secret, P.AUTH_LABEL_SERVER, server_nonce,
+                                        client_nonce)):
+            raise StoreAuthError(f"{where} could not prove it knows the secret token")
+
+    def _drop(self, why: str) -> None:
+        self._broken = why
+        sock, self._sock = self._sock, None
+        self._buf = b""
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _sendall(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as e:
+            raise StoreConnectionError(f"lost the connection to the store at "
+                                       f"{self.host}:{self.port}: {e}") from e
+
+    def _read_frame(self):
+        """Read one whole frame (type, payload) from the socket."""
+        buf = self._buf
+        sock = self._sock
+        try:
+            while len(buf) < HEADER_SIZE:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise StoreConnectionError(
+                        f"the store at {self.host}:{self.port} closed the connection")
+                buf += chunk
+            length, mtype = HEADER.unpack_from(buf)
+            if length > P.MAX_FRAME_BYTES:
+                raise StoreProtocolError(f"reply of {length} bytes exceeds the frame limit")
+            end = HEADER_SIZE + length
+            if len(buf) < end:
+                parts = [buf]
+                have = len(buf)
+                while have < end:
+                    chunk = sock.recv(max(65536, min(end - have, 1 << 22)))
+                    if not chunk:
+                        raise StoreConnectionError(
+                            f"the store at {self.host}:{self.port} closed the connection")
+                    parts.append(chunk)
+                    have += len(chunk)
+                buf = b"".join(parts)
+        except StoreError:  # (StoreConnectionError is an OSError too: let ours through)
+            raise
+        except socket.timeout:
+            raise StoreTimeoutError(
+                f"no reply from the store at {self.host}:{self.port} in time") from None
+        except OSError as e:
+            raise StoreConnectionError(
+                f"lost the connection to the store at {self.host}:{self.port}: {e}") from e
+        self._buf = buf[end:]
+        return mtype, buf[HEADER_SIZE:end]
+
+    def _request(self, what: str, mtype: int, payload: bytes, wait: float | None = None):
+        """Send one request and return (reply type, payload). ``wait`` is the server-side
+        timeout of a blocking request (the socket waits ``_REPLY_GRACE`` longer)."""
+        with self._lock:
+            if self._sock is None:
+                raise StoreConnectionError(
+                    f"store {what}: the connection to {self.host}:{self.port} is closed "
+                    f"({self._broken})")
+            try:
+                if wait is not None:
+                    self._sock.settimeout(None if math.isinf(wait) else wait + _REPLY_GRACE)
+                self._sendall(HEADER.pack(len(payload), mtype) + payload)
+                rtype, body = self._read_frame()
+                if wait is not None:
+                    self._sock.settimeout(None if math.isinf(self.timeout) else self.timeout)
+            except StoreError as e:
+                # A half-finished exchange leaves the stream out of step: never reuse it.
+                self._drop(str(e))
+                if isinstance(e, StoreTimeoutError):
+                    raise StoreTimeoutError(f"store {what}: {e}") from None
+                raise type(e)(f"store {what}: {e}") from None
+        if rtype == P.ERROR:
+            raise StoreError(f"store {what}: {body.decode('utf-8', 'replace')}")
+        return rtype, body
+
+    def _expect(self, what, rtype, want):
+        if rtype != want:
+            self._drop(f"unexpected reply type {rtype:#x}")
+            raise StoreProtocolError(f"store {what}: unexpected reply type {rtype:#x}")
+
+    def _timed_out(self, what: str, body: bytes, timeout: float):
+        r = Reader(body)
+        missing = [k.decode("utf-8", "replace") for k in r.keys()]
+        names = ", ".join(repr(k) for k in missing)
+        return StoreTimeoutError(f"store {what} timed out after {timeout:g} s waiting for "
+                                 f"key(s) {names}")
+
+    # --- c10d Store API ----------------------------------------------------------------------
+
+    def set(self, key: str, value) -> None:
+        """Store ``value`` (bytes; str is UTF-8 encoded) under ``key``, replacing any value
+        and waking blocked ``get``/``wait`` calls on it. Does not block on other clients."""
+        k = _key(key)
+        v = _value(value)
+        rtype, _ = self._request(f"set({key!r})", P.SET,
+                                 P.U16.pack(len(k)) + k + P.U32.pack(len(v)) + v)
+        self._expect("set", rtype, P.OK)
+
+    def get(self, key: str, timeout: float | None = None) -> bytes:
+        """Return the value of ``key``, blocking until some client sets it.
+
+        ``timeout`` (seconds, default the client's) is enforced by the server; on expiry
+        raises StoreTimeoutError naming the key (the connection stays usable).
+        """
+        k = _key(key)
+        t = self.timeout if timeout is None else _timeout(timeout)
+        what = f"get({key!r})"
+        rtype, body = self._request(what, P.GET, P.U16.pack(len(k)) + k + P.F64.pack(t), wait=t)
+        if rtype == P.VALUE:
+            return body[4:]
+        if rtype == P.TIMEOUT:
+            raise self._timed_out(what, body, t)
+        self._expect(what, rtype, P.VALUE)
+
+    def add(self, key: str, amount: int = 1) -> int:
+        """Atomically add ``amount`` (int64) to the integer stored under ``key`` (created as
+        0 if missing) and return the new value; the value is stored as ASCII decimal, as
+        torch does. Raises StoreError if the existing value is not an integer."""
+        k = _key(key)
+        rtype, body = self._request(f"add({key!r})", P.ADD, P.enc_key(k) + P.I64.pack(amount))
+        self._expect("add", rtype, P.INT)
+        return P.I64.unpack(body)[0]
+
+    def compare_set(self, key: str, expected, desired) -> bytes:
+        """Set ``key`` to ``desired`` if its value equals ``expected``; return the value
+        now stored. torch semantics: a missing key is set when ``expected`` is b"" (and
+        ``desired`` is returned); a missing key with non-empty ``expected`` is left
+        missing and ``expected`` is returned (TCPStore does exactly this)."""
+        k = _key(key)
+        rtype, body = self._request(f"compare_set({key!r})", P.COMPARE_SET,
+                                    P.enc_key(k) + P.enc_value(_value(expected)) +
+                                    P.enc_value(_value(desired)))
+        self._expect("compare_set", rtype, P.VALUE)
+        return body[4:]
+
+    def check(self, keys) -> bool:
+        """True if every key in ``keys`` exists now (True for an empty list). Does not block."""
+        ks = _keys(keys)
+        rtype, body = self._request("check", P.CHECK, P.enc_keys(ks))
+        self._expect("check", rtype, P.BOOL)
+        return body == b"\x01"
+
+    def wait(self, keys, timeout: float | None = None) -> None:
+        """Block until every key in ``keys`` exists. ``timeout`` in seconds (default the
+        client's), enforced by the server; raises StoreTimeoutError naming the missing keys."""
+        ks = _keys(keys)
+        t = self.timeout if timeout is None else _timeout(timeout)
+        what = f"wait({list(keys)!r})" if len(ks) <= 8 else f"wait({len(ks)} keys)"
+        rtype, body = self._request(what, P.WAIT, P.enc_keys(ks) + P.F64.pack(t), wait=t)
+        if rtype == P.TIMEOUT:
+            raise self._timed_out(what, body, t)
+        self._expect(what, rtype, P.OK)
+
+    def delete_key(self, key: str) -> bool:
+        """Delete ``key``; True if it existed."""
+        k = _key(key)
+        rtype, body = self._request(f"delete_key({key!r})", P.DELETE_KEY, P.enc_key(k))
+        self._expect("delete_key", rtype, P.BOOL)
+        return body == b"\x01"
+
+    def num_keys(self) -> int:
+        """Number of keys in the whole store (all prefixes)."""
+        rtype, body = self._request("num_keys", P.NUM_KEYS, b"")
+        self._expect("num_keys", rtype, P.INT)
+        return P.I64.unpack(body)[0]
+
+    def append(self, key: str, value) -> None:
+        """Append ``value`` to the value of ``key`` (created if missing), waking waiters.
+        Raises StoreError if the result would exceed the value size limit."""
+        k = _key(key)
+        rtype, _ = self._request(f"append({key!r})", P.APPEND, P.enc_key(k) + P.enc_value(_value(value)))
+        self._expect("append", rtype, P.OK)
+
+    def multi_get(self, keys, timeout: float | None = None) -> list:
+        """Values of ``keys`` in order, blocking until all exist (as torch's TCPStore).
+        ``timeout`` as for ``get``; raises StoreTimeoutError naming the missing keys."""
+        ks = _keys(keys)
+        t = self.timeout if timeout is None else _timeout(timeout)
+        what = f"multi_get({list(keys)!r})" if len(ks) <= 8 else f"multi_get({len(ks)} keys)"
+        rtype, body = self._request(what, P.MULTI_GET, P.enc_keys(ks) + P.F64.pack(t), wait=t)
+        if rtype == P.TIMEOUT:
+            raise self._timed_out(what, body, t)
+        self._expect(what, rtype, P.VALUES)
+        r = Reader(body)
+        (n,) = P.U32.unpack_from(body)
+        r.pos = 4
+        return [r.value() for _ in range(n)]
+
+    def multi_set(self, keys, values) -> None:
+        """Set each ``keys[i]`` to ``values[i]`` in one request (applied in order, atomically
+        with respect to other clients)."""
+        ks = _keys(keys)
+        vs = [_value(v) for v in values]
+        if len(ks) != len(vs):
+            raise ValueError(f"multi_set got {len(ks)} keys but {len(vs)} values")
+        payload = P.U32.pack(len(ks)) + b"".join(P.enc_key(k) + P.enc_value(v) for k, v in zip(ks, vs))
+        if len(payload) > P.MAX_FRAME_BYTES:
+            raise ValueError(f"multi_set request exceeds the {P.MAX_FRAME_BYTES}-byte frame limit")
+        rtype, _ = self._request("multi_set", P.MULTI_SET, payload)
+        self._expect("multi_set", rtype, P.OK)
+
+    def ping(self) -> None:
+        """One round trip; raises StoreConnectionError if the store is gone."""
+        rtype, _ = self._request("ping", P.PING, b"")
+        self._expect("ping", rtype, P.OK)
+
+    # --- conveniences -------------------------------------------------------------------------
+
+    def set_timeout(self, timeout: float) -> None:
+        """Change the default timeout (seconds) of blocking calls."""
+        self.timeout = _timeout(timeout)
+
+    def prefixed(self, prefix: str) -> "PrefixStore":
+        """A view that puts ``prefix + "/"`` before every key (torch ``PrefixStore``)."""
+        return PrefixStore(prefix, self)
+
+    def clone(self) -> "StoreClient":
+        """A new, independent connection with the same address, token and timeout."""
+        return StoreClient(self.host, self.port, token=self._token, timeout=self.timeout,
+                           connect_timeout=self._connect_timeout)
+
+    def close(self) -> None:
+        """Close the connection (idempotent). Later calls raise StoreConnectionError."""
+        with self._lock:
+            if self._sock is not None:
+                self._drop("closed by the client")
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def __enter__(self) -> "StoreClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        sock = getattr(self, "_sock", None)
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def __repr__(self) -> str:
+        state = "open" if self._sock is not None else "closed"
+        return f"StoreClient({self.host!r}, {self.port}, {state})"
+
+
+class PrefixStore:
+    """A view of ``store`` (a StoreClient or another PrefixStore) in which every key is
+    ``prefix + "/" + key`` — torch's ``PrefixStore(prefix, store)``. Same methods,
+    blocking behaviour, timeouts and exceptions as StoreClient; ``num_keys`` counts the
+    whole underlying store (as torch). Closing is the underlying client's business.
+    """
+
+    def __init__(self, prefix: str, store):
+        if not isinstance(prefix, str):
+            raise TypeError("prefix must be str")
+        self.prefix = prefix
+        self.underlying_store = store
+
+    def _k(self, key: str) -> str:
+        if not isinstance(key, str):
+            raise TypeError(f"store keys are str, not {type(key).__name__}")
+        return f"{self.prefix}/{key}"
+
+    def set(self, key, value):
+        return self.underlying_store.set(self._k(key), value)
+
+    def get(self, key, timeout=None):
+        return self.underlying_store.get(self._k(key), timeout)
+
+    def add(self, key, amount=1):
+        return self.underlying_store.add(self._k(key), amount)
+
+    def compare_set(self, key, expected, desired):
+        return self.underlying_store.compare_set(self._k(key), expected, desired)
+
+    def check(self, keys):
+        return self.underlying_store.check([self._k(k) for k in keys])
+
+    def wait(self, keys, timeout=None):
+        return self.underlying_store.wait([self._k(k) for k in keys], timeout)
+
+    def delete_key(self, key):
+        return self.underlying_store.delete_key(self._k(key))
+
+    def num_keys(self):
+        return self.underlying_store.num_keys()
+
+    def append(self, key, value):
+        return self.underlying_store.append(self._k(key), value)
+
+    def multi_get(self, keys, timeout=None):
+        return self.underlying_store.multi_get([self._k(k) for k in keys], timeout)
+
+    def multi_set(self, keys, values):
+        return self.underlying_store.multi_set([self._k(k) for k in keys], values)
+
+    @property
+    def timeout(self):
+        return self.underlying_store.timeout
+
+    def prefixed(self, prefix: str) -> "PrefixStore":
+        return PrefixStore(prefix, self)
+
+    def __repr__(self) -> str:
+        return f"PrefixStore({self.prefix!r}, {self.underlying_store!r})"

@@ -1,0 +1,699 @@
+"""The store server: one background thread running an epoll (poll elsewhere) event loop
+over non-blocking sockets.
+
+Why one thread and no asyncio: the work per request is a dict operation, so one loop is
+as fast as Python gets, there is no locking, and ``import asyncio`` would cost workers
+tens of milliseconds of start-up. Blocked ``get``/``wait``/``multi_get`` calls are parked
+on per-key waiter lists (woken by the write that creates the key, no polling) and on a
+deadline heap (the server answers TIMEOUT at the deadline, so the connection never gets
+out of step). Each connection has its own input buffer; a frame that breaks the protocol
+drops that connection only.
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import math
+import os
+import select
+import socket
+import threading
+import time
+
+from ..errors import StoreError
+from . import protocol as P
+from .protocol import HEADER, HEADER_SIZE, MAX_FRAME_BYTES, Reader
+
+__all__ = ["StoreServer", "serve_forever"]
+
+_IN = select.POLLIN
+_OUT = select.POLLOUT
+_BAD = select.POLLERR | select.POLLHUP | getattr(select, "POLLNVAL", 0)
+_RECV = 256 * 1024
+_INT64 = 1 << 64
+
+_R_OK = P.frame(P.OK)
+_R_TRUE = P.frame(P.BOOL, b"\x01")
+_R_FALSE = P.frame(P.BOOL, b"\x00")
+_R_AUTH_FAIL = P.frame(P.AUTH_FAIL)
+
+
+class _Poller:
+    """epoll where available, else poll; one interface (timeouts in seconds, None = forever)."""
+
+    def __init__(self):
+        if hasattr(select, "epoll"):
+            self._p = select.epoll()
+            self._ms = False
+        else:  # pragma: no cover - non-Linux
+            self._p = select.poll()
+            self._ms = True
+        self.register = self._p.register
+        self.modify = self._p.modify
+        self.unregister = self._p.unregister
+
+    def poll(self, timeout):
+        if self._ms:  # pragma: no cover
+            return self._p.poll(None if timeout is None else timeout * 1000.0)
+        return self._p.poll(-1 if timeout is None else timeout)
+
+    def close(self):
+        if not self._ms:
+            self._p.close()
+
+
+class _Conn:
+    __slots__ = ("sock", "fd", "inbuf", "out", "outpos", "authed", "nonce", "waiter",
+                 "closed", "events", "peer")
+
+    def __init__(self, sock, peer):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.inbuf = bytearray()
+        self.out = None      # the one pending reply (we stop reading while it is pending)
+        self.outpos = 0
+        self.authed = False
+        self.nonce = os.urandom(P.NONCE_BYTES)
+        self.waiter = None   # the blocked request, if any (requests are answered in order)
+        self.closed = False
+        self.events = _IN
+        self.peer = peer
+
+
+class _Waiter:
+    __slots__ = ("conn", "op", "keys", "registered", "done")
+
+    def __init__(self, conn, op, keys):
+        self.conn = conn
+        self.op = op
+        self.keys = keys
+        self.registered = set()
+        self.done = False
+
+
+def _raise_nofile_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit so thousands of clients fit."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - non-POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    targets = [hard] if hard != resource.RLIM_INFINITY else []
+    targets.append(1 << 20)  # Linux's usual nr_open, when the hard limit is "unlimited"
+    for target in targets:
+        if soft != resource.RLIM_INFINITY and target <= soft:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return
+        except (ValueError, OSError):
+            continue
+
+
+class StoreServer:
+    """The key-value store server (c10d TCPStore semantics, token-authenticated).
+
+    ``StoreServer(host="127.0.0.1", port=0, token=None, backlog=4096)`` binds when
+    ``start()`` is called (or on entering ``with``); ``port=0`` picks a free port, read it
+    from ``.port``. ``token`` is the job's secret (str or bytes, non-empty); when None a
+    random one is generated — read it from ``.token``. Every client must prove it knows
+    the token (HMAC-SHA256 challenge-response) before any request is served.
+
+    ``start()`` returns once the socket listens; the event loop runs on a daemon thread.
+    ``stop()`` closes the listener and every connection (clients then get
+    StoreConnectionError) and joins the thread; it is idempotent. ``start()`` raises
+    StoreError if the address cannot be bound (e.g. the port is in use).
+
+    On ``start()`` the soft RLIMIT_NOFILE is raised to the hard limit and the listen
+    backlog is ``backlog`` (the kernel caps it at net.core.somaxconn).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token=None, backlog: int = 4096):
+        if token is None:
+            token = os.urandom(32).hex()
+        secret = P.secret_bytes(token)
+        if not secret:
+            raise ValueError("store token must not be empty")
+        self.host = host
+        self.token = token
+        self._secret = secret
+        self._requested_port = port
+        self._backlog = backlog
+        self.port: int | None = None
+        self._lsock = None
+        self._thread = None
+        self._stopping = False
+        self._stopped = False
+        self._data: dict[bytes, bytes] = {}
+        self._waiters: dict[bytes, dict] = {}
+        self._heap: list = []  # (deadline, seq, kind, obj): kind 0 = waiter, 1 = auth deadline
+        self._seq = 0
+        self._conns: dict[int, _Conn] = {}
+        self._resume: list = []
+        self._listen_paused_until = 0.0
+        self.stats = {"accepted": 0, "auth_failures": 0, "protocol_errors": 0,
+                      "closed": 0, "requests": 0}
+        self._handlers = {
+            P.SET: self._h_set, P.GET: self._h_get, P.ADD: self._h_add,
+            P.COMPARE_SET: self._h_compare_set, P.CHECK: self._h_check, P.WAIT: self._h_wait,
+            P.DELETE_KEY: self._h_delete, P.NUM_KEYS: self._h_num_keys,
+            P.APPEND: self._h_append, P.MULTI_GET: self._h_multi_get,
+            P.MULTI_SET: self._h_multi_set, P.PING: self._h_ping,
+        }
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> "StoreServer":
+        """Bind, listen and start the event-loop thread. Returns self. Raises StoreError
+        when already started or when the address cannot be bound."""
+        if self._thread is not None or self._stopped:
+            raise StoreError("StoreServer.start() called twice")
+        _raise_nofile_limit()
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        try:
+            lsock = socket.create_server((self.host, self._requested_port), family=family,
+                                         backlog=self._backlog)
+        except OSError as e:
+            raise StoreError(f"store cannot listen on {self.host}:{self._requested_port}: {e}") from e
+        lsock.setblocking(False)
+        self._lsock = lsock
+        self.port = lsock.getsockname()[1]
+        self._poller = _Poller()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._poller.register(lsock.fileno(), _IN)
+        self._poller.register(self._wake_r.fileno(), _IN)
+        self._thread = threading.Thread(target=self._run, name=f"distlaunch-store:{self.port}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close the listener and every connection, and join the loop thread (waiting at
+        most ``timeout`` seconds). Idempotent; never raises for an already stopped server."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stopping = True
+        if self._thread is None:
+            return
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    close = stop
+
+    def __enter__(self) -> "StoreServer":
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def num_connections(self) -> int:
+        """Connections currently open (authenticated or not)."""
+        return len(self._conns)
+
+    @property
+    def address(self) -> tuple:
+        return (self.host, self.port)
+
+    def serve_forever(self, on_ready=None) -> None:
+        """Start (if needed) and block until SIGINT or SIGTERM, then stop and return.
+
+        Must be called from the main thread (signal handlers are installed there, and
+        the previous handlers are restored on return). ``on_ready(server)`` is called
+        once the server listens, e.g. to print ``server.port``.
+        """
+        import signal
+        got = threading.Event()
+
+        def _handler(signum, frame):
+            got.set()
+
+        previous = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            if self._thread is None:
+                self.start()
+            if on_ready is not None:
+                on_ready(self)
+            while not got.wait(0.5):
+                if not self._thread.is_alive():  # loop died: don't pretend to serve
+                    raise StoreError("store event loop exited unexpectedly")
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self.stop()
+
+    # --- event loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poll = self._poller.poll
+        conns = self._conns
+        lfd = self._lsock.fileno()
+        wfd = self._wake_r.fileno()
+        heap = self._heap
+        try:
+            while not self._stopping:
+                timeout = None
+                if heap:
+                    timeout = max(0.0, heap[0][0] - time.monotonic())
+                if self._listen_paused_until:
+                    t = max(0.0, self._listen_paused_until - time.monotonic())
+                    timeout = t if timeout is None else min(timeout, t)
+                try:
+                    events = poll(timeout)
+                except InterruptedError:  # pragma: no cover - PEP 475 retries
+                    continue
+                for fd, ev in events:
+                    c = conns.get(fd)
+                    if c is not None:
+                        if ev & _OUT and c.out is not None:
+                            self._flush(c)
+                        if ev & (_IN | _BAD) and not c.closed:
+                            self._on_readable(c)
+                    elif fd == lfd:
+                        self._accept()
+                    elif fd == wfd:
+                        try:
+                            self._wake_r.recv(4096)
+                        except OSError:
+                            pass
+                while self._resume:
+                    c = self._resume.pop()
+                    if not c.closed and c.waiter is None and c.out is None and c.inbuf:
+                        self._process(c, c.inbuf, True)
+                if heap:
+                    self._expire()
+                if self._listen_paused_until and time.monotonic() >= self._listen_paused_until:
+                    self._listen_paused_until = 0.0
+                    self._poller.register(lfd, _IN)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        for c in list(self._conns.values()):
+            self._close(c, count=False)
+        for s in (self._lsock, self._wake_r, self._wake_w):
+            try:
+                s.close()
+            except OSError:
+                pass
+        self._poller.close()
+        self._waiters.clear()
+        self._heap.clear()
+
+    def _accept(self) -> None:
+        lsock = self._lsock
+        while True:
+            try:
+                sock, peer = lsock.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: stop accepting for a moment instead of spinning
+                    # on a listener that stays readable.
+                    self._poller.unregister(lsock.fileno())
+                    self._listen_paused_until = time.monotonic() + 0.1
+                    return
+                if e.errno == errno.ECONNABORTED:
+                    continue
+                return
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            c = _Conn(sock, peer)
+            self._conns[c.fd] = c
+            self.stats["accepted"] += 1
+            self._poller.register(c.fd, _IN)
+            self._push_deadline(time.monotonic() + P.AUTH_TIMEOUT, 1, c)
+            self._send(c, P.frame(P.HELLO, P.MAGIC + c.nonce))
+
+    def _close(self, c: _Conn, count: bool = True) -> None:
+        if c.closed:
+            return
+        c.closed = True
+        if count:
+            self.stats["closed"] += 1
+        self._conns.pop(c.fd, None)
+        try:
+            self._poller.unregister(c.fd)
+        except (OSError, ValueError, KeyError):
+            pass
+        try:
+            c.sock.close()
+        except OSError:
+            pass
+        w = c.waiter
+        if w is not None:
+            self._retire(w)
+            c.waiter = None
+        c.inbuf = bytearray()
+        c.out = None
+
+    def _set_events(self, c: _Conn, events: int) -> None:
+        if c.events != events:
+            c.events = events
+            self._poller.modify(c.fd, events)
+
+    def _send(self, c: _Conn, data: bytes) -> None:
+        """Send one reply; what the kernel does not take now waits in ``c.out``."""
+        try:
+            n = c.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            n = 0
+        except OSError:
+            self._close(c)
+            return
+        if n < len(data):
+            c.out = data
+            c.outpos = n
+            self._set_events(c, _IN | _OUT)
+
+    def _flush(self, c: _Conn) -> None:
+        try:
+            n = c.sock.send(memoryview(c.out)[c.outpos:])
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(c)
+            return
+        c.outpos += n
+        if c.outpos >= len(c.out):
+            c.out = None
+            c.outpos = 0
+            self._set_events(c, _IN)
+            if c.inbuf:
+                self._resume.append(c)
+
+    def _on_readable(self, c: _Conn) -> None:
+        try:
+            data = c.sock.recv(_RECV)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(c)
+            return
+        if not data:
+            self._close(c)
+            return
+        if c.inbuf:
+            c.inbuf += data
+            self._process(c, c.inbuf, True)
+        else:
+            self._process(c, data, False)
+
+    def _process(self, c: _Conn, buf, in_place: bool) -> None:
+        """Handle every complete frame in ``buf`` (stopping while a request is blocked or a
+        reply is pending, so replies stay in request order); keep the rest."""
+        pos = 0
+        n = len(buf)
+        try:
+            while n - pos >= HEADER_SIZE:
+                length, mtype = HEADER.unpack_from(buf, pos)
+                if not c.authed:
+                    # Before authentication only one exact AUTH frame is acceptable.
+                    if mtype != P.AUTH or length != P.NONCE_BYTES + P.MAC_BYTES:
+                        raise _Drop("auth")
+                elif length > MAX_FRAME_BYTES:
+                    raise _Drop("protocol")
+                end = pos + HEADER_SIZE + length
+                if end > n:
+                    break
+                if not c.authed:
+                    self._auth(c, buf, pos + HEADER_SIZE)
+                    if c.closed:
+                        return
+                else:
+                    handler = self._handlers.get(mtype)
+                    if handler is None:
+                        raise _Drop("protocol")
+                    self.stats["requests"] += 1
+                    reply = handler(c, Reader(buf, pos + HEADER_SIZE, end))
+                    if reply is not None:
+                        self._send(c, reply)
+                        if c.closed:
+                            return
+                pos = end
+                if c.waiter is not None or c.out is not None:
+                    break
+            rest = n - pos
+            if rest > HEADER_SIZE + MAX_FRAME_BYTES:
+                # More than one whole frame queued behind a blocked request: not our client.
+                raise _Drop("protocol")
+        except _Drop as d:
+            self.stats["auth_failures" if d.args[0] == "auth" else "protocol_errors"] += 1
+            self._close(c)
+            return
+        except P.StoreProtocolError:
+            self.stats["protocol_errors"] += 1
+            self._close(c)
+            return
+        if in_place:
+            if pos:
+                del buf[:pos]
+        elif pos < n:
+            c.inbuf = bytearray(memoryview(buf)[pos:])
+
+    def _auth(self, c: _Conn, buf, p: int) -> None:
+        client_nonce = bytes(buf[p:p + P.NONCE_BYTES])
+        proof = bytes(buf[p + P.NONCE_BYTES:p + P.NONCE_BYTES + P.MAC_BYTES])
+        expected = P.mac(self._secret, P.AUTH_LABEL_CLIENT, c.nonce, client_nonce)
+        if not P.macs_equal(proof, expected):
+            self.stats["auth_failures"] += 1
+            # Tell the client why (so it can raise StoreAuthError), then drop it. Nothing
+            # it sent after the AUTH frame is read.
+            try:
+                c.sock.send(_R_AUTH_FAIL)
+            except OSError:
+                pass
+            self._close(c)
+            return
+        c.authed = True
+        self._send(c, P.frame(P.AUTH_OK, P.mac(self._secret, P.AUTH_LABEL_SERVER, c.nonce,
+                                               client_nonce)))
+
+    # --- waiters and deadlines ---------------------------------------------------------------
+
+    def _push_deadline(self, deadline: float, kind: int, obj) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (deadline, self._seq, kind, obj))
+
+    def _expire(self) -> None:
+        heap = self._heap
+        now = time.monotonic()
+        while heap and heap[0][0] <= now:
+            _, _, kind, obj = heapq.heappop(heap)
+            if kind == 1:
+                if not obj.authed and not obj.closed:
+                    self.stats["auth_failures"] += 1
+                    self._close(obj)
+            elif not obj.done:
+                c = obj.conn
+                missing = [k for k in obj.keys if k not in self._data]
+                self._retire(obj)
+                c.waiter = None
+                self._send(c, P.frame(P.TIMEOUT, P.enc_keys(missing)))
+                if not c.closed and c.inbuf:
+                    self._resume.append(c)
+
+    def _retire(self, w: _Waiter) -> None:
+        w.done = True
+        for k in w.registered:
+            lst = self._waiters.get(k)
+            if lst is not None:
+                lst.pop(w, None)
+                if not lst:
+                    del self._waiters[k]
+        w.registered.clear()
+
+    def _block(self, c: _Conn, op: int, keys: list, timeout: float) -> None:
+        w = _Waiter(c, op, keys)
+        c.waiter = w
+        for k in keys:
+            if k not in self._data and k not in w.registered:
+                w.registered.add(k)
+                self._waiters.setdefault(k, {})[w] = None
+        if not math.isinf(timeout):
+            self._push_deadline(time.monotonic() + timeout, 0, w)
+
+    def _wake(self, key: bytes) -> None:
+        lst = self._waiters.pop(key, None)
+        if not lst:
+            return
+        data = self._data
+        for w in lst:
+            w.registered.discard(key)
+            if w.done:
+                continue
+            missing = [k for k in w.keys if k not in data]
+            if missing:
+                # A key it needs was deleted after it was set: wait for it again.
+                for k in missing:
+                    if k not in w.registered:
+                        w.registered.add(k)
+                        self._waiters.setdefault(k, {})[w] = None
+                continue
+            self._retire(w)
+            c = w.conn
+            c.waiter = None
+            self._send(c, self._reply_for(w))
+            if not c.closed and c.inbuf:
+                self._resume.append(c)
+
+    def _reply_for(self, w: _Waiter) -> bytes:
+        data = self._data
+        if w.op == P.GET:
+            return P.frame(P.VALUE, P.enc_value(data[w.keys[0]]))
+        if w.op == P.MULTI_GET:
+            return self._values_reply([data[k] for k in w.keys])
+        return _R_OK
+
+    @staticmethod
+    def _values_reply(values: list) -> bytes:
+        body = P.U32.pack(len(values)) + b"".join(P.U32.pack(len(v)) + v for v in values)
+        if len(body) > MAX_FRAME_BYTES:
+            return P.frame(P.ERROR, b"multi_get reply would exceed the frame size limit")
+        return P.frame(P.VALUES, body)
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        self._data[key] = value
+        if key in self._waiters:
+            self._wake(key)
+
+    # --- request handlers: return the reply frame, or None when the request blocks -----------
+
+    def _h_set(self, c, r):
+        k = r.key()
+        v = r.value()
+        r.done()
+        self._put(k, v)
+        return _R_OK
+
+    def _h_get(self, c, r):
+        k = r.key()
+        t = r.timeout()
+        r.done()
+        v = self._data.get(k)
+        if v is not None:
+            return P.frame(P.VALUE, P.enc_value(v))
+        self._block(c, P.GET, [k], t)
+        return None
+
+    def _h_add(self, c, r):
+        k = r.key()
+        amount = r.i64()
+        r.done()
+        old = self._data.get(k)
+        if old is None:
+            cur = 0
+        else:
+            try:
+                cur = int(old)
+            except ValueError:
+                return P.frame(P.ERROR, b"add: the value stored under the key is not an integer")
+        # int64 wrap-around, as torch's TCPStore (C++ int64_t arithmetic)
+        new = (cur + amount + (1 << 63)) % _INT64 - (1 << 63)
+        self._put(k, str(new).encode("ascii"))
+        return P.frame(P.INT, P.I64.pack(new))
+
+    def _h_compare_set(self, c, r):
+        k = r.key()
+        expected = r.value()
+        desired = r.value()
+        r.done()
+        cur = self._data.get(k)
+        if cur is None:
+            if expected == b"":
+                self._put(k, desired)
+                return P.frame(P.VALUE, P.enc_value(desired))
+            # torch returns ``expected`` here although nothing is stored (TCPStore quirk).
+            return P.frame(P.VALUE, P.enc_value(expected))
+        if cur == expected:
+            self._put(k, desired)
+            cur = desired
+        return P.frame(P.VALUE, P.enc_value(cur))
+
+    def _h_check(self, c, r):
+        keys = r.keys()
+        r.done()
+        data = self._data
+        return _R_TRUE if all(k in data for k in keys) else _R_FALSE
+
+    def _h_wait(self, c, r):
+        keys = r.keys()
+        t = r.timeout()
+        r.done()
+        data = self._data
+        if all(k in data for k in keys):
+            return _R_OK
+        self._block(c, P.WAIT, keys, t)
+        return None
+
+    def _h_delete(self, c, r):
+        k = r.key()
+        r.done()
+        return _R_TRUE if self._data.pop(k, None) is not None else _R_FALSE
+
+    def _h_num_keys(self, c, r):
+        r.done()
+        return P.frame(P.INT, P.I64.pack(len(self._data)))
+
+    def _h_append(self, c, r):
+        k = r.key()
+        v = r.value()
+        r.done()
+        old = self._data.get(k, b"")
+        if len(old) + len(v) > P.MAX_VALUE_BYTES:
+            return P.frame(P.ERROR, f"append: the value would exceed {P.MAX_VALUE_BYTES} "
+                                    f"bytes".encode())
+        self._put(k, old + v)
+        return _R_OK
+
+    def _h_multi_get(self, c, r):
+        keys = r.keys()
+        t = r.timeout()
+        r.done()
+        data = self._data
+        if all(k in data for k in keys):
+            return self._values_reply([data[k] for k in keys])
+        self._block(c, P.MULTI_GET, keys, t)
+        return None
+
+    def _h_multi_set(self, c, r):
+        n = r.count()
+        pairs = [(r.key(), r.value()) for _ in range(n)]
+        r.done()
+        for k, v in pairs:
+            self._put(k, v)
+        return _R_OK
+
+    def _h_ping(self, c, r):
+        r.done()
+        return _R_OK
+
+
+class _Drop(Exception):
+    pass
+
+
+def serve_forever(host: str = "127.0.0.1", port: int = 0, token=None, on_ready=None) -> None:
+    """Run a store server in the foreground until SIGINT or SIGTERM, then return.
+
+    For the standalone ``distlaunch store`` command. ``token`` is the job's secret (str or
+    bytes); None generates one (pass ``on_ready`` to learn it and the port:
+    ``on_ready(server)`` is called once listening, with ``server.port`` and
+    ``server.token``). Must run on the main thread. Raises StoreError if the address
+    cannot be bound.
+    """
+    StoreServer(host, port, token).serve_forever(on_ready=on_ready)
