@@ -1,0 +1,30 @@
+"""Shared helpers: run `python -m distlaunch` as a real subprocess."""
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+WORKERS = ROOT / "tests" / "workers"
+
+
+def dl_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "distlaunch", *map(str, args)]
+
+
+def dl(*args, timeout: float = 60, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    """Run distlaunch to completion; stdout/stderr as text."""
+    return subprocess.run(dl_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=cwd or ROOT)
+
+
+def dl_popen(*args, env: dict | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen(dl_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT, **kw)
+
+
+@pytest.fixture
+def actor():
+    return str(WORKERS / "actor.py")

@@ -1,0 +1,183 @@
+"""distlaunch run on one node: environment, arguments and output, with real workers."""
+import json
+import os
+import re
+
+import pytest
+
+from conftest import ROOT, dl
+
+TORCHRUN_NAMES = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                  "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                  "TORCHELASTIC_RUN_ID"]
+
+
+def load_envs(d, n):
+    return [json.loads((d / f"{r}.json").read_text()) for r in range(n)]
+
+
+def test_environment_contract(actor, tmp_path):
+    env = dict(os.environ, SLURM_PROCID="7", RANK="99", PMIX_RANK="3")
+    env.pop("OMP_NUM_THREADS", None)
+    res = dl("run", "--nproc-per-node", "3", "--max-restarts", "2", "--run-id", "job42", actor,
+             "--dump-env", tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    envs = load_envs(tmp_path, 3)
+    ports = {e["MASTER_PORT"] for e in envs}
+    assert len(ports) == 1
+    for r, e in enumerate(envs):
+        assert (e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) == (str(r), str(r), "3", "3")
+        assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"], e["ROLE_RANK"], e["ROLE_WORLD_SIZE"]) == ("0", "1", str(r), "3")
+        assert e["ROLE_NAME"] == "default"
+        assert e["TORCHELASTIC_RUN_ID"] == e["DISTLAUNCH_RUN_ID"] == "job42"
+        assert (e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"]) == ("0", "2")
+        assert e["MASTER_ADDR"] == "localhost"
+        # MPI-style names mirror the torchrun ones; PMIX_* and stale SLURM_* are removed.
+        assert (e["OMPI_COMM_WORLD_RANK"], e["PMI_RANK"], e["OMPI_COMM_WORLD_SIZE"], e["PMI_SIZE"]) == (str(r), str(r), "3", "3")
+        assert (e["OMPI_COMM_WORLD_LOCAL_RANK"], e["MPI_LOCALRANKID"], e["MPI_LOCALNRANKS"]) == (str(r), str(r), "3")
+        assert "SLURM_PROCID" not in e and "PMIX_RANK" not in e and "PMI_FD" not in e
+        assert e["OMP_NUM_THREADS"] == "1"
+        assert e["DISTLAUNCH_STORE_PORT"].isdigit() and len(e["DISTLAUNCH_STORE_TOKEN"]) >= 16
+        # Each worker leads its own session (so its process group is its own).
+        assert e["_sid"] == e["_pid"]
+    # The announced MASTER_PORT is free for the program: rank 0 can bind it.
+    assert "OMP_NUM_THREADS=1" in res.stderr
+
+
+def test_omp_num_threads_kept_when_set(actor, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="3")
+    res = dl("run", "--nproc-per-node", "2", actor, "--dump-env", tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    assert {e["OMP_NUM_THREADS"] for e in load_envs(tmp_path, 2)} == {"3"}
+    assert "OMP_NUM_THREADS" not in res.stderr
+
+
+def test_script_arguments_pass_untouched(actor, tmp_path):
+    args = ["--dump-env", str(tmp_path), "--lr", "0.1", "--help", "-m", "x", "--nproc-per-node", "9"]
+    # argparse in the actor would choke on unknown options: parse_known_args is not used, so
+    # use a script that only records argv.
+    script = tmp_path / "argv.py"
+    script.write_text("import sys, json, os\n"
+                      f"open(os.path.join({str(tmp_path)!r}, 'argv' + os.environ['RANK']), 'w')"
+                      ".write(json.dumps(sys.argv[1:]))\n")
+    res = dl("run", "--nproc-per-node", "2", script, *args)
+    assert res.returncode == 0, res.stderr
+    for r in range(2):
+        assert json.loads((tmp_path / f"argv{r}").read_text()) == args
+
+
+def test_output_whole_lines_prefixed(actor):
+    res = dl("run", "--nproc-per-node", "4", actor, "--lines", "200")
+    assert res.returncode == 0, res.stderr
+    out_re = re.compile(r"\[(\d)\]: line (\d+) of rank (\d) x* end (\d+)")
+    seen = {r: [] for r in range(4)}
+    for line in res.stdout.splitlines():
+        m = out_re.fullmatch(line)
+        assert m, f"mixed or broken line: {line!r}"
+        assert m.group(1) == m.group(3) and m.group(2) == m.group(4)
+        seen[int(m.group(1))].append(int(m.group(2)))
+    # Every line of every rank, in order per rank.
+    assert all(v == list(range(200)) for v in seen.values()), {k: len(v) for k, v in seen.items()}
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("[")]
+    assert len(err) == 800 and all(re.fullmatch(r"\[(\d)\]: err \d+ of rank \1", ln) for ln in err)
+
+
+def test_no_prefix(actor):
+    res = dl("run", "--nproc-per-node", "2", "--no-prefix", actor, "--lines", "3")
+    assert res.returncode == 0
+    assert sorted(res.stdout.splitlines())[0].startswith("line 0 of rank")
+    assert not any(ln.startswith("[") for ln in res.stdout.splitlines())
+
+
+def test_last_line_without_newline_is_kept(tmp_path):
+    script = tmp_path / "nonl.py"
+    script.write_text("import sys, os; sys.stdout.write('tail-' + os.environ['RANK'])\n")
+    res = dl("run", "--nproc-per-node", "2", script)
+    assert sorted(res.stdout.splitlines()) == ["[0]: tail-0", "[1]: tail-1"]
+
+
+def test_local_ranks_filter(actor):
+    res = dl("run", "--nproc-per-node", "3", "--local-ranks-filter", "1", actor, "--lines", "5")
+    assert res.returncode == 0
+    assert {ln[:4] for ln in res.stdout.splitlines()} == {"[1]:"}
+    assert len(res.stdout.splitlines()) == 5
+
+
+def test_log_dir_per_attempt_and_rank(actor, tmp_path):
+    logs = tmp_path / "logs"
+    res = dl("run", "--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "r1",
+             "--log-dir", logs, actor, "--lines", "3", "--fail-rank", "1", "--fail-attempts", "1")
+    assert res.returncode == 0, res.stderr
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            d = logs / "r1" / f"attempt_{attempt}" / str(rank)
+            out = (d / "stdout.log").read_text().splitlines()
+            assert out == [f"line {i} of rank {rank} {'x' * (i % 50)} end {i}" for i in range(3)]
+            assert (d / "stderr.log").exists()
+    assert "failing on purpose" in (logs / "r1" / "attempt_0" / "1" / "stderr.log").read_text()
+    assert "failing on purpose" not in (logs / "r1" / "attempt_1" / "1" / "stderr.log").read_text()
+
+
+def test_redirects_keep_console_clean(actor, tmp_path):
+    res = dl("run", "--nproc-per-node", "2", "--redirects", "3", "--log-dir", tmp_path, "--run-id", "q",
+             actor, "--lines", "2")
+    assert res.returncode == 0
+    assert res.stdout == "" and "[0]" not in res.stderr
+    assert "line 1 of rank 1" in (tmp_path / "q" / "attempt_0" / "1" / "stdout.log").read_text()
+
+
+def test_module_and_no_python(tmp_path):
+    pkg = tmp_path / "mymod.py"
+    pkg.write_text("import os; print('module rank', os.environ['RANK'])\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}:{ROOT}")
+    res = dl("run", "--nproc-per-node", "2", "-m", "mymod", env=env)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[0]: module rank 0", "[1]: module rank 1"]
+    res = dl("run", "--nproc-per-node", "2", "--no-python", "sh", "-c", "echo sh $RANK/$WORLD_SIZE")
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[0]: sh 0/2", "[1]: sh 1/2"]
+
+
+def test_underscore_spellings(actor, tmp_path):
+    res = dl("run", "--nproc_per_node", "2", "--max_restarts", "0", actor, "--dump-env", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert load_envs(tmp_path, 2)[1]["WORLD_SIZE"] == "2"
+
+
+def test_nproc_per_node_cpu(actor, tmp_path):
+    res = dl("run", "--nproc-per-node", "cpu", actor, "--dump-env", tmp_path)
+    assert res.returncode == 0, res.stderr
+    n = os.cpu_count()
+    assert load_envs(tmp_path, n)[0]["WORLD_SIZE"] == str(n)
+
+
+def test_store_announced_to_workers(tmp_path):
+    script = tmp_path / "store_user.py"
+    script.write_text(
+        "import os\n"
+        "from distlaunch.store import StoreClient\n"
+        "c = StoreClient(os.environ['DISTLAUNCH_STORE_ADDR'], int(os.environ['DISTLAUNCH_STORE_PORT']),\n"
+        "                token=os.environ['DISTLAUNCH_STORE_TOKEN'], timeout=20)\n"
+        "n = c.add('arrived', 1)\n"
+        "c.set('rank' + os.environ['RANK'], os.environ['RANK'])\n"
+        "c.wait(['rank%d' % r for r in range(int(os.environ['WORLD_SIZE']))])\n"
+        "print('seen', sorted(c.get('rank%d' % r).decode() for r in range(int(os.environ['WORLD_SIZE']))), c.add('arrived', 0))\n")
+    res = dl("run", "--nproc-per-node", "3", script)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == [f"[{r}]: seen ['0', '1', '2'] 3" for r in range(3)]
+
+
+def test_store_rejects_wrong_token(tmp_path):
+    script = tmp_path / "bad_token.py"
+    script.write_text(
+        "import os, sys\n"
+        "from distlaunch.store import StoreClient\n"
+        "from distlaunch.errors import StoreAuthError\n"
+        "try:\n"
+        "    StoreClient(os.environ['DISTLAUNCH_STORE_ADDR'], int(os.environ['DISTLAUNCH_STORE_PORT']),\n"
+        "                token='not-the-secret', timeout=5).set('k', b'v')\n"
+        "except StoreAuthError:\n"
+        "    sys.exit(0)\n"
+        "sys.exit(9)\n")
+    assert dl("run", script).returncode == 0

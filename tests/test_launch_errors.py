@@ -1,0 +1,108 @@
+"""Bad input: one clear line naming the value, exit code 2, and no process started."""
+import socket
+
+import pytest
+
+from conftest import dl
+
+
+@pytest.fixture
+def marker_script(tmp_path):
+    """A script that leaves a file behind if it ever runs."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "w.py"
+    script.write_text(f"open({str(marker)!r}, 'a').close()\n")
+    return script, marker
+
+
+def check_usage_error(res, *needles):
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    assert res.stdout == ""
+
+
+def test_script_not_found(tmp_path):
+    check_usage_error(dl("run", tmp_path / "nope.py"), "nope.py", "not found")
+
+
+@pytest.mark.parametrize("value, needle", [("0", "at least 1"), ("abc", "'abc'"), ("-3", "-3")])
+def test_bad_nproc_per_node(marker_script, value, needle):
+    script, marker = marker_script
+    check_usage_error(dl("run", "--nproc-per-node", value, script), "--nproc-per-node", needle)
+    assert not marker.exists()
+
+
+def test_node_rank_out_of_range(marker_script):
+    script, marker = marker_script
+    check_usage_error(dl("run", "--nnodes", "2", "--node-rank", "2", script), "--node-rank 2", "0 to 1")
+    assert not marker.exists()
+
+
+def test_unknown_option(marker_script):
+    script, marker = marker_script
+    check_usage_error(dl("run", "--bogus-flag", script), "--bogus-flag", "--help")
+    assert not marker.exists()
+
+
+def test_bad_option_type(marker_script):
+    script, marker = marker_script
+    check_usage_error(dl("run", "--max-restarts", "many", script), "'many'")
+    assert not marker.exists()
+
+
+def test_unwritable_log_dir(marker_script, tmp_path):
+    script, marker = marker_script
+    afile = tmp_path / "a_file"
+    afile.write_text("")
+    check_usage_error(dl("run", "--log-dir", afile / "logs", script), "--log-dir", "writable")
+    assert not marker.exists()
+
+
+def test_master_port_in_use(marker_script):
+    script, marker = marker_script
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        check_usage_error(dl("run", "--master-port", port, script), f"--master-port {port}", "in use")
+    assert not marker.exists()
+
+
+def test_bad_redirects(marker_script):
+    script, marker = marker_script
+    check_usage_error(dl("run", "--redirects", "7", script), "--redirects", "'7'")
+    assert not marker.exists()
+
+
+def test_module_and_no_python_conflict(marker_script):
+    script, marker = marker_script
+    check_usage_error(dl("run", "-m", "--no-python", script), "--module", "--no-python")
+
+
+def test_no_python_program_missing():
+    check_usage_error(dl("run", "--no-python", "surely-not-a-program-xyz"), "surely-not-a-program-xyz")
+
+
+def test_every_run_option_has_help():
+    res = dl("run", "--help")
+    assert res.returncode == 0
+    for flag in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+                 "--max-restarts", "--monitor-interval", "--module", "--no-python", "--role",
+                 "--run-id", "--log-dir", "--redirects", "--tee", "--local-ranks-filter",
+                 "--standalone", "--stop-timeout", "--no-prefix", "--dry-run"):
+        assert flag in res.stdout, flag
+
+
+def test_dry_run_starts_nothing(marker_script):
+    script, marker = marker_script
+    res = dl("run", "--nproc-per-node", "3", "--dry-run", script, "--lr", "0.1")
+    assert res.returncode == 0, res.stderr
+    assert not marker.exists()
+    for r in range(3):
+        assert f"rank {r} (local rank {r})" in res.stdout
+        assert f"RANK={r}" in res.stdout
+    assert "--lr 0.1" in res.stdout
+    assert "WORLD_SIZE=3" in res.stdout
