@@ -115,6 +115,31 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
 
 
+@cli.command()
+@option("--host", default="127.0.0.1", show_default=True,
+        help="Address to listen on (0.0.0.0 for every interface).")
+@option("--port", default=29400, show_default=True, type=click.IntRange(0, 65535),
+        help="Port to listen on (0: any free port, printed at start).")
+def store(host: str, port: int) -> None:
+    """Run a standalone rendezvous store until Ctrl-C or SIGTERM.
+
+    The secret comes from DISTLAUNCH_STORE_TOKEN; if unset, one is generated and shown
+    once on stderr. Clients must present it (HMAC challenge; never sent in clear).
+    """
+    import os
+
+    from .store import serve_forever
+
+    token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or os.urandom(16).hex()
+
+    def ready(server) -> None:
+        say(f"store listening on {host}:{server.port}")
+        if "DISTLAUNCH_STORE_TOKEN" not in os.environ:
+            say(f"generated secret (export it for clients): DISTLAUNCH_STORE_TOKEN={token}")
+
+    serve_forever(host, port, token, on_ready=ready)
+
+
 def _print_plan(plan) -> None:
     import os
     import shlex

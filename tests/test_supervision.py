@@ -35,7 +35,7 @@ def test_failure_stops_group_and_reports_root_cause():
 
 
 def test_traceback_in_summary_without_decorator():
-    res = dl("run", "--nproc-per-node", "2", WORKERS / "traceback.py")
+    res = dl("run", "--nproc-per-node", "2", WORKERS / "raises_in_train_step.py")
     assert res.returncode == 1
     summary = res.stderr.split("root cause")[1]
     assert "ValueError: loss is nan at step 7" in summary
