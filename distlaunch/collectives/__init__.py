@@ -1,0 +1,39 @@
+"""distlaunch.collectives: a torch.distributed-style collectives runtime for CPU
+processes (numpy arrays, torch CPU tensors, writable buffers).
+
+    import distlaunch.collectives as dist
+    dist.init_process_group()            # from `distlaunch run`'s environment
+    dist.all_reduce(grad)                # in place, every rank gets the same bits
+
+Names, argument order and semantics follow torch.distributed; see docs/collectives.md.
+Importing this package loads only the standard library, numpy and distlaunch's
+errors/env modules (no torch, click, psutil, paramiko or yaml).
+
+Modules: ``runtime`` (init, groups), ``api`` (tensor ops), ``objects`` (object ops),
+``group`` (process groups, Work, failure handling), ``algorithms``, ``ops``
+(ReduceOp), ``buffers``, ``transport`` (interface) and ``tcp``, ``wire`` (message
+header), ``filestore``.
+"""
+
+from .api import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
+                  broadcast, gather, irecv, isend, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter,
+                  send)
+from .errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError, CollectiveTimeoutError,
+                     NotInitializedError, PeerLostError)
+from .filestore import FileStore
+from .group import ProcessGroup, Work
+from .objects import (all_gather_object, broadcast_object_list, gather_object, recv_object_list,
+                      scatter_object_list, send_object_list)
+from .ops import ReduceOp, reduce_op
+from .runtime import (DEFAULT_ENV_TOKEN, GroupMember, destroy_process_group, get_backend, get_process_group_ranks,
+                      get_rank, get_world_size, init_process_group, is_initialized, new_group)
+
+__all__ = [
+    "init_process_group", "destroy_process_group", "is_initialized", "new_group", "get_rank", "get_world_size",
+    "get_backend", "get_process_group_ranks", "GroupMember", "ProcessGroup", "Work", "ReduceOp", "reduce_op",
+    "send", "recv", "isend", "irecv", "broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor",
+    "reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list", "send_object_list",
+    "recv_object_list", "FileStore", "CollectiveError", "CollectiveArgumentError", "CollectiveMismatchError",
+    "CollectiveTimeoutError", "PeerLostError", "NotInitializedError", "DEFAULT_ENV_TOKEN",
+]

@@ -1,0 +1,82 @@
+"""Turning user buffers into numpy arrays that share their memory.
+
+Accepted: numpy arrays of every numeric dtype and bool, torch CPU tensors (through
+``tensor.detach().numpy()``, zero-copy; torch is never imported here, a tensor is
+recognised by ``type(x).__module__``), and other objects exporting a buffer
+(``bytearray``, ``memoryview``, ``array.array``). Buffers must be C-contiguous, in
+native byte order, and writable when results are written into them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import CollectiveArgumentError
+from .wire import DTYPE_CODES
+
+
+def _is_torch_tensor(obj) -> bool:
+    return type(obj).__module__.startswith("torch")
+
+
+def _from_torch(t, name: str) -> np.ndarray:
+    if getattr(t, "is_sparse", False) or getattr(t, "layout", None) is not None and str(t.layout) != "torch.strided":
+        raise CollectiveArgumentError(f"{name} is a sparse torch tensor; only dense CPU tensors are supported")
+    if t.device.type != "cpu":
+        raise CollectiveArgumentError(f"{name} is on device {t.device}; only CPU tensors are supported")
+    if not t.is_contiguous():
+        raise CollectiveArgumentError(f"{name} is not contiguous (call .contiguous() on it first)")
+    try:
+        return t.detach().numpy()
+    except (TypeError, RuntimeError) as e:  # e.g. bfloat16 has no numpy dtype
+        raise CollectiveArgumentError(f"{name} has dtype {t.dtype}, which has no numpy equivalent: {e}") from e
+
+
+def as_array(obj, name: str, writable: bool = True) -> np.ndarray:
+    """Return an ndarray sharing ``obj``'s memory.
+
+    ``name`` is the argument name used in error messages. Raises CollectiveArgumentError
+    when ``obj`` has no buffer, is not C-contiguous, is read-only while ``writable``, has
+    a non-native byte order or a dtype outside bool/int/uint/float/complex.
+    """
+    if isinstance(obj, np.ndarray):
+        arr = obj
+    elif _is_torch_tensor(obj):
+        arr = _from_torch(obj, name)
+    else:
+        try:
+            arr = np.asarray(memoryview(obj))
+        except TypeError:
+            raise CollectiveArgumentError(
+                f"{name} must be a numpy array, a torch CPU tensor or a writable buffer, "
+                f"not {type(obj).__name__}") from None
+    if not arr.flags.c_contiguous:
+        raise CollectiveArgumentError(
+            f"{name} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
+            f"pass np.ascontiguousarray(...) / tensor.contiguous()")
+    if writable and not arr.flags.writeable:
+        raise CollectiveArgumentError(f"{name} is read-only; the result is written into it")
+    if arr.dtype not in DTYPE_CODES:
+        if arr.dtype.kind in "biufc" and not arr.dtype.isnative:
+            raise CollectiveArgumentError(f"{name} has non-native byte order ({arr.dtype.str})")
+        raise CollectiveArgumentError(f"{name} has unsupported dtype {arr.dtype}")
+    return arr
+
+
+def as_array_list(objs, name: str, length: int | None = None, writable: bool = True) -> list:
+    """``as_array`` on every element of a list; checks its length when given."""
+    if objs is None or isinstance(objs, (str, bytes)) or not hasattr(objs, "__len__"):
+        raise CollectiveArgumentError(f"{name} must be a list of buffers, not {type(objs).__name__}")
+    if length is not None and len(objs) != length:
+        raise CollectiveArgumentError(f"{name} has {len(objs)} elements; the group has {length} ranks")
+    return [as_array(o, f"{name}[{i}]", writable) for i, o in enumerate(objs)]
+
+
+def flat(arr: np.ndarray) -> np.ndarray:
+    """1-D view of a C-contiguous array (no copy)."""
+    return arr.reshape(-1)
+
+
+def byte_view(arr: np.ndarray) -> memoryview:
+    """Writable (or read-only, as ``arr``) memoryview of ``arr``'s bytes, format 'B'."""
+    return memoryview(arr.reshape(-1).view(np.uint8))

@@ -1,0 +1,353 @@
+"""Process-wide state of the collectives runtime: init_process_group and friends.
+
+Init methods (``init_process_group(init_method=...)``):
+
+- ``None`` under ``distlaunch run`` (DISTLAUNCH_STORE_PORT is set): connect to the
+  launcher's store with DISTLAUNCH_STORE_ADDR/PORT/TOKEN; rank and world size from
+  RANK/WORLD_SIZE; keys under ``distlaunch/coll/<run id>/<restart count>/`` so a
+  restarted group never sees a previous attempt's keys. Otherwise ``None`` means
+  ``env://`` (as torch).
+- ``env://``: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (arguments win over the
+  environment); rank 0 hosts a StoreServer on MASTER_PORT, all ranks connect to it with
+  the token DISTLAUNCH_STORE_TOKEN, or ``DEFAULT_ENV_TOKEN`` when unset (then anyone who
+  can reach the port can join: set a token on shared machines).
+- ``tcp://host:port[?rank=R&world_size=N]``: as env:// with the address from the URL.
+- ``file:///path[?rank=R&world_size=N]``: a :class:`FileStore` in ``path`` (no server;
+  every rank must see the file). Use a fresh file per job.
+- ``store=``: any object with set/get/add/wait/check (e.g. a StoreClient) plus
+  ``rank``/``world_size``.
+
+On every store, ranks first take a *generation* number (``add`` on one counter) so that
+re-initialising on the same store uses fresh keys; rank 0 publishes a random secret
+that authenticates transport connections; each rank publishes its listening address;
+then all ranks wait until everyone joined (CollectiveTimeoutError names the ranks that
+did not). Transport sockets listen on DISTLAUNCH_COLL_HOST if set, else on the local
+address that routes to the store host (127.0.0.1 for a loopback store or a file store).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+from urllib.parse import parse_qs, urlparse
+
+from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
+from .filestore import FileStore
+from .group import DEFAULT_TIMEOUT, ProcessGroup, to_seconds
+from .tcp import TcpTransport
+
+DEFAULT_ENV_TOKEN = "distlaunch-env-default-token"
+_BACKENDS = {None, "auto", "cpu", "gloo", "cpu:gloo"}
+
+
+class _NonGroupMember:
+    def __repr__(self):
+        return "GroupMember.NON_GROUP_MEMBER"
+
+
+class GroupMember:
+    """As torch.distributed.GroupMember: ``WORLD`` is the default group once
+    initialised (None before), ``NON_GROUP_MEMBER`` what new_group returns to ranks
+    outside the group."""
+
+    WORLD = None
+    NON_GROUP_MEMBER = _NonGroupMember()
+
+
+class _LockedStore:
+    """Serialises calls to a store client shared by several threads."""
+
+    def __init__(self, store):
+        self.store = store
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name):
+        fn = getattr(self.store, name)
+
+        def call(*args, **kwargs):
+            with self._lock:
+                return fn(*args, **kwargs)
+        return call
+
+
+class Runtime:
+    """Everything one initialised process group owns: store, transport, groups."""
+
+    def __init__(self, rank, world_size, store, prefix, timeout, host, owned=()):
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout = timeout
+        self.store = _LockedStore(store)
+        self._owned = list(owned)  # things to close on destroy (store client, file store)
+        self.groups: dict[int, ProcessGroup] = {}
+        self._next_gid = 0
+        deadline = time.monotonic() + timeout
+        generation = (self.store.add(f"{prefix}generation", 1) - 1) // world_size
+        self.prefix = ns = f"{prefix}g{generation}/"
+        if rank == 0:
+            self.store.set(f"{ns}secret", secrets.token_hex(16).encode())
+        secret = self._store_get(f"{ns}secret", deadline, "rank 0")
+        self.transport = TcpTransport(rank, world_size, self.store, ns, host, secret,
+                                      self._status, self._abort)
+        self.store.set(f"{ns}joined/{rank}", b"1")
+        self._wait_joined(ns, deadline, timeout)
+        self.world = ProcessGroup(self, 0, list(range(world_size)), timeout, "WORLD")
+        self.groups[0] = self.world
+
+    def _store_get(self, key, deadline, who):
+        try:
+            self.store.wait([key], max(0.01, deadline - time.monotonic()))
+            return self.store.get(key)
+        except Exception as e:
+            raise CollectiveTimeoutError(f"init_process_group: {who} did not publish {key!r}: {e}") from e
+
+    def _wait_joined(self, ns, deadline, timeout):
+        keys = [f"{ns}joined/{r}" for r in range(self.world_size)]
+        try:
+            self.store.wait(keys, max(0.01, deadline - time.monotonic()))
+        except Exception as e:
+            missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
+            raise CollectiveTimeoutError(
+                f"init_process_group timed out after {timeout:g} s: ranks {missing} did not join "
+                f"(world size {self.world_size})") from e
+
+    def _status(self, gid):
+        g = self.groups.get(gid)
+        return g.status() if g is not None else (-1, 0)
+
+    def _abort(self, hdr, text):
+        g = self.groups.get(hdr.group)
+        if g is not None:
+            g.on_abort(hdr, text)
+
+    def new_group(self, ranks, timeout):
+        self._next_gid += 1
+        gid = self._next_gid
+        if self.rank not in ranks:
+            return GroupMember.NON_GROUP_MEMBER
+        g = ProcessGroup(self, gid, ranks, timeout, f"group {gid} {ranks}")
+        self.groups[gid] = g
+        return g
+
+    def close(self):
+        self.transport.close()
+        for obj in self._owned:
+            try:
+                obj.close()
+            except Exception:
+                pass
+
+
+_runtime: Runtime | None = None
+_servers: dict = {}  # (host, port) -> StoreServer this process hosts for env:// / tcp://
+
+
+def current_runtime() -> Runtime:
+    if _runtime is None:
+        raise NotInitializedError("the default process group is not initialized; call init_process_group() first")
+    return _runtime
+
+
+def is_initialized() -> bool:
+    """True between init_process_group() and destroy_process_group()."""
+    return _runtime is not None
+
+
+def _int_arg(value, env_name, what):
+    if value is not None and value != -1:
+        return int(value)
+    raw = os.environ.get(env_name)
+    if raw is None:
+        raise ConfigError(f"{what} is not given and {env_name} is not set")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{env_name}={raw!r} is not an integer") from None
+
+
+def _local_host_towards(host: str) -> str:
+    override = os.environ.get("DISTLAUNCH_COLL_HOST")
+    if override:
+        return override
+    try:
+        if host in ("localhost", "") or socket.gethostbyname(host).startswith("127."):
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(host), 9))  # no packet is sent; picks the route
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _tcp_store(host, port, rank, token, timeout, deadline):
+    """StoreClient to host:port; rank 0 first starts the StoreServer there."""
+    from ..errors import StoreConnectionError
+    from ..store import StoreClient, StoreServer
+    if rank == 0 and (host, port) not in _servers:
+        bind = "127.0.0.1" if _local_host_towards(host) == "127.0.0.1" else "0.0.0.0"
+        try:
+            server = StoreServer(host=bind, port=port, token=token)
+            server.start()
+        except OSError as e:
+            raise ConfigError(f"rank 0 cannot host the store on {bind}:{port}: {e}") from e
+        _servers[(host, port)] = server
+    delay = 0.01
+    while True:  # rank 0's server may not be up yet
+        try:
+            return StoreClient(host, port, token=token, timeout=timeout)
+        except (StoreConnectionError, OSError) as e:
+            if time.monotonic() + delay > deadline:
+                raise CollectiveTimeoutError(f"cannot reach the store at {host}:{port}: {e}") from e
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,
+                       group_name="", pg_options=None, device_id=None) -> None:
+    """Initialise the default process group (``torch.distributed.init_process_group``).
+
+    ``backend``: None, "auto", "cpu" or "gloo" (all the same CPU runtime); anything else
+    raises ConfigError. ``init_method``: None, "env://", "tcp://host:port",
+    "file:///path" (see the module docstring). ``timeout``: seconds (float) or
+    timedelta for init and for every later operation; default 1800 s. ``world_size``,
+    ``rank``: required for tcp:// and file:// and with ``store`` unless RANK/WORLD_SIZE
+    are set. Blocks until all ranks joined. Raises ConfigError (bad arguments or
+    environment), CollectiveTimeoutError (ranks missing at the deadline, naming them),
+    CollectiveError if already initialised.
+    """
+    global _runtime
+    if _runtime is not None:
+        raise CollectiveArgumentError("the default process group is already initialized "
+                                      "(call destroy_process_group() first)")
+    if (backend.lower() if isinstance(backend, str) else backend) not in _BACKENDS:
+        raise ConfigError(f"backend {backend!r} is not supported: distlaunch.collectives is a CPU runtime "
+                          f"(use None, 'auto', 'cpu' or 'gloo')")
+    timeout = to_seconds(timeout) or DEFAULT_TIMEOUT
+    deadline = time.monotonic() + timeout
+    if store is not None and init_method is not None:
+        raise ConfigError("give init_method or store, not both")
+    owned = []
+    if store is not None:
+        r, n = _int_arg(rank, "RANK", "rank"), _int_arg(world_size, "WORLD_SIZE", "world_size")
+        prefix, host = "distlaunch/coll/", _local_host_towards(getattr(store, "host", "127.0.0.1"))
+    elif init_method is None and os.environ.get("DISTLAUNCH_STORE_PORT"):
+        from ..env import read_worker_env
+        ident = read_worker_env()
+        r, n = ident.rank, ident.world_size
+        for given, actual, what in ((rank, r, "rank"), (world_size, n, "world_size")):
+            if given not in (-1, None) and given != actual:
+                raise ConfigError(f"{what}={given} contradicts the launcher's environment ({actual})")
+        store = _tcp_store(ident.store_addr, ident.store_port, -1, ident.store_token, timeout, deadline)
+        owned.append(store)
+        prefix = f"distlaunch/coll/{ident.run_id}/{ident.restart_count}/"
+        host = _local_host_towards(ident.store_addr)
+    else:
+        url = urlparse(init_method or "env://")
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        if "rank" in query and rank in (-1, None):
+            rank = int(query["rank"])
+        if "world_size" in query and world_size in (-1, None):
+            world_size = int(query["world_size"])
+        r, n = _int_arg(rank, "RANK", "rank"), _int_arg(world_size, "WORLD_SIZE", "world_size")
+        if url.scheme == "file":
+            if not url.path:
+                raise ConfigError(f"init_method {init_method!r} has no path")
+            store = FileStore(url.path, timeout=timeout)
+            owned.append(store)
+            prefix, host = "distlaunch/coll/", _local_host_towards("localhost")
+        elif url.scheme in ("env", "tcp"):
+            if url.scheme == "env":
+                addr = os.environ.get("MASTER_ADDR")
+                if not addr:
+                    raise ConfigError("env:// needs MASTER_ADDR (and MASTER_PORT) in the environment")
+                port = _int_arg(None, "MASTER_PORT", "MASTER_PORT")
+            else:
+                addr, port = url.hostname, url.port
+                if not addr or not port:
+                    raise ConfigError(f"init_method {init_method!r} must be tcp://host:port")
+            token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or DEFAULT_ENV_TOKEN
+            store = _tcp_store(addr, port, r, token, timeout, deadline)
+            owned.append(store)
+            prefix = f"distlaunch/coll/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+            host = _local_host_towards(addr)
+        else:
+            raise ConfigError(f"init_method {init_method!r}: unsupported scheme (use env://, tcp://host:port "
+                              f"or file:///path)")
+    if not 0 <= r < n:
+        raise ConfigError(f"rank {r} is outside 0..world_size-1 (world_size {n})")
+    _runtime = Runtime(r, n, store, prefix, timeout, host, owned)
+    GroupMember.WORLD = _runtime.world
+
+
+def destroy_process_group(group=None) -> None:
+    """Destroy ``group``, or (None / WORLD) the whole runtime: pending operations fail,
+    connections close. A store server hosted by this process for env:// keeps running
+    until the process exits (other ranks may still be reading from it) and is reused by
+    a later init on the same address."""
+    global _runtime
+    rt = current_runtime()
+    if group is None or group is GroupMember.WORLD:
+        _runtime = None
+        GroupMember.WORLD = None
+        rt.close()
+    elif group is GroupMember.NON_GROUP_MEMBER:
+        return
+    elif isinstance(group, ProcessGroup) and rt.groups.get(group.gid) is group:
+        del rt.groups[group.gid]
+    else:
+        raise CollectiveArgumentError(f"{group!r} is not a live group of this runtime")
+
+
+def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
+              group_desc=None, device_id=None, sort_ranks=True):
+    """Create a group of the global ``ranks`` (None: all). Every rank must call
+    new_group, in the same order, with the same ranks (as torch). Returns the
+    ProcessGroup on members and ``GroupMember.NON_GROUP_MEMBER`` elsewhere. Does not
+    block. ``timeout``: seconds/timedelta, default the world's."""
+    rt = current_runtime()
+    if (backend.lower() if isinstance(backend, str) else backend) not in _BACKENDS:
+        raise ConfigError(f"backend {backend!r} is not supported")
+    if ranks is None:
+        ranks = range(rt.world_size)
+    members = sorted(set(int(r) for r in ranks))
+    if any(not 0 <= r < rt.world_size for r in members):
+        raise CollectiveArgumentError(f"new_group ranks {list(ranks)} must be within 0..{rt.world_size - 1}")
+    if not members:
+        raise CollectiveArgumentError("new_group needs at least one rank")
+    return rt.new_group(members, to_seconds(timeout) or rt.timeout)
+
+
+def _resolve(group):
+    rt = current_runtime()
+    if group is None or group is GroupMember.WORLD:
+        return rt.world
+    if group is GroupMember.NON_GROUP_MEMBER:
+        return None
+    return group
+
+
+def get_rank(group=None) -> int:
+    """This process's rank in ``group`` (default: global rank); -1 on a non-member."""
+    g = _resolve(group)
+    return -1 if g is None else g.rank
+
+
+def get_world_size(group=None) -> int:
+    """Number of ranks in ``group`` (default: the world); -1 on a non-member."""
+    g = _resolve(group)
+    return -1 if g is None else g.size
+
+
+def get_backend(group=None) -> str:
+    """Always "cpu" (the only backend)."""
+    current_runtime()
+    return "cpu"
+
+
+def get_process_group_ranks(group) -> list:
+    """Global ranks of ``group``."""
+    g = _resolve(group)
+    return [] if g is None else list(g.ranks)

@@ -1,0 +1,559 @@
+"""TCP implementation of :class:`~.transport.Transport`.
+
+- One listening socket per process; its ``host:port`` is published in the store under
+  ``<prefix>addr/<rank>``. Connections are made lazily, the first time a rank sends to
+  a peer, and are one-directional for data: rank a sends to b over the connection *a*
+  opened, so two ranks connecting to each other at once never race. Control replies
+  (status) travel back over the same socket.
+- A connection starts with a HELLO carrying the group's secret (random, exchanged
+  through the authenticated store); anything else is dropped.
+- One progress thread owns all reads: it reads a header, matches it against the posted
+  receives and then ``recv_into`` the destination buffer directly (an unmatched,
+  "unexpected" message is read into a new bytearray and copied once when its receive
+  is posted). Sends are written without copying with ``sendmsg([header, memoryview])``,
+  first from the posting thread (non-blocking), the rest by the progress thread when the
+  socket becomes writable. Sockets are non-blocking with TCP_NODELAY; nothing here
+  blocks without a deadline.
+- A connection that breaks (EOF, reset) marks the peer lost: its pending and future
+  requests fail with PeerLostError.
+"""
+
+from __future__ import annotations
+
+import collections
+import selectors
+import socket
+import threading
+import time
+
+from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
+from .transport import Request, Transport
+from .wire import (COLL, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, DTYPE_NAMES, Header,
+                   unpack_header)
+
+_READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
+_MAX_HELLO = 1024
+
+
+class _Conn:
+    __slots__ = ("sock", "peer", "outgoing", "sendq", "events", "closed",
+                 "hdr_buf", "hdr_mv", "hdr_got", "hdr", "target", "got", "req")
+
+    def __init__(self, sock, peer, outgoing):
+        self.sock = sock
+        self.peer = peer            # None until an incoming connection said HELLO
+        self.outgoing = outgoing
+        self.sendq = collections.deque()   # [list of memoryviews, Request or None]
+        self.events = 0
+        self.closed = False
+        self.hdr_buf = bytearray(HEADER_SIZE)
+        self.hdr_mv = memoryview(self.hdr_buf)
+        self.hdr_got = 0
+        self.hdr = None             # header of the message being read
+        self.target = None          # memoryview the payload goes into
+        self.got = 0
+        self.req = None             # matched receive, or None (unexpected / control)
+
+
+def _tune(sock):
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class TcpTransport(Transport):
+    """TCP transport between the ranks of one job.
+
+    ``store``: set/get/wait (thread-safe wrapper); ``prefix``: store key namespace;
+    ``host``: the address to listen on and publish; ``secret``: bytes checked on every
+    incoming connection; ``status_provider(group) -> (seq, op)``: this rank's progress,
+    answered to peers diagnosing a timeout; ``abort_handler(header, text)``: called on
+    the progress thread when a peer aborts a group.
+    """
+
+    def __init__(self, rank, world_size, store, prefix, host, secret: bytes,
+                 status_provider, abort_handler):
+        self.rank = rank
+        self.world_size = world_size
+        self._store = store
+        self._prefix = prefix
+        self._secret = secret
+        self._status_provider = status_provider
+        self._abort_handler = abort_handler
+        self._lock = threading.Lock()
+        self._status_cv = threading.Condition(self._lock)
+        self._connect_locks = collections.defaultdict(threading.Lock)
+        self._out = {}                      # peer -> outgoing _Conn
+        self._conns = set()
+        self._addrs = {}
+        self._posted = {}                   # (key, src) -> deque[Request]
+        self._posted_any = {}               # key -> deque[Request]
+        self._unexpected = {}               # (key, src) -> deque[(Header, bytearray)]
+        self._lost = {}                     # peer -> reason
+        self._status = {}                   # (group, peer) -> (seq, op)
+        self._new_conns = []
+        self._dirty = set()
+        self._closed = False
+
+        self._listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listen.bind((host, 0))
+        self._listen.listen(max(128, world_size))
+        self._listen.setblocking(False)
+        self.address = (host, self._listen.getsockname()[1])
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listen, _READ, "listen")
+        self._sel.register(self._wake_r, _READ, "wake")
+        store.set(f"{prefix}addr/{rank}", f"{host}:{self.address[1]}".encode())
+        self._thread = threading.Thread(target=self._run, name=f"distlaunch-tcp-{rank}", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- connections
+
+    def _addr_of(self, peer, deadline):
+        addr = self._addrs.get(peer)
+        if addr is None:
+            key = f"{self._prefix}addr/{peer}"
+            try:
+                self._store.wait([key], max(0.01, deadline - time.monotonic()))
+                host, _, port = self._store.get(key).decode().rpartition(":")
+            except Exception as e:  # store timeout or connection problem
+                raise CollectiveTimeoutError(
+                    f"rank {peer} did not publish its address in the store ({e})") from e
+            addr = self._addrs[peer] = (host, int(port))
+        return addr
+
+    def _connection(self, peer, deadline) -> _Conn:
+        conn = self._out.get(peer)
+        if conn is not None:
+            return conn
+        with self._connect_locks[peer]:
+            conn = self._out.get(peer)
+            if conn is not None:
+                return conn
+            if peer in self._lost:
+                raise PeerLostError(f"rank {peer} is lost: {self._lost[peer]}")
+            addr = self._addr_of(peer, deadline)
+            hello = Header(HELLO, 0, 0, 0, self.rank, 0, 0, 0, -1, 0, len(self._secret)).pack()
+            try:
+                sock = socket.create_connection(addr, timeout=max(0.05, deadline - time.monotonic()))
+                _tune(sock)
+                sock.sendall(hello + self._secret)
+                sock.setblocking(False)
+            except socket.timeout as e:
+                raise CollectiveTimeoutError(f"connecting to rank {peer} at {addr} timed out") from e
+            except OSError as e:
+                self._peer_lost(peer, f"connection to {addr[0]}:{addr[1]} failed: {e}")
+                raise PeerLostError(f"rank {peer} is unreachable at {addr[0]}:{addr[1]}: {e}") from e
+            conn = _Conn(sock, peer, outgoing=True)
+            with self._lock:
+                if self._closed:
+                    sock.close()
+                    raise CollectiveError("transport is closed")
+                self._conns.add(conn)
+                self._new_conns.append(conn)
+                self._out[peer] = conn
+            self._wake()
+            return conn
+
+    def _wake(self):
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending, or we are closing
+
+    # ---------------------------------------------------------------- sending
+
+    def isend(self, peer, header, payload, deadline, owner=None) -> Request:
+        req = Request(True, peer, None, payload, owner=owner)
+        conn = self._connection(peer, deadline)
+        bufs = [memoryview(header.pack())]
+        if len(payload):
+            bufs.append(payload)
+        with self._lock:
+            if conn.closed:
+                req.complete(PeerLostError(f"rank {peer} is lost: {self._lost.get(peer, 'connection closed')}"))
+                return req
+            self._enqueue(conn, bufs, req)
+        return req
+
+    def _enqueue(self, conn, bufs, req):
+        # lock held
+        conn.sendq.append([bufs, req])
+        if len(conn.sendq) == 1:
+            self._flush(conn)
+        if conn.sendq and not conn.events & _WRITE:
+            self._dirty.add(conn)
+            if threading.current_thread() is not self._thread:
+                self._wake()
+
+    def _flush(self, conn):
+        # lock held; write as much as the socket takes without blocking
+        while conn.sendq:
+            bufs, req = conn.sendq[0]
+            try:
+                n = conn.sock.sendmsg(bufs)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._conn_failed_locked(conn, f"send failed: {e}")
+                return
+            while n:
+                first = bufs[0]
+                if n >= len(first):
+                    n -= len(first)
+                    bufs.pop(0)
+                else:
+                    bufs[0] = first[n:]
+                    n = 0
+            if bufs:
+                continue
+            conn.sendq.popleft()
+            if req is not None:
+                req.complete()
+
+    def send_control(self, peer, header, payload, deadline) -> bool:
+        try:
+            req = self.isend(peer, header, memoryview(payload), deadline)
+        except CollectiveError:
+            return False
+        return req.wait(max(0.0, deadline - time.monotonic())) and req.error is None
+
+    # ---------------------------------------------------------------- receiving
+
+    def irecv(self, peer, key, buf, check=None, owner=None) -> Request:
+        req = Request(False, peer, key, buf, check, owner)
+        with self._lock:
+            item = self._take_unexpected(key, peer)
+            if item is None:
+                if self._closed:
+                    req.complete(CollectiveError("transport is closed"))
+                elif peer is not None and peer in self._lost:
+                    req.complete(PeerLostError(f"rank {peer} is lost: {self._lost[peer]}"))
+                elif peer is None:
+                    self._posted_any.setdefault(key, collections.deque()).append(req)
+                else:
+                    self._posted.setdefault((key, peer), collections.deque()).append(req)
+                return req
+        hdr, data = item
+        err = self._accept(req, hdr)
+        if err is None:
+            req.buf[:] = data
+        req.complete(err)
+        return req
+
+    def _take_unexpected(self, key, peer):
+        # lock held
+        if peer is None:
+            for (k, src), q in self._unexpected.items():
+                if k == key and q:
+                    peer = src
+                    break
+            else:
+                return None
+        q = self._unexpected.get((key, peer))
+        if not q:
+            return None
+        item = q.popleft()
+        if not q:
+            del self._unexpected[(key, peer)]
+        return item
+
+    def _take_posted(self, key, src):
+        # lock held
+        for k, table in (((key, src), self._posted), (key, self._posted_any)):
+            q = table.get(k)
+            if q:
+                req = q.popleft()
+                if not q:
+                    del table[k]
+                return req
+        return None
+
+    @staticmethod
+    def _accept(req, hdr):
+        """None if ``hdr`` fits ``req``, else the exception to fail it with."""
+        req.header = hdr
+        err = req.check(hdr) if req.check is not None else None
+        if err is None and hdr.nbytes != len(req.buf):
+            err = CollectiveMismatchError(
+                f"rank {hdr.src} sent {hdr.nbytes} bytes ({DTYPE_NAMES.get(hdr.dtype, '?')}) "
+                f"where this rank expected {len(req.buf)} bytes")
+        return err
+
+    def cancel(self, req):
+        with self._lock:
+            for table, k in ((self._posted, (req.key, req.peer)), (self._posted_any, req.key)):
+                q = table.get(k)
+                if q and req in q:
+                    q.remove(req)
+                    if not q:
+                        del table[k]
+
+    def fail_owner(self, owner, error):
+        victims = []
+        with self._lock:
+            for table in (self._posted, self._posted_any):
+                for k in list(table):
+                    keep = collections.deque(r for r in table[k] if r.owner != owner)
+                    victims.extend(r for r in table[k] if r.owner == owner)
+                    if keep:
+                        table[k] = keep
+                    else:
+                        del table[k]
+            for conn in self._conns:
+                victims.extend(r for _, r in conn.sendq if r is not None and r.owner == owner)
+                if conn.req is not None and conn.req.owner == owner:
+                    victims.append(conn.req)
+        for r in victims:
+            r.complete(error)
+
+    # ---------------------------------------------------------------- status queries
+
+    def query_status(self, peers, group, deadline):
+        with self._lock:
+            for p in peers:
+                self._status.pop((group, p), None)
+        reachable = []
+        for p in peers:
+            hdr = Header(STATUS_REQ, 0, 0, 0, self.rank, group, 0, 0, -1, 0, 0)
+            if self.send_control(p, hdr, b"", deadline):
+                reachable.append(p)
+        with self._status_cv:
+            self._status_cv.wait_for(lambda: all((group, p) in self._status for p in reachable),
+                                     max(0.0, deadline - time.monotonic()))
+            return {p: self._status.get((group, p)) for p in peers}
+
+    # ---------------------------------------------------------------- progress thread
+
+    def _run(self):
+        try:
+            while not self._closed:
+                with self._lock:
+                    for conn in self._new_conns:
+                        conn.events = _READ | (_WRITE if conn.sendq else 0)
+                        self._sel.register(conn.sock, conn.events, conn)
+                    self._new_conns.clear()
+                    self._update_interest()
+                for key, mask in self._sel.select():
+                    what = key.data
+                    if what == "wake":
+                        try:
+                            while self._wake_r.recv(4096):
+                                pass
+                        except (BlockingIOError, OSError):
+                            pass
+                    elif what == "listen":
+                        self._accept_conn()
+                    else:
+                        if mask & _WRITE and not what.closed:
+                            with self._lock:
+                                self._flush(what)
+                                self._dirty.add(what)
+                        if mask & _READ and not what.closed:
+                            self._on_readable(what)
+        except Exception as e:  # a bug here must not hang the job silently
+            self._shutdown(CollectiveError(f"transport progress thread failed: {e!r}"))
+            raise
+
+    def _update_interest(self):
+        # lock held
+        for conn in self._dirty:
+            if conn.closed:
+                continue
+            want = _READ | (_WRITE if conn.sendq else 0)
+            if want != conn.events:
+                conn.events = want
+                try:
+                    self._sel.modify(conn.sock, want, conn)
+                except (KeyError, ValueError, OSError):
+                    pass
+        self._dirty.clear()
+
+    def _accept_conn(self):
+        try:
+            sock, _ = self._listen.accept()
+        except (BlockingIOError, OSError):
+            return
+        sock.setblocking(False)
+        _tune(sock)
+        conn = _Conn(sock, None, outgoing=False)
+        conn.events = _READ
+        with self._lock:
+            self._conns.add(conn)
+        self._sel.register(sock, _READ, conn)
+
+    def _on_readable(self, conn):
+        for _ in range(64):  # bounded, so one busy connection cannot starve the others
+            try:
+                if conn.target is None:
+                    n = conn.sock.recv_into(conn.hdr_mv[conn.hdr_got:])
+                else:
+                    n = conn.sock.recv_into(conn.target[conn.got:])
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                self._conn_failed(conn, f"receive failed: {e}")
+                return
+            if n == 0:
+                self._conn_failed(conn, "connection closed by peer")
+                return
+            if conn.target is None:
+                conn.hdr_got += n
+                if conn.hdr_got < HEADER_SIZE:
+                    continue
+                conn.hdr_got = 0
+                try:
+                    hdr = unpack_header(conn.hdr_buf)
+                except ValueError as e:
+                    self._conn_failed(conn, str(e))
+                    return
+                if not self._begin(conn, hdr):
+                    return
+                if hdr.nbytes == 0:
+                    self._end(conn)
+            else:
+                conn.got += n
+                if conn.got == len(conn.target):
+                    self._end(conn)
+
+    def _begin(self, conn, hdr) -> bool:
+        """Choose where the payload of ``hdr`` goes; False when the connection was dropped."""
+        if conn.peer is None:
+            if hdr.kind != HELLO or hdr.nbytes > _MAX_HELLO:
+                self._drop(conn)
+                return False
+        elif hdr.src != conn.peer:
+            self._conn_failed(conn, f"protocol error: message claims to come from rank {hdr.src}")
+            return False
+        conn.hdr = hdr
+        conn.got = 0
+        conn.req = None
+        if hdr.kind in (COLL, P2P):
+            with self._lock:
+                req = self._take_posted((hdr.kind, hdr.group, hdr.seq), conn.peer)
+            if req is not None:
+                err = self._accept(req, hdr)
+                if err is None:
+                    conn.req = req
+                    conn.target = req.buf
+                    return True
+                req.complete(err)
+        conn.target = memoryview(bytearray(hdr.nbytes))
+        return True
+
+    def _end(self, conn):
+        hdr, req, data = conn.hdr, conn.req, conn.target
+        conn.hdr = conn.req = conn.target = None
+        conn.got = 0
+        if req is not None:
+            req.complete()
+        elif hdr.kind in (COLL, P2P):
+            key = (hdr.kind, hdr.group, hdr.seq)
+            with self._lock:
+                req = self._take_posted(key, conn.peer)
+                if req is None:
+                    self._unexpected.setdefault((key, conn.peer), collections.deque()).append((hdr, data))
+                    return
+            err = self._accept(req, hdr)
+            if err is None:
+                req.buf[:] = data
+            req.complete(err)
+        elif hdr.kind == HELLO:
+            if conn.peer is None and bytes(data) == self._secret and 0 <= hdr.src < self.world_size:
+                conn.peer = hdr.src
+            else:
+                self._drop(conn)
+        elif hdr.kind == STATUS_REQ:
+            seq, op = self._status_provider(hdr.group)
+            reply = Header(STATUS_REP, 0, op, 0, self.rank, hdr.group, seq, 0, -1, 0, 0)
+            with self._lock:
+                if not conn.closed:
+                    self._enqueue(conn, [memoryview(reply.pack())], None)
+        elif hdr.kind == STATUS_REP:
+            with self._status_cv:
+                self._status[(hdr.group, hdr.src)] = (hdr.seq, hdr.op)
+                self._status_cv.notify_all()
+        else:  # ABORT (or future kinds): the runtime decides
+            self._abort_handler(hdr, bytes(data).decode("utf-8", "replace"))
+
+    # ---------------------------------------------------------------- failures and shutdown
+
+    def _drop(self, conn):
+        with self._lock:
+            self._close_conn_locked(conn)
+
+    def _close_conn_locked(self, conn):
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.discard(conn)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        conn.sock.close()
+
+    def _conn_failed(self, conn, reason):
+        with self._lock:
+            self._conn_failed_locked(conn, reason)
+
+    def _conn_failed_locked(self, conn, reason):
+        victims = []
+        peer = conn.peer
+        self._close_conn_locked(conn)
+        if conn.req is not None:
+            victims.append(conn.req)
+        victims.extend(r for _, r in conn.sendq if r is not None)
+        conn.sendq.clear()
+        if peer is not None and not self._closed:
+            victims.extend(self._peer_lost_locked(peer, reason))
+        err = PeerLostError(f"rank {peer} is lost: {reason}")
+        for r in victims:
+            r.complete(err)
+
+    def _peer_lost(self, peer, reason):
+        with self._lock:
+            victims = self._peer_lost_locked(peer, reason)
+        err = PeerLostError(f"rank {peer} is lost: {reason}")
+        for r in victims:
+            r.complete(err)
+
+    def _peer_lost_locked(self, peer, reason):
+        self._lost.setdefault(peer, reason)
+        victims = []
+        for k in [k for k in self._posted if k[1] == peer]:
+            victims.extend(self._posted.pop(k))
+        out = self._out.pop(peer, None)
+        if out is not None:
+            victims.extend(r for _, r in out.sendq if r is not None)
+            out.sendq.clear()
+            self._close_conn_locked(out)
+        return victims
+
+    def _shutdown(self, error):
+        with self._lock:
+            self._closed = True
+            victims = [r for q in self._posted.values() for r in q]
+            victims += [r for q in self._posted_any.values() for r in q]
+            for conn in list(self._conns):
+                victims.extend(r for _, r in conn.sendq if r is not None)
+                if conn.req is not None:
+                    victims.append(conn.req)
+                self._close_conn_locked(conn)
+            self._posted.clear()
+            self._posted_any.clear()
+        for r in victims:
+            r.complete(error)
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        self._wake()
+        self._thread.join(timeout=5)
+        self._shutdown(CollectiveError("the process group was destroyed"))
+        for s in (self._listen, self._wake_r, self._wake_w):
+            s.close()
+        self._sel.close()

@@ -1,0 +1,99 @@
+"""The transport interface: asynchronous, matched sends and receives of byte buffers
+between global ranks.
+
+A transport delivers each message (a :class:`~.wire.Header` plus payload) to the peer,
+in order per (sender, receiver) pair. Receives are *posted* with a match key
+``(kind, group, seq)`` and a source rank (``None``: any source, point-to-point only);
+an arriving message goes straight into the buffer of the first matching posted
+receive, or is kept as an "unexpected" message (one copy) until a receive is posted.
+
+TCP (:mod:`.tcp`) implements this today; a shared-memory transport for ranks of one
+node can implement the same interface, and the algorithms, which only see
+:class:`Transport`, need no change.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from typing import Callable, Optional
+
+from .wire import Header
+
+# check(header) -> None if the message is acceptable, else the exception to fail with
+Check = Callable[[Header], Optional[BaseException]]
+
+
+class Request:
+    """One posted send or receive. Completed (``done``) by the transport, successfully or
+    with ``error``. For receives, ``header`` is the matched message's header (its
+    ``src`` names the sender when the receive was for any source)."""
+
+    __slots__ = ("is_send", "peer", "key", "buf", "check", "header", "error", "_event", "owner", "grank")
+
+    def __init__(self, is_send: bool, peer, key, buf, check: Check | None = None, owner=None):
+        self.is_send = is_send
+        self.peer = peer          # global rank, or None for an any-source receive
+        self.key = key            # (kind, group, seq)
+        self.buf = buf            # memoryview of bytes
+        self.check = check
+        self.header: Header | None = None
+        self.error: BaseException | None = None
+        self._event = threading.Event()
+        self.owner = owner        # e.g. the group id, for failing a whole group
+        self.grank = None         # the peer's group rank (set by the runtime, for messages)
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def complete(self, error: BaseException | None = None) -> None:
+        if not self._event.is_set():
+            self.error = error
+            self._event.set()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block up to ``timeout`` seconds (None: forever); True when completed
+        (successfully or not: check ``error``)."""
+        return self._event.wait(timeout)
+
+
+class Transport(abc.ABC):
+    """Point-to-point message passing between the ranks of one job (global ranks)."""
+
+    rank: int
+    world_size: int
+
+    @abc.abstractmethod
+    def isend(self, peer: int, header: Header, payload: memoryview, deadline: float) -> Request:
+        """Queue ``header`` + ``payload`` for ``peer``. ``payload`` must stay unchanged
+        until the request completes (no copy is made). May block up to ``deadline``
+        (``time.monotonic()`` seconds) to establish the connection."""
+
+    @abc.abstractmethod
+    def irecv(self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None,
+              owner=None) -> Request:
+        """Post a receive of the next message from ``peer`` (None: any source) matching
+        ``key`` into ``buf``. A message whose payload length differs from ``len(buf)``
+        or that ``check`` rejects fails the request (the payload is discarded)."""
+
+    @abc.abstractmethod
+    def cancel(self, req: Request) -> None:
+        """Withdraw a posted receive that has not started to match."""
+
+    @abc.abstractmethod
+    def fail_owner(self, owner, error: BaseException) -> None:
+        """Fail every pending request of ``owner`` with ``error`` (group abort)."""
+
+    @abc.abstractmethod
+    def send_control(self, peer: int, header: Header, payload: bytes, deadline: float) -> bool:
+        """Best-effort small control message (abort, status); False if undeliverable."""
+
+    @abc.abstractmethod
+    def query_status(self, peers: list, group: int, deadline: float) -> dict:
+        """Ask ``peers`` for their progress in ``group``; returns {peer: (seq, op) or None
+        when unreachable}. Used to name the ranks that did not arrive after a timeout."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close every connection and stop background work."""

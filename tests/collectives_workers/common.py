@@ -1,0 +1,71 @@
+"""Helpers shared by the collectives test workers (run inside worker processes)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import numpy as np
+
+import distlaunch.collectives as dist
+
+DTYPES = ["float32", "float64", "float16", "int32", "int64", "uint8", "bool"]
+
+
+def init(timeout=60.0, **kw):
+    """init_process_group with the method the test harness chose (None under the launcher)."""
+    dist.init_process_group(init_method=os.environ.get("COLL_INIT_METHOD") or None, timeout=timeout, **kw)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def data(rank, dtype, size, seed=0, positive=False):
+    """Deterministic input of ``rank``: small integers (exact in every dtype, so sums and
+    products are order-independent) -- every rank can compute every other rank's input."""
+    rng = np.random.default_rng(seed * 1009 + rank * 7919 + 17)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size).astype(bool)
+    if positive:
+        return rng.integers(1, 4, size).astype(dtype)
+    lo = 0 if dtype.kind == "u" else -4
+    return rng.integers(lo, 5 if dtype.kind != "u" else 250, size).astype(dtype)
+
+
+def wrap(arr, use_torch):
+    """The buffer handed to the API: the array itself or a torch tensor sharing its memory."""
+    if not use_torch:
+        return arr
+    import torch
+    return torch.from_numpy(arr)
+
+
+class Failures:
+    """Collects failing cases; ``exit()`` prints them and exits non-zero if any."""
+
+    def __init__(self, rank):
+        self.rank = rank
+        self.items = []
+        self.count = 0
+
+    def check(self, name, got, want):
+        self.count += 1
+        got, want = np.asarray(got), np.asarray(want)
+        if got.dtype != want.dtype or got.shape != want.shape or not np.array_equal(got, want):
+            self.items.append(f"{name}: got {got!r} want {want!r}"[:600])
+
+    def run(self, name, fn):
+        try:
+            fn()
+        except Exception:
+            self.items.append(f"{name}: raised\n{traceback.format_exc()}")
+            self.exit()  # the group is unusable after a failure
+
+    def exit(self):
+        if self.items:
+            print(f"rank {self.rank}: {len(self.items)} of {self.count} checks FAILED", file=sys.stderr)
+            for item in self.items[:20]:
+                print("FAILED " + item, file=sys.stderr)
+            sys.stdout.flush()
+            os._exit(1)
+        print(f"rank {self.rank}: {self.count} checks passed")

@@ -1,0 +1,30 @@
+"""Every collective x world size 1-4 x dtype x root x ReduceOp against a numpy
+reference. One launch per world size runs the whole matrix (tests/collectives_workers/
+matrix.py), so the suite stays fast on small machines."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "collectives_workers"))
+import launch  # noqa: E402
+
+
+def _run_matrix(n, *args):
+    rc, out, err = launch.launch("matrix.py", n, args=args, timeout=240)
+    assert rc == 0, f"matrix failed at world size {n}:\n{out[-3000:]}\n{err[-6000:]}"
+    passed = [line for line in out.splitlines() if "checks passed" in line]
+    assert len(passed) == n, out  # every rank reported, none silently skipped
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_matrix_numpy(n):
+    _run_matrix(n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_matrix_torch(n):
+    pytest.importorskip("torch")
+    _run_matrix(n, "--torch")
