@@ -1,0 +1,114 @@
+"""Launcher overhead, side by side: distlaunch run vs mpiexec (MPICH) vs torchrun.
+
+    python benchmarks/bench_launch.py [--reps 10] [--nproc 4]
+
+Prints, per launcher: median wall time of a job of N no-op Python workers, the launcher
+process's own peak RSS (VmHWM of the top process, sampled until it exits), and the
+cost of one restart (median wall time of a run whose rank 0 fails once with
+--max-restarts 1, minus the clean run). Ratios are ours / theirs (lower is better).
+Launchers run interleaved so machine noise hits all alike. Peers that are not installed
+(`pip install mpi4py mpich`, torch) are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.path.dirname(sys.executable)
+NOOP = "pass\n"
+FAIL_ONCE = ("import os, sys\n"
+             "if os.environ.get('RANK') == '0' and os.environ.get('TORCHELASTIC_RESTART_COUNT') == '0':\n"
+             "    sys.exit(1)\n")
+
+
+def peak_rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def timed(cmd: list[str]) -> tuple[float, int]:
+    """Run ``cmd`` to completion; return (wall seconds, top process peak RSS in KiB)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak = 0
+    while p.poll() is None:
+        peak = max(peak, peak_rss_kib(p.pid))
+        time.sleep(0.002)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd} failed with {p.returncode}")
+    return wall, peak
+
+
+def launchers(nproc: int) -> dict[str, callable]:
+    found = {"distlaunch": lambda script, restarts=0: [
+        os.path.join(BIN, "distlaunch"), "run", "--nproc-per-node", str(nproc),
+        "--max-restarts", str(restarts), script]}
+    if os.path.exists(os.path.join(BIN, "mpiexec")):
+        found["mpiexec"] = lambda script, restarts=0: [
+            os.path.join(BIN, "mpiexec"), "-n", str(nproc), sys.executable, script]
+    if os.path.exists(os.path.join(BIN, "torchrun")):
+        found["torchrun"] = lambda script, restarts=0: [
+            os.path.join(BIN, "torchrun"), "--nproc-per-node", str(nproc),
+            "--max-restarts", str(restarts), script]
+    return found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--nproc", type=int, default=4)
+    args = ap.parse_args()
+    # An installed package has bytecode; a checkout run with PYTHONDONTWRITEBYTECODE would
+    # recompile distlaunch in every launch and measure the compiler instead.
+    import compileall
+    compileall.compile_dir(os.path.join(os.path.dirname(__file__), "..", "distlaunch"), quiet=1)
+    tmp = tempfile.mkdtemp()
+    noop, fail_once = os.path.join(tmp, "noop.py"), os.path.join(tmp, "fail_once.py")
+    open(noop, "w").write(NOOP)
+    open(fail_once, "w").write(FAIL_ONCE)
+    env_note = os.environ.get("OMP_NUM_THREADS")
+    found = launchers(args.nproc)
+    wall = {k: [] for k in found}
+    rss = {k: [] for k in found}
+    restart = {k: [] for k in found if k != "mpiexec"}  # mpiexec has no restarts
+    for _ in range(args.reps):
+        for name, cmd in found.items():
+            w, r = timed(cmd(noop))
+            wall[name].append(w)
+            rss[name].append(r)
+            if name in restart:
+                restart[name].append(timed(cmd(fail_once, restarts=1))[0] - w)
+    print(f"{args.nproc} no-op Python workers, {args.reps} interleaved runs each, medians "
+          f"(cores: {os.cpu_count()}, OMP_NUM_THREADS={env_note})")
+    print(f"{'launcher':<12}{'wall s':>10}{'peak RSS MiB':>15}{'restart s':>12}")
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    mem = {k: max(v) / 1024 for k, v in rss.items()}
+    rst = {k: statistics.median(v) for k, v in restart.items()}
+    for name in found:
+        r = f"{rst[name]:.3f}" if name in rst else "n/a"
+        print(f"{name:<12}{med[name]:>10.3f}{mem[name]:>15.1f}{r:>12}")
+    print("ratios, distlaunch / peer (lower is better):")
+    for peer in found:
+        if peer == "distlaunch":
+            continue
+        line = f"  vs {peer:<9} wall {med['distlaunch'] / med[peer]:.2f}x  RSS {mem['distlaunch'] / mem[peer]:.2f}x"
+        if peer in rst:
+            line += f"  restart {rst['distlaunch'] / rst[peer]:.2f}x"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
