@@ -73,6 +73,9 @@ def cli() -> None:
         help="Single-node job with its own local rendezvous (implies --nnodes 1).")
 @option("--stop-timeout", default=30.0, show_default=True, type=float, metavar="SECONDS",
         help="Grace between SIGTERM and SIGKILL when stopping workers.")
+@option("--rdzv-conf", default=None, metavar="K=V,...",
+        help="Rendezvous settings in seconds: join_timeout (600), heartbeat_timeout (15), "
+             "heartbeat_interval (1), exit_barrier_timeout (300).")
 @option("--no-prefix", is_flag=True, help="Do not prefix worker output lines with [rank]: .")
 @option("--dry-run", is_flag=True,
         help="Print the plan (ranks, command lines, environment) and start nothing.")
@@ -81,7 +84,8 @@ def cli() -> None:
 def run(script: str, script_args: tuple[str, ...], **o) -> None:
     """Start SCRIPT on every worker and supervise it. Everything after SCRIPT goes to the
     script untouched."""
-    from .config import LaunchConfig, parse_nproc_per_node, parse_ranks_filter, parse_std
+    from .config import (LaunchConfig, parse_nproc_per_node, parse_ranks_filter,
+                         parse_rdzv_conf, parse_std)
 
     try:
         nnodes = int(o["nnodes"])
@@ -99,7 +103,13 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
         tee=parse_std(o["tee"], "--tee"),
         local_ranks_filter=parse_ranks_filter(o["local_ranks_filter"]),
         standalone=o["standalone"], stop_timeout=o["stop_timeout"], prefix=not o["no_prefix"],
-        dry_run=o["dry_run"])
+        dry_run=o["dry_run"], rdzv_conf=parse_rdzv_conf(o["rdzv_conf"]))
+    if nnodes > 1:
+        # Per-node mode (torchrun's static rendezvous): node 0 hosts the store at
+        # --master-addr:--master-port; every node must use the same run id.
+        kw["master_addr"] = kw["master_addr"] or "127.0.0.1"
+        kw["master_port"] = kw["master_port"] or 29500
+        kw["run_id"] = f"job{kw['master_port']}"
     if o["run_id"]:
         kw["run_id"] = o["run_id"]
     cfg = LaunchConfig(**kw).validate()

@@ -51,6 +51,29 @@ def parse_std(value: str | int | None, option: str) -> StdSpec:
     return StdSpec(STD_NONE, tuple(pairs))
 
 
+# --rdzv-conf keys (torchrun's names where torchrun has one) -> NodeOptions fields.
+RDZV_KEYS = {
+    "join_timeout": "join_timeout",
+    "heartbeat_timeout": "heartbeat_timeout",
+    "heartbeat_interval": "heartbeat_interval",
+    "exit_barrier_timeout": "exit_barrier_timeout",
+}
+
+
+def parse_rdzv_conf(text: str | None) -> tuple[tuple[str, str], ...]:
+    """torchrun's ``--rdzv-conf k1=v1,k2=v2``."""
+    if not text:
+        return ()
+    pairs = []
+    for item in text.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--rdzv-conf item {item!r} is invalid: use key=value pairs "
+                              f"separated by commas")
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
+
+
 def _gpu_count() -> int:
     # Without importing torch: the NVIDIA driver lists one directory per GPU.
     try:
@@ -122,6 +145,25 @@ class LaunchConfig:
     stop_timeout: float = 30.0
     prefix: bool = True
     dry_run: bool = False
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+
+    def rdzv_options(self) -> dict[str, float]:
+        """--rdzv-conf as agent options (seconds). Raises ConfigError for unknown keys or
+        values that are not positive numbers."""
+        out = {}
+        for key, raw in self.rdzv_conf:
+            if key not in RDZV_KEYS:
+                raise ConfigError(f"--rdzv-conf key {key!r} is unknown; use "
+                                  f"{', '.join(sorted(RDZV_KEYS))}")
+            try:
+                value = float(raw)
+            except ValueError:
+                value = -1.0
+            if not value > 0:
+                raise ConfigError(f"--rdzv-conf {key}={raw!r} is invalid: give a positive "
+                                  f"number of seconds")
+            out[RDZV_KEYS[key]] = value
+        return out
 
     def validate(self) -> "LaunchConfig":
         """Raise ConfigError (one line naming the bad value and the fix) or return self."""
@@ -134,9 +176,10 @@ class LaunchConfig:
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"--node-rank {self.node_rank} is invalid with --nnodes "
                               f"{self.nnodes}: give a value from 0 to {self.nnodes - 1}")
-        if self.nnodes > 1:
-            raise ConfigError(f"--nnodes {self.nnodes}: multi-node launch is not yet supported; "
-                              f"use --nnodes 1")
+        if self.nnodes > 1 and not self.master_port:
+            raise ConfigError(f"--nnodes {self.nnodes} needs --master-port (and --master-addr): "
+                              f"node 0 hosts the rendezvous store there")
+        self.rdzv_options()
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts {self.max_restarts} is invalid: give 0 or more")
         if self.stop_timeout < 0:

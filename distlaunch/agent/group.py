@@ -39,14 +39,21 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class AttemptResult:
-    failure: WorkerFailure | None  # the first worker that failed, if any
+    failure: WorkerFailure | None  # the first worker of this group that failed, if any
     stop_signal: int | None  # the launcher was told to stop by this signal
+    stopped_from_outside: bool = False  # another node failed or the job was stopped
 
 
 class WorkerGroup:
     def __init__(self, specs: list[LaunchSpec], relay: SignalRelay, guard: OrphanGuard,
-                 stop_timeout: float, on_failure: Callable[[WorkerFailure], None] | None = None):
+                 stop_timeout: float, on_failure: Callable[[WorkerFailure], None] | None = None,
+                 stop_fd: int | None = None, stop_signal: Callable[[], int] | None = None):
+        """``on_failure(f)`` runs (on this thread) at the first local failure. When
+        ``stop_fd`` becomes readable the group is stopped from outside: its workers get
+        ``stop_signal()`` (default SIGTERM), then SIGKILL after ``stop_timeout``."""
         self.specs = specs
+        self.stop_fd = stop_fd
+        self.stop_signal = stop_signal
         self.relay = relay
         self.guard = guard
         self.stop_timeout = stop_timeout
@@ -61,6 +68,8 @@ class WorkerGroup:
         cannot be started (the ones already started are stopped first)."""
         sel = selectors.DefaultSelector()
         sel.register(self.relay.wakeup_fd, selectors.EVENT_READ, None)
+        if self.stop_fd is not None:
+            sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
         try:
             for spec in self.specs:
                 w = WorkerProcess(spec.slot, spec.argv, spec.env)
@@ -81,6 +90,7 @@ class WorkerGroup:
 
     def _loop(self, sel: selectors.BaseSelector) -> AttemptResult:
         failure: WorkerFailure | None = None
+        outside = False
         kill_at: float | None = None  # set once stopping: when SIGKILL follows SIGTERM
         drain_until: float | None = None
         open_pipes = 2 * len(self.workers)
@@ -106,6 +116,12 @@ class WorkerGroup:
                 target = key.data
                 if target is None:
                     self.relay.drain()
+                elif target == "stop":
+                    sel.unregister(self.stop_fd)
+                    if failure is None and self.relay.stop_signal is None:
+                        outside = True
+                        kill_at = self._stop_group(self.stop_signal() if self.stop_signal
+                                                   else signal.SIGTERM)
                 elif isinstance(target, StreamSink):
                     try:
                         data = os.read(key.fd, 1 << 16)
@@ -120,12 +136,18 @@ class WorkerGroup:
                 else:
                     w, spec = target
                     sel.unregister(w.pidfd)
-                    if w.reap() != 0 and failure is None and self.relay.stop_signal is None:
+                    # Exits after a stop was requested are its consequence, not a cause.
+                    stopping = failure is not None or outside or self.relay.stop_signal is not None
+                    if w.reap() != 0 and not stopping:
                         failure = self._fail(w, spec)
-                        kill_at = time.monotonic() + self.stop_timeout
-                        for other in self.live():
-                            other.signal_group(signal.SIGTERM)
-        return AttemptResult(failure, self.relay.stop_signal)
+                        kill_at = self._stop_group(signal.SIGTERM)
+        return AttemptResult(failure, self.relay.stop_signal, outside)
+
+    def _stop_group(self, sig: int) -> float:
+        """Signal every live worker's group; return when SIGKILL is due."""
+        for w in self.live():
+            w.signal_group(sig)
+        return time.monotonic() + self.stop_timeout
 
     def _fail(self, w: WorkerProcess, spec: LaunchSpec) -> WorkerFailure:
         # The traceback was written before the exit; read what the pipe still holds.

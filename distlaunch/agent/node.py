@@ -1,0 +1,270 @@
+"""One node's agent: for each rendezvous round, agree on ranks through the store, start
+this node's workers, stop them when any node fails, and restart while restarts remain
+(torchrun's elastic agent, with static membership).
+
+The same code serves every mode: the single-node launcher and per-node launches run it
+in-process; ``distlaunch agent`` runs it on nodes the head started over SSH.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import STD_ERR, STD_OUT, LaunchConfig
+from ..env import WorkerIdentity, build_worker_env
+from ..errors import LaunchInterrupted, RendezvousError, WorkerFailedError
+from ..rendezvous import Heartbeat, Rendezvous, StopWatcher
+from ..topology import WorkerSlot, assign_ranks
+from .group import LaunchSpec, WorkerGroup
+from .guard import OrphanGuard
+from .output import StreamSink
+from .process import WorkerFailure
+from .signals import SignalRelay
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    host: str
+    port: int
+    token: str
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    node_rank: int = 0
+    num_nodes: int = 1
+    host_label: str = ""  # shown in --prefix-host prefixes and root-cause summaries
+    prefix_host: bool = False
+    join_timeout: float = 600.0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 15.0
+    exit_barrier_timeout: float = 300.0
+
+
+def worker_argv(cfg: LaunchConfig, python: str = sys.executable) -> list[str]:
+    if cfg.no_python:
+        return [cfg.entrypoint, *cfg.args]
+    if cfg.module:
+        return [python, "-m", cfg.entrypoint, *cfg.args]
+    return [python, cfg.entrypoint, *cfg.args]
+
+
+def worker_env(cfg: LaunchConfig, slot: WorkerSlot, base, restart_count: int, master: tuple[str, int],
+               store: StoreAddress | None, error_file: str | None = None) -> dict[str, str]:
+    ident = WorkerIdentity(
+        rank=slot.rank, local_rank=slot.local_rank, world_size=slot.world_size,
+        local_world_size=slot.local_world_size, node_rank=slot.node_rank,
+        num_nodes=slot.num_nodes, node_id=str(slot.node_rank), run_id=cfg.run_id,
+        restart_count=restart_count, max_restarts=cfg.max_restarts, role=cfg.role,
+        master_addr=master[0], master_port=master[1],
+        store_addr=store.host if store else None, store_port=store.port if store else None,
+        store_token=store.token if store else None)
+    env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
+    if not cfg.no_python:
+        # Workers write to pipes; without this Python holds their prints until exit.
+        env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def failure_to_dict(f: WorkerFailure) -> dict:
+    return dataclasses.asdict(f)
+
+
+def failure_from_dict(d: dict) -> WorkerFailure:
+    return WorkerFailure(**d)
+
+
+class NodeAgent:
+    """Runs this node's share of the job until it ends.
+
+    ``run()`` blocks (main thread only: it installs signal handlers) and returns the
+    restart count the job needed. Raises WorkerFailedError (root cause attached: the
+    first failed worker on any node), LaunchInterrupted (a stop signal, here or on
+    another node), RendezvousError (a node or the store was lost, or did not arrive),
+    SpawnError, StoreError.
+    """
+
+    def __init__(self, cfg: LaunchConfig, store: StoreAddress, opts: NodeOptions,
+                 guard: OrphanGuard, on_event: Callable[[str], None],
+                 base_env: dict[str, str] | None = None, master_addr: str | None = None):
+        self.cfg, self.store_addr, self.opts = cfg, store, opts
+        self.guard, self.on_event = guard, on_event
+        self.base_env = dict(os.environ) if base_env is None else base_env
+        self.master_addr = master_addr or cfg.master_addr or "localhost"
+        self.argv = worker_argv(cfg)
+        self.scratch: str | None = None
+        self.log_root = os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
+        self._round = 0
+
+    def run(self) -> int:
+        import tempfile
+
+        from ..store import StoreClient
+
+        o = self.opts
+        client = StoreClient(self.store_addr.host, self.store_addr.port,
+                             token=self.store_addr.token, timeout=o.join_timeout + 60)
+        rdzv = Rendezvous(client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout)
+        self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
+        heartbeat = None
+        if o.num_nodes > 1:
+            heartbeat = Heartbeat(client.clone(), rdzv, o.heartbeat_interval, o.heartbeat_timeout,
+                                  lambda k, secs: rdzv.request_stop(
+                                      self._round, {"kind": "lost", "node": k,
+                                                    "why": f"no heartbeat for {secs:.0f} s"}))
+        group: WorkerGroup | None = None
+        relay = SignalRelay(lambda: group.live() if group else ())
+        try:
+            for rnd in range(self.cfg.max_restarts + 1):
+                self._round = rnd
+                group = self._make_group(rdzv, client, rnd, relay)
+                cause = self._run_round(rdzv, group, rnd, heartbeat)
+                if cause is None:
+                    return rnd
+                self._raise_unless_restartable(cause, rnd)
+                self.on_event(f"worker group failed ({describe(failure_from_dict(cause['failure']))}); "
+                              f"restarting (restart {rnd + 1} of {self.cfg.max_restarts})")
+        finally:
+            relay.restore()
+            if heartbeat:
+                heartbeat.stop()
+            client.close()
+            import shutil
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _make_group(self, rdzv: Rendezvous, client, rnd: int, relay: SignalRelay) -> WorkerGroup:
+        o = self.opts
+        members = rdzv.join(rnd, self.cfg.nproc_per_node, o.host_label or socket.gethostname(),
+                            self.master_addr)
+        if o.node_rank == 0:
+            rdzv.publish_master(rnd, self.master_addr, self._master_port(rnd))
+        master = rdzv.master(rnd)
+        slots = assign_ranks([m.slots for m in members])[o.node_rank]
+        return WorkerGroup(self._specs(slots, rnd, master), relay, self.guard,
+                           self.cfg.stop_timeout,
+                           on_failure=lambda f: rdzv.request_stop(rnd, {
+                               "kind": "failure", "failure": failure_to_dict(self._labelled(f))}))
+
+    def _labelled(self, f: WorkerFailure) -> WorkerFailure:
+        return dataclasses.replace(f, host=self.opts.host_label) if self.opts.host_label else f
+
+    def _master_port(self, rnd: int) -> int:
+        # --master-port is the program's port in single-node mode; in per-node mode it is
+        # the store's, so the program gets a fresh free port.
+        if self.cfg.master_port and self.opts.num_nodes == 1:
+            return self.cfg.master_port
+        return free_port()
+
+    def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int, heartbeat) -> dict | None:
+        """Run one round to its end; return the cause that stopped it (None: success)."""
+        wake_r, wake_w = os.pipe()
+        why = []
+
+        def wake(reason: str) -> None:
+            why.append(reason)
+            try:
+                os.write(wake_w, b"x")
+            except OSError:  # the round is already over
+                pass
+
+        watcher = StopWatcher(rdzv.store.clone(), rdzv, rnd, wake)
+        group.stop_fd = wake_r
+        group.stop_signal = lambda: signal.SIGTERM if why[0] == "lost" else self._signal_for(rdzv, rnd)
+        try:
+            result = group.run()
+            if result.stop_signal is not None:
+                self._stop_everyone(rdzv, rnd, {"kind": "signal", "signum": result.stop_signal})
+            if why and why[0] == "lost":
+                raise RendezvousError(f"lost the store at {self.store_addr.host}:"
+                                      f"{self.store_addr.port} (its host stopped?); workers stopped")
+            if group.relay.kill_now:  # a second Ctrl-C: no exit barrier
+                raise LaunchInterrupted(result.stop_signal)
+            lost = heartbeat.lost if heartbeat else set()
+            # Every round ends at the exit barrier, so no node leaves (or, on node 0, takes
+            # the store down) while another still needs it.
+            cause = rdzv.finish(rnd, self.opts.exit_barrier_timeout + self.cfg.stop_timeout, lost)
+            watcher.thread.join(5.0)  # finish() set the stop key, which releases it
+        finally:
+            os.close(wake_w)
+            os.close(wake_r)
+        watcher.client.close()
+        rdzv.leave(rnd)
+        if result.stop_signal is not None:
+            cause = {"kind": "signal", "signum": result.stop_signal}
+        if self.opts.node_rank == 0 and self.opts.num_nodes > 1 and (
+                cause is None or not self._restartable(cause, rnd)):
+            rdzv.wait_left(rnd, self.opts.num_nodes - len(lost), 10.0)
+        return cause
+
+    def _signal_for(self, rdzv: Rendezvous, rnd: int) -> int:
+        """A job stopped by a signal passes that signal on; anything else is SIGTERM."""
+        from ..errors import StoreError
+
+        try:
+            cause = rdzv.stop_cause(rnd)
+        except StoreError:
+            return signal.SIGTERM
+        return cause["signum"] if cause and cause["kind"] == "signal" else signal.SIGTERM
+
+    def _stop_everyone(self, rdzv: Rendezvous, rnd: int, cause: dict) -> None:
+        try:
+            rdzv.request_stop(rnd, cause)
+        except Exception:  # the store may be gone; stopping here matters more
+            pass
+
+    def _restartable(self, cause: dict, rnd: int) -> bool:
+        return cause["kind"] == "failure" and rnd < self.cfg.max_restarts
+
+    def _raise_unless_restartable(self, cause: dict, rnd: int) -> None:
+        kind = cause["kind"]
+        if kind == "signal":
+            raise LaunchInterrupted(cause["signum"])
+        if kind == "lost":
+            raise RendezvousError(f"node {cause['node']} was lost ({cause['why']}); "
+                                  f"workers stopped on every other node")
+        if not self._restartable(cause, rnd):
+            f = failure_from_dict(cause["failure"])
+            raise WorkerFailedError(describe(f), f, f.exit_code)
+
+    def _specs(self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int]) -> list[LaunchSpec]:
+        specs = []
+        for slot in slots:
+            attempt_dir = None
+            if self.log_root:
+                attempt_dir = os.path.join(self.log_root, f"attempt_{rnd}", str(slot.rank))
+                os.makedirs(attempt_dir, exist_ok=True)
+            error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
+            env = worker_env(self.cfg, slot, self.base_env, rnd, master, self.store_addr, error_file)
+            out, err = self._sinks(slot, attempt_dir)
+            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file))
+        return specs
+
+    def _sinks(self, slot: WorkerSlot, attempt_dir: str | None) -> tuple[StreamSink, StreamSink]:
+        """Where each stream goes, per torchrun's --redirects/--tee and --log-dir."""
+        cfg, lr = self.cfg, slot.local_rank
+        redirected = cfg.redirects.for_rank(lr)
+        shown = cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter
+        label = f"{self.opts.host_label}:{slot.rank}" if self.opts.prefix_host else str(slot.rank)
+        prefix = f"[{label}]: ".encode() if cfg.prefix else b""
+        sinks = []
+        for bit, fd, name in ((STD_OUT, 1, "stdout"), (STD_ERR, 2, "stderr")):
+            console = fd if shown and not redirected & bit else None
+            log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
+            sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2))
+        return sinks[0], sinks[1]
+
+
+def describe(f: WorkerFailure) -> str:
+    return f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}) {f.how}"

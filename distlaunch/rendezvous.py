@@ -1,0 +1,175 @@
+"""Rendezvous rounds between node agents, built only on the store client.
+
+One round = one attempt of the job (round R runs with TORCHELASTIC_RESTART_COUNT=R).
+Keys live under ``<run_id>/`` (values are JSON):
+
+    r<R>/node/<K>     node K joined round R: {"slots", "host", "addr"}
+    r<R>/master       {"addr", "port"}: MASTER_ADDR/MASTER_PORT for round R (node 0 picks)
+    r<R>/stop         the first reason to stop round R (a compare_set: first writer wins):
+                      {"kind": "failure", "failure": {...}} | {"kind": "signal", "signum"}
+                      | {"kind": "lost", "node", "why"} | {"kind": "over"}
+    r<R>/done/<K>     node K's workers of round R have all exited
+    r<R>/left         count of agents that read round R's outcome (node 0 keeps the store
+                      up until everyone has)
+    hb/<K>            node K's heartbeat counter
+
+Ranks are contiguous per node in node-rank order (topology.assign_ranks), as torchrun's
+static rendezvous assigns them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from .errors import RendezvousError, StoreTimeoutError
+
+
+@dataclass(frozen=True)
+class Member:
+    node_rank: int
+    slots: int
+    host: str
+    addr: str
+
+
+class Rendezvous:
+    """The round protocol for one agent (``node_rank``) of a ``num_nodes`` job.
+
+    ``store`` is a StoreClient (or PrefixStore) used only from the agent's main thread;
+    blocking calls honour ``join_timeout`` (seconds). Raises RendezvousError when nodes
+    do not arrive in time, naming them.
+    """
+
+    def __init__(self, store, run_id: str, node_rank: int, num_nodes: int,
+                 join_timeout: float = 600.0):
+        self.store = store
+        self.ns = f"{run_id}/"
+        self.node_rank = node_rank
+        self.num_nodes = num_nodes
+        self.join_timeout = join_timeout
+
+    def key(self, rnd: int, name: str) -> str:
+        return f"{self.ns}r{rnd}/{name}"
+
+    def _wait_all(self, keys: list[str], what: str, timeout: float) -> list[dict]:
+        try:
+            self.store.wait(keys, timeout=timeout)
+        except StoreTimeoutError:
+            missing = [k.rsplit("/", 1)[1] for k, ok in zip(keys, self._present(keys)) if not ok]
+            raise RendezvousError(f"{what}: node(s) {', '.join(missing)} did not arrive within "
+                                  f"{timeout:g} s") from None
+        return [json.loads(v) for v in self.store.multi_get(keys)]
+
+    def _present(self, keys: list[str]) -> list[bool]:
+        return [self.store.check([k]) for k in keys]
+
+    def join(self, rnd: int, slots: int, host: str, addr: str) -> list[Member]:
+        """Publish this node's slots for round ``rnd`` and block until every node has;
+        returns all members in node-rank order."""
+        self.store.set(self.key(rnd, f"node/{self.node_rank}"),
+                       json.dumps({"slots": slots, "host": host, "addr": addr}))
+        keys = [self.key(rnd, f"node/{k}") for k in range(self.num_nodes)]
+        infos = self._wait_all(keys, f"rendezvous round {rnd}", self.join_timeout)
+        return [Member(k, i["slots"], i["host"], i["addr"]) for k, i in enumerate(infos)]
+
+    def publish_master(self, rnd: int, addr: str, port: int) -> None:
+        self.store.set(self.key(rnd, "master"), json.dumps({"addr": addr, "port": port}))
+
+    def master(self, rnd: int) -> tuple[str, int]:
+        m = json.loads(self.store.get(self.key(rnd, "master"), timeout=self.join_timeout))
+        return m["addr"], m["port"]
+
+    def request_stop(self, rnd: int, cause: dict) -> dict:
+        """Stop round ``rnd`` for ``cause`` unless another cause came first; returns the
+        cause that stands."""
+        return json.loads(self.store.compare_set(self.key(rnd, "stop"), b"", json.dumps(cause)))
+
+    def stop_cause(self, rnd: int) -> dict | None:
+        k = self.key(rnd, "stop")
+        return json.loads(self.store.get(k)) if self.store.check([k]) else None
+
+    def finish(self, rnd: int, timeout: float, lost: set[int] = frozenset()) -> dict | None:
+        """Exit barrier: say this node's workers are done, wait (up to ``timeout`` s) for
+        every node not in ``lost``, and return the cause that stopped the round (None:
+        every worker succeeded)."""
+        self.store.set(self.key(rnd, f"done/{self.node_rank}"), b"1")
+        keys = [self.key(rnd, f"done/{k}") for k in range(self.num_nodes) if k not in lost]
+        self._wait_all(keys, f"exit barrier of round {rnd}", timeout)
+        cause = self.request_stop(rnd, {"kind": "over"})  # also releases every watcher
+        return None if cause["kind"] == "over" else cause
+
+    def leave(self, rnd: int) -> int:
+        return self.store.add(self.key(rnd, "left"), 1)
+
+    def wait_left(self, rnd: int, count: int, timeout: float) -> None:
+        """Node 0 (the store's host in per-node mode): block until ``count`` agents read
+        the outcome, or ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while self.store.add(self.key(rnd, "left"), 0) < count and time.monotonic() < end:
+            time.sleep(0.01)
+
+
+class StopWatcher:
+    """A thread that waits on round ``rnd``'s stop key over its own store connection and
+    calls ``wake(reason)`` once: "stop" when the key appears, "lost" when the store
+    connection drops (the head or the store's node died)."""
+
+    def __init__(self, client, rdzv: Rendezvous, rnd: int, wake):
+        self.client = client
+        self.key = rdzv.key(rnd, "stop")
+        self.wake = wake
+        self.thread = threading.Thread(target=self._run, name=f"stop-watcher-r{rnd}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from .errors import StoreError
+
+        try:
+            self.client.wait([self.key], timeout=math.inf)
+            self.wake("stop")
+        except StoreError:
+            self.wake("lost")
+
+
+class Heartbeat:
+    """Every ``interval`` seconds: bump this node's counter and check the others'. A node
+    whose counter has not moved for ``timeout`` seconds is reported once through
+    ``on_lost(node_rank, seconds)``. Uses its own store connection; stops with
+    ``stop()`` or when the store is gone."""
+
+    def __init__(self, client, rdzv: Rendezvous, interval: float, timeout: float, on_lost):
+        self.client, self.rdzv = client, rdzv
+        self.interval, self.timeout, self.on_lost = interval, timeout, on_lost
+        self.lost: set[int] = set()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        from .errors import StoreError
+
+        r = self.rdzv
+        keys = [f"{r.ns}hb/{k}" for k in range(r.num_nodes)]
+        last: dict[int, tuple[int, float]] = {}
+        try:
+            while not self._stop.wait(self.interval):
+                self.client.add(keys[r.node_rank], 1)
+                now = time.monotonic()
+                for k, key in enumerate(keys):
+                    if k == r.node_rank or k in self.lost:
+                        continue
+                    beat = self.client.add(key, 0)
+                    if k not in last or last[k][0] != beat:
+                        last[k] = (beat, now)
+                    elif now - last[k][1] >= self.timeout:
+                        self.lost.add(k)
+                        self.on_lost(k, now - last[k][1])
+        except StoreError:
+            pass  # the stop watcher reports a lost store
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,91 @@
+"""Per-node (torchrun-style static) launches: one `distlaunch run --nnodes 2 --node-rank K`
+per node, here two launchers on this machine, each a separate node."""
+import json
+import signal
+import socket
+import time
+
+import psutil
+
+from conftest import WORKERS, dl_popen
+from test_supervision import started, survivors, wait_for
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_nodes(*args, nnodes=2, extra=()):
+    port = free_port()
+    return [dl_popen("run", "--nnodes", nnodes, "--node-rank", k, "--master-addr", "127.0.0.1",
+                     "--master-port", port, "--nproc-per-node", 2, *extra, WORKERS / "actor.py", *args)
+            for k in range(nnodes)]
+
+
+def finish(procs, timeout=60):
+    return [p.communicate(timeout=timeout) + (p.returncode,) for p in procs]
+
+
+def test_two_nodes_ranks_and_environment(tmp_path):
+    results = finish(launch_nodes("--dump-env", tmp_path))
+    assert [r[2] for r in results] == [0, 0], results
+    envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
+    for r, e in enumerate(envs):
+        assert (e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) == (str(r), "4", str(r % 2), "2")
+        assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) == (str(r // 2), "2")
+        assert e["DISTLAUNCH_NODE_ID"] == str(r // 2)  # different nodes, whatever the host
+    assert len({e["MASTER_PORT"] for e in envs}) == 1 and len({e["TORCHELASTIC_RUN_ID"] for e in envs}) == 1
+    # MASTER_PORT is the program's, not the store's
+    assert envs[0]["MASTER_PORT"] != envs[0]["DISTLAUNCH_STORE_PORT"]
+
+
+def test_failure_on_one_node_stops_the_other():
+    t0 = time.monotonic()
+    results = finish(launch_nodes("--fail-rank", "3", "--fail-code", "6", "--fail-delay", "0.5",
+                                  "--sleep", "60"))
+    assert time.monotonic() - t0 < 30
+    for out, err, rc in results:
+        assert rc == 6, err
+        assert "rank 3 (local rank 1) on node 1" in err
+
+
+def test_nodes_restart_together(tmp_path):
+    results = finish(launch_nodes("--fail-rank", "0", "--fail-attempts", "1", "--mark-dir", tmp_path,
+                                  extra=("--max-restarts", "1")))
+    assert [r[2] for r in results] == [0, 0], results
+    assert all((tmp_path / f"started.{r}.1").exists() for r in range(4))
+    assert all("restart 1 of 1" in r[1] for r in results)
+
+
+def test_lost_node_is_noticed(tmp_path):
+    procs = launch_nodes("--mark-dir", tmp_path, "--sleep", "120",
+                         extra=("--rdzv-conf", "heartbeat_timeout=2,heartbeat_interval=0.2"))
+    assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 30)
+    node1_workers = [c.pid for c in psutil.Process(procs[1].pid).children(recursive=True)]
+    t0 = time.monotonic()
+    procs[1].kill()
+    out, err = procs[0].communicate(timeout=30)
+    assert time.monotonic() - t0 < 15
+    assert procs[0].returncode != 0
+    assert "node 1 was lost" in err and "heartbeat" in err
+    assert wait_for(lambda: not survivors(node1_workers), 10)
+
+
+def test_store_node_lost(tmp_path):
+    procs = launch_nodes("--mark-dir", tmp_path, "--sleep", "120")
+    assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 30)
+    t0 = time.monotonic()
+    procs[0].kill()
+    out, err = procs[1].communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert procs[1].returncode != 0 and "lost the store" in err
+
+
+def test_signal_on_one_node_stops_both(tmp_path):
+    procs = launch_nodes("--mark-dir", tmp_path, "--sleep", "120")
+    assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 30)
+    procs[1].send_signal(signal.SIGTERM)
+    results = finish(procs)
+    assert [r[2] for r in results] == [128 + signal.SIGTERM] * 2, results
