@@ -1,0 +1,541 @@
+"""SSH connections with paramiko, configured the way OpenSSH's ``ssh`` would be.
+
+Settings come from the OpenSSH client config (``ssh_config(5)``, read with
+``paramiko.SSHConfig``), overridden by :class:`SSHOptions` (the ``--ssh-*`` flags):
+
+===================  ===============================================================
+``HostName``         the address to connect to (the host as listed is only a name)
+``User``             after ``user@host`` and ``--ssh-user``; else the local user name
+``Port``             after ``--ssh-port``; else 22
+``IdentityFile``     after ``--ssh-key``; files that do not exist are skipped (as ssh)
+``IdentitiesOnly``   ``yes``: do not ask ssh-agent
+``UserKnownHostsFile``  after ``SSHOptions.known_hosts_file``; else ~/.ssh/known_hosts.
+                     All listed files are read, new keys go to the first
+``GlobalKnownHostsFile``  read too (default /etc/ssh/ssh_known_hosts), never written
+``StrictHostKeyChecking``  ``accept-new`` or ``no`` act like ``--ssh-accept-new-host-keys``
+``ProxyJump``        ``[user@]host[:port][,...]``: tunnelled through the jump host(s)
+``ProxyCommand``     run locally, its stdin/stdout is the connection
+===================  ===============================================================
+
+Host keys are verified against known_hosts as ``ssh`` with ``StrictHostKeyChecking yes``:
+an unknown key is refused unless new keys are accepted (then it is appended to the
+known_hosts file, like ``accept-new``); a *changed* key is always refused. Entries for a
+non-22 port are ``[address]:port``, as OpenSSH writes them. Not supported: ``Match exec``
+beyond what paramiko implements, ``HostKeyAlias``, certificates, password and
+keyboard-interactive authentication (launches are non-interactive).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import random
+import select
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import paramiko
+
+from ..hosts import Host
+from . import RemoteError
+
+__all__ = ["SSHOptions", "SSHConnection", "RemoteProcess", "connect_all"]
+
+DEFAULT_CONFIG = "~/.ssh/config"
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+KEEPALIVE_INTERVAL = 15.0  # seconds; notices a dead peer on an otherwise idle connection
+MAX_JUMPS = 8              # ProxyJump chain depth; a config loop would recurse forever
+
+# Appends to known_hosts from concurrent connects (connect_all) must not interleave.
+_known_hosts_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class SSHOptions:
+    """Connection settings shared by all hosts (the ``--ssh-*`` flags).
+
+    ``None`` means "as the OpenSSH config says" (see the module docstring).
+    ``config_file`` defaults to ~/.ssh/config when it exists. ``connect_timeout`` (seconds)
+    bounds each of: TCP connect, SSH banner and key exchange, authentication, opening a
+    channel.
+    """
+
+    port: int | None = None
+    user: str | None = None
+    key_file: str | None = None
+    accept_new_host_keys: bool = False
+    config_file: str | None = None
+    known_hosts_file: str | None = None
+    connect_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """Where and how to connect, after merging OpenSSH config and SSHOptions."""
+
+    label: str               # the host as the user listed it, for messages
+    hostname: str
+    port: int
+    user: str
+    key_files: tuple[str, ...]
+    allow_agent: bool
+    known_hosts: tuple[str, ...]        # first one is written to
+    global_known_hosts: tuple[str, ...]
+    accept_new: bool
+    proxy_jump: tuple[str, ...]
+    proxy_command: str | None
+
+
+def _load_config(path: str | None) -> paramiko.SSHConfig:
+    explicit = path is not None
+    path = os.path.expanduser(path or DEFAULT_CONFIG)
+    if not explicit and not os.path.exists(path):
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(path)
+    except (OSError, ValueError, paramiko.SSHException) as e:
+        raise RemoteError(f"cannot read ssh config {path}: {e}") from e
+
+
+def _split_paths(value: str | None) -> list[str]:
+    return [os.path.expanduser(p) for p in (value or "").split()]
+
+
+def _resolve(host: Host, opts: SSHOptions, config: paramiko.SSHConfig,
+             via: tuple[str, ...] | None = None) -> _Settings:
+    cfg = config.lookup(host.name)
+    label = str(host)
+    try:
+        port = opts.port or host.port or int(cfg.get("port", 22))
+    except ValueError as e:
+        raise RemoteError(f"{label}: bad Port in ssh config ({cfg.get('port')!r})",
+                          host=label) from e
+    if opts.key_file:
+        key_file = os.path.expanduser(opts.key_file)
+        if not os.path.isfile(key_file):
+            raise RemoteError(f"--ssh-key {opts.key_file}: no such file; give the path "
+                              f"of a private key", host=label)
+        key_files = (key_file,)
+    else:  # OpenSSH silently skips IdentityFile entries that do not exist
+        key_files = tuple(p for p in (os.path.expanduser(k) for k in cfg.get("identityfile", []))
+                          if os.path.isfile(p))
+    known = (_split_paths(opts.known_hosts_file) or _split_paths(cfg.get("userknownhostsfile"))
+             or [os.path.expanduser(DEFAULT_KNOWN_HOSTS)])
+    global_known = _split_paths(cfg.get("globalknownhostsfile")) or [DEFAULT_GLOBAL_KNOWN_HOSTS]
+    strict = cfg.get("stricthostkeychecking", "yes").lower()
+    if via is None:
+        jump = cfg.get("proxyjump", "none")
+        via = () if jump.lower() == "none" else tuple(j.strip() for j in jump.split(","))
+    command = cfg.get("proxycommand")
+    return _Settings(
+        label=label,
+        hostname=cfg.get("hostname", host.name),
+        port=port,
+        user=host.user or opts.user or cfg.get("user") or getpass.getuser(),
+        key_files=key_files,
+        allow_agent=cfg.get("identitiesonly", "no").lower() != "yes",
+        known_hosts=tuple(known),
+        global_known_hosts=tuple(global_known),
+        accept_new=opts.accept_new_host_keys or strict in ("accept-new", "no", "off"),
+        proxy_jump=via,
+        proxy_command=None if via or not command or command.lower() == "none" else command,
+    )
+
+
+def _parse_jump(spec: str) -> Host:
+    """``[user@]host[:port]`` (one ProxyJump element) -> Host with port."""
+    user, _, rest = spec.rpartition("@")
+    port = None
+    if rest.startswith("["):
+        name, _, tail = rest[1:].partition("]")
+        if tail.startswith(":"):
+            port = tail[1:]
+    elif rest.count(":") == 1:
+        name, _, port = rest.partition(":")
+    else:
+        name = rest
+    try:
+        return Host(name=name, user=user or None, port=int(port) if port else None)
+    except ValueError as e:
+        raise RemoteError(f"bad ProxyJump element {spec!r}; write [user@]host[:port]") from e
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    pass
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown host keys, or (accept-new) record them in the known_hosts file."""
+
+    def __init__(self, accept_new: bool, save_to: str):
+        self.accept_new = accept_new
+        self.save_to = save_to
+
+    def missing_host_key(self, client, hostname, key):
+        if not self.accept_new:
+            raise _UnknownHostKey(hostname)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        with _known_hosts_lock:
+            os.makedirs(os.path.dirname(os.path.abspath(self.save_to)), mode=0o700,
+                        exist_ok=True)
+            with open(self.save_to, "a", encoding="utf-8") as f:
+                f.write(line)
+
+
+def _is_transient(e: BaseException) -> bool:
+    """A failure sshd's MaxStartups (or a restart) causes: worth another attempt."""
+    if isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, EOFError)):
+        return True
+    if isinstance(e, paramiko.SSHException) and not isinstance(
+            e, (paramiko.AuthenticationException, paramiko.BadHostKeyException, _UnknownHostKey)):
+        text = str(e).lower()
+        return ("banner" in text or "reset" in text or "eof" in text
+                or isinstance(e.__cause__ or e.__context__, (EOFError, ConnectionError)))
+    return False
+
+
+class SSHConnection:
+    """One authenticated SSH connection (a paramiko transport) to ``host``.
+
+    The constructor connects and blocks for at most about 4 × ``opts.connect_timeout``
+    seconds (TCP connect, banner, authentication; plus the same per ProxyJump hop).
+    Channels (:meth:`exec`, :meth:`run`) may be opened from several threads. The transport
+    sends a keepalive every 15 s so a dead peer is noticed on idle connections.
+
+    Raises RemoteError (one line naming the host) when: the host key is unknown (add it,
+    or use ``--ssh-accept-new-host-keys``) or changed; authentication fails; the key is
+    encrypted; the connection is refused, unreachable, times out, or the name does not
+    resolve; the config or known_hosts file cannot be read. ``RemoteError.transient`` tells
+    whether retrying makes sense (see :func:`connect_all`).
+    """
+
+    def __init__(self, host: Host, opts: SSHOptions, *, _via: tuple[str, ...] | None = None,
+                 _depth: int = 0):
+        self.host = host
+        self.opts = opts
+        self._jump: SSHConnection | None = None
+        config = _load_config(opts.config_file)
+        s = self.settings = _resolve(host, opts, config, _via)
+        self.hostname, self.port, self.user = s.hostname, s.port, s.user
+        self.client = paramiko.SSHClient()
+        try:
+            self._connect(s, opts, _depth)
+        except BaseException:
+            self.close()
+            raise
+        self.transport = self.client.get_transport()
+        self.transport.set_keepalive(int(KEEPALIVE_INTERVAL))
+
+    def _load_known_hosts(self, s: _Settings) -> None:
+        for path in s.global_known_hosts:
+            if os.path.isfile(path):
+                self._read_known_hosts(path, self.client.load_system_host_keys)
+        for path in s.known_hosts:
+            if os.path.isfile(path):
+                self._read_known_hosts(path, self.client.get_host_keys().load)
+
+    def _read_known_hosts(self, path, load) -> None:
+        try:
+            load(path)
+        except (OSError, paramiko.SSHException, ValueError) as e:
+            raise RemoteError(f"cannot read known_hosts file {path}: {e}",
+                              host=self.settings.label) from e
+
+    def _open_sock(self, s: _Settings, opts: SSHOptions, depth: int):
+        """A socket-like object through ProxyJump/ProxyCommand, or None for direct TCP."""
+        if s.proxy_jump:
+            if depth >= MAX_JUMPS:
+                raise RemoteError(f"{s.label}: ProxyJump chain longer than {MAX_JUMPS} "
+                                  f"(a loop in the ssh config? add 'ProxyJump none' for "
+                                  f"the jump host)", host=s.label)
+            jump_host = _parse_jump(s.proxy_jump[-1])
+            jump_opts = replace(opts, port=None, user=None, key_file=opts.key_file)
+            self._jump = SSHConnection(jump_host, jump_opts, _via=s.proxy_jump[:-1],
+                                       _depth=depth + 1)
+            try:
+                return self._jump.transport.open_channel(
+                    "direct-tcpip", (s.hostname, s.port), ("127.0.0.1", 0),
+                    timeout=opts.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                raise RemoteError(f"{s.label}: jump host {jump_host} cannot reach "
+                                  f"{s.hostname}:{s.port} ({e})", host=s.label) from e
+        if s.proxy_command:
+            command = s.proxy_command.replace("%h", s.hostname).replace(
+                "%p", str(s.port)).replace("%r", s.user)
+            try:
+                return paramiko.ProxyCommand(command)
+            except (paramiko.SSHException, OSError) as e:
+                raise RemoteError(f"{s.label}: ProxyCommand failed to start: {e}",
+                                  host=s.label) from e
+        return None
+
+    def _connect(self, s: _Settings, opts: SSHOptions, depth: int) -> None:
+        self._load_known_hosts(s)
+        self.client.set_missing_host_key_policy(_HostKeyPolicy(s.accept_new, s.known_hosts[0]))
+        where = f"{s.label} ({s.user}@{s.hostname}:{s.port})"
+        key_name = f"[{s.hostname}]:{s.port}" if s.port != 22 else s.hostname
+        t = opts.connect_timeout
+        sock = self._open_sock(s, opts, depth)
+        try:
+            self.client.connect(
+                s.hostname, port=s.port, username=s.user, sock=sock,
+                key_filename=list(s.key_files) or None,
+                look_for_keys=not s.key_files, allow_agent=s.allow_agent,
+                timeout=t, banner_timeout=t, auth_timeout=t, channel_timeout=t)
+        except _UnknownHostKey as e:
+            raise RemoteError(
+                f"{where}: host key not known (no entry {key_name} in "
+                f"{', '.join(s.known_hosts)}); add it (e.g. ssh-keyscan -p {s.port} "
+                f"{s.hostname} >> {s.known_hosts[0]}) or use --ssh-accept-new-host-keys",
+                host=s.label) from e
+        except paramiko.BadHostKeyException as e:
+            raise RemoteError(
+                f"{where}: host key CHANGED (differs from {', '.join(s.known_hosts)}): "
+                f"possible man-in-the-middle; if the host was reinstalled, remove the old "
+                f"entry: ssh-keygen -R '{key_name}' -f {s.known_hosts[0]}",
+                host=s.label) from e
+        except paramiko.PasswordRequiredException as e:
+            raise RemoteError(f"{where}: private key is encrypted; add it to ssh-agent "
+                              f"(ssh-add) or use an unencrypted key", host=s.label) from e
+        except paramiko.AuthenticationException as e:
+            tried = ", ".join(s.key_files) or "default keys and ssh-agent"
+            raise RemoteError(f"{where}: authentication failed (tried {tried}); check "
+                              f"--ssh-key/IdentityFile, --ssh-user/User and the remote "
+                              f"authorized_keys", host=s.label) from e
+        except paramiko.ssh_exception.NoValidConnectionsError as e:
+            raise RemoteError(f"{where}: connection refused or unreachable; is sshd running "
+                              f"there, and is the port right (--ssh-port/Port)?",
+                              host=s.label) from e
+        except socket.gaierror as e:
+            raise RemoteError(f"{where}: cannot resolve host name {s.hostname!r} "
+                              f"({e.strerror}); check the name or add a HostName to the ssh "
+                              f"config", host=s.label) from e
+        except (socket.timeout, TimeoutError) as e:
+            raise RemoteError(f"{where}: timed out after {t:g} s connecting; check the "
+                              f"address, firewall, or raise the connect timeout",
+                              host=s.label) from e
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            transient = _is_transient(e)
+            raise RemoteError(f"{where}: {'connection dropped' if transient else 'SSH error'}"
+                              f": {type(e).__name__}: {e}".rstrip(": "),
+                              host=s.label, transient=transient) from e
+
+    def exec(self, command: str, stdin_data: bytes | None = None,
+             keep_stdin_open: bool = False) -> "RemoteProcess":
+        """Start ``command`` (run by the remote user's login shell, as ``ssh host cmd``)
+        on a new channel without a terminal, and return at once.
+
+        ``stdin_data`` is written to the command's stdin (secrets travel this way, never
+        on a command line), then stdin is closed so the command reads EOF; with
+        ``keep_stdin_open`` it stays open and the command sees EOF only when this
+        connection goes away (a way for a remote process to notice that the head died).
+        Writing blocks only if the remote side does not read and more than the channel
+        window (2 MiB) is sent.
+
+        Raises RemoteError if the channel cannot be opened or sshd refuses the command
+        (within ``connect_timeout`` seconds), or the connection is lost while writing.
+        """
+        try:
+            chan = self.transport.open_session(timeout=self.opts.connect_timeout)
+            proc = RemoteProcess(chan, self.settings.label)
+            chan.exec_command(command)
+            if stdin_data:
+                chan.sendall(stdin_data)
+            if not keep_stdin_open:
+                chan.shutdown_write()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise RemoteError(f"{self.settings.label}: cannot run a command: {e}",
+                              host=self.settings.label) from e
+        return proc
+
+    def run(self, command: str, timeout: float = 30.0,
+            stdin_data: bytes | None = None) -> tuple[int, str, str]:
+        """Run ``command`` to completion: ``(exit status, stdout, stderr)``, output decoded
+        as UTF-8 (undecodable bytes replaced).
+
+        Blocks until the command exits and its output is complete, at most ``timeout``
+        seconds; if a background process keeps the output open after the exit status
+        arrived, waits at most 2 s more for it. The exit status is -1 if the command was
+        killed by a signal (sshd then sends no status).
+
+        Raises RemoteError: the command could not start, or did not finish within
+        ``timeout`` (its channel is then closed).
+        """
+        proc = self.exec(command, stdin_data)
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                out += proc.read_stdout()
+                err += proc.read_stderr()
+                if proc.eof() and proc.exited():
+                    break
+                now = time.monotonic()
+                if proc.exited():  # output may trail the status; do not wait forever
+                    deadline = min(deadline, now + 2.0)
+                if now >= deadline:
+                    if proc.exited():
+                        break
+                    raise RemoteError(f"{self.settings.label}: command did not finish "
+                                      f"within {timeout:g} s: {command[:80]}",
+                                      host=self.settings.label)
+                select.select([proc], [], [], deadline - now)
+            out += proc.read_stdout()  # what arrived between the last read and the EOF
+            err += proc.read_stderr()
+        finally:
+            proc.close()
+        return (proc.exit_status(), out.decode("utf-8", "replace"),
+                err.decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        """Close the connection (and its channels, and any jump-host connection).
+        Never raises; idempotent."""
+        try:
+            self.client.close()
+        finally:
+            if self._jump is not None:
+                self._jump.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SSHConnection {self.settings.label} {self.user}@{self.hostname}:{self.port}>"
+
+
+class _StatusEvent(threading.Event):
+    """Replaces ``Channel.status_event`` so that the arrival of the exit status also makes
+    the channel's fileno readable. paramiko alone signals the fileno only for data and
+    EOF, and EOF never comes while a background process holds the command's output."""
+
+    def __init__(self, chan: paramiko.Channel):
+        super().__init__()
+        self._chan = chan
+
+    def set(self):
+        super().set()
+        pipe = getattr(self._chan, "_pipe", None)
+        if pipe is not None:
+            pipe.set_forever()
+
+
+class RemoteProcess:
+    """A command running on a remote host (one SSH channel), watched without blocking.
+
+    ``fileno()`` works with ``select``/``selectors``: it is readable while stdout or
+    stderr data is waiting, and stays readable for good once the exit status arrived or
+    the channel closed (so stop polling after :meth:`exited` and :meth:`eof`). Output can
+    trail the exit status: read until :meth:`eof` is true as well.
+    """
+
+    def __init__(self, channel: paramiko.Channel, label: str = ""):
+        self.channel = channel
+        self.label = label
+        self._fd = channel.fileno()  # creates paramiko's pipe: must exist before data
+        if hasattr(channel, "status_event") and not channel.status_event.is_set():
+            channel.status_event = _StatusEvent(channel)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def _drain(self, ready, recv) -> bytes:
+        data = bytearray()
+        while ready():
+            chunk = recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
+        return bytes(data)
+
+    def read_stdout(self) -> bytes:
+        """What the command wrote to stdout and has arrived; b"" if nothing. Never blocks."""
+        return self._drain(self.channel.recv_ready, self.channel.recv)
+
+    def read_stderr(self) -> bytes:
+        """What the command wrote to stderr and has arrived; b"" if nothing. Never blocks."""
+        return self._drain(self.channel.recv_stderr_ready, self.channel.recv_stderr)
+
+    def exited(self) -> bool:
+        """True once the exit status arrived (or the channel closed without one)."""
+        return self.channel.exit_status_ready()
+
+    def eof(self) -> bool:
+        """True once the remote side closed its output (or the channel closed)."""
+        return self.channel.eof_received or self.channel.closed
+
+    def exit_status(self) -> int | None:
+        """The command's exit status; None while it runs; -1 if the channel closed without
+        a status (killed by a signal, or the connection was lost)."""
+        if not self.channel.exit_status_ready():
+            return None
+        return self.channel.recv_exit_status()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the exit status arrives, at most ``timeout`` seconds (None: no
+        limit); output is not read. Raises RemoteError on timeout."""
+        if not self.channel.status_event.wait(timeout):
+            raise RemoteError(f"{self.label}: remote command still running after "
+                              f"{timeout:g} s", host=self.label)
+        return self.channel.recv_exit_status()
+
+    def close(self) -> None:
+        """Close the channel (sshd then closes the command's stdin/stdout; a command that
+        ignores that keeps running). Idempotent, never raises."""
+        try:
+            self.channel.close()
+        except Exception:  # closing a channel of a dead transport: nothing left to do
+            pass
+
+
+def connect_all(hosts: list[Host], opts: SSHOptions, max_concurrent: int = 16,
+                attempts: int = 4) -> list[SSHConnection]:
+    """Connect to every host in parallel; return the connections in ``hosts`` order.
+
+    At most ``max_concurrent`` connections are being set up at once (OpenSSH's sshd drops
+    connections beyond ``MaxStartups``, default 10:30:100, which matters when a jump host
+    or one node is named many times). A transient failure (connection reset, no banner) is
+    retried up to ``attempts`` times in all, after 0.5, 1, 2 ... s (with jitter); host-key,
+    authentication, refused and timeout failures are not retried. Blocks until every host
+    succeeded or gave up: roughly ``connect_timeout`` × 4 × ``attempts`` at the very worst.
+
+    Raises RemoteError listing every failed host, one line each, after closing the
+    connections that succeeded.
+    """
+    if not hosts:
+        return []
+
+    def one(host: Host) -> SSHConnection:
+        for attempt in range(attempts):
+            try:
+                return SSHConnection(host, opts)
+            except RemoteError as e:
+                if not e.transient or attempt == attempts - 1:
+                    raise
+            time.sleep(0.5 * 2 ** attempt * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(max_concurrent, len(hosts))),
+                            thread_name_prefix="distlaunch-ssh") as pool:
+        futures = [pool.submit(one, h) for h in hosts]
+    conns, failures = [], []
+    for host, fut in zip(hosts, futures):
+        try:
+            conns.append(fut.result())
+        except RemoteError as e:
+            failures.append(str(e))
+        except Exception as e:  # a paramiko bug should still name the host
+            failures.append(f"{host}: {type(e).__name__}: {e}")
+    if failures:
+        for c in conns:
+            c.close()
+        raise RemoteError(f"cannot connect to {len(failures)} of {len(hosts)} hosts:\n  "
+                          + "\n  ".join(failures))
+    return conns

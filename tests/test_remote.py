@@ -1,0 +1,407 @@
+"""SSH plumbing (distlaunch.remote) against a real OpenSSH sshd on 127.0.0.2/127.0.0.3.
+
+See tests/sshd.py for the server and its ssh_config aliases (node1, node2, deadnode,
+node2-via-node1). The environment-shipping rules are pure and need no server.
+"""
+import json
+import os
+import pathlib
+import selectors
+import shutil
+import sys
+import time
+
+import pytest
+
+import distlaunch
+from distlaunch.errors import ConfigError
+from distlaunch.hosts import Host
+from distlaunch.remote import RemoteError
+from distlaunch.remote.command import HOST_SPECIFIC, remote_command, shipped_env
+from distlaunch.remote.preflight import HostReport, preflight
+from distlaunch.remote.ssh import SSHConnection, connect_all
+from sshd import sshd_hosts  # noqa: F401  (session-scoped fixture)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PY = sys.executable  # same machine, so the head's interpreter exists "remotely" too
+
+
+@pytest.fixture(scope="module")
+def node1(sshd_hosts):
+    conn = SSHConnection(Host("node1"), sshd_hosts.options())
+    yield conn
+    conn.close()
+
+
+def error_of(fn, *args, **kw) -> RemoteError:
+    with pytest.raises(RemoteError) as err:
+        fn(*args, **kw)
+    return err.value
+
+
+# --- connecting ----------------------------------------------------------------------------
+
+def test_connect_through_config_alias_and_run(node1, sshd_hosts):
+    assert (node1.hostname, node1.port, node1.user) == ("127.0.0.2", sshd_hosts.port, "root")
+    status, out, err = node1.run("echo out; echo err >&2; echo $SSH_CONNECTION; exit 3")
+    assert status == 3 and err == "err\n"
+    lines = out.splitlines()
+    assert lines[0] == "out" and lines[1].split()[2:] == ["127.0.0.2", str(sshd_hosts.port)]
+
+
+def test_second_address_and_explicit_user(sshd_hosts):
+    with SSHConnection(Host("node2", user="root"), sshd_hosts.options()) as conn:
+        status, out, _ = conn.run("echo $SSH_CONNECTION; id -un")
+    assert status == 0 and out.split()[2] == "127.0.0.3" and out.split()[-1] == "root"
+
+
+def test_connect_by_address_with_options_only(sshd_hosts):
+    """No config file entry for the address: port, key and known_hosts from SSHOptions."""
+    opts = sshd_hosts.options(config_file=os.devnull, port=sshd_hosts.port, user="root",
+                              key_file=sshd_hosts.key_file,
+                              known_hosts_file=sshd_hosts.known_hosts)
+    with SSHConnection(Host("127.0.0.3"), opts) as conn:
+        assert conn.run("echo ok")[:2] == (0, "ok\n")
+
+
+def test_proxy_jump(sshd_hosts):
+    with SSHConnection(Host("node2-via-node1"), sshd_hosts.options()) as conn:
+        status, out, _ = conn.run("echo $SSH_CONNECTION")
+        assert status == 0 and out.split()[2] == "127.0.0.3"
+        assert conn._jump is not None and conn._jump.hostname == "127.0.0.2"
+
+
+def test_unknown_host_key_refused_then_accepted_and_saved(sshd_hosts, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    err = error_of(SSHConnection, Host("node1"), sshd_hosts.options(known_hosts_file=str(known)))
+    msg = str(err)
+    assert "host key not known" in msg and "--ssh-accept-new-host-keys" in msg
+    assert f"[127.0.0.2]:{sshd_hosts.port}" in msg and "\n" not in msg and not err.transient
+
+    opts = sshd_hosts.options(known_hosts_file=str(known), accept_new_host_keys=True)
+    with SSHConnection(Host("node1"), opts) as conn:
+        assert conn.run("true")[0] == 0
+    assert known.read_text() == f"[127.0.0.2]:{sshd_hosts.port} {sshd_hosts.host_key_pub}\n"
+    # saved: now known without accepting new keys
+    with SSHConnection(Host("node1"), sshd_hosts.options(known_hosts_file=str(known))):
+        pass
+
+
+def test_missing_known_hosts_file_is_created_on_accept(sshd_hosts, tmp_path):
+    known = tmp_path / "sub" / "known_hosts"
+    err = error_of(SSHConnection, Host("node2"), sshd_hosts.options(known_hosts_file=str(known)))
+    assert "host key not known" in str(err) and not known.exists()
+    with SSHConnection(Host("node2"), sshd_hosts.options(known_hosts_file=str(known),
+                                                         accept_new_host_keys=True)):
+        pass
+    assert known.read_text().startswith(f"[127.0.0.3]:{sshd_hosts.port} ssh-ed25519 ")
+
+
+def test_changed_host_key_refused_even_when_accepting_new(sshd_hosts, tmp_path):
+    known = tmp_path / "known_hosts"
+    other = pathlib.Path(sshd_hosts.other_key_file + ".pub").read_text().split()
+    known.write_text(f"[127.0.0.2]:{sshd_hosts.port} {other[0]} {other[1]}\n")
+    err = error_of(SSHConnection, Host("node1"), sshd_hosts.options(
+        known_hosts_file=str(known), accept_new_host_keys=True))
+    assert "host key CHANGED" in str(err) and "ssh-keygen -R" in str(err)
+
+
+def test_wrong_key_is_an_auth_error(sshd_hosts):
+    err = error_of(SSHConnection, Host("node1"),
+                   sshd_hosts.options(key_file=sshd_hosts.other_key_file))
+    assert "authentication failed" in str(err) and sshd_hosts.other_key_file in str(err)
+    assert err.host == "node1" and not err.transient
+
+
+def test_missing_key_file(sshd_hosts, tmp_path):
+    err = error_of(SSHConnection, Host("node1"),
+                   sshd_hosts.options(key_file=str(tmp_path / "nokey")))
+    assert "--ssh-key" in str(err) and "no such file" in str(err)
+
+
+def test_nothing_listening_is_a_clear_connection_error(sshd_hosts):
+    start = time.monotonic()
+    err = error_of(SSHConnection, Host("deadnode"), sshd_hosts.options())
+    msg = str(err)
+    assert msg.startswith(f"deadnode (root@127.0.0.9:{sshd_hosts.port}): connection refused")
+    assert "\n" not in msg and not err.transient and time.monotonic() - start < 5
+
+
+def test_port_override_wins_over_config(sshd_hosts):
+    err = error_of(SSHConnection, Host("node1"), sshd_hosts.options(port=1))
+    assert "127.0.0.2:1)" in str(err) and "connection refused" in str(err)
+
+
+# --- running commands ---------------------------------------------------------------------
+
+def test_stdin_data_reaches_the_remote_command(node1):
+    secret = b"s3cr3t token\nsecond line"
+    status, out, _ = node1.run(f"{PY} -c 'import sys; print(sys.stdin.read())'",
+                               stdin_data=secret)
+    assert status == 0 and out == secret.decode() + "\n"
+    # exec + read: the command sees EOF after the data
+    proc = node1.exec("wc -c", stdin_data=secret)
+    assert proc.wait(10) == 0
+    assert proc.read_stdout().strip() == str(len(secret)).encode()
+
+
+def test_keep_stdin_open_until_closed(node1):
+    proc = node1.exec("head -n 1; cat >/dev/null; echo eof", stdin_data=b"line\n",
+                      keep_stdin_open=True)
+    time.sleep(0.3)
+    assert not proc.exited()
+    proc.channel.shutdown_write()
+    assert proc.wait(10) == 0
+
+
+def collect(proc, timeout=10.0):
+    """Poll with selectors until exit status and EOF: (stdout, stderr, wakeups)."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc, selectors.EVENT_READ)
+    out, err, wakeups = b"", b"", 0
+    deadline = time.monotonic() + timeout
+    while True:
+        out += proc.read_stdout()
+        err += proc.read_stderr()
+        if proc.exited() and proc.eof():
+            break
+        assert time.monotonic() < deadline, "no exit status within the timeout"
+        if sel.select(deadline - time.monotonic()):
+            wakeups += 1
+    out += proc.read_stdout()  # data that arrived with the EOF
+    err += proc.read_stderr()
+    sel.close()
+    return out, err, wakeups
+
+
+def test_fileno_is_selectable_for_output_and_exit(node1):
+    proc = node1.exec("echo one; sleep 0.3; echo two >&2; sleep 0.3; echo three; exit 7")
+    assert proc.exit_status() is None and not proc.exited()
+    assert proc.read_stdout() in (b"", b"one\n")  # non-blocking
+    out, err, wakeups = collect(proc)
+    assert out.endswith(b"three\n") and err == b"two\n" and wakeups >= 2
+    assert proc.exit_status() == 7
+    proc.close()
+
+
+def test_exit_status_wakes_select_while_output_is_held_open(node1):
+    """A background process keeps stdout open (so no EOF): the status must still wake us."""
+    proc = node1.exec("sleep 3 & echo started; exit 5")
+    sel = selectors.DefaultSelector()
+    sel.register(proc, selectors.EVENT_READ)
+    start = time.monotonic()
+    out = b""
+    while not proc.exited():
+        assert time.monotonic() - start < 2.5, "exit status did not wake the selector"
+        sel.select(2.5)
+        out += proc.read_stdout()
+    assert proc.exit_status() == 5 and out == b"started\n"
+    sel.close()
+    proc.close()
+
+
+def test_run_returns_when_output_is_held_open(node1):
+    start = time.monotonic()
+    assert node1.run("sleep 4 & echo hi; exit 2", timeout=10)[:2] == (2, "hi\n")
+    assert time.monotonic() - start < 3.5
+
+
+def test_run_timeout(node1):
+    err = error_of(node1.run, "sleep 5", timeout=0.5)
+    assert "did not finish within 0.5 s" in str(err)
+
+
+def test_killed_by_signal_has_no_exit_status(node1):
+    assert node1.run("kill -9 $$")[0] == -1
+
+
+def test_wait_timeout(node1):
+    proc = node1.exec("sleep 3")
+    assert "still running after 0.2 s" in str(error_of(proc.wait, 0.2))
+    proc.close()
+
+
+def test_many_channels_on_one_connection(node1):
+    procs = [node1.exec(f"echo {i}") for i in range(20)]
+    assert [p.wait(10) for p in procs] == [0] * 20
+    assert [collect(p)[0] for p in procs] == [f"{i}\n".encode() for i in range(20)]
+
+
+# --- connect_all ----------------------------------------------------------------------------
+
+def test_connect_all(sshd_hosts):
+    conns = connect_all([Host("node1"), Host("node2")], sshd_hosts.options())
+    try:
+        assert [c.hostname for c in conns] == ["127.0.0.2", "127.0.0.3"]
+        assert [c.run("echo $SSH_CONNECTION")[1].split()[2] for c in conns] == [
+            "127.0.0.2", "127.0.0.3"]
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_connect_all_burst_bounded(sshd_hosts):
+    """Many connections at once (one sshd, as when one node is listed per slot)."""
+    hosts = [Host("node1"), Host("node2")] * 15
+    conns = connect_all(hosts, sshd_hosts.options(), max_concurrent=8)
+    try:
+        assert len(conns) == 30 and all(c.transport.is_active() for c in conns)
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_connect_all_failing_mix_lists_every_bad_host(sshd_hosts, tmp_path):
+    known = tmp_path / "kh"
+    known.write_text(f"[127.0.0.2]:{sshd_hosts.port} {sshd_hosts.host_key_pub}\n")
+    hosts = [Host("node1"), Host("deadnode"), Host("node2")]  # node2's key is not known
+    err = error_of(connect_all, hosts, sshd_hosts.options(known_hosts_file=str(known)))
+    lines = str(err).splitlines()
+    assert lines[0] == "cannot connect to 2 of 3 hosts:"
+    assert lines[1].strip().startswith("deadnode (") and "connection refused" in lines[1]
+    assert lines[2].strip().startswith("node2 (") and "host key not known" in lines[2]
+    assert len(lines) == 3
+
+
+# --- preflight --------------------------------------------------------------------------------
+
+def test_preflight_ok(sshd_hosts, node1):
+    with SSHConnection(Host("node2"), sshd_hosts.options()) as node2:
+        reports = preflight([node1, node2], PY, str(ROOT), distlaunch.__version__)
+    assert reports == [HostReport(Host("node1"), True, None),
+                       HostReport(Host("node2"), True, None)]
+
+
+def test_preflight_interpreter_on_remote_path(node1):
+    if shutil.which("sh") is None:
+        pytest.skip("no sh")
+    # 'sh' is found on PATH but cannot import distlaunch: that is the reported problem
+    [report] = preflight([node1], "sh", str(ROOT), distlaunch.__version__)
+    assert not report.ok and "not importable" in report.problem
+
+
+def test_preflight_missing_interpreter(node1, tmp_path):
+    [by_path] = preflight([node1], str(tmp_path / "bin" / "python"), str(ROOT), "0.1.0")
+    assert by_path.problem == f"python {tmp_path / 'bin' / 'python'} not found or not executable"
+    [by_name] = preflight([node1], "no-such-python3.99", str(ROOT), "0.1.0")
+    assert by_name.problem == "python no-such-python3.99 not found or not executable"
+    [a_dir] = preflight([node1], str(tmp_path), str(ROOT), "0.1.0")
+    assert not a_dir.ok and "not found or not executable" in a_dir.problem
+
+
+def test_preflight_missing_directory(node1, tmp_path):
+    missing = tmp_path / "no such dir"
+    [report] = preflight([node1], PY, str(missing), distlaunch.__version__)
+    assert report == HostReport(Host("node1"), False, f"directory {missing} does not exist")
+
+
+def test_preflight_version_mismatch(node1):
+    [report] = preflight([node1], PY, str(ROOT), "9.9.9")
+    assert report.problem == f"distlaunch 9.9.9 expected, found {distlaunch.__version__} " \
+                             f"(python {PY})"
+
+
+def test_preflight_distlaunch_not_importable(node1, tmp_path):
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK):
+        pytest.skip(f"{python} not present")
+    # tmp_path as cwd: the checkout is not on that interpreter's sys.path
+    [report] = preflight([node1], python, str(tmp_path), distlaunch.__version__)
+    if report.ok:
+        pytest.skip(f"distlaunch is installed for {python}")
+    assert report.problem.startswith(f"distlaunch not importable by python {python} in ")
+    assert "ModuleNotFoundError" in report.problem
+
+
+def test_preflight_reports_lost_connection(sshd_hosts):
+    conn = SSHConnection(Host("node2"), sshd_hosts.options())
+    conn.close()
+    [report] = preflight([conn], PY, str(ROOT), distlaunch.__version__)
+    assert not report.ok and report.problem.startswith("node2: cannot run a command")
+
+
+# --- remote command line ---------------------------------------------------------------------
+
+HOSTILE = [
+    "plain", "with space", "it's", 'say "hi"', "$HOME", "`id`", "$(id)", "a;b", "a&&b",
+    "a|b", "line1\nline2", "tab\there", "*", "~", "back\\slash", "", "-n", "ünïcödé", "#x",
+    "x=y",
+]
+
+
+def test_remote_command_round_trips_hostile_values(node1, tmp_path):
+    cwd = tmp_path / "d i'r $x; `y`"
+    cwd.mkdir()
+    env = {f"DL_TEST_{i}": v for i, v in enumerate(HOSTILE)}
+    probe = ("import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),"
+             " 'env': {k: v for k, v in os.environ.items() if k.startswith('DL_TEST_')}}))")
+    command = remote_command(PY, str(cwd), ["-c", probe, *HOSTILE], env)
+    status, out, err = node1.run(command)
+    assert status == 0, err
+    got = json.loads(out)
+    assert got == {"argv": HOSTILE, "cwd": str(cwd), "env": env}
+
+
+def test_remote_command_exit_status_and_missing_dir(node1, tmp_path):
+    assert node1.run(remote_command(PY, "/", ["-c", "raise SystemExit(9)"], {}))[0] == 9
+    status, _, err = node1.run(remote_command(PY, str(tmp_path / "gone"), ["-c", "1"], {}))
+    assert status != 0 and "gone" in err
+
+
+def test_remote_command_shape():
+    assert remote_command("/usr/bin/python3", "/w d", ["-m", "distlaunch", "agent"],
+                          {"A": "1", "B": "x y"}) == \
+        "cd '/w d' && exec env A=1 'B=x y' /usr/bin/python3 -m distlaunch agent"
+    assert remote_command("python", "-dir", [], {}).startswith("cd ./-dir && ")
+
+
+@pytest.mark.parametrize("python, cwd, env", [
+    ("", "/", {}), ("a=b/python", "/", {}), ("-python", "/", {}), ("python", "", {}),
+    ("python", "/", {"BAD-NAME": "1"}), ("python", "/", {"1X": "1"}),
+])
+def test_remote_command_errors(python, cwd, env):
+    with pytest.raises(ConfigError):
+        remote_command(python, cwd, [], env)
+
+
+# --- shipped_env (pure) -----------------------------------------------------------------------
+
+ENV = {"FOO": "1", "BAR": "two words", "PYTHONPATH": "/p", "SSH_AUTH_SOCK": "/tmp/a",
+       "DISPLAY": ":0", "HOME": "/root", "PWD": "/x", "TERM": "xterm", "SHLVL": "2",
+       "_": "/usr/bin/distlaunch", "HOSTNAME": "head", "RANK": "3", "MASTER_ADDR": "h",
+       "DISTLAUNCH_STORE_TOKEN": "secret", "SLURM_PROCID": "0", "CUDA_VISIBLE_DEVICES": "0",
+       "BASH_FUNC_f%%": "() { :; }", "PATH": "/usr/bin"}
+
+
+def test_shipped_env_named_only_plus_pythonpath():
+    assert shipped_env(ENV, ["FOO", "NEW=a=b", "EMPTY="], env_all=False) == {
+        "PYTHONPATH": "/p", "FOO": "1", "NEW": "a=b", "EMPTY": ""}
+    assert shipped_env({}, [], env_all=False) == {}
+
+
+def test_shipped_env_all_skips_host_specific_and_launcher_names():
+    assert shipped_env(ENV, [], env_all=True) == {
+        "FOO": "1", "BAR": "two words", "PYTHONPATH": "/p", "PATH": "/usr/bin"}
+
+
+def test_shipped_env_explicit_name_beats_exclusion():
+    got = shipped_env(ENV, ["DISPLAY", "FOO=override"], env_all=True)
+    assert got["DISPLAY"] == ":0" and got["FOO"] == "override"
+
+
+@pytest.mark.parametrize("names, words", [
+    (["MISSING"], "not set in this environment"),
+    (["BAD-NAME=1"], "not a variable name"),
+    (["=1"], "not a variable name"),
+    (["DISTLAUNCH_STORE_TOKEN"], "never shipped"),
+    (["DISTLAUNCH_STORE_TOKEN=x"], "never shipped"),
+])
+def test_shipped_env_errors(names, words):
+    with pytest.raises(ConfigError, match=words):
+        shipped_env(ENV, names, env_all=False)
+
+
+def test_host_specific_documents_the_obvious_ones():
+    for name in ("SSH_*", "DISPLAY", "HOSTNAME", "PWD", "OLDPWD", "TERM", "SHLVL", "_", "HOME"):
+        assert name in HOST_SPECIFIC
