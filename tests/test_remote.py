@@ -8,7 +8,10 @@ import os
 import pathlib
 import selectors
 import shutil
+import socket
+import struct
 import sys
+import threading
 import time
 
 import pytest
@@ -262,6 +265,89 @@ def test_connect_all_failing_mix_lists_every_bad_host(sshd_hosts, tmp_path):
     assert lines[1].strip().startswith("deadnode (") and "connection refused" in lines[1]
     assert lines[2].strip().startswith("node2 (") and "host key not known" in lines[2]
     assert len(lines) == 3
+
+
+class Dropper:
+    """A TCP forwarder on 127.0.0.4 to the real sshd that drops its first ``drops``
+    connections (alternately closed and reset), as sshd's MaxStartups does to bursts."""
+
+    def __init__(self, target, drops):
+        self.target, self.drops, self.count = target, drops, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.4", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.count += 1
+            if self.count <= self.drops:
+                if self.count % 2:  # RST instead of FIN
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst):
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def options(self, server, tmp_path, **kw):
+        known = tmp_path / "known_dropper"
+        known.write_text(f"[127.0.0.4]:{self.port} {server.host_key_pub}\n")
+        kw.setdefault("key_file", server.key_file)
+        return server.options(config_file=os.devnull, port=self.port, user="root",
+                              known_hosts_file=str(known), **kw)
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def dropper(sshd_hosts):
+    made = []
+
+    def make(drops):
+        made.append(Dropper(("127.0.0.2", sshd_hosts.port), drops))
+        return made[-1]
+    yield make
+    for d in made:
+        d.close()
+
+
+def test_connect_all_retries_dropped_connections(sshd_hosts, dropper, tmp_path, capfd):
+    drop = dropper(2)
+    [conn] = connect_all([Host("127.0.0.4")], drop.options(sshd_hosts, tmp_path))
+    assert conn.run("echo ok")[:2] == (0, "ok\n") and drop.count == 3
+    conn.close()
+    assert "Traceback" not in capfd.readouterr().err  # paramiko's handshake logging is muted
+
+
+def test_connect_all_gives_up_after_attempts(sshd_hosts, dropper, tmp_path):
+    drop = dropper(10)
+    err = error_of(connect_all, [Host("127.0.0.4")], drop.options(sshd_hosts, tmp_path),
+                   attempts=2)
+    assert drop.count == 2
+    assert "cannot connect to 1 of 1 hosts:" in str(err) and "connection dropped" in str(err)
+
+
+def test_connect_all_does_not_retry_auth_errors(sshd_hosts, dropper, tmp_path):
+    drop = dropper(0)
+    opts = drop.options(sshd_hosts, tmp_path, key_file=sshd_hosts.other_key_file)
+    assert "authentication failed" in str(error_of(connect_all, [Host("127.0.0.4")], opts))
+    assert drop.count == 1
 
 
 # --- preflight --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ keyboard-interactive authentication (launches are non-interactive).
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import random
 import select
@@ -49,6 +50,12 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 KEEPALIVE_INTERVAL = 15.0  # seconds; notices a dead peer on an otherwise idle connection
 MAX_JUMPS = 8              # ProxyJump chain depth; a config loop would recurse forever
+
+# paramiko logs failed handshakes with tracebacks at ERROR; with no handler configured,
+# Python's last-resort handler would print them. Only the CLI talks to the user: our
+# RemoteError carries the message.
+if not logging.getLogger("paramiko").handlers:
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 # Appends to known_hosts from concurrent connects (connect_all) must not interleave.
 _known_hosts_lock = threading.Lock()
@@ -321,9 +328,12 @@ class SSHConnection:
                               host=s.label) from e
         except (paramiko.SSHException, OSError, EOFError) as e:
             transient = _is_transient(e)
-            raise RemoteError(f"{where}: {'connection dropped' if transient else 'SSH error'}"
-                              f": {type(e).__name__}: {e}".rstrip(": "),
-                              host=s.label, transient=transient) from e
+            detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if transient:
+                raise RemoteError(f"{where}: connection dropped during the SSH handshake "
+                                  f"({detail}); sshd may be overloaded (MaxStartups)",
+                                  host=s.label, transient=True) from e
+            raise RemoteError(f"{where}: SSH error: {detail}", host=s.label) from e
 
     def exec(self, command: str, stdin_data: bytes | None = None,
              keep_stdin_open: bool = False) -> "RemoteProcess":
@@ -369,6 +379,8 @@ class SSHConnection:
         proc = self.exec(command, stdin_data)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
+        poller = select.poll()  # not select(): descriptors may be above 1024 in big jobs
+        poller.register(proc.fileno(), select.POLLIN)
         try:
             while True:
                 out += proc.read_stdout()
@@ -384,7 +396,7 @@ class SSHConnection:
                     raise RemoteError(f"{self.settings.label}: command did not finish "
                                       f"within {timeout:g} s: {command[:80]}",
                                       host=self.settings.label)
-                select.select([proc], [], [], deadline - now)
+                poller.poll(max(1, int((deadline - now) * 1000)))
             out += proc.read_stdout()  # what arrived between the last read and the EOF
             err += proc.read_stderr()
         finally:
