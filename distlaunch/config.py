@@ -147,6 +147,25 @@ class LaunchConfig:
     dry_run: bool = False
     rdzv_conf: tuple[tuple[str, str], ...] = ()
 
+    def to_dict(self) -> dict:
+        """A JSON-ready copy (the head sends it to remote agents)."""
+        import dataclasses
+
+        d = dataclasses.asdict(self)
+        d["local_ranks_filter"] = sorted(self.local_ranks_filter) if self.local_ranks_filter else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LaunchConfig":
+        d = dict(d)
+        d["args"] = tuple(d["args"])
+        d["redirects"] = StdSpec(d["redirects"]["default"], tuple(map(tuple, d["redirects"]["per_rank"])))
+        d["tee"] = StdSpec(d["tee"]["default"], tuple(map(tuple, d["tee"]["per_rank"])))
+        d["rdzv_conf"] = tuple(map(tuple, d["rdzv_conf"]))
+        if d["local_ranks_filter"] is not None:
+            d["local_ranks_filter"] = frozenset(d["local_ranks_filter"])
+        return cls(**d)
+
     def rdzv_options(self) -> dict[str, float]:
         """--rdzv-conf as agent options (seconds). Raises ConfigError for unknown keys or
         values that are not positive numbers."""

@@ -1,0 +1,82 @@
+"""Unit tests of the pure parts: topology, config parsing, the environment contract."""
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from distlaunch.config import (LaunchConfig, StdSpec, parse_nproc_per_node, parse_rdzv_conf,
+                               parse_ranks_filter, parse_std)
+from distlaunch.env import MPI_VARS, TORCHRUN_VARS, WorkerIdentity, build_worker_env, read_worker_env
+from distlaunch.errors import ConfigError
+from distlaunch.topology import assign_ranks
+
+
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=8))
+def test_ranks_contiguous_per_node(slots):
+    nodes = assign_ranks(slots)
+    flat = [w for node in nodes for w in node]
+    assert [w.rank for w in flat] == list(range(sum(slots)))
+    for k, node in enumerate(nodes):
+        assert [w.local_rank for w in node] == list(range(slots[k]))
+        assert {(w.node_rank, w.local_world_size, w.world_size, w.num_nodes) for w in node} == \
+            {(k, slots[k], sum(slots), len(slots))}
+
+
+@pytest.mark.parametrize("bad", [[], [2, 0]])
+def test_ranks_reject_empty_nodes(bad):
+    with pytest.raises(ValueError):
+        assign_ranks(bad)
+
+
+def test_std_specs():
+    assert parse_std("3", "--tee") == StdSpec(3)
+    spec = parse_std("0:1,2:3", "--redirects")
+    assert [spec.for_rank(r) for r in range(4)] == [1, 0, 3, 0]
+    for bad in ("4", "a", "0:9", "1:"):
+        with pytest.raises(ConfigError, match="--redirects"):
+            parse_std(bad, "--redirects")
+
+
+def test_nproc_and_filters():
+    import os
+    assert parse_nproc_per_node("cpu") == os.cpu_count()
+    assert parse_nproc_per_node(" 7 ") == 7
+    with pytest.raises(ConfigError, match="no GPU"):
+        parse_nproc_per_node("gpu")
+    assert parse_ranks_filter("0,2") == frozenset({0, 2})
+    with pytest.raises(ConfigError):
+        parse_ranks_filter("x")
+    assert parse_rdzv_conf("join_timeout=5, heartbeat_timeout=2") == (("join_timeout", "5"), ("heartbeat_timeout", "2"))
+    with pytest.raises(ConfigError, match="unknown"):
+        LaunchConfig(__file__, rdzv_conf=(("bogus", "1"),)).validate()
+    with pytest.raises(ConfigError, match="positive"):
+        LaunchConfig(__file__, rdzv_conf=(("join_timeout", "-1"),)).validate()
+
+
+def test_config_json_round_trip():
+    c = LaunchConfig(__file__, ("--a", "b"), nproc_per_node=3, redirects=parse_std("0:1,1:3", "r"),
+                     local_ranks_filter=frozenset({1, 2}), rdzv_conf=parse_rdzv_conf("join_timeout=5"))
+    assert LaunchConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_worker_env_round_trip_and_stale_names():
+    ident = WorkerIdentity(rank=5, local_rank=1, world_size=8, local_world_size=4, node_rank=1,
+                           num_nodes=2, node_id="1", run_id="abc", restart_count=2, max_restarts=3,
+                           master_addr="h0", master_port=1234, store_addr="h0", store_port=99,
+                           store_token="t")
+    base = {"PATH": "/bin", "SLURM_PROCID": "3", "PMIX_RANK": "1", "PMI_FD": "4", "RANK": "0"}
+    env = build_worker_env(ident, base, error_file="/tmp/e.json", set_omp_threads=True)
+    assert set(TORCHRUN_VARS) <= set(env) and set(MPI_VARS) <= set(env)
+    assert not {"SLURM_PROCID", "PMIX_RANK", "PMI_FD"} & set(env)
+    assert env["PATH"] == "/bin" and env["OMP_NUM_THREADS"] == "1"
+    assert all(env[m] == env[src] for m, src in MPI_VARS.items())
+    assert read_worker_env(env) == ident
+
+
+def test_read_worker_env_errors():
+    with pytest.raises(ConfigError, match="RANK"):
+        read_worker_env({})
+    with pytest.raises(ConfigError, match="WORLD_SIZE"):
+        read_worker_env({"RANK": "0", "WORLD_SIZE": "x"})
+    with pytest.raises(ConfigError, match="outside"):
+        read_worker_env({"RANK": "4", "WORLD_SIZE": "4"})
