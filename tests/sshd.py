@@ -15,11 +15,12 @@ not running as root (sshd must be able to switch to the logged-in user, and the 
 authorized for root). All of 127.0.0.0/8 is loopback on Linux, so nothing leaves the
 machine. Host aliases in the generated ssh_config:
 
-====================  =================================================
+=====================  =================================================
 ``node1``             127.0.0.2 (sshd)
 ``node2``             127.0.0.3 (sshd)
 ``deadnode``          127.0.0.9 (nothing listens: connection refused)
 ``node2-via-node1``   127.0.0.3 through ``ProxyJump node1``
+``node2-via-command`` 127.0.0.3 through ``ProxyCommand ssh -W %h:%p node1``
 ====================  =================================================
 
 all with ``Port``, ``User root``, ``IdentityFile`` (the authorized key) and
@@ -157,8 +158,12 @@ Host deadnode
 Host node2-via-node1
     HostName {ADDRESSES[1]}
     ProxyJump node1
+Host node2-via-command
+    HostName {ADDRESSES[1]}
+    ProxyCommand ssh -F {base / 'ssh_config'} -W %h:%p node1
 Host *
     Port {port}
+    BatchMode yes
     User root
     IdentityFile {user_key}
     IdentitiesOnly yes

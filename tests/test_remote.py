@@ -74,6 +74,37 @@ def test_proxy_jump(sshd_hosts):
         assert conn._jump is not None and conn._jump.hostname == "127.0.0.2"
 
 
+def test_proxy_command(sshd_hosts):
+    if shutil.which("ssh") is None:
+        pytest.skip("OpenSSH client (ssh) not installed")
+    with SSHConnection(Host("node2-via-command"), sshd_hosts.options()) as conn:
+        status, out, _ = conn.run("echo $SSH_CONNECTION")
+    assert status == 0 and out.split()[2] == "127.0.0.3"
+
+
+def test_config_strict_host_key_checking_accept_new(sshd_hosts, tmp_path):
+    known = tmp_path / "kh"
+    config = tmp_path / "config"
+    config.write_text(f"""\
+Host fresh
+    HostName 127.0.0.2
+    Port {sshd_hosts.port}
+    User root
+    IdentityFile {sshd_hosts.key_file}
+    UserKnownHostsFile {known} {tmp_path / "unused"}
+    StrictHostKeyChecking accept-new
+""")
+    with SSHConnection(Host("fresh"), sshd_hosts.options(config_file=str(config))) as conn:
+        assert conn.run("true")[0] == 0
+    assert known.read_text().startswith(f"[127.0.0.2]:{sshd_hosts.port} ")
+
+
+def test_unreadable_config_file(sshd_hosts, tmp_path):
+    err = error_of(SSHConnection, Host("node1"),
+                   sshd_hosts.options(config_file=str(tmp_path / "missing")))
+    assert "cannot read ssh config" in str(err)
+
+
 def test_unknown_host_key_refused_then_accepted_and_saved(sshd_hosts, tmp_path):
     known = tmp_path / "known_hosts"
     known.write_text("")
