@@ -73,6 +73,36 @@ def cli() -> None:
         help="Single-node job with its own local rendezvous (implies --nnodes 1).")
 @option("--stop-timeout", default=30.0, show_default=True, type=float, metavar="SECONDS",
         help="Grace between SIGTERM and SIGKILL when stopping workers.")
+@option("-H", "--hosts", default=None, metavar="HOST[:N],...",
+        help="Start the job on these hosts over SSH from here, N workers each (default "
+             "--nproc-per-node), e.g. node1:4,user@node2:4.")
+@option("--hostfile", default=None, type=click.Path(dir_okay=False),
+        help="Hosts from a file: OpenMPI 'host slots=N', DeepSpeed 'host slots=N', MPICH "
+             "'host:N', one per line; # comments.")
+@option("--include", default=None, metavar="HOSTS", help="Use only these hosts of the list.")
+@option("--exclude", default=None, metavar="HOSTS", help="Leave these hosts of the list out.")
+@option("--store-addr", default=None, metavar="ADDR",
+        help="Address the head's store binds and announces (default: the address this "
+             "machine uses to reach the first host).")
+@option("--remote-python", default=None, metavar="PATH",
+        help="Interpreter on the hosts (default: the head's sys.executable).")
+@option("--remote-cwd", default=None, metavar="DIR",
+        help="Working directory on the hosts (default: the head's).")
+@option("--ssh-port", default=None, type=int, help="SSH port (overrides ~/.ssh/config).")
+@option("--ssh-user", default=None, help="SSH user (overrides ~/.ssh/config).")
+@option("--ssh-key", default=None, type=click.Path(dir_okay=False),
+        help="SSH private key file (overrides ~/.ssh/config).")
+@option("--ssh-config", default=None, type=click.Path(dir_okay=False),
+        help="OpenSSH client config to read instead of ~/.ssh/config (like ssh -F).")
+@option("--ssh-accept-new-host-keys", is_flag=True,
+        help="Accept and remember host keys not yet in known_hosts (changed keys are "
+             "still refused).")
+@option("-x", "--env", "env_names", multiple=True, metavar="NAME[=VALUE]",
+        help="Ship this variable to the hosts (repeatable; mpirun's -x).")
+@option("--env-all", is_flag=True,
+        help="Ship the whole environment except host-specific variables (SSH_*, DISPLAY, "
+             "HOSTNAME, PWD, TERM, ...).")
+@option("--prefix-host", is_flag=True, help="Prefix output lines with [host:rank]: .")
 @option("--rdzv-conf", default=None, metavar="K=V,...",
         help="Rendezvous settings in seconds: join_timeout (600), heartbeat_timeout (15), "
              "heartbeat_interval (1), exit_barrier_timeout (300).")
@@ -116,6 +146,15 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
 
     from . import launcher
 
+    if o["hosts"] or o["hostfile"]:
+        head = _head_options(o, cfg)
+        if cfg.dry_run:
+            _print_head_plan(cfg, head)
+            return
+        restarts = launcher.run_hosts(cfg, head, say)
+        if restarts:
+            say(f"all workers succeeded after {restarts} restart(s)")
+        return
     plan = launcher.make_plan(cfg)
     if cfg.dry_run:
         _print_plan(plan)
@@ -123,6 +162,61 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
     restarts = launcher.run(cfg, say, plan)
     if restarts:
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+
+
+def _head_options(o: dict, cfg):
+    from .hosts import filter_hosts, parse_host_list, parse_hostfile, resolve_slots
+    from .launcher import HeadOptions
+    from .remote.ssh import SSHOptions
+
+    if o["hosts"] and o["hostfile"]:
+        raise ConfigError("give either -H/--hosts or --hostfile, not both")
+    if cfg.nnodes > 1:
+        raise ConfigError(f"--nnodes {cfg.nnodes} is for per-node launches; with -H/--hostfile "
+                          f"the host list sets the nodes")
+    hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
+    hosts = resolve_slots(filter_hosts(hosts, o["include"], o["exclude"]), cfg.nproc_per_node)
+    ssh = SSHOptions(port=o["ssh_port"], user=o["ssh_user"], key_file=o["ssh_key"],
+                     accept_new_host_keys=o["ssh_accept_new_host_keys"],
+                     config_file=o["ssh_config"])
+    return HeadOptions(tuple(hosts), ssh, o["store_addr"], o["remote_python"], o["remote_cwd"],
+                       tuple(o["env_names"]), o["env_all"], o["prefix_host"])
+
+
+def _print_head_plan(cfg, head) -> None:
+    import os
+    import sys
+
+    from .remote.command import remote_command, shipped_env
+    from .topology import assign_ranks
+
+    env = shipped_env(os.environ, list(head.env_names), head.env_all)
+    cmd = remote_command(head.remote_python or sys.executable, head.remote_cwd or os.getcwd(),
+                         ["-m", "distlaunch", "agent"], env)
+    nodes = assign_ranks([h.slots for h in head.hosts])
+    click.echo(f"run id {cfg.run_id}: {sum(map(len, nodes))} workers on {len(nodes)} host(s), "
+               f"max restarts {cfg.max_restarts}; the store secret goes over stdin (****)")
+    for h, slots in zip(head.hosts, nodes):
+        click.echo(f"node {slots[0].node_rank} {h.name}: ranks {slots[0].rank}..{slots[-1].rank}")
+        click.echo(f"    agent: {cmd}")
+        for k in sorted(env):
+            click.echo(f"    {k}={'****' if k in SECRET_VARS else env[k]}")
+
+
+@cli.command(hidden=True)
+def agent() -> None:
+    """Internal: one node's agent, started by the head over SSH. Reads its job (JSON, with
+    the store's secret) from one line of stdin."""
+    import json
+
+    from .launcher import run_agent
+
+    try:
+        run_agent(json.loads(sys.stdin.readline()), say)
+    except WorkerFailedError as e:  # the head prints the root cause
+        sys.exit(e.exit_code)
+    except LaunchInterrupted as e:
+        sys.exit(e.exit_code)
 
 
 @cli.command()

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from typing import Callable
 
 from .agent.guard import OrphanGuard
-from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worker_env
+from .agent.node import (NodeAgent, NodeOptions, StoreAddress, raise_for_cause, worker_argv,
+                         worker_env)
 from .config import LaunchConfig
 from .errors import ConfigError
 from .topology import WorkerSlot, assign_ranks
@@ -102,3 +105,257 @@ def run(cfg: LaunchConfig, on_event: Callable[[str], None], plan: Plan | None = 
         if server is not None:
             server.stop()
         guard.close()
+
+
+# --- head mode: many nodes started from one head over SSH ------------------------------------
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """What only head mode (-H / --hostfile) needs."""
+
+    hosts: tuple  # hosts.Host, slots resolved, in node-rank order
+    ssh: object  # remote.ssh.SSHOptions
+    store_addr: str | None = None
+    remote_python: str | None = None
+    remote_cwd: str | None = None
+    env_names: tuple[str, ...] = ()
+    env_all: bool = False
+    prefix_host: bool = False
+
+
+class _RemoteAgents:
+    """The agents the head started over SSH: relays their output (already prefixed by the
+    agent) as whole lines, and notices agents that end without finishing the job."""
+
+    def __init__(self, procs: dict, on_lost):
+        from .agent.output import StreamSink
+
+        self.procs = procs  # node_rank -> RemoteProcess
+        self.sinks = {k: (StreamSink(b"", 1, None, False), StreamSink(b"", 2, None, True))
+                      for k in procs}
+        self.status: dict[int, int] = {}
+        self.on_lost = on_lost
+
+    @property
+    def running(self) -> list[int]:
+        return [k for k in self.procs if k not in self.status]
+
+    def pump(self, timeout: float | None, extra_fds=()) -> list[int]:
+        """Wait up to ``timeout`` s for output or exits; returns the ready ``extra_fds``."""
+        import select
+
+        fds = [self.procs[k].fileno() for k in self.running] + list(extra_fds)
+        ready = set(select.select(fds, [], [], timeout)[0]) if fds else set()
+        for k in self.running:
+            proc = self.procs[k]
+            if proc.fileno() not in ready:
+                continue
+            out, err = self.sinks[k]
+            out.feed(proc.read_stdout())
+            err.feed(proc.read_stderr())
+            if proc.exited() and proc.eof():
+                out.close()
+                err.close()
+                self.status[k] = proc.exit_status()
+                self.on_lost(k, self.status[k])
+        return [fd for fd in extra_fds if fd in ready]
+
+
+def _outcome(client, run_id: str, max_restarts: int) -> tuple[int, dict | None]:
+    """(round, cause) of the last round the agents started; cause None means success."""
+    last = (0, {"kind": "lost", "node": 0, "why": "no agent joined the job"})
+    for rnd in range(max_restarts + 1):
+        key = f"{run_id}/r{rnd}/stop"
+        if not client.check([key]):
+            break
+        cause = json.loads(client.get(key))
+        last = (rnd, None if cause["kind"] == "over" else cause)
+    return last
+
+
+def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], None]) -> int:
+    """Head mode: connect to every host, preflight them, host the store, start one agent
+    per host (in-process for this machine), relay output, and return the restarts the
+    job took. Blocks. Raises ConfigError (unreachable host, failed preflight: nothing was
+    started), WorkerFailedError, LaunchInterrupted, RendezvousError.
+    """
+    from . import __version__
+    from .hosts import is_local
+    from .remote import RemoteError
+    from .remote.command import remote_command, shipped_env
+    from .remote.preflight import preflight
+    from .remote.ssh import connect_all
+    from .store import StoreClient, StoreServer
+
+    hosts = list(head.hosts)
+    remote = [k for k, h in enumerate(hosts) if not is_local(h)]
+    local = [k for k, h in enumerate(hosts) if is_local(h)]
+    guard = OrphanGuard() if local else None  # forked before any thread exists
+    try:
+        conns = dict(zip(remote, connect_all([hosts[k] for k in remote], head.ssh)))
+    except RemoteError as e:
+        if guard:
+            guard.close()
+        raise ConfigError(str(e).replace("\n", "; ")) from e
+    server = agents = None
+    try:
+        python = head.remote_python or sys.executable
+        cwd = head.remote_cwd or os.getcwd()
+        reports = preflight(list(conns.values()), python, cwd, __version__)
+        for r in reports:
+            on_event(f"preflight {r.host.name}: {'ok' if r.ok else r.problem}")
+        bad = [r for r in reports if not r.ok]
+        if bad:
+            raise ConfigError(f"preflight failed on {len(bad)} of {len(reports)} host(s) "
+                              f"({', '.join(r.host.name for r in bad)}); nothing was started")
+        store_addr = head.store_addr or (
+            conns[remote[0]].transport.sock.getsockname()[0] if remote else STORE_HOST)
+        token = os.urandom(16).hex()
+        server = StoreServer(store_addr, 0, token=token)
+        server.start()
+        store = StoreAddress(store_addr, server.port, token)
+        node0 = store_addr if 0 in local else conns[0].transport.getpeername()[0]
+        env = shipped_env(os.environ, list(head.env_names), head.env_all)
+        client = StoreClient(store_addr, server.port, token=token, timeout=30)
+
+        def node_options(k: int) -> NodeOptions:
+            return NodeOptions(node_rank=k, num_nodes=len(hosts), slots=hosts[k].slots,
+                               host_label=hosts[k].name, prefix_host=head.prefix_host,
+                               **cfg.rdzv_options())
+
+        procs = {}
+        for k in remote:
+            spec = {"config": cfg.to_dict(), "store": [store_addr, server.port], "token": token,
+                    "node": dataclasses.asdict(node_options(k)), "master_addr": node0}
+            cmd = remote_command(python, cwd, ["-m", "distlaunch", "agent"], env)
+            procs[k] = conns[k].exec(cmd, stdin_data=(json.dumps(spec) + "\n").encode())
+        on_event(f"started agents on {len(hosts)} host(s): "
+                 + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
+
+        def lost(k: int, status: int | None) -> None:
+            # An agent that ends before the job does: stop the rest, and stand in for its
+            # exit barrier so they need not wait for it.
+            if not client.check([f"{cfg.run_id}/agent_exit/{k}"]):
+                _stand_in_for(client, cfg, k, f"agent on {hosts[k].name} ended with status {status}")
+
+        agents = _RemoteAgents(procs, lost)
+        if local:
+            import threading
+
+            relay = threading.Thread(target=lambda: _pump_until_done(agents), daemon=True)
+            relay.start()
+            try:
+                NodeAgent(cfg, store, node_options(local[0]), guard, on_event,
+                          master_addr=node0).run()
+            finally:
+                relay.join(cfg.stop_timeout + 15)
+        else:
+            _supervise_remote(agents, client, cfg, conns, on_event)
+        rnd, cause = _outcome(client, cfg.run_id, cfg.max_restarts)
+        if cause is not None:
+            raise_for_cause(cause)
+        return rnd
+    finally:
+        if agents is not None:
+            for p in agents.procs.values():
+                p.close()
+        for c in conns.values():
+            c.close()
+        if server is not None:
+            server.stop()
+        if guard:
+            guard.close()
+
+
+def _pump_until_done(agents: _RemoteAgents) -> None:
+    while agents.running:
+        agents.pump(1.0)
+
+
+def _stand_in_for(client, cfg: LaunchConfig, node: int, why: str) -> None:
+    """Node ``node``'s agent is gone: stop every round for that reason (unless something
+    else stopped it first) and mark the node done so the others' exit barrier passes."""
+    cause = json.dumps({"kind": "lost", "node": node, "why": why})
+    for rnd in range(cfg.max_restarts + 1):
+        client.compare_set(f"{cfg.run_id}/r{rnd}/stop", b"", cause)
+        client.set(f"{cfg.run_id}/r{rnd}/done/{node}", b"1")
+
+
+def _supervise_remote(agents: _RemoteAgents, client, cfg: LaunchConfig, conns: dict,
+                      on_event: Callable[[str], None]) -> None:
+    """The head's loop when it runs no workers itself: relay output until every agent has
+    ended; a stop signal stops every round; agents that do not end within the grace
+    period (or at a second Ctrl-C) are killed over SSH by their recorded process groups."""
+    import time
+
+    from .agent.signals import SignalRelay
+
+    relay = SignalRelay(lambda: ())
+    deadline = None
+    try:
+        while agents.running:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if agents.pump(timeout, [relay.wakeup_fd]):
+                relay.drain()
+            if relay.stop_signal is not None and deadline is None:
+                cause = json.dumps({"kind": "signal", "signum": relay.stop_signal})
+                for rnd in range(cfg.max_restarts + 1):
+                    client.compare_set(f"{cfg.run_id}/r{rnd}/stop", b"", cause)
+                deadline = time.monotonic() + cfg.stop_timeout + 10
+            if relay.kill_now or (deadline is not None and time.monotonic() >= deadline):
+                for k in agents.running:
+                    on_event(f"agent on {conns[k].host.name} did not stop; killing its processes")
+                    _kill_remote(client, cfg, k, conns[k])
+                    agents.procs[k].close()
+                    agents.status[k] = -1
+    finally:
+        relay.restore()
+
+
+def _kill_remote(client, cfg: LaunchConfig, node: int, conn) -> None:
+    """SIGKILL an agent's recorded pid and worker process groups over a fresh SSH exec
+    (never a pattern kill)."""
+    from .remote import RemoteError
+    from .remote.ssh import SSHConnection
+
+    pgids = []
+    for rnd in range(cfg.max_restarts, -1, -1):
+        key = f"{cfg.run_id}/r{rnd}/pgids/{node}"
+        if client.check([key]):
+            pgids = json.loads(client.get(key))
+            break
+    if not pgids:
+        return
+    agent, workers = pgids[0], pgids[1:]
+    cmd = "kill -KILL " + " ".join([str(agent)] + [f"-{g}" for g in workers]) + " 2>/dev/null; true"
+    try:
+        conn.run(cmd, timeout=10)
+    except RemoteError:
+        try:
+            with SSHConnection(conn.host, conn.opts) as fresh:
+                fresh.run(cmd, timeout=10)
+        except RemoteError:
+            pass  # the host is unreachable: nothing more can be done from here
+
+
+def run_agent(spec: dict, on_event: Callable[[str], None]) -> int:
+    """`distlaunch agent`: one node's agent, started by the head over SSH with ``spec``
+    (JSON, read from stdin: it holds the store's secret). Returns the restarts taken;
+    raises as NodeAgent.run. Records its end in the store so the head can tell a
+    finished agent from a lost one."""
+    from .store import StoreClient
+
+    cfg = LaunchConfig.from_dict(spec["config"])
+    host, port = spec["store"]
+    store = StoreAddress(host, port, spec["token"])
+    guard = OrphanGuard()
+    try:
+        return NodeAgent(cfg, store, NodeOptions(**spec["node"]), guard, on_event,
+                         master_addr=spec["master_addr"]).run()
+    finally:
+        guard.close()
+        try:
+            with StoreClient(host, port, token=store.token, timeout=5) as c:
+                c.set(f"{cfg.run_id}/agent_exit/{spec['node']['node_rank']}", b"1")
+        except Exception:  # the store is gone; the head (if alive) sees the channel close
+            pass

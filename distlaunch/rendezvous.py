@@ -8,6 +8,7 @@ Keys live under ``<run_id>/`` (values are JSON):
     r<R>/stop         the first reason to stop round R (a compare_set: first writer wins):
                       {"kind": "failure", "failure": {...}} | {"kind": "signal", "signum"}
                       | {"kind": "lost", "node", "why"} | {"kind": "over"}
+    r<R>/pgids/<K>    [agent pid, worker process group ids...] of node K in round R
     r<R>/done/<K>     node K's workers of round R have all exited
     r<R>/left         count of agents that read round R's outcome (node 0 keeps the store
                       up until everyone has)
@@ -82,6 +83,11 @@ class Rendezvous:
     def master(self, rnd: int) -> tuple[str, int]:
         m = json.loads(self.store.get(self.key(rnd, "master"), timeout=self.join_timeout))
         return m["addr"], m["port"]
+
+    def publish_pgids(self, rnd: int, pgids: list[int]) -> None:
+        """Record this node's agent pid and worker process groups (the head kills them over
+        a fresh SSH exec if the agent stops answering)."""
+        self.store.set(self.key(rnd, f"pgids/{self.node_rank}"), json.dumps(pgids))
 
     def request_stop(self, rnd: int, cause: dict) -> dict:
         """Stop round ``rnd`` for ``cause`` unless another cause came first; returns the

@@ -47,10 +47,13 @@ class AttemptResult:
 class WorkerGroup:
     def __init__(self, specs: list[LaunchSpec], relay: SignalRelay, guard: OrphanGuard,
                  stop_timeout: float, on_failure: Callable[[WorkerFailure], None] | None = None,
-                 stop_fd: int | None = None, stop_signal: Callable[[], int] | None = None):
+                 stop_fd: int | None = None, stop_signal: Callable[[], int] | None = None,
+                 on_started: Callable[[list[int]], None] | None = None):
         """``on_failure(f)`` runs (on this thread) at the first local failure. When
         ``stop_fd`` becomes readable the group is stopped from outside: its workers get
-        ``stop_signal()`` (default SIGTERM), then SIGKILL after ``stop_timeout``."""
+        ``stop_signal()`` (default SIGTERM), then SIGKILL after ``stop_timeout``.
+        ``on_started(pids)`` runs once every worker is started (pid == process group)."""
+        self.on_started = on_started
         self.specs = specs
         self.stop_fd = stop_fd
         self.stop_signal = stop_signal
@@ -80,6 +83,8 @@ class WorkerGroup:
                 sel.register(w.popen.stdout, selectors.EVENT_READ, spec.stdout)
                 sel.register(w.popen.stderr, selectors.EVENT_READ, spec.stderr)
                 sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
+            if self.on_started:
+                self.on_started([w.pid for w in self.workers])
             return self._loop(sel)
         finally:
             self._kill_all_and_reap()

@@ -39,6 +39,7 @@ class StoreAddress:
 class NodeOptions:
     node_rank: int = 0
     num_nodes: int = 1
+    slots: int | None = None  # workers on this node (None: --nproc-per-node)
     host_label: str = ""  # shown in --prefix-host prefixes and root-cause summaries
     prefix_host: bool = False
     join_timeout: float = 600.0
@@ -146,14 +147,15 @@ class NodeAgent:
 
     def _make_group(self, rdzv: Rendezvous, client, rnd: int, relay: SignalRelay) -> WorkerGroup:
         o = self.opts
-        members = rdzv.join(rnd, self.cfg.nproc_per_node, o.host_label or socket.gethostname(),
-                            self.master_addr)
+        members = rdzv.join(rnd, o.slots or self.cfg.nproc_per_node,
+                            o.host_label or socket.gethostname(), self.master_addr)
         if o.node_rank == 0:
             rdzv.publish_master(rnd, self.master_addr, self._master_port(rnd))
         master = rdzv.master(rnd)
         slots = assign_ranks([m.slots for m in members])[o.node_rank]
         return WorkerGroup(self._specs(slots, rnd, master), relay, self.guard,
                            self.cfg.stop_timeout,
+                           on_started=lambda pids: rdzv.publish_pgids(rnd, [os.getpid(), *pids]),
                            on_failure=lambda f: rdzv.request_stop(rnd, {
                                "kind": "failure", "failure": failure_to_dict(self._labelled(f))}))
 
@@ -228,15 +230,8 @@ class NodeAgent:
         return cause["kind"] == "failure" and rnd < self.cfg.max_restarts
 
     def _raise_unless_restartable(self, cause: dict, rnd: int) -> None:
-        kind = cause["kind"]
-        if kind == "signal":
-            raise LaunchInterrupted(cause["signum"])
-        if kind == "lost":
-            raise RendezvousError(f"node {cause['node']} was lost ({cause['why']}); "
-                                  f"workers stopped on every other node")
         if not self._restartable(cause, rnd):
-            f = failure_from_dict(cause["failure"])
-            raise WorkerFailedError(describe(f), f, f.exit_code)
+            raise_for_cause(cause)
 
     def _specs(self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int]) -> list[LaunchSpec]:
         specs = []
@@ -264,6 +259,19 @@ class NodeAgent:
             log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
             sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2))
         return sinks[0], sinks[1]
+
+
+def raise_for_cause(cause: dict):
+    """Turn the cause that ended the job (a stop-key value) into the exception the CLI
+    maps to an exit code and a summary."""
+    kind = cause["kind"]
+    if kind == "signal":
+        raise LaunchInterrupted(cause["signum"])
+    if kind == "lost":
+        raise RendezvousError(f"node {cause['node']} was lost ({cause['why']}); "
+                              f"workers stopped on every other node")
+    f = failure_from_dict(cause["failure"])
+    raise WorkerFailedError(describe(f), f, f.exit_code)
 
 
 def describe(f: WorkerFailure) -> str:

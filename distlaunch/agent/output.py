@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 MAX_PENDING = 1 << 16
 TAIL_BYTES = 1 << 13
 
 
+# Whole batches of lines must not interleave when two threads write to the console (the
+# head's local agent and its relay of remote agents' output).
+_console_lock = threading.Lock()
+
+
 def write_all(fd: int, data: bytes) -> bool:
     """Write every byte to ``fd``; False when the reader has gone (EPIPE)."""
+    with _console_lock:
+        return _write_all(fd, data)
+
+
+def _write_all(fd: int, data: bytes) -> bool:
     view = memoryview(data)
     while view:
         try:

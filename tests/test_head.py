@@ -1,0 +1,92 @@
+"""Head mode: `distlaunch run -H node1:2,node2:2` starts agents over SSH (a real sshd on
+127.0.0.2 and 127.0.0.3) and supervises the job from one head."""
+import json
+import os
+import re
+import time
+
+import psutil
+
+from conftest import WORKERS, dl, dl_popen
+from sshd import sshd_hosts  # noqa: F401  (session fixture)
+from test_supervision import survivors, wait_for
+
+
+def head_args(sshd, hosts="node1:2,node2:2"):
+    return ["run", "--ssh-config", sshd.ssh_config, "-H", hosts]
+
+
+def test_two_hosts_ranks_output_and_env(sshd_hosts, tmp_path):
+    env = dict(os.environ, SHIPPED="a b'c$d", NOT_SHIPPED="x")
+    res = dl(*head_args(sshd_hosts), "-x", "SHIPPED", "-x", "SET_HERE=42", "--prefix-host",
+             WORKERS / "actor.py", "--dump-env", tmp_path, "--lines", "3", env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
+    for r, e in enumerate(envs):
+        assert (e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["GROUP_RANK"]) == (str(r), "4", str(r % 2), str(r // 2))
+        assert e["SHIPPED"] == "a b'c$d" and e["SET_HERE"] == "42" and "NOT_SHIPPED" not in e
+        assert e["DISTLAUNCH_NODE_ID"] == str(r // 2)
+        assert "DISTLAUNCH_STORE_TOKEN" in e
+    assert len({e["MASTER_ADDR"] + e["MASTER_PORT"] for e in envs}) == 1
+    lines = res.stdout.splitlines()
+    for r, host in enumerate(["node1", "node1", "node2", "node2"]):
+        mine = [ln for ln in lines if ln.startswith(f"[{host}:{r}]: ")]
+        assert [re.sub(r" x* end \d+$", "", ln) for ln in mine] == \
+            [f"[{host}:{r}]: line {i} of rank {r}" for i in range(3)]
+
+
+def test_failure_on_one_host_stops_the_other(sshd_hosts):
+    t0 = time.monotonic()
+    res = dl(*head_args(sshd_hosts), WORKERS / "actor.py", "--fail-rank", "1", "--fail-code", "9",
+             "--fail-delay", "0.5", "--sleep", "60", timeout=120)
+    assert time.monotonic() - t0 < 40
+    assert res.returncode == 9, res.stderr
+    summary = res.stderr.split("root cause")[1]
+    assert "rank 1 (local rank 1) on node 0 (node1)" in summary
+    assert "rank 1 failing on purpose" in summary
+
+
+def test_restart_across_hosts(sshd_hosts, tmp_path):
+    res = dl(*head_args(sshd_hosts), "--max-restarts", "1", WORKERS / "actor.py", "--fail-rank", "3",
+             "--fail-attempts", "1", "--mark-dir", tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert all((tmp_path / f"started.{r}.1").exists() for r in range(4))
+
+
+def test_head_sigkill_leaves_no_survivor(sshd_hosts, tmp_path):
+    p = dl_popen(*head_args(sshd_hosts), WORKERS / "actor.py", "--mark-dir", tmp_path,
+                 "--spawn-child", tmp_path, "--sleep", "120")
+    assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
+    assert wait_for(lambda: all((tmp_path / f"child.{r}").exists() for r in range(4)), 20)
+    pids = [int((tmp_path / f"child.{r}").read_text()) for r in range(4)]
+    workers = [pr.info["pid"] for pr in psutil.process_iter(["pid", "cmdline"])
+               if str(tmp_path) in " ".join(pr.info["cmdline"] or []) and "actor.py" in " ".join(pr.info["cmdline"] or [])]
+    assert len(survivors(workers)) >= 4
+    p.kill()
+    p.wait()
+    assert wait_for(lambda: not survivors(workers + pids), 30), survivors(workers + pids)
+
+
+def test_sigterm_to_head_stops_every_host(sshd_hosts, tmp_path):
+    p = dl_popen(*head_args(sshd_hosts), WORKERS / "actor.py", "--mark-dir", tmp_path, "--sleep", "120")
+    assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
+    p.terminate()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert all((tmp_path / f"SIGTERM.{r}").exists() for r in range(4))
+
+
+def test_preflight_failure_starts_nothing(sshd_hosts, tmp_path):
+    res = dl(*head_args(sshd_hosts), "--remote-python", "/nonexistent/python", WORKERS / "actor.py",
+             "--mark-dir", tmp_path, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert "preflight failed on 2 of 2" in res.stderr and "/nonexistent/python" in res.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_unreachable_host_is_a_usage_error(sshd_hosts, tmp_path):
+    res = dl("run", "--ssh-config", sshd_hosts.ssh_config, "-H", "node1:1,127.0.0.9:1",
+             "--ssh-port", str(sshd_hosts.port), WORKERS / "actor.py", "--mark-dir", tmp_path, timeout=60)
+    assert res.returncode == 2
+    assert "127.0.0.9" in res.stderr
+    assert not list(tmp_path.iterdir())
