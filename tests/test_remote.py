@@ -431,6 +431,32 @@ def test_preflight_distlaunch_not_importable(node1, tmp_path):
     assert "ModuleNotFoundError" in report.problem
 
 
+def test_preflight_distlaunch_not_importable_isolated_interpreter(node1, tmp_path):
+    """Deterministic variant: -S drops site-packages (the install), -I the cwd."""
+    python = tmp_path / "bare-python"
+    python.write_text(f"#!/bin/sh\nexec {PY} -I -S \"$@\"\n")
+    python.chmod(0o755)
+    [report] = preflight([node1], str(python), str(ROOT), distlaunch.__version__)
+    assert report.problem == (f"distlaunch not importable by python {python} in {ROOT}: "
+                              f"ModuleNotFoundError: No module named 'distlaunch'")
+
+
+def test_preflight_old_distlaunch_found(node1, tmp_path):
+    (tmp_path / "distlaunch").mkdir()
+    (tmp_path / "distlaunch" / "__init__.py").write_text("__version__ = '0.0.9'\n")
+    [report] = preflight([node1], PY, str(tmp_path), "0.1.0")
+    assert report.problem == f"distlaunch 0.1.0 expected, found 0.0.9 (python {PY})"
+
+
+def test_preflight_relative_interpreter_is_relative_to_cwd(node1, tmp_path):
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    wrapper = tmp_path / "venv" / "bin" / "python"
+    wrapper.write_text(f"#!/bin/sh\nexec {PY} \"$@\"\n")
+    wrapper.chmod(0o755)
+    [report] = preflight([node1], "venv/bin/python", str(tmp_path), distlaunch.__version__)
+    assert report.ok, report.problem  # the checkout is importable via the install
+
+
 def test_preflight_reports_lost_connection(sshd_hosts):
     conn = SSHConnection(Host("node2"), sshd_hosts.options())
     conn.close()
