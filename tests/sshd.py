@@ -207,14 +207,24 @@ def _skip_reason() -> str | None:
     return None
 
 
+# Each test module that imports the fixture gets its own (session-scoped) instance of it;
+# they share one server, stopped when the last of them is finalized.
+_shared: dict = {"server": None, "users": 0}
+
+
 @pytest.fixture(scope="session")
 def sshd_hosts(tmp_path_factory):
     """A running sshd on 127.0.0.2 and 127.0.0.3 for the whole session (SSHDServer)."""
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    server = start_sshd(tmp_path_factory.mktemp("sshd"))
+    if _shared["server"] is None:
+        _shared["server"] = start_sshd(tmp_path_factory.mktemp("sshd"))
+    _shared["users"] += 1
     try:
-        yield server
+        yield _shared["server"]
     finally:
-        _stop(server.process)
+        _shared["users"] -= 1
+        if _shared["users"] == 0:
+            _stop(_shared["server"].process)
+            _shared["server"] = None

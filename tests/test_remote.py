@@ -52,6 +52,12 @@ def test_connect_through_config_alias_and_run(node1, sshd_hosts):
     assert lines[0] == "out" and lines[1].split()[2:] == ["127.0.0.2", str(sshd_hosts.port)]
 
 
+def test_addresses(node1, sshd_hosts):
+    assert node1.peer_address == "127.0.0.2" and node1.local_address.startswith("127.")
+    with SSHConnection(Host("node2-via-node1"), sshd_hosts.options()) as conn:
+        assert conn.peer_address == "127.0.0.3" and conn.local_address is None
+
+
 def test_second_address_and_explicit_user(sshd_hosts):
     with SSHConnection(Host("node2", user="root"), sshd_hosts.options()) as conn:
         status, out, _ = conn.run("echo $SSH_CONNECTION; id -un")

@@ -335,6 +335,21 @@ class SSHConnection:
                                   host=s.label, transient=True) from e
             raise RemoteError(f"{where}: SSH error: {detail}", host=s.label) from e
 
+    @property
+    def local_address(self) -> str | None:
+        """This machine's IP address on the TCP connection to the host (an address the
+        host can usually reach back, barring NAT); None when tunnelled through ProxyJump
+        or ProxyCommand (then the route back is unknown)."""
+        sock = self.transport.sock
+        return sock.getsockname()[0] if isinstance(sock, socket.socket) else None
+
+    @property
+    def peer_address(self) -> str:
+        """The host's IP address when connected directly; else its configured HostName
+        (as the jump host resolves it)."""
+        sock = self.transport.sock
+        return sock.getpeername()[0] if isinstance(sock, socket.socket) else self.hostname
+
     def exec(self, command: str, stdin_data: bytes | None = None,
              keep_stdin_open: bool = False) -> "RemoteProcess":
         """Start ``command`` (run by the remote user's login shell, as ``ssh host cmd``)
