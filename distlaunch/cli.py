@@ -39,8 +39,9 @@ def cli() -> None:
 @cli.command(context_settings={"allow_interspersed_args": False})
 @option("--nproc-per-node", default="1", show_default=True, metavar="N|auto|cpu|gpu",
         help="Workers on this node: a number, or auto (GPUs if any, else CPUs), cpu, gpu.")
-@option("--nnodes", default="1", show_default=True, metavar="N",
-        help="Number of nodes in the job.")
+@option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX",
+        help="Number of nodes in a per-node launch; MIN:MAX admits a varying number "
+             "(with --rdzv-endpoint).")
 @option("--node-rank", default=0, show_default=True, type=int,
         help="Rank of this node, 0..nnodes-1.")
 @option("--master-addr", default=None, metavar="HOST",
@@ -103,9 +104,18 @@ def cli() -> None:
         help="Ship the whole environment except host-specific variables (SSH_*, DISPLAY, "
              "HOSTNAME, PWD, TERM, ...).")
 @option("--prefix-host", is_flag=True, help="Prefix output lines with [host:rank]: .")
+@option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+        help="Rendezvous store for per-node launches; node ranks are assigned by arrival. "
+             "The launcher that can bind it hosts it, or run `distlaunch store` there.")
+@option("--rdzv-id", default=None, metavar="ID",
+        help="Job id shared by every node's launcher (the run id).")
+@option("--rdzv-backend", default="c10d", show_default=True,
+        type=click.Choice(["c10d", "static"]),
+        help="Accepted for torchrun compatibility: c10d (dynamic, with --rdzv-endpoint) or "
+             "static (--master-addr/--master-port and --node-rank).")
 @option("--rdzv-conf", default=None, metavar="K=V,...",
-        help="Rendezvous settings in seconds: join_timeout (600), heartbeat_timeout (15), "
-             "heartbeat_interval (1), exit_barrier_timeout (300).")
+        help="Rendezvous settings in seconds: join_timeout (600), last_call_timeout (3), "
+             "heartbeat_timeout (15), heartbeat_interval (1), exit_barrier_timeout (300).")
 @option("--no-prefix", is_flag=True, help="Do not prefix worker output lines with [rank]: .")
 @option("--dry-run", is_flag=True,
         help="Print the plan (ranks, command lines, environment) and start nothing.")
@@ -117,11 +127,7 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
     from .config import (LaunchConfig, parse_nproc_per_node, parse_ranks_filter,
                          parse_rdzv_conf, parse_std)
 
-    try:
-        nnodes = int(o["nnodes"])
-    except ValueError:
-        raise ConfigError(f"--nnodes {o['nnodes']!r} is invalid: give a number of nodes "
-                          f"(elastic MIN:MAX ranges are not yet supported)") from None
+    nnodes, max_nodes = _parse_nnodes(o["nnodes"])
     if o["standalone"]:
         nnodes = 1
     kw = dict(
@@ -133,15 +139,20 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
         tee=parse_std(o["tee"], "--tee"),
         local_ranks_filter=parse_ranks_filter(o["local_ranks_filter"]),
         standalone=o["standalone"], stop_timeout=o["stop_timeout"], prefix=not o["no_prefix"],
-        dry_run=o["dry_run"], rdzv_conf=parse_rdzv_conf(o["rdzv_conf"]))
-    if nnodes > 1:
+        dry_run=o["dry_run"], rdzv_conf=parse_rdzv_conf(o["rdzv_conf"]),
+        max_nodes=max_nodes, rdzv_endpoint=o["rdzv_endpoint"])
+    if o["rdzv_endpoint"]:
+        kw["run_id"] = f"job-{o['rdzv_endpoint'].replace(':', '-')}"
+        if max_nodes is None and nnodes > 1:  # fixed N through a rendezvous endpoint
+            kw["max_nodes"] = nnodes
+    elif nnodes > 1:
         # Per-node mode (torchrun's static rendezvous): node 0 hosts the store at
         # --master-addr:--master-port; every node must use the same run id.
         kw["master_addr"] = kw["master_addr"] or "127.0.0.1"
         kw["master_port"] = kw["master_port"] or 29500
         kw["run_id"] = f"job{kw['master_port']}"
-    if o["run_id"]:
-        kw["run_id"] = o["run_id"]
+    if o["run_id"] or o["rdzv_id"]:
+        kw["run_id"] = o["rdzv_id"] or o["run_id"]
     cfg = LaunchConfig(**kw).validate()
 
     from . import launcher
@@ -162,6 +173,15 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
     restarts = launcher.run(cfg, say, plan)
     if restarts:
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+
+
+def _parse_nnodes(text: str) -> tuple[int, int | None]:
+    lo, sep, hi = text.partition(":")
+    try:
+        return (int(lo), int(hi)) if sep else (int(lo), None)
+    except ValueError:
+        raise ConfigError(f"--nnodes {text!r} is invalid: give a number of nodes N or a "
+                          f"range MIN:MAX") from None
 
 
 def _head_options(o: dict, cfg):

@@ -57,6 +57,7 @@ RDZV_KEYS = {
     "heartbeat_timeout": "heartbeat_timeout",
     "heartbeat_interval": "heartbeat_interval",
     "exit_barrier_timeout": "exit_barrier_timeout",
+    "last_call_timeout": "last_call_timeout",
 }
 
 
@@ -146,6 +147,16 @@ class LaunchConfig:
     prefix: bool = True
     dry_run: bool = False
     rdzv_conf: tuple[tuple[str, str], ...] = ()
+    max_nodes: int | None = None  # --nnodes MIN:MAX: dynamic membership (nnodes is MIN)
+    rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous store
+
+    def endpoint(self) -> tuple[str, int]:
+        """--rdzv-endpoint as (host, port); ConfigError if malformed."""
+        host, _, port = (self.rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--rdzv-endpoint {self.rdzv_endpoint!r} is invalid: give "
+                              f"HOST:PORT, e.g. node0:29400")
+        return host.strip("[]"), int(port)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy (the head sends it to remote agents)."""
@@ -195,7 +206,15 @@ class LaunchConfig:
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"--node-rank {self.node_rank} is invalid with --nnodes "
                               f"{self.nnodes}: give a value from 0 to {self.nnodes - 1}")
-        if self.nnodes > 1 and not self.master_port:
+        if self.max_nodes is not None and self.max_nodes < self.nnodes:
+            raise ConfigError(f"--nnodes {self.nnodes}:{self.max_nodes} is invalid: MAX must be "
+                              f"at least MIN")
+        if self.rdzv_endpoint is not None:
+            self.endpoint()
+        elif self.max_nodes is not None:
+            raise ConfigError(f"--nnodes {self.nnodes}:{self.max_nodes} needs --rdzv-endpoint "
+                              f"HOST:PORT (a `distlaunch store`, or the first launcher there)")
+        elif self.nnodes > 1 and not self.master_port:
             raise ConfigError(f"--nnodes {self.nnodes} needs --master-port (and --master-addr): "
                               f"node 0 hosts the rendezvous store there")
         self.rdzv_options()

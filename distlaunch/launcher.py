@@ -82,11 +82,13 @@ def run(cfg: LaunchConfig, on_event: Callable[[str], None], plan: Plan | None = 
     if cfg.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         on_event(f"setting OMP_NUM_THREADS=1 for each of the {cfg.nproc_per_node} workers "
                  f"on this node; set it yourself to choose another value")
+    if cfg.rdzv_endpoint:
+        return _run_dynamic(cfg, on_event)
     if cfg.nnodes == 1:
         token = os.urandom(16).hex()
         store_host, store_port = STORE_HOST, 0
     else:
-        token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or f"distlaunch-{cfg.run_id}"
+        token = _shared_token(cfg)
         store_host, store_port = cfg.master_addr, cfg.master_port
     guard = OrphanGuard()
     server = None
@@ -98,8 +100,51 @@ def run(cfg: LaunchConfig, on_event: Callable[[str], None], plan: Plan | None = 
             store_port = server.port
         agent = NodeAgent(cfg, StoreAddress(store_host, store_port, token),
                           NodeOptions(node_rank=cfg.node_rank, num_nodes=cfg.nnodes,
-                                      **cfg.rdzv_options()),
+                                      hosts_store=server is not None, **cfg.rdzv_options()),
                           guard, on_event, master_addr=plan.master_addr)
+        return agent.run()
+    finally:
+        if server is not None:
+            server.stop()
+        guard.close()
+
+
+def _shared_token(cfg: LaunchConfig) -> str:
+    # Per-node launches share no channel for a secret: export the same
+    # DISTLAUNCH_STORE_TOKEN on every node to authenticate; else the run id stands in.
+    return os.environ.get("DISTLAUNCH_STORE_TOKEN") or f"distlaunch-{cfg.run_id}"
+
+
+def _address_towards(host: str, port: int) -> str:
+    """The local address this machine uses to reach ``host`` (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, port))
+            return s.getsockname()[0]
+        except OSError:
+            return socket.gethostname()
+
+
+def _run_dynamic(cfg: LaunchConfig, on_event: Callable[[str], None]) -> int:
+    """Per-node launch with dynamic membership through the store at --rdzv-endpoint; the
+    launcher that can bind that address hosts the store (torchrun's c10d backend)."""
+    from .errors import StoreError
+    from .store import StoreServer
+
+    host, port = cfg.endpoint()
+    token = _shared_token(cfg)
+    guard = OrphanGuard()
+    server = None
+    try:
+        try:
+            server = StoreServer(host, port, token=token)
+            server.start()
+        except StoreError:  # already hosted (or not an address of this machine)
+            server = None
+        opts = NodeOptions(min_nodes=cfg.nnodes, max_nodes=cfg.max_nodes or cfg.nnodes,
+                           hosts_store=server is not None, **cfg.rdzv_options())
+        agent = NodeAgent(cfg, StoreAddress(host, port, token), opts, guard, on_event,
+                          master_addr=_address_towards(host, port))
         return agent.run()
     finally:
         if server is not None:

@@ -12,7 +12,9 @@ Keys live under ``<run_id>/`` (values are JSON):
     r<R>/done/<K>     node K's workers of round R have all exited
     r<R>/left         count of agents that read round R's outcome (node 0 keeps the store
                       up until everyone has)
-    hb/<K>            node K's heartbeat counter
+    r<R>/hb/<K>       node K's heartbeat counter in round R
+    r<R>/joined       dynamic membership: arrival counter (arrival order = node rank)
+    r<R>/closed       dynamic membership: the number of nodes admitted to round R
 
 Ranks are contiguous per node in node-rank order (topology.assign_ranks), as torchrun's
 static rendezvous assigns them.
@@ -76,6 +78,35 @@ class Rendezvous:
         keys = [self.key(rnd, f"node/{k}") for k in range(self.num_nodes)]
         infos = self._wait_all(keys, f"rendezvous round {rnd}", self.join_timeout)
         return [Member(k, i["slots"], i["host"], i["addr"]) for k, i in enumerate(infos)]
+
+    def join_dynamic(self, rnd: int, min_nodes: int, max_nodes: int, last_call: float,
+                     slots: int, host: str, addr: str) -> list[Member]:
+        """Dynamic membership (torchrun's c10d rendezvous with ``--nnodes MIN:MAX``): take
+        a node rank by arrival order, wait until at least ``min_nodes`` arrived (up to
+        ``join_timeout`` s), then ``last_call`` more seconds for others (up to
+        ``max_nodes``). The first node to close the round fixes its size; sets
+        ``node_rank`` and ``num_nodes`` for this round and returns the members. Polls the
+        counter every 20 ms (rendezvous is not a hot path). Raises RendezvousError when
+        too few nodes arrive or this node came after the round closed."""
+        arrived = self.store.add(self.key(rnd, "joined"), 1)
+        me = arrived - 1
+        count = lambda: self.store.add(self.key(rnd, "joined"), 0)  # noqa: E731
+        end = time.monotonic() + self.join_timeout
+        while (n := count()) < min_nodes:
+            if time.monotonic() >= end:
+                raise RendezvousError(f"rendezvous round {rnd}: only {n} of at least {min_nodes} "
+                                      f"nodes arrived within {self.join_timeout:g} s")
+            time.sleep(0.02)
+        end = time.monotonic() + last_call
+        while count() < max_nodes and time.monotonic() < end:
+            time.sleep(0.02)
+        size = min(count(), max_nodes)
+        size = int(self.store.compare_set(self.key(rnd, "closed"), b"", str(size)))
+        if me >= size:
+            raise RendezvousError(f"rendezvous round {rnd} closed with {size} nodes before this "
+                                  f"node arrived (--nnodes at most {max_nodes})")
+        self.node_rank, self.num_nodes = me, size
+        return self.join(rnd, slots, host, addr)
 
     def publish_master(self, rnd: int, addr: str, port: int) -> None:
         self.store.set(self.key(rnd, "master"), json.dumps({"addr": addr, "port": port}))
@@ -142,13 +173,15 @@ class StopWatcher:
 
 
 class Heartbeat:
-    """Every ``interval`` seconds: bump this node's counter and check the others'. A node
+    """Every ``interval`` seconds: bump this node's counter for round ``rnd`` and check the
+    others'. A node
     whose counter has not moved for ``timeout`` seconds is reported once through
     ``on_lost(node_rank, seconds)``. Uses its own store connection; stops with
     ``stop()`` or when the store is gone."""
 
-    def __init__(self, client, rdzv: Rendezvous, interval: float, timeout: float, on_lost):
-        self.client, self.rdzv = client, rdzv
+    def __init__(self, client, rdzv: Rendezvous, rnd: int, interval: float, timeout: float,
+                 on_lost):
+        self.client, self.rdzv, self.rnd = client, rdzv, rnd
         self.interval, self.timeout, self.on_lost = interval, timeout, on_lost
         self.lost: set[int] = set()
         self._stop = threading.Event()
@@ -159,7 +192,7 @@ class Heartbeat:
         from .errors import StoreError
 
         r = self.rdzv
-        keys = [f"{r.ns}hb/{k}" for k in range(r.num_nodes)]
+        keys = [r.key(self.rnd, f"hb/{k}") for k in range(r.num_nodes)]
         last: dict[int, tuple[int, float]] = {}
         try:
             while not self._stop.wait(self.interval):
@@ -176,6 +209,8 @@ class Heartbeat:
                         self.on_lost(k, now - last[k][1])
         except StoreError:
             pass  # the stop watcher reports a lost store
+        finally:
+            self.client.close()
 
     def stop(self) -> None:
         self._stop.set()

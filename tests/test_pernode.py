@@ -89,3 +89,49 @@ def test_signal_on_one_node_stops_both(tmp_path):
     procs[1].send_signal(signal.SIGTERM)
     results = finish(procs)
     assert [r[2] for r in results] == [128 + signal.SIGTERM] * 2, results
+
+
+def launch_dynamic(endpoint, n, nnodes, *args, conf="last_call_timeout=1", env=None):
+    procs = []
+    for _ in range(n):
+        procs.append(dl_popen("run", "--nnodes", nnodes, "--rdzv-endpoint", endpoint, "--rdzv-id", "dyn",
+                              "--rdzv-conf", conf, "--nproc-per-node", 1, WORKERS / "actor.py", *args,
+                              env=env))
+        time.sleep(0.1)
+    return procs
+
+
+def test_dynamic_membership_ranks_by_arrival(tmp_path):
+    results = finish(launch_dynamic(f"127.0.0.1:{free_port()}", 3, "2:3", "--dump-env", tmp_path))
+    assert [r[2] for r in results] == [0, 0, 0], results
+    envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
+    assert [(e["RANK"], e["GROUP_RANK"], e["WORLD_SIZE"], e["GROUP_WORLD_SIZE"]) for e in envs] == \
+        [(str(r), str(r), "3", "3") for r in range(3)]
+    assert {e["TORCHELASTIC_RUN_ID"] for e in envs} == {"dyn"}
+
+
+def test_dynamic_join_timeout(tmp_path):
+    (p,) = launch_dynamic(f"127.0.0.1:{free_port()}", 1, "2:3", "--mark-dir", tmp_path,
+                          conf="join_timeout=1")
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 1
+    assert "only 1 of at least 2 nodes arrived within 1 s" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_dynamic_with_standalone_store(tmp_path):
+    import os
+    import re
+    import subprocess
+
+    from conftest import dl_cmd
+    env = dict(os.environ, DISTLAUNCH_STORE_TOKEN="shared-secret")
+    store = subprocess.Popen(dl_cmd("store", "--port", "0"), stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        port = int(re.search(r":(\d+)$", store.stderr.readline().strip()).group(1))
+        results = finish(launch_dynamic(f"127.0.0.1:{port}", 2, "2", "--dump-env", tmp_path, env=env))
+        assert [r[2] for r in results] == [0, 0], results
+        assert json.loads((tmp_path / "1.json").read_text())["WORLD_SIZE"] == "2"
+    finally:
+        store.terminate()
+        store.wait(15)

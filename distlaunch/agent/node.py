@@ -46,6 +46,10 @@ class NodeOptions:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 15.0
     exit_barrier_timeout: float = 300.0
+    last_call_timeout: float = 3.0  # dynamic membership: wait this long for more nodes
+    min_nodes: int = 1
+    max_nodes: int | None = None  # set: dynamic membership (--nnodes MIN:MAX)
+    hosts_store: bool = False  # this process hosts the store: stay until all have left
 
 
 def worker_argv(cfg: LaunchConfig, python: str = sys.executable) -> list[str]:
@@ -119,19 +123,12 @@ class NodeAgent:
                              token=self.store_addr.token, timeout=o.join_timeout + 60)
         rdzv = Rendezvous(client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout)
         self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
-        heartbeat = None
-        if o.num_nodes > 1:
-            heartbeat = Heartbeat(client.clone(), rdzv, o.heartbeat_interval, o.heartbeat_timeout,
-                                  lambda k, secs: rdzv.request_stop(
-                                      self._round, {"kind": "lost", "node": k,
-                                                    "why": f"no heartbeat for {secs:.0f} s"}))
         group: WorkerGroup | None = None
         relay = SignalRelay(lambda: group.live() if group else ())
         try:
             for rnd in range(self.cfg.max_restarts + 1):
-                self._round = rnd
-                group = self._make_group(rdzv, client, rnd, relay)
-                cause = self._run_round(rdzv, group, rnd, heartbeat)
+                group = self._make_group(rdzv, rnd, relay)
+                cause = self._run_round(rdzv, group, rnd)
                 if cause is None:
                     return rnd
                 self._raise_unless_restartable(cause, rnd)
@@ -139,20 +136,22 @@ class NodeAgent:
                               f"restarting (restart {rnd + 1} of {self.cfg.max_restarts})")
         finally:
             relay.restore()
-            if heartbeat:
-                heartbeat.stop()
             client.close()
             import shutil
             shutil.rmtree(self.scratch, ignore_errors=True)
 
-    def _make_group(self, rdzv: Rendezvous, client, rnd: int, relay: SignalRelay) -> WorkerGroup:
+    def _make_group(self, rdzv: Rendezvous, rnd: int, relay: SignalRelay) -> WorkerGroup:
         o = self.opts
-        members = rdzv.join(rnd, o.slots or self.cfg.nproc_per_node,
-                            o.host_label or socket.gethostname(), self.master_addr)
-        if o.node_rank == 0:
-            rdzv.publish_master(rnd, self.master_addr, self._master_port(rnd))
+        me = (o.slots or self.cfg.nproc_per_node, o.host_label or socket.gethostname(),
+              self.master_addr)
+        if o.max_nodes:  # dynamic membership: node ranks by arrival, every round anew
+            members = rdzv.join_dynamic(rnd, o.min_nodes, o.max_nodes, o.last_call_timeout, *me)
+        else:
+            members = rdzv.join(rnd, *me)
+        if rdzv.node_rank == 0:
+            rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv))
         master = rdzv.master(rnd)
-        slots = assign_ranks([m.slots for m in members])[o.node_rank]
+        slots = assign_ranks([m.slots for m in members])[rdzv.node_rank]
         return WorkerGroup(self._specs(slots, rnd, master), relay, self.guard,
                            self.cfg.stop_timeout,
                            on_started=lambda pids: rdzv.publish_pgids(rnd, [os.getpid(), *pids]),
@@ -162,15 +161,22 @@ class NodeAgent:
     def _labelled(self, f: WorkerFailure) -> WorkerFailure:
         return dataclasses.replace(f, host=self.opts.host_label) if self.opts.host_label else f
 
-    def _master_port(self, rnd: int) -> int:
+    def _master_port(self, rdzv: Rendezvous) -> int:
         # --master-port is the program's port in single-node mode; in per-node mode it is
         # the store's, so the program gets a fresh free port.
-        if self.cfg.master_port and self.opts.num_nodes == 1:
+        if self.cfg.master_port and rdzv.num_nodes == 1 and not self.opts.max_nodes:
             return self.cfg.master_port
         return free_port()
 
-    def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int, heartbeat) -> dict | None:
+    def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int) -> dict | None:
         """Run one round to its end; return the cause that stopped it (None: success)."""
+        o = self.opts
+        heartbeat = None
+        if rdzv.num_nodes > 1:
+            heartbeat = Heartbeat(rdzv.store.clone(), rdzv, rnd, o.heartbeat_interval,
+                                  o.heartbeat_timeout, lambda k, secs: rdzv.request_stop(
+                                      rnd, {"kind": "lost", "node": k,
+                                            "why": f"no heartbeat for {secs:.0f} s"}))
         wake_r, wake_w = os.pipe()
         why = []
 
@@ -201,13 +207,15 @@ class NodeAgent:
         finally:
             os.close(wake_w)
             os.close(wake_r)
+            if heartbeat:
+                heartbeat.stop()
         watcher.client.close()
         rdzv.leave(rnd)
         if result.stop_signal is not None:
             cause = {"kind": "signal", "signum": result.stop_signal}
-        if self.opts.node_rank == 0 and self.opts.num_nodes > 1 and (
+        if o.hosts_store and rdzv.num_nodes > 1 and (
                 cause is None or not self._restartable(cause, rnd)):
-            rdzv.wait_left(rnd, self.opts.num_nodes - len(lost), 10.0)
+            rdzv.wait_left(rnd, rdzv.num_nodes - len(lost), 10.0)
         return cause
 
     def _signal_for(self, rdzv: Rendezvous, rnd: int) -> int:
