@@ -241,6 +241,14 @@ def test_exit_status_wakes_select_while_output_is_held_open(node1):
     proc.close()
 
 
+def test_eof_gives_up_on_output_held_open(node1):
+    proc = node1.exec("sleep 5 & echo hi; exit 4")
+    start = time.monotonic()
+    out, _, _ = collect(proc)
+    assert out == b"hi\n" and proc.exit_status() == 4 and time.monotonic() - start < 4
+    proc.close()
+
+
 def test_run_returns_when_output_is_held_open(node1):
     start = time.monotonic()
     assert node1.run("sleep 4 & echo hi; exit 2", timeout=10)[:2] == (2, "hi\n")

@@ -48,6 +48,7 @@ __all__ = ["SSHOptions", "SSHConnection", "RemoteProcess", "connect_all"]
 DEFAULT_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
+EOF_GRACE = 2.0           # seconds output may trail the exit status before eof() gives up on it
 KEEPALIVE_INTERVAL = 15.0  # seconds; notices a dead peer on an otherwise idle connection
 MAX_JUMPS = 8              # ProxyJump chain depth; a config loop would recurse forever
 
@@ -383,10 +384,10 @@ class SSHConnection:
         """Run ``command`` to completion: ``(exit status, stdout, stderr)``, output decoded
         as UTF-8 (undecodable bytes replaced).
 
-        Blocks until the command exits and its output is complete, at most ``timeout``
-        seconds; if a background process keeps the output open after the exit status
-        arrived, waits at most 2 s more for it. The exit status is -1 if the command was
-        killed by a signal (sshd then sends no status).
+        Blocks until the command exits and its output is complete (see
+        :meth:`RemoteProcess.eof`: at most 2 s after the exit status if a background
+        process keeps the output open), at most ``timeout`` seconds. The exit status is
+        -1 if the command was killed by a signal (sshd then sends no status).
 
         Raises RemoteError: the command could not start, or did not finish within
         ``timeout`` (its channel is then closed).
@@ -403,15 +404,14 @@ class SSHConnection:
                 if proc.eof() and proc.exited():
                     break
                 now = time.monotonic()
-                if proc.exited():  # output may trail the status; do not wait forever
-                    deadline = min(deadline, now + 2.0)
                 if now >= deadline:
-                    if proc.exited():
-                        break
                     raise RemoteError(f"{self.settings.label}: command did not finish "
                                       f"within {timeout:g} s: {command[:80]}",
                                       host=self.settings.label)
+                # after the status the fd stays readable: sleep a little while output trails
                 poller.poll(max(1, int((deadline - now) * 1000)))
+                if proc.exited() and not proc.eof():
+                    time.sleep(0.01)
             out += proc.read_stdout()  # what arrived between the last read and the EOF
             err += proc.read_stderr()
         finally:
@@ -446,8 +446,11 @@ class _StatusEvent(threading.Event):
     def __init__(self, chan: paramiko.Channel):
         super().__init__()
         self._chan = chan
+        self.when: float | None = None  # time.monotonic() of the exit status
 
     def set(self):
+        if self.when is None:
+            self.when = time.monotonic()
         super().set()
         pipe = getattr(self._chan, "_pipe", None)
         if pipe is not None:
@@ -459,8 +462,8 @@ class RemoteProcess:
 
     ``fileno()`` works with ``select``/``selectors``: it is readable while stdout or
     stderr data is waiting, and stays readable for good once the exit status arrived or
-    the channel closed (so stop polling after :meth:`exited` and :meth:`eof`). Output can
-    trail the exit status: read until :meth:`eof` is true as well.
+    the channel closed (so stop polling once :meth:`exited` and :meth:`eof` are both
+    true). Output can trail the exit status: keep reading until :meth:`eof`.
     """
 
     def __init__(self, channel: paramiko.Channel, label: str = ""):
@@ -495,8 +498,14 @@ class RemoteProcess:
         return self.channel.exit_status_ready()
 
     def eof(self) -> bool:
-        """True once the remote side closed its output (or the channel closed)."""
-        return self.channel.eof_received or self.channel.closed
+        """True once the remote side closed its output, or the channel closed, or 2 s
+        after the exit status arrived: a leftover background process may hold the output
+        open forever (as with ``ssh host 'sleep 99 & exit'``); its output is abandoned."""
+        chan = self.channel
+        if chan.eof_received or chan.closed:
+            return True
+        when = getattr(chan.status_event, "when", None)
+        return when is not None and time.monotonic() - when >= EOF_GRACE
 
     def exit_status(self) -> int | None:
         """The command's exit status; None while it runs; -1 if the channel closed without
