@@ -253,13 +253,15 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         if bad:
             raise ConfigError(f"preflight failed on {len(bad)} of {len(reports)} host(s) "
                               f"({', '.join(r.host.name for r in bad)}); nothing was started")
-        store_addr = head.store_addr or (
-            conns[remote[0]].transport.sock.getsockname()[0] if remote else STORE_HOST)
+        store_addr = head.store_addr or (conns[remote[0]].local_address if remote else STORE_HOST)
+        if store_addr is None:
+            raise ConfigError(f"cannot tell which address {hosts[remote[0]].name} reaches this "
+                              f"machine at (SSH goes through a proxy); give --store-addr")
         token = os.urandom(16).hex()
         server = StoreServer(store_addr, 0, token=token)
         server.start()
         store = StoreAddress(store_addr, server.port, token)
-        node0 = store_addr if 0 in local else conns[0].transport.getpeername()[0]
+        node0 = store_addr if 0 in local else conns[0].peer_address
         env = shipped_env(os.environ, list(head.env_names), head.env_all)
         client = StoreClient(store_addr, server.port, token=token, timeout=30)
 

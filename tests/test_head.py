@@ -90,3 +90,43 @@ def test_unreachable_host_is_a_usage_error(sshd_hosts, tmp_path):
     assert res.returncode == 2
     assert "127.0.0.9" in res.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_local_host_runs_in_process_with_remote_one(sshd_hosts, tmp_path):
+    # localhost is this machine: its agent runs inside the head, the other over SSH.
+    res = dl(*head_args(sshd_hosts, "localhost:1,node2:2"), WORKERS / "actor.py", "--dump-env",
+             tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr
+    envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
+    assert [(e["RANK"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in envs] == \
+        [("0", "0", "3"), ("1", "1", "3"), ("2", "1", "3")]
+    assert "preflight node2: ok" in res.stderr
+
+
+def test_hostfile_and_exclude(sshd_hosts, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# OpenMPI style\nnode1 slots=1\n\nnode2 slots=2 max_slots=4\n")
+    out = tmp_path / "env"
+    out.mkdir()
+    res = dl("run", "--ssh-config", sshd_hosts.ssh_config, "--hostfile", hostfile, "--exclude", "node1",
+             WORKERS / "actor.py", "--dump-env", out, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["0.json", "1.json"]
+    assert json.loads((out / "1.json").read_text())["GROUP_WORLD_SIZE"] == "1"
+
+
+def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
+    cfg = tmp_path / "ssh_config"
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    text = open(sshd_hosts.ssh_config).read()
+    assert sshd_hosts.known_hosts in text
+    cfg.write_text(text.replace(sshd_hosts.known_hosts, str(empty)))
+    res = dl("run", "--ssh-config", cfg, "-H", "node1:1", WORKERS / "actor.py", "--mark-dir", tmp_path,
+             timeout=60)
+    assert res.returncode == 2
+    assert "host key" in res.stderr and "--ssh-accept-new-host-keys" in res.stderr
+    res = dl("run", "--ssh-config", cfg, "--ssh-accept-new-host-keys", "-H", "node1:1",
+             WORKERS / "actor.py", timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert empty.read_text().strip()  # the accepted key was saved
