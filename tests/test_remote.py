@@ -80,6 +80,15 @@ def test_proxy_jump(sshd_hosts):
         assert conn._jump is not None and conn._jump.hostname == "127.0.0.2"
 
 
+def test_proxy_jump_through_a_dead_host(sshd_hosts, tmp_path):
+    config = tmp_path / "config"
+    config.write_text(f"Host via-dead\n    HostName 127.0.0.2\n    ProxyJump deadnode\n"
+                      + pathlib.Path(sshd_hosts.ssh_config).read_text())
+    err = error_of(SSHConnection, Host("via-dead"), sshd_hosts.options(config_file=str(config)))
+    assert str(err).startswith("via-dead: via jump host: deadnode (root@127.0.0.9:")
+    assert "connection refused" in str(err) and err.host == "via-dead"
+
+
 def test_proxy_command(sshd_hosts):
     if shutil.which("ssh") is None:
         pytest.skip("OpenSSH client (ssh) not installed")

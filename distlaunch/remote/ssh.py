@@ -14,7 +14,8 @@ Settings come from the OpenSSH client config (``ssh_config(5)``, read with
 ``GlobalKnownHostsFile``  read too (default /etc/ssh/ssh_known_hosts), never written
 ``StrictHostKeyChecking``  ``accept-new`` or ``no`` act like ``--ssh-accept-new-host-keys``
 ``ProxyJump``        ``[user@]host[:port][,...]``: tunnelled through the jump host(s)
-``ProxyCommand``     run locally, its stdin/stdout is the connection
+``ProxyCommand``     run locally, its stdin/stdout is the connection (``%h %p %r`` are
+                     the config's values, not the ``--ssh-*`` overrides)
 ===================  ===============================================================
 
 Host keys are verified against known_hosts as ``ssh`` with ``StrictHostKeyChecking yes``:
@@ -50,7 +51,6 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 EOF_GRACE = 2.0           # seconds output may trail the exit status before eof() gives up on it
 KEEPALIVE_INTERVAL = 15.0  # seconds; notices a dead peer on an otherwise idle connection
-MAX_JUMPS = 8              # ProxyJump chain depth; a config loop would recurse forever
 
 # paramiko logs failed handshakes with tracebacks at ERROR; with no handler configured,
 # Python's last-resort handler would print them. Only the CLI talks to the user: our
@@ -222,8 +222,7 @@ class SSHConnection:
     whether retrying makes sense (see :func:`connect_all`).
     """
 
-    def __init__(self, host: Host, opts: SSHOptions, *, _via: tuple[str, ...] | None = None,
-                 _depth: int = 0):
+    def __init__(self, host: Host, opts: SSHOptions, *, _via: tuple[str, ...] | None = None):
         self.host = host
         self.opts = opts
         self._jump: SSHConnection | None = None
@@ -232,7 +231,7 @@ class SSHConnection:
         self.hostname, self.port, self.user = s.hostname, s.port, s.user
         self.client = paramiko.SSHClient()
         try:
-            self._connect(s, opts, _depth)
+            self._connect(s, opts)
         except BaseException:
             self.close()
             raise
@@ -254,17 +253,19 @@ class SSHConnection:
             raise RemoteError(f"cannot read known_hosts file {path}: {e}",
                               host=self.settings.label) from e
 
-    def _open_sock(self, s: _Settings, opts: SSHOptions, depth: int):
+    def _open_sock(self, s: _Settings, opts: SSHOptions):
         """A socket-like object through ProxyJump/ProxyCommand, or None for direct TCP."""
         if s.proxy_jump:
-            if depth >= MAX_JUMPS:
-                raise RemoteError(f"{s.label}: ProxyJump chain longer than {MAX_JUMPS} "
-                                  f"(a loop in the ssh config? add 'ProxyJump none' for "
-                                  f"the jump host)", host=s.label)
+            # As ssh -J: the last jump host is reached through the ones before it (never
+            # through its own config ProxyJump, so config loops cannot recurse); the
+            # --ssh-port/--ssh-user overrides are for the destination only.
             jump_host = _parse_jump(s.proxy_jump[-1])
-            jump_opts = replace(opts, port=None, user=None, key_file=opts.key_file)
-            self._jump = SSHConnection(jump_host, jump_opts, _via=s.proxy_jump[:-1],
-                                       _depth=depth + 1)
+            try:
+                self._jump = SSHConnection(jump_host, replace(opts, port=None, user=None),
+                                           _via=s.proxy_jump[:-1])
+            except RemoteError as e:
+                raise RemoteError(f"{s.label}: via jump host: {e}", host=s.label,
+                                  transient=e.transient) from e
             try:
                 return self._jump.transport.open_channel(
                     "direct-tcpip", (s.hostname, s.port), ("127.0.0.1", 0),
@@ -272,23 +273,21 @@ class SSHConnection:
             except (paramiko.SSHException, OSError, EOFError) as e:
                 raise RemoteError(f"{s.label}: jump host {jump_host} cannot reach "
                                   f"{s.hostname}:{s.port} ({e})", host=s.label) from e
-        if s.proxy_command:
-            command = s.proxy_command.replace("%h", s.hostname).replace(
-                "%p", str(s.port)).replace("%r", s.user)
+        if s.proxy_command:  # %h %p %r were expanded by paramiko.SSHConfig.lookup
             try:
-                return paramiko.ProxyCommand(command)
+                return paramiko.ProxyCommand(s.proxy_command)
             except (paramiko.SSHException, OSError) as e:
                 raise RemoteError(f"{s.label}: ProxyCommand failed to start: {e}",
                                   host=s.label) from e
         return None
 
-    def _connect(self, s: _Settings, opts: SSHOptions, depth: int) -> None:
+    def _connect(self, s: _Settings, opts: SSHOptions) -> None:
         self._load_known_hosts(s)
         self.client.set_missing_host_key_policy(_HostKeyPolicy(s.accept_new, s.known_hosts[0]))
         where = f"{s.label} ({s.user}@{s.hostname}:{s.port})"
         key_name = f"[{s.hostname}]:{s.port}" if s.port != 22 else s.hostname
         t = opts.connect_timeout
-        sock = self._open_sock(s, opts, depth)
+        sock = self._open_sock(s, opts)
         try:
             self.client.connect(
                 s.hostname, port=s.port, username=s.user, sock=sock,
