@@ -33,6 +33,7 @@ from .wire import (ABORT, ABORT_MISMATCH, ABORT_OTHER, ABORT_PEER_LOST, COLL, DT
 
 DEFAULT_TIMEOUT = 1800.0
 _STATUS_WAIT = 2.0  # seconds to collect peers' status after a timeout
+_ABORT_GRACE = 0.25  # seconds a lost peer's ABORT may trail its connection's end
 
 
 def to_seconds(timeout, name: str = "timeout") -> float | None:
@@ -182,6 +183,7 @@ class ProcessGroup:
         self._seq_lock = threading.Lock()
         self._executor = _Executor(f"distlaunch-coll-{name}")
         self.broken: BaseException | None = None
+        self.completed = 0  # sequence number of the last finished collective
 
     def __repr__(self):
         return f"ProcessGroup({self.name}, ranks={self.ranks})"
@@ -224,7 +226,12 @@ class ProcessGroup:
         def execute():
             ctx = OpContext(self, name, seq, timeout=timeout, **meta)
             try:
-                return body(ctx)
+                result = body(ctx)
+                self.completed = seq
+                # every message of a correct collective is received inside it: one left
+                # over means its sender ran a different op/root/size
+                ctx.check_leftovers()
+                return result
             except BaseException as e:
                 raise self._failed(ctx, e) from (None if isinstance(e, _OpTimeout) else e)
             finally:
@@ -241,7 +248,19 @@ class ProcessGroup:
         """Turn a failure inside an operation into the exception to raise, mark the group
         broken, and tell the other members when they could otherwise hang."""
         what = f"{ctx.name} #{ctx.seq} on {self.name} (rank {self.runtime.rank})"
-        if isinstance(e, _OpTimeout):
+        if isinstance(e, PeerLostError) and self.broken is None:
+            # a peer that found a mismatch sends ABORT and may exit right away; its
+            # ABORT can arrive just after we saw its connection close: report the cause
+            end = time.monotonic() + _ABORT_GRACE
+            while self.broken is None and time.monotonic() < end:
+                time.sleep(0.005)
+        if self.broken is not None:
+            # a peer's ABORT (or an earlier failure) broke the group: that is the root
+            # cause, whatever this rank then ran into (e.g. the aborting peer has exited)
+            b = self.broken
+            err = b if getattr(b, "seq", None) == ctx.seq else _reraise(
+                b, f"{what}: {self.name} is unusable after an earlier failure")
+        elif isinstance(e, _OpTimeout):
             err = self._diagnose_timeout(ctx, what, e.peers)
         elif isinstance(e, CollectiveError) and getattr(e, "_from_abort", False):
             err = e
@@ -255,6 +274,8 @@ class ProcessGroup:
             err = e  # a bug or KeyboardInterrupt: still leave the group broken
         if self.broken is None:
             self.broken = err
+            if isinstance(err, BaseException):
+                err.seq = ctx.seq
         return err
 
     def _abort_members(self, seq, reason, text):
@@ -293,11 +314,28 @@ class ProcessGroup:
         err.unreachable_ranks = lost
         return err
 
+    def on_late(self, hdr):
+        """Progress thread: rank ``hdr.src`` sent data for collective ``hdr.seq``, which this
+        rank already finished without expecting it: the ranks disagreed (e.g. on the root).
+        Break the group and tell the others (on a helper thread: never block progress)."""
+        if hdr.seq > self.completed or self.broken is not None:
+            return
+        err = CollectiveMismatchError(
+            f"{self.name} (rank {self.runtime.rank}): rank {hdr.src} sent data for "
+            f"{OP_NAMES[hdr.op] if hdr.op < len(OP_NAMES) else hdr.op} #{hdr.seq} "
+            f"(root={self.ranks[hdr.root] if 0 <= hdr.root < self.size else hdr.root}) that this rank "
+            f"did not expect: ranks disagree on the operation, its root or its size")
+        err.seq = hdr.seq
+        self.broken = err
+        threading.Thread(target=self._abort_members, args=(hdr.seq, ABORT_MISMATCH, str(err)),
+                         daemon=True).start()
+
     def on_abort(self, hdr, text):
         """Progress thread: a peer aborted operation ``hdr.seq``; fail ours."""
         cls = {ABORT_MISMATCH: CollectiveMismatchError, ABORT_PEER_LOST: PeerLostError}.get(hdr.op, CollectiveError)
         err = cls(f"rank {hdr.src} aborted {self.name}: {text}")
         err._from_abort = True
+        err.seq = hdr.seq
         if self.broken is None:
             self.broken = err
         self.runtime.transport.fail_owner(self.gid, err)
@@ -388,6 +426,15 @@ class OpContext:
                 raise _OpTimeout(sorted({q.grank for q in reqs if not q.done}))
             if r.error is not None:
                 raise r.error
+
+    def check_leftovers(self):
+        late = self._transport.take_leftovers((COLL, self.group.gid, self.seq))
+        if late:
+            h = late[0]
+            theirs = self._describe(h.op, h.dtype, h.count, h.root, h.redop)
+            mine = self._describe(self.op, self.dtype, self.count, self.root, self.redop)
+            raise CollectiveMismatchError(f"rank {h.src} sent data for {theirs} that this rank did not expect "
+                                          f"in {mine}")
 
     def cancel_pending(self):
         for r in self._posted:

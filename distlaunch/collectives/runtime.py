@@ -83,6 +83,7 @@ class Runtime:
         self.store = _LockedStore(store)
         self._owned = list(owned)  # things to close on destroy (store client, file store)
         self.groups: dict[int, ProcessGroup] = {}
+        self._early_aborts: dict = {}
         self._next_gid = 0
         deadline = time.monotonic() + timeout
         generation = (self.store.add(f"{prefix}generation", 1) - 1) // world_size
@@ -92,10 +93,11 @@ class Runtime:
         secret = self._store_get(f"{ns}secret", deadline, "rank 0")
         self.transport = TcpTransport(rank, world_size, self.store, ns, host, secret,
                                       self._status, self._abort)
+        self.transport.late_handler = self._late
         self.store.set(f"{ns}joined/{rank}", b"1")
         self._wait_joined(ns, deadline, timeout)
         self.world = ProcessGroup(self, 0, list(range(world_size)), timeout, "WORLD")
-        self.groups[0] = self.world
+        self._add_group(self.world)
 
     def _store_get(self, key, deadline, who):
         try:
@@ -122,6 +124,19 @@ class Runtime:
         g = self.groups.get(hdr.group)
         if g is not None:
             g.on_abort(hdr, text)
+        else:  # this rank has not created the group yet (still in init / new_group)
+            self._early_aborts.setdefault(hdr.group, (hdr, text))
+
+    def _add_group(self, g):
+        self.groups[g.gid] = g
+        early = self._early_aborts.pop(g.gid, None)
+        if early is not None:
+            g.on_abort(*early)
+
+    def _late(self, hdr):
+        g = self.groups.get(hdr.group)
+        if g is not None:
+            g.on_late(hdr)
 
     def new_group(self, ranks, timeout):
         self._next_gid += 1
@@ -129,7 +144,7 @@ class Runtime:
         if self.rank not in ranks:
             return GroupMember.NON_GROUP_MEMBER
         g = ProcessGroup(self, gid, ranks, timeout, f"group {gid} {ranks}")
-        self.groups[gid] = g
+        self._add_group(g)
         return g
 
     def close(self):
@@ -183,26 +198,25 @@ def _local_host_towards(host: str) -> str:
 
 
 def _tcp_store(host, port, rank, token, timeout, deadline):
-    """StoreClient to host:port; rank 0 first starts the StoreServer there."""
-    from ..errors import StoreConnectionError
+    """StoreClient to host:port (retrying until the deadline: rank 0's server may start
+    later); rank 0 first starts the StoreServer there."""
+    from ..errors import StoreError
     from ..store import StoreClient, StoreServer
     if rank == 0 and (host, port) not in _servers:
         bind = "127.0.0.1" if _local_host_towards(host) == "127.0.0.1" else "0.0.0.0"
         try:
             server = StoreServer(host=bind, port=port, token=token)
             server.start()
-        except OSError as e:
+        except (StoreError, OSError) as e:
             raise ConfigError(f"rank 0 cannot host the store on {bind}:{port}: {e}") from e
         _servers[(host, port)] = server
-    delay = 0.01
-    while True:  # rank 0's server may not be up yet
-        try:
-            return StoreClient(host, port, token=token, timeout=timeout)
-        except (StoreConnectionError, OSError) as e:
-            if time.monotonic() + delay > deadline:
-                raise CollectiveTimeoutError(f"cannot reach the store at {host}:{port}: {e}") from e
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+    try:
+        return StoreClient(host, port, token=token, timeout=timeout,
+                           connect_timeout=max(0.1, deadline - time.monotonic()))
+    except StoreError as e:
+        if isinstance(e, TimeoutError):
+            raise CollectiveTimeoutError(f"cannot reach the store at {host}:{port}: {e}") from e
+        raise ConfigError(f"cannot use the store at {host}:{port}: {e}") from e
 
 
 def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,

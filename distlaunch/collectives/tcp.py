@@ -92,6 +92,9 @@ class TcpTransport(Transport):
         self._new_conns = []
         self._dirty = set()
         self._closed = False
+        # late_handler(header): called on the progress thread for an unmatched collective
+        # message, so the runtime can spot messages of operations it already finished
+        self.late_handler = None
 
         self._listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -282,6 +285,13 @@ class TcpTransport(Transport):
                 f"where this rank expected {len(req.buf)} bytes")
         return err
 
+    def take_leftovers(self, key) -> list:
+        """Remove and return the headers of unexpected messages matching ``key`` (any
+        source): messages of a finished collective that no receive will ever take."""
+        with self._lock:
+            found = [k for k in self._unexpected if k[0] == key]
+            return [hdr for k in found for hdr, _ in self._unexpected.pop(k)]
+
     def cancel(self, req):
         with self._lock:
             for table, k in ((self._posted, (req.key, req.peer)), (self._posted_any, req.key)):
@@ -332,8 +342,9 @@ class TcpTransport(Transport):
             while not self._closed:
                 with self._lock:
                     for conn in self._new_conns:
-                        conn.events = _READ | (_WRITE if conn.sendq else 0)
-                        self._sel.register(conn.sock, conn.events, conn)
+                        if not conn.closed:
+                            conn.events = _READ | (_WRITE if conn.sendq else 0)
+                            self._sel.register(conn.sock, conn.events, conn)
                     self._new_conns.clear()
                     self._update_interest()
                 for key, mask in self._sel.select():
@@ -455,7 +466,10 @@ class TcpTransport(Transport):
                 req = self._take_posted(key, conn.peer)
                 if req is None:
                     self._unexpected.setdefault((key, conn.peer), collections.deque()).append((hdr, data))
-                    return
+            if req is None:
+                if hdr.kind == COLL and self.late_handler is not None:
+                    self.late_handler(hdr)
+                return
             err = self._accept(req, hdr)
             if err is None:
                 req.buf[:] = data
@@ -507,8 +521,13 @@ class TcpTransport(Transport):
             victims.append(conn.req)
         victims.extend(r for _, r in conn.sendq if r is not None)
         conn.sendq.clear()
-        if peer is not None and not self._closed:
+        # A dead peer closes both directions. Only declare it lost once its incoming
+        # connection ended too: that one may still hold its last messages (an ABORT).
+        if peer is not None and not self._closed and not (
+                conn.outgoing and any(c.peer == peer and not c.outgoing for c in self._conns)):
             victims.extend(self._peer_lost_locked(peer, reason))
+        if conn.outgoing and self._out.get(peer) is conn:
+            del self._out[peer]
         err = PeerLostError(f"rank {peer} is lost: {reason}")
         for r in victims:
             r.complete(err)

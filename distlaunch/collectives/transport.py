@@ -78,6 +78,10 @@ class Transport(abc.ABC):
         or that ``check`` rejects fails the request (the payload is discarded)."""
 
     @abc.abstractmethod
+    def take_leftovers(self, key) -> list:
+        """Remove and return the headers of unmatched messages with ``key``."""
+
+    @abc.abstractmethod
     def cancel(self, req: Request) -> None:
         """Withdraw a posted receive that has not started to match."""
 

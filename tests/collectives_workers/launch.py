@@ -35,18 +35,35 @@ def _base_env(extra):
     return env
 
 
+_probe = None
+
+
 def _launcher_available() -> bool:
+    """Use `distlaunch run` unless COLL_TEST_SPAWNER=popen, or the launcher is absent or
+    broken (probed once with a trivial script; then a warning says so and the tests fall
+    back to one subprocess per rank)."""
+    global _probe
     if os.environ.get("COLL_TEST_SPAWNER") == "popen":
         return False
-    return os.path.exists(os.path.join(REPO, "distlaunch", "launcher.py")) and \
-        os.environ.get("COLL_TEST_SPAWNER") == "distlaunch"
+    if _probe is None:
+        cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "1", os.path.join(WORKERS, "probe.py")]
+        try:
+            p = subprocess.run(cmd, env=_base_env(None), capture_output=True, text=True, timeout=60, cwd=REPO)
+            _probe = p.returncode == 0 and "probe ok" in p.stdout
+            why = p.stderr[-2000:]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            _probe, why = False, str(e)
+        if not _probe:
+            import warnings
+            warnings.warn(f"`distlaunch run` is not usable, falling back to the subprocess spawner: {why}")
+    return _probe
 
 
-def launch(script, n, args=(), env=None, timeout=120, spawner=None):
+def launch(script, n, args=(), env=None, timeout=120, spawner=None, launcher_args=()):
     script = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     use_launcher = spawner == "distlaunch" or (spawner is None and _launcher_available())
     if use_launcher:
-        cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(n), script, *args]
+        cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(n), *launcher_args, script, *args]
         p = subprocess.run(cmd, env=_base_env(env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
         return p.returncode, p.stdout, p.stderr
     return spawn(script, n, args, env, timeout)

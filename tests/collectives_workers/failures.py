@@ -1,0 +1,102 @@
+"""Failure behaviours; usage: failures.py MODE. Every rank prints "RESULT <text>" and
+exits 0 when it saw the expected behaviour, 1 otherwise.
+
+skip      rank n-1 skips an all_reduce (timeout 2 s): the others raise
+          CollectiveTimeoutError naming rank n-1, within the timeout + 3 s
+mismatch-{shape,dtype,op,root,kind}
+          rank 1 disagrees: every rank raises CollectiveMismatchError, in the call or,
+          for ranks that had already completed it, in the next call on the group
+kill      rank 2 kills itself (SIGKILL) during large all_reduces: the survivors raise
+          PeerLostError well within the timeout (20 s)
+recv-timeout  rank 0 receives from rank 1, which never sends: CollectiveTimeoutError
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import distlaunch.collectives as dist
+from common import init
+
+mode = sys.argv[1]
+timeout = {"skip": 2.0, "recv-timeout": 1.5}.get(mode, 20.0)
+rank, n = init(timeout=timeout)
+
+
+def result(ok, text):
+    print(f"RESULT {'ok' if ok else 'BAD'} rank {rank}: {text}", flush=True)
+    sys.stdout.flush()
+    time.sleep(1.0 if mode == "skip" else 0.3)  # let slower ranks finish their diagnosis
+    os._exit(0 if ok else 1)
+
+
+t0 = time.monotonic()
+if mode == "skip":
+    if rank == n - 1:
+        time.sleep(timeout + 4)  # keep the connection open: the others must time out, not see a death
+        result(True, "skipped")
+    try:
+        dist.all_reduce(np.ones(10))
+        result(False, "all_reduce returned")
+    except dist.CollectiveTimeoutError as e:
+        took = time.monotonic() - t0
+        ok = e.missing_ranks == [n - 1] and f"ranks [{n - 1}] did not arrive" in str(e) and took < timeout + 3
+        result(ok, f"{type(e).__name__} after {took:.2f}s: {e}")
+
+elif mode.startswith("mismatch-"):
+    what = mode.split("-", 1)[1]
+    odd = rank == 1
+    x = np.ones(6 if odd and what == "shape" else 5, np.int64 if odd and what == "dtype" else np.float64)
+
+    def op():
+        if what == "root":
+            dist.broadcast(x, src=1 if odd else 0)
+        elif what == "kind" and odd:
+            dist.broadcast(x, src=0)
+        else:
+            dist.all_reduce(x, op=dist.ReduceOp.MAX if odd and what == "op" else dist.ReduceOp.SUM)
+    where = "call"
+    try:
+        op()
+        where = "next call"
+        dist.barrier()
+        result(False, "no error in the call nor in the next one")
+    except dist.CollectiveMismatchError as e:
+        took = time.monotonic() - t0
+        result(took < 10, f"CollectiveMismatchError in the {where} after {took:.2f}s: {e}")
+    except Exception as e:
+        result(False, f"{type(e).__name__} instead of CollectiveMismatchError after "
+                      f"{time.monotonic() - t0:.2f}s: {e}")
+
+elif mode == "kill":
+    big = np.ones(4 << 20, np.float32)  # 16 MiB: ring all-reduce
+    if rank == 2:
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(big)
+        result(False, "survived 1000 all_reduces")
+    except dist.PeerLostError as e:
+        took = time.monotonic() - t0
+        result(took < 10, f"PeerLostError after {took:.2f}s: {e}")
+    except Exception as e:
+        result(False, f"{type(e).__name__} instead of PeerLostError: {e}")
+
+elif mode == "recv-timeout":
+    if rank == 1:
+        time.sleep(timeout + 2)
+        result(True, "never sent")
+    if rank == 0:
+        try:
+            dist.recv(np.zeros(3), src=1)
+            result(False, "recv returned")
+        except dist.CollectiveTimeoutError as e:
+            took = time.monotonic() - t0
+            result(timeout <= took < timeout + 2, f"CollectiveTimeoutError after {took:.2f}s: {e}")
+    result(True, "bystander")
+else:
+    raise SystemExit(f"unknown mode {mode}")

@@ -1,0 +1,287 @@
+"""Feature checks, one launch per mode; usage: features.py MODE [--torch].
+Exits 1 naming the failing case (via common.Failures).
+
+subgroups  new_group membership, ranks, ops inside overlapping groups, NON_GROUP_MEMBER
+async      isend/irecv overlap, async_op=True collectives, Work.wait/is_completed
+objects    object collectives with arbitrary picklable objects (small and > 1 MiB)
+large      8 B .. 16 MiB messages across the algorithm thresholds
+badargs    bad buffers/arguments raise CollectiveArgumentError locally; group still works
+basic      a small all_reduce + broadcast (used for the init-method tests)
+"""
+
+import os
+import sys
+
+import numpy as np
+
+import distlaunch.collectives as dist
+from common import Failures, data, init, wrap
+
+mode = sys.argv[1]
+USE_TORCH = "--torch" in sys.argv
+W = lambda a: wrap(a, USE_TORCH)  # noqa: E731
+rank, n = init(timeout=float(os.environ.get("COLL_TEST_INIT_TIMEOUT", 30)))
+F = Failures(rank)
+R = dist.ReduceOp
+
+
+def expect_error(name, cls, fn, words=()):
+    F.count += 1
+    try:
+        fn()
+    except cls as e:
+        missing = [w for w in words if w not in str(e)]
+        if missing:
+            F.items.append(f"{name}: message {str(e)!r} lacks {missing}")
+        return
+    except Exception as e:
+        F.items.append(f"{name}: {type(e).__name__} instead of {cls.__name__}: {e}")
+        return
+    F.items.append(f"{name}: no error")
+
+
+if mode == "basic":
+    x = W(np.full(3, rank + 1, np.int64))
+    F.run("all_reduce", lambda: dist.all_reduce(x))
+    F.check("all_reduce", np.asarray(x), np.full(3, n * (n + 1) // 2, np.int64))
+    y = np.arange(4.0) if rank == 0 else np.zeros(4)
+    F.run("broadcast", lambda: dist.broadcast(W(y), src=0))
+    F.check("broadcast", y, np.arange(4.0))
+    F.check("is_initialized", dist.is_initialized(), True)
+
+elif mode == "subgroups":
+    assert n == 4
+    evens = dist.new_group([0, 2])
+    upper = dist.new_group([1, 2, 3])
+    world2 = dist.new_group()
+    F.check("WORLD", dist.GroupMember.WORLD is not None, True)
+    in_evens, in_upper = rank in (0, 2), rank in (1, 2, 3)
+    F.check("non-member sentinel evens", evens is dist.GroupMember.NON_GROUP_MEMBER, not in_evens)
+    F.check("non-member sentinel upper", upper is dist.GroupMember.NON_GROUP_MEMBER, not in_upper)
+    F.check("get_rank evens", dist.get_rank(evens), {0: 0, 2: 1}.get(rank, -1))
+    F.check("get_rank upper", dist.get_rank(upper), {1: 0, 2: 1, 3: 2}.get(rank, -1))
+    F.check("get_world_size evens", dist.get_world_size(evens), 2 if in_evens else -1)
+    F.check("get_world_size upper", dist.get_world_size(upper), 3 if in_upper else -1)
+    for rep in range(3):
+        # ops on both groups issued async at once (rank 2 is in both), then the world
+        x = np.full(5, rank + 1.0)
+        y = np.full(4, 10.0 * (rank + 1))
+        w1 = dist.all_reduce(W(x), group=evens, async_op=True)
+        w2 = dist.all_reduce(W(y), op=R.MAX, group=upper, async_op=True)
+        F.check("non-member op returns None", w1 is None, not in_evens)
+        for w in (w1, w2):
+            if w is not None:
+                F.run("wait", w.wait)
+        F.check("evens all_reduce", x, np.full(5, 4.0) if in_evens else np.full(5, rank + 1.0))
+        F.check("upper all_reduce MAX", y, np.full(4, 40.0) if in_upper else np.full(4, 10.0 * (rank + 1)))
+        # broadcast with a global src inside the group, and group_src
+        z = np.full(3, float(rank))
+        F.run("upper broadcast src=3", lambda: dist.broadcast(W(z), src=3, group=upper))
+        F.check("upper broadcast src=3", z, np.full(3, 3.0) if in_upper else np.full(3, float(rank)))
+        z = np.full(3, float(rank))
+        F.run("evens broadcast group_src=1", lambda: dist.broadcast(W(z), group=evens, group_src=1))
+        F.check("evens broadcast group_src=1", z, np.full(3, 2.0) if in_evens else np.full(3, float(rank)))
+        if in_upper:  # gather to global rank 1 (group rank 0)
+            outs = [np.zeros(2) for _ in range(3)] if rank == 1 else None
+            F.run("upper gather", lambda: dist.gather(W(np.full(2, float(rank))), outs and [W(o) for o in outs],
+                                                     dst=1, group=upper))
+            if rank == 1:
+                F.check("upper gather", np.stack(outs), np.array([[1.0, 1], [2, 2], [3, 3]]))
+            # p2p inside the group, group ranks
+            if rank == 1:
+                F.run("group send", lambda: dist.send(W(np.arange(3.0)), group=upper, group_dst=2))
+            if rank == 3:
+                got = np.zeros(3)
+                src = dist.recv(W(got), group=upper, group_src=0)
+                F.check("group recv", got, np.arange(3.0))
+                F.check("group recv source (group rank)", src, 0)
+        ws = np.full(2, 1.0)
+        F.run("world2 all_reduce", lambda: dist.all_reduce(W(ws), group=world2))
+        F.check("world2 all_reduce", ws, np.full(2, 4.0))
+        F.run("world barrier", dist.barrier)
+    expect_error("src outside group", dist.CollectiveArgumentError,
+                 lambda: dist.broadcast(np.zeros(1), src=0, group=upper), ["not a rank"]) if in_upper else None
+    dist.destroy_process_group(evens)
+    F.run("world after destroying a subgroup", dist.barrier)
+
+elif mode == "async":
+    right, left = (rank + 1) % n, (rank - 1) % n
+    # many isend/irecv in flight at once, large enough not to fit in socket buffers
+    big = [data(rank, "float32", 1 << 20, s) for s in range(4)]
+    got = [np.zeros(1 << 20, np.float32) for _ in range(4)]
+    recvs = [dist.irecv(W(g), src=left, tag=s) for s, g in enumerate(got)]
+    sends = [dist.isend(W(b), dst=right, tag=s) for s, b in enumerate(big)]
+    for w in recvs + sends:
+        F.run("p2p wait", w.wait)
+        F.check("p2p is_completed", w.is_completed(), True)
+    for s in range(4):
+        F.check(f"isend/irecv tag {s}", got[s], data(left, "float32", 1 << 20, s))
+    # both directions at once (exchange) with blocking calls ordered to deadlock without overlap
+    a = data(rank, "float64", 300_000, 9)
+    b = np.zeros_like(a)
+    peer = rank ^ 1
+    if peer < n:
+        w = dist.isend(W(a), dst=peer, tag=99)
+        dist.recv(W(b), src=peer, tag=99)
+        w.wait()
+        F.check("exchange", b, data(peer, "float64", 300_000, 9))
+    # tags are matched independently of arrival order
+    if n > 1:
+        if rank == 0:
+            first, second = np.zeros(2), np.zeros(2)
+            w2 = dist.irecv(W(second), src=1, tag=2)
+            dist.recv(W(first), src=1, tag=1)
+            w2.wait()
+            F.check("tag order", np.concatenate([first, second]), np.array([1.0, 1, 2, 2]))
+        elif rank == 1:
+            dist.send(W(np.full(2, 2.0)), dst=0, tag=2)
+            dist.send(W(np.full(2, 1.0)), dst=0, tag=1)
+    # async collectives: several queued, results in order
+    xs = [np.full(1000 * (i + 1), float(rank + i)) for i in range(5)]
+    works = [dist.all_reduce(W(x), async_op=True) for x in xs]
+    bw = dist.broadcast(W(np.zeros(10) if rank else np.arange(10.0)), src=0, async_op=True)
+    bar = dist.barrier(async_op=True)
+    for i, w in enumerate(works):
+        F.check("Work.wait returns True", w.wait(), True)
+        F.check(f"async all_reduce {i}", xs[i], np.full(1000 * (i + 1), float(sum(r + i for r in range(n)))))
+    F.run("broadcast wait", bw.wait)
+    F.run("barrier wait", bar.wait)
+    F.check("is_completed", all(w.is_completed() for w in works + [bw, bar]), True)
+    # a blocking collective after async ones runs after them
+    x = np.ones(3)
+    w = dist.all_reduce(W(np.ones(200_000)), async_op=True)
+    dist.all_reduce(W(x))
+    F.check("blocking after async", (w.is_completed(), x.tolist()), (True, [float(n)] * 3))
+    # Work.wait(timeout) on a receive nobody sends yet
+    if n > 1:
+        if rank == 0:
+            g = np.zeros(1)
+            w = dist.irecv(W(g), src=1, tag=1234)
+            expect_error("Work.wait(timeout)", dist.CollectiveTimeoutError, lambda: w.wait(timeout=0.2))
+            F.check("not completed", w.is_completed(), False)
+            dist.send(W(np.zeros(1)), dst=1, tag=55)  # tell rank 1 to send now
+            F.check("wait after timeout", w.wait(), True)
+            F.check("late value", g, np.array([7.0]))
+        elif rank == 1:
+            dist.recv(W(np.zeros(1)), src=0, tag=55)
+            dist.send(W(np.array([7.0])), dst=0, tag=1234)
+
+elif mode == "objects":
+    class Point:
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+        def __eq__(self, other):
+            return (self.x, self.y) == (other.x, other.y)
+
+    def obj(r):
+        return {"rank": r, "name": f"worker-{r}", "nested": [r, (r, r * 2), {r}], "p": Point(r, -r),
+                "arr": np.arange(r + 1), "blob": b"x" * (r * 1000)}
+
+    def same(a, b):
+        return all((np.array_equal(a[k], b[k]) if k == "arr" else a[k] == b[k]) for k in a)
+    for root in range(n):
+        lst = [obj(root), "two", 3] if rank == root else [None, None, None]
+        F.run("broadcast_object_list", lambda: dist.broadcast_object_list(lst, src=root))
+        F.check(f"broadcast_object_list root={root}", same(lst[0], obj(root)) and lst[1:] == ["two", 3], True)
+        out = [None] * n if rank == root else None
+        F.run("gather_object", lambda: dist.gather_object(obj(rank), out, dst=root))
+        if rank == root:
+            F.check(f"gather_object root={root}", all(same(out[i], obj(i)) for i in range(n)), True)
+        mine = [None]
+        F.run("scatter_object_list",
+              lambda: dist.scatter_object_list(mine, [obj(10 + i) for i in range(n)] if rank == root else None,
+                                               src=root))
+        F.check(f"scatter_object_list root={root}", same(mine[0], obj(10 + rank)), True)
+    out = [None] * n
+    F.run("all_gather_object", lambda: dist.all_gather_object(out, obj(rank)))
+    F.check("all_gather_object", all(same(out[i], obj(i)) for i in range(n)), True)
+    huge = {"big": np.arange(300_000) * rank}  # ~2.4 MB pickled: crosses the ring threshold
+    out = [None] * n
+    F.run("all_gather_object large", lambda: dist.all_gather_object(out, huge))
+    F.check("all_gather_object large", all(np.array_equal(out[i]["big"], np.arange(300_000) * i) for i in range(n)),
+            True)
+    if n > 1:
+        if rank == 0:
+            F.run("send_object_list", lambda: dist.send_object_list([obj(0), "tail"], dst=n - 1))
+        elif rank == n - 1:
+            lst = [None, None]
+            src = dist.recv_object_list(lst)
+            F.check("recv_object_list", (src, same(lst[0], obj(0)), lst[1]), (0, True, "tail"))
+
+elif mode == "large":
+    sizes = [8, 4096, 65535, 65536, 65537, 262144, 1 << 20, 16 << 20]  # bytes of float32
+    for nbytes in sizes:
+        size = nbytes // 4
+        ins = [data(r, "float32", size, nbytes) for r in range(n)]
+        want = np.sum(ins, axis=0, dtype=np.float32)  # integer-valued: order-independent
+        x = ins[rank].copy()
+        F.run(f"all_reduce {nbytes}B", lambda: dist.all_reduce(W(x)))
+        F.check(f"all_reduce {nbytes}B", x, want)
+        for root in (0, n - 1):
+            x = ins[rank].copy()
+            F.run(f"reduce {nbytes}B", lambda: dist.reduce(W(x), dst=root, op=R.MAX))
+            F.check(f"reduce {nbytes}B root={root}", x, np.max(ins, axis=0) if rank == root else ins[rank])
+            x = ins[rank].copy()
+            F.run(f"broadcast {nbytes}B", lambda: dist.broadcast(W(x), src=root))
+            F.check(f"broadcast {nbytes}B root={root}", x, ins[root])
+        if nbytes <= 1 << 20:
+            out = np.zeros(size * n, np.float32)
+            F.run(f"all_gather_into_tensor {nbytes}B", lambda: dist.all_gather_into_tensor(W(out), W(ins[rank])))
+            F.check(f"all_gather_into_tensor {nbytes}B", out, np.concatenate(ins))
+            blocks = [data(r, "float32", size * n, nbytes + 1) for r in range(n)]
+            out = np.zeros(size, np.float32)
+            F.run(f"reduce_scatter_tensor {nbytes}B", lambda: dist.reduce_scatter_tensor(W(out), W(blocks[rank])))
+            F.check(f"reduce_scatter_tensor {nbytes}B", out,
+                    np.sum(blocks, axis=0, dtype=np.float32)[rank * size:(rank + 1) * size])
+        if n > 1:
+            got = np.zeros(size, np.float32)
+            w = dist.isend(W(ins[rank]), dst=(rank + 1) % n)
+            F.run(f"recv {nbytes}B", lambda: dist.recv(W(got), src=(rank - 1) % n))
+            F.run("isend wait", w.wait)
+            F.check(f"send/recv {nbytes}B", got, ins[(rank - 1) % n])
+
+elif mode == "badargs":
+    A = dist.CollectiveArgumentError
+    nc = np.zeros((4, 4))[:, 1]
+    expect_error("non-contiguous", A, lambda: dist.all_reduce(nc), ["tensor", "contiguous"])
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    expect_error("read-only", A, lambda: dist.all_reduce(ro), ["tensor", "read-only"])
+    expect_error("read-only bytes", A, lambda: dist.all_reduce(b"abcd"), ["read-only"])
+    expect_error("bitwise on float", A, lambda: dist.all_reduce(np.zeros(3), op=R.BXOR), ["BXOR", "float64"])
+    expect_error("AVG on int", A, lambda: dist.all_reduce(np.zeros(3, np.int32), op=R.AVG), ["AVG", "int32"])
+    expect_error("not a ReduceOp", A, lambda: dist.all_reduce(np.zeros(3), op="median"), ["median"])
+    expect_error("object dtype", A, lambda: dist.all_reduce(np.array([None, 1])), ["dtype"])
+    expect_error("not a buffer", A, lambda: dist.all_reduce([1, 2, 3]), ["tensor"])
+    expect_error("src out of range", A, lambda: dist.broadcast(np.zeros(2), src=n), ["src"])
+    expect_error("no src", A, lambda: dist.broadcast(np.zeros(2)), ["src"])
+    expect_error("list length", A, lambda: dist.all_gather([np.zeros(2)] * (n + 1), np.zeros(2)), ["tensor_list"])
+    expect_error("list sizes", A, lambda: dist.all_gather([np.zeros(3)] * n, np.zeros(2)), ["tensor_list[0]"])
+    expect_error("output size", A, lambda: dist.all_gather_into_tensor(np.zeros(2 * n + 1), np.zeros(2)),
+                 ["output_tensor"])
+    expect_error("splits", A, lambda: dist.all_to_all_single(np.zeros(n), np.zeros(n), [5] * n, None), ["split"])
+    expect_error("send to self", A, lambda: dist.send(np.zeros(1), dst=rank), ["oneself"])
+    expect_error("bad tag", A, lambda: dist.send(np.zeros(1), dst=(rank + 1) % n, tag="x"), ["tag"])
+    expect_error("bad timeout", A, lambda: dist.barrier(timeout=-1), ["timeout"])
+    expect_error("bad group", A, lambda: dist.barrier(group="world"), ["group"])
+    expect_error("double init", A, lambda: dist.init_process_group(), ["already"])
+    if USE_TORCH:
+        import torch
+        t = torch.zeros(4, 4)
+        expect_error("torch non-contiguous", A, lambda: dist.all_reduce(t.t()), ["contiguous"])
+        expect_error("torch bfloat16", A, lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bfloat16)), ["bfloat16"])
+        g = torch.ones(3, requires_grad=True)
+        x = g.detach().clone()
+        dist.all_reduce(x)
+        F.check("torch detached all_reduce", x.numpy(), np.full(3, float(n), np.float32))
+    # nothing was sent: the group is still in step
+    x = np.ones(2)
+    F.run("all_reduce after errors", lambda: dist.all_reduce(W(x)))
+    F.check("all_reduce after errors", x, np.full(2, float(n)))
+    F.run("barrier after errors", dist.barrier)
+else:
+    raise SystemExit(f"unknown mode {mode}")
+
+F.exit()
+dist.destroy_process_group()

@@ -1,0 +1,51 @@
+"""Failure behaviours (tests/collectives_workers/failures.py): a rank that skips a
+collective is named in the others' timeout error; ranks that disagree on shape, dtype,
+op, root or the operation all raise CollectiveMismatchError; a peer killed mid-operation
+makes the survivors raise PeerLostError quickly; a receive nobody satisfies times out."""
+
+import os
+import re
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "collectives_workers"))
+import launch  # noqa: E402
+
+
+def _results(out):
+    return dict(re.findall(r"RESULT (\w+) rank (\d+): ", out)[i][::-1] for i in range(len(re.findall("RESULT", out))))
+
+
+def _check(rc, out, err, expect_ranks):
+    results = _results(out)
+    assert set(results) == {str(r) for r in expect_ranks}, f"missing results:\n{out}\n{err[-4000:]}"
+    assert all(v == "ok" for v in results.values()), f"\n{out}\n{err[-4000:]}"
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_skipped_collective_times_out_naming_the_rank(n):
+    rc, out, err = launch.launch("failures.py", n, args=["skip"], timeout=60)
+    _check(rc, out, err, range(n))
+    assert rc == 0
+    assert f"ranks [{n - 1}] did not arrive" in out
+
+
+@pytest.mark.parametrize("what", ["shape", "dtype", "op", "root", "kind"])
+def test_mismatch_raises_on_every_rank(what):
+    rc, out, err = launch.launch("failures.py", 4, args=[f"mismatch-{what}"], timeout=60)
+    _check(rc, out, err, range(4))
+    assert rc == 0
+
+
+def test_killed_peer_makes_survivors_raise():
+    # the subprocess spawner, not `distlaunch run`: the launcher would (rightly) stop the
+    # survivors as soon as rank 2 dies, before they could report
+    rc, out, err = launch.spawn("failures.py", 4, args=["kill"], timeout=60)
+    _check(rc, out, err, [0, 1, 3])
+    assert rc == -9  # rank 2 was SIGKILLed
+
+
+def test_recv_without_sender_times_out():
+    rc, out, err = launch.launch("failures.py", 3, args=["recv-timeout"], timeout=60)
+    _check(rc, out, err, range(3))

@@ -1,0 +1,30 @@
+"""Subgroups, async overlap, object collectives, large messages across the algorithm
+thresholds and bad arguments -- each a small launch of tests/collectives_workers/features.py."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "collectives_workers"))
+import launch  # noqa: E402
+
+CASES = [("subgroups", 4), ("async", 3), ("async", 4), ("objects", 3), ("large", 3), ("large", 4),
+         ("badargs", 2)]
+
+
+def _run(mode, n, *extra):
+    rc, out, err = launch.launch("features.py", n, args=[mode, *extra], timeout=180)
+    assert rc == 0, f"{mode} failed at world size {n}:\n{out[-3000:]}\n{err[-6000:]}"
+    assert sum("checks passed" in line for line in out.splitlines()) == n, out
+
+
+@pytest.mark.parametrize("mode,n", CASES)
+def test_feature(mode, n):
+    _run(mode, n)
+
+
+@pytest.mark.parametrize("mode,n", [("subgroups", 4), ("async", 3), ("large", 2), ("badargs", 2)])
+def test_feature_torch(mode, n):
+    pytest.importorskip("torch")
+    _run(mode, n, "--torch")
