@@ -189,11 +189,22 @@ class _RemoteAgents:
         """Wait up to ``timeout`` s for output or exits; returns the ready ``extra_fds``."""
         import select
 
-        fds = [self.procs[k].fileno() for k in self.running] + list(extra_fds)
-        ready = set(select.select(fds, [], [], timeout)[0]) if fds else set()
+        poller = select.poll()  # not select(): fds above 1024 with many hosts
+        draining = []  # exited, output not closed yet: their fd stays readable, so look
+        for k in self.running:  # again shortly instead of spinning on it
+            proc = self.procs[k]
+            if proc.exited():
+                draining.append(k)
+            else:
+                poller.register(proc.fileno(), select.POLLIN)
+        for fd in extra_fds:
+            poller.register(fd, select.POLLIN)
+        if draining:
+            timeout = 0.05 if timeout is None else min(timeout, 0.05)
+        ready = {fd for fd, _ in poller.poll(None if timeout is None else timeout * 1000)}
         for k in self.running:
             proc = self.procs[k]
-            if proc.fileno() not in ready:
+            if k not in draining and proc.fileno() not in ready:
                 continue
             out, err = self.sinks[k]
             out.feed(proc.read_stdout())

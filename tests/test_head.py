@@ -130,3 +130,31 @@ def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
              WORKERS / "actor.py", timeout=60)
     assert res.returncode == 0, res.stderr
     assert empty.read_text().strip()  # the accepted key was saved
+
+
+def test_unresponsive_agent_is_killed_over_ssh(sshd_hosts, tmp_path):
+    import signal
+
+    p = dl_popen(*head_args(sshd_hosts), "--stop-timeout", "1", WORKERS / "actor.py", "--mark-dir",
+                 tmp_path, "--sleep", "120")
+    assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
+    # This job's agents are the parents of its workers (other jobs may be running).
+    workers = [pr for pr in psutil.process_iter(["pid", "cmdline"])
+               if str(tmp_path) in " ".join(pr.info["cmdline"] or [])
+               and "distlaunch" not in " ".join(pr.info["cmdline"])]
+    agents = {w.ppid() for w in workers}
+    assert len(agents) == 2
+    frozen = psutil.Process(min(agents))
+    frozen_workers = [w.pid for w in workers if w.ppid() == frozen.pid]
+    assert len(frozen_workers) >= 2
+    frozen.send_signal(signal.SIGSTOP)  # it can no longer hear the stop request
+    try:
+        t0 = time.monotonic()
+        p.terminate()
+        out, err = p.communicate(timeout=60)
+        assert time.monotonic() - t0 < 40
+        assert "did not stop; killing its processes" in err
+        assert wait_for(lambda: not survivors(frozen_workers + [frozen.pid]), 15)
+    finally:
+        if frozen.is_running():
+            frozen.send_signal(signal.SIGCONT)
