@@ -36,7 +36,58 @@ def cli() -> None:
     """Launch, supervise and connect distributed Python programs (torchrun / mpirun style)."""
 
 
+def _load_config(ctx: click.Context, _param, path: str | None):
+    """Eager --config: the job file's values become the defaults that command-line options
+    override (click's default_map); each value is checked against its option's type."""
+    if path is None:
+        return None
+    from .config import load_job_file
+
+    params = {p.name: p for p in ctx.command.params}
+    defaults, job = {}, {}
+    for key, value, line in load_job_file(path):
+        name = key.replace("-", "_")
+        where = f"{path}:{line}: {key}"
+        if name in ("script", "args"):
+            if name == "args" and not (isinstance(value, list) and all(isinstance(a, (str, int, float)) for a in value)):
+                raise ConfigError(f"{where}: give a list of arguments")
+            if name == "script" and not isinstance(value, str):
+                raise ConfigError(f"{where}: give the script's path as a string")
+            job[name] = [str(a) for a in value] if name == "args" else value
+            continue
+        if name == "env":
+            name, value = "env_names", _env_entries(value, where)
+        elif name == "hosts" and isinstance(value, list):
+            value = ",".join(map(str, value))
+        param = params.get(name)
+        if param is None or name in ("config", "print_config") or not isinstance(param, click.Option):
+            raise ConfigError(f"{where}: unknown option; see 'distlaunch run --help' for the "
+                              f"names (dashes or underscores)")
+        try:
+            defaults[name] = param.type_cast_value(ctx, value)
+        except click.BadParameter as e:
+            raise ConfigError(f"{where}: {e.format_message()}") from None
+        if isinstance(value, bool) and not param.is_flag:
+            raise ConfigError(f"{where}: {value!r} is not a valid value for {param.opts[0]}")
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    ctx.meta["job_file"] = job
+    return path
+
+
+def _env_entries(value, where: str) -> list[str]:
+    if isinstance(value, dict):
+        return [f"{k}={v}" for k, v in value.items()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise ConfigError(f"{where}: give a mapping NAME: value, or a list of names to ship")
+
+
 @cli.command(context_settings={"allow_interspersed_args": False})
+@click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
+              callback=_load_config,
+              help="Read options (and script, args, env, hosts) from a YAML job file; "
+                   "options given here override it.")
+@option("--print-config", is_flag=True, help="Print the merged options as YAML and exit.")
 @option("--nproc-per-node", default="1", show_default=True, metavar="N|auto|cpu|gpu",
         help="Workers on this node: a number, or auto (GPUs if any, else CPUs), cpu, gpu.")
 @option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX",
@@ -119,11 +170,20 @@ def cli() -> None:
 @option("--no-prefix", is_flag=True, help="Do not prefix worker output lines with [rank]: .")
 @option("--dry-run", is_flag=True,
         help="Print the plan (ranks, command lines, environment) and start nothing.")
-@click.argument("script")
+@click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def run(script: str, script_args: tuple[str, ...], **o) -> None:
+@click.pass_context
+def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **o) -> None:
     """Start SCRIPT on every worker and supervise it. Everything after SCRIPT goes to the
     script untouched."""
+    job = ctx.meta.get("job_file", {})
+    if script is None:  # a command-line script replaces the job file's script and args
+        script, script_args = job.get("script"), tuple(job.get("args", ()))
+    if script is None:
+        raise click.UsageError("Missing argument 'SCRIPT' (or 'script:' in the --config file).", ctx)
+    if o.pop("print_config"):
+        _print_config(script, script_args, o)
+        return
     from .config import (LaunchConfig, parse_nproc_per_node, parse_ranks_filter,
                          parse_rdzv_conf, parse_std)
 
@@ -140,7 +200,7 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
         local_ranks_filter=parse_ranks_filter(o["local_ranks_filter"]),
         standalone=o["standalone"], stop_timeout=o["stop_timeout"], prefix=not o["no_prefix"],
         dry_run=o["dry_run"], rdzv_conf=parse_rdzv_conf(o["rdzv_conf"]),
-        max_nodes=max_nodes, rdzv_endpoint=o["rdzv_endpoint"])
+        max_nodes=max_nodes, rdzv_endpoint=o["rdzv_endpoint"], env=_worker_env(o["env_names"]))
     if o["rdzv_endpoint"]:
         kw["run_id"] = f"job-{o['rdzv_endpoint'].replace(':', '-')}"
         if max_nodes is None and nnodes > 1:  # fixed N through a rendezvous endpoint
@@ -173,6 +233,24 @@ def run(script: str, script_args: tuple[str, ...], **o) -> None:
     restarts = launcher.run(cfg, say, plan)
     if restarts:
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+
+
+def _worker_env(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """-x NAME / NAME=VALUE (mpirun): variables set for every worker on every node."""
+    import os
+
+    from .remote.command import shipped_env  # no paramiko: remote/__init__ is light
+
+    return tuple(sorted(shipped_env(os.environ, list(names), False).items()))
+
+
+def _print_config(script: str, args: tuple[str, ...], o: dict) -> None:
+    import yaml
+
+    merged = {k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items()}
+    merged["env"] = merged.pop("env_names")
+    click.echo(yaml.safe_dump({**merged, "script": script, "args": list(args)},
+                              sort_keys=False).rstrip())
 
 
 def _parse_nnodes(text: str) -> tuple[int, int | None]:
@@ -221,6 +299,20 @@ def _print_head_plan(cfg, head) -> None:
         click.echo(f"    agent: {cmd}")
         for k in sorted(env):
             click.echo(f"    {k}={'****' if k in SECRET_VARS else env[k]}")
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script for SHELL (generated from this command tree).
+
+    Enable it with, e.g., `eval "$(distlaunch completion bash)"` in ~/.bashrc, or copy the
+    files in completions/ to your shell's completion directory.
+    """
+    from click.shell_completion import get_completion_class
+
+    comp = get_completion_class(shell)(cli, {}, "distlaunch", "_DISTLAUNCH_COMPLETE")
+    click.echo(comp.source())
 
 
 @cli.command(hidden=True)

@@ -149,6 +149,7 @@ class LaunchConfig:
     rdzv_conf: tuple[tuple[str, str], ...] = ()
     max_nodes: int | None = None  # --nnodes MIN:MAX: dynamic membership (nnodes is MIN)
     rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous store
+    env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
 
     def endpoint(self) -> tuple[str, int]:
         """--rdzv-endpoint as (host, port); ConfigError if malformed."""
@@ -173,6 +174,7 @@ class LaunchConfig:
         d["redirects"] = StdSpec(d["redirects"]["default"], tuple(map(tuple, d["redirects"]["per_rank"])))
         d["tee"] = StdSpec(d["tee"]["default"], tuple(map(tuple, d["tee"]["per_rank"])))
         d["rdzv_conf"] = tuple(map(tuple, d["rdzv_conf"]))
+        d["env"] = tuple(map(tuple, d["env"]))
         if d["local_ranks_filter"] is not None:
             d["local_ranks_filter"] = frozenset(d["local_ranks_filter"])
         return cls(**d)
@@ -256,3 +258,38 @@ class LaunchConfig:
         if not os.access(self.log_dir, os.W_OK | os.X_OK):
             raise ConfigError(f"--log-dir {self.log_dir!r} is not writable; choose a "
                               f"writable directory")
+
+
+def load_job_file(path: str) -> list[tuple[str, object, int]]:
+    """Read a YAML job file: a mapping of option names to values. Returns (key, value,
+    line) triples, line 1-based, in file order. Raises ConfigError naming the file (and
+    line) when it cannot be read, is not YAML, or is not a mapping with string keys."""
+    import yaml  # only when a job file is used
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"--config {path!r} cannot be read ({e.strerror})") from None
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return []
+            if not isinstance(node, yaml.MappingNode):
+                raise ConfigError(f"{path}:{node.start_mark.line + 1}: the job file must be a "
+                                  f"mapping of option names to values")
+            out = []
+            for key_node, value_node in node.value:
+                line = key_node.start_mark.line + 1
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
+                    raise ConfigError(f"{path}:{line}: keys must be option names")
+                out.append((key_node.value, loader.construct_object(value_node, deep=True), line))
+            return out
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else path
+        raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None

@@ -70,6 +70,8 @@ def worker_env(cfg: LaunchConfig, slot: WorkerSlot, base, restart_count: int, ma
         master_addr=master[0], master_port=master[1],
         store_addr=store.host if store else None, store_port=store.port if store else None,
         store_token=store.token if store else None)
+    if cfg.env:
+        base = {**base, **dict(cfg.env)}
     env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
     if not cfg.no_python:
         # Workers write to pipes; without this Python holds their prints until exit.
