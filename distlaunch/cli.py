@@ -278,7 +278,7 @@ def _head_options(o: dict, cfg):
                      accept_new_host_keys=o["ssh_accept_new_host_keys"],
                      config_file=o["ssh_config"])
     return HeadOptions(tuple(hosts), ssh, o["store_addr"], o["remote_python"], o["remote_cwd"],
-                       tuple(o["env_names"]), o["env_all"], o["prefix_host"])
+                       o["env_all"], o["prefix_host"])
 
 
 def _print_head_plan(cfg, head) -> None:
@@ -288,7 +288,7 @@ def _print_head_plan(cfg, head) -> None:
     from .remote.command import remote_command, shipped_env
     from .topology import assign_ranks
 
-    env = shipped_env(os.environ, list(head.env_names), head.env_all)
+    env = shipped_env(os.environ, [], head.env_all)
     cmd = remote_command(head.remote_python or sys.executable, head.remote_cwd or os.getcwd(),
                          ["-m", "distlaunch", "agent"], env)
     nodes = assign_ranks([h.slots for h in head.hosts])
@@ -297,8 +297,8 @@ def _print_head_plan(cfg, head) -> None:
     for h, slots in zip(head.hosts, nodes):
         click.echo(f"node {slots[0].node_rank} {h.name}: ranks {slots[0].rank}..{slots[-1].rank}")
         click.echo(f"    agent: {cmd}")
-        for k in sorted(env):
-            click.echo(f"    {k}={'****' if k in SECRET_VARS else env[k]}")
+        for k, v in sorted({**env, **dict(cfg.env)}.items()):
+            click.echo(f"    {k}={'****' if k in SECRET_VARS else v}")
 
 
 @cli.command()

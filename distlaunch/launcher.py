@@ -163,7 +163,6 @@ class HeadOptions:
     store_addr: str | None = None
     remote_python: str | None = None
     remote_cwd: str | None = None
-    env_names: tuple[str, ...] = ()
     env_all: bool = False
     prefix_host: bool = False
 
@@ -273,7 +272,9 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         server.start()
         store = StoreAddress(store_addr, server.port, token)
         node0 = store_addr if 0 in local else conns[0].peer_address
-        env = shipped_env(os.environ, list(head.env_names), head.env_all)
+        # -x values reach workers through cfg.env, inside the spec on stdin; the command
+        # line (visible in the host's ps) carries only PYTHONPATH and --env-all.
+        env = shipped_env(os.environ, [], head.env_all)
         client = StoreClient(store_addr, server.port, token=token, timeout=30)
 
         def node_options(k: int) -> NodeOptions:

@@ -1,0 +1,114 @@
+"""``distlaunch.launch(fn, ...)``: run a picklable function on every worker and get the
+per-rank return values back (as ``torch.multiprocessing.spawn`` or Horovod's
+``horovod.run`` do, but with distlaunch's supervision, restarts and hosts).
+
+The caller hosts a small store of its own: it holds the pickled call, and each worker
+puts back its result (or its traceback). The job itself is an ordinary ``distlaunch run``
+subprocess running this module as its worker (``python -m distlaunch.launch_api``), so
+the caller's process gets no signal handlers and forks nothing. Workers on other hosts
+reach this store at the head's address (the one ``distlaunch run`` announces to them);
+its port and secret travel as ``-x`` variables, which go to hosts over SSH stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+from .errors import ConfigError, WorkerFailedError
+
+PORT_VAR = "DISTLAUNCH_LAUNCH_PORT"
+TOKEN_VAR = "DISTLAUNCH_LAUNCH_TOKEN"
+
+
+class LaunchFailedError(WorkerFailedError):
+    """A worker of ``launch()`` failed; ``rank`` and ``traceback`` tell which and why
+    (``traceback`` is None when the worker died without raising, e.g. by a signal)."""
+
+    def __init__(self, message: str, rank: int | None, traceback: str | None, exit_code: int):
+        super().__init__(message, None, exit_code)
+        self.rank = rank
+        self.traceback = traceback
+
+
+def launch(fn, args=(), kwargs=None, *, nproc_per_node: int = 1, hosts: str | None = None,
+           max_restarts: int = 0, env: dict[str, str] | None = None,
+           options: list[str] | tuple[str, ...] = (), timeout: float | None = None) -> list:
+    """Run ``fn(*args, **kwargs)`` on every worker; return the results as a list indexed
+    by rank.
+
+    ``fn`` and the arguments must be picklable by the standard ``pickle`` (so ``fn`` is
+    a module-level function importable on the workers, not a lambda or a function of
+    ``__main__`` run as a script). ``hosts`` is a ``-H`` list (``"node1:2,node2:2"``);
+    ``env`` sets variables for every worker; ``options`` are more ``distlaunch run``
+    options. Worker output goes to this process's stdout/stderr, prefixed by rank.
+
+    Blocks until the job ends, at most ``timeout`` seconds (None: no limit). Raises
+    TypeError if the call cannot be pickled, ConfigError for bad options,
+    LaunchFailedError (with the failed rank's traceback) when the job fails after its
+    restarts, subprocess.TimeoutExpired on timeout (the job is stopped first).
+    """
+    from .store import StoreClient, StoreServer
+
+    try:
+        payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise TypeError(f"launch(): the function and its arguments must be picklable: {e}") from e
+    token = os.urandom(16).hex()
+    cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(nproc_per_node),
+           "--max-restarts", str(max_restarts), "-x", PORT_VAR, "-x", TOKEN_VAR]
+    for name, value in (env or {}).items():
+        cmd += ["-x", f"{name}={value}"]
+    if hosts:
+        cmd += ["-H", hosts]
+    cmd += [*options, "-m", "distlaunch.launch_api"]
+    with StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server, \
+            StoreClient("127.0.0.1", server.port, token=token, timeout=30) as store:
+        store.set("payload", payload)
+        job = subprocess.Popen(cmd, env={**os.environ, PORT_VAR: str(server.port), TOKEN_VAR: token})
+        try:
+            code = job.wait(timeout)
+        except subprocess.TimeoutExpired:
+            job.terminate()
+            job.wait()
+            raise
+        if code == 2:
+            raise ConfigError(f"distlaunch run rejected the options {cmd[3:]}")
+        attempt = max((a for a in range(max_restarts + 1) if store.check([f"world/{a}"])), default=None)
+        if attempt is None:
+            raise LaunchFailedError(f"no worker started (distlaunch run exited with {code})",
+                                    None, None, code)
+        world = int(store.get(f"world/{attempt}"))
+        if code == 0:
+            return [pickle.loads(store.get(f"result/{attempt}/{r}")) for r in range(world)]
+        for r in range(world):
+            if store.check([f"error/{attempt}/{r}"]):
+                tb = store.get(f"error/{attempt}/{r}").decode()
+                raise LaunchFailedError(f"rank {r} raised (exit code {code}):\n{tb}", r, tb, code)
+        raise LaunchFailedError(f"the job failed with exit code {code} (a worker died without "
+                                f"raising; see its output above)", None, None, code)
+
+
+def _worker_main() -> None:
+    import traceback
+
+    from .store import StoreClient
+
+    rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
+    with StoreClient(os.environ["DISTLAUNCH_STORE_ADDR"], int(os.environ[PORT_VAR]),
+                     token=os.environ[TOKEN_VAR], timeout=60) as store:
+        if rank == 0:
+            store.set(f"world/{attempt}", os.environ["WORLD_SIZE"])
+        fn, args, kwargs = pickle.loads(store.get("payload"))
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            store.set(f"error/{attempt}/{rank}", traceback.format_exc())
+            raise
+        store.set(f"result/{attempt}/{rank}", pickle.dumps(result))
+
+
+if __name__ == "__main__":
+    _worker_main()

@@ -1,0 +1,26 @@
+"""Module-level functions for the launch() API tests (workers import this module)."""
+import os
+
+
+def rank_info(scale, offset=0):
+    return {"rank": int(os.environ["RANK"]) * scale + offset, "world": int(os.environ["WORLD_SIZE"]),
+            "who": os.environ.get("WHO")}
+
+
+def fail_on_rank_one():
+    if os.environ["RANK"] == "1":
+        raise KeyError("rank one is broken")
+    return "fine"
+
+
+def fail_first_attempt():
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "0":
+        raise RuntimeError("first attempt")
+    return int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def die_by_signal():
+    import signal
+    if os.environ["RANK"] == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 0

@@ -1,0 +1,57 @@
+"""distlaunch.launch(fn, ...): per-rank results, failures with tracebacks, restarts, hosts."""
+import os
+
+import pytest
+
+import distlaunch
+from conftest import ROOT
+from distlaunch.launch_api import LaunchFailedError
+from launch_fns import die_by_signal, fail_first_attempt, fail_on_rank_one, rank_info
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def workers_import_tests():
+    """Workers must import launch_fns: make tests/ importable for them (this module only)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests"), str(ROOT),
+                                                              os.environ.get("PYTHONPATH")])))
+        yield
+
+
+def test_results_indexed_by_rank():
+    out = distlaunch.launch(rank_info, args=(10,), kwargs={"offset": 1}, nproc_per_node=3,
+                            env={"WHO": "api"})
+    assert out == [{"rank": 10 * r + 1, "world": 3, "who": "api"} for r in range(3)]
+
+
+def test_failure_carries_traceback():
+    with pytest.raises(LaunchFailedError) as e:
+        distlaunch.launch(fail_on_rank_one, nproc_per_node=2)
+    assert e.value.rank == 1 and e.value.exit_code == 1
+    assert "KeyError: 'rank one is broken'" in e.value.traceback
+    assert "fail_on_rank_one" in str(e.value)
+
+
+def test_restart_then_results():
+    assert distlaunch.launch(fail_first_attempt, nproc_per_node=2, max_restarts=1) == [1, 1]
+
+
+def test_death_without_traceback():
+    with pytest.raises(LaunchFailedError) as e:
+        distlaunch.launch(die_by_signal, nproc_per_node=2)
+    assert e.value.exit_code == 137 and e.value.traceback is None
+
+
+def test_unpicklable_function():
+    with pytest.raises(TypeError, match="picklable"):
+        distlaunch.launch(lambda: 1)
+
+
+def test_launch_on_hosts(sshd_hosts):
+    out = distlaunch.launch(rank_info, args=(1,), hosts="node1:1,node2:2",
+                            options=["--ssh-config", sshd_hosts.ssh_config])
+    assert [o["rank"] for o in out] == [0, 1, 2] and {o["world"] for o in out} == {3}
+
+
+from sshd import sshd_hosts  # noqa: E402,F401
