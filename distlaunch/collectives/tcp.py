@@ -33,6 +33,7 @@ from .wire import (COLL, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, DTYPE_
 
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _MAX_HELLO = 1024
+_SUSPECT_GRACE = 1.0  # seconds; see _conn_failed_locked
 
 
 class _Conn:
@@ -88,6 +89,7 @@ class TcpTransport(Transport):
         self._posted_any = {}               # key -> deque[Request]
         self._unexpected = {}               # (key, src) -> deque[(Header, bytearray)]
         self._lost = {}                     # peer -> reason
+        self._suspects = {}                 # peer -> (deadline, reason): see _conn_failed_locked
         self._status = {}                   # (group, peer) -> (seq, op)
         self._new_conns = []
         self._dirty = set()
@@ -347,7 +349,8 @@ class TcpTransport(Transport):
                             self._sel.register(conn.sock, conn.events, conn)
                     self._new_conns.clear()
                     self._update_interest()
-                for key, mask in self._sel.select():
+                    wait = self._check_suspects()
+                for key, mask in self._sel.select(wait):
                     what = key.data
                     if what == "wake":
                         try:
@@ -367,6 +370,23 @@ class TcpTransport(Transport):
         except Exception as e:  # a bug here must not hang the job silently
             self._shutdown(CollectiveError(f"transport progress thread failed: {e!r}"))
             raise
+
+    def _check_suspects(self):
+        """Declare lost the suspects whose grace ran out without an incoming connection;
+        returns seconds until the next deadline (None: no suspects). Lock held."""
+        now, wait = time.monotonic(), None
+        for peer, (deadline, reason) in list(self._suspects.items()):
+            if any(c.peer == peer and not c.outgoing for c in self._conns):
+                del self._suspects[peer]  # its incoming connection will tell
+            elif now >= deadline:
+                del self._suspects[peer]
+                victims = self._peer_lost_locked(peer, reason)
+                err = PeerLostError(f"rank {peer} is lost: {reason}")
+                for r in victims:
+                    r.complete(err)
+            else:
+                wait = deadline - now if wait is None else min(wait, deadline - now)
+        return wait
 
     def _update_interest(self):
         # lock held
@@ -521,13 +541,19 @@ class TcpTransport(Transport):
             victims.append(conn.req)
         victims.extend(r for _, r in conn.sendq if r is not None)
         conn.sendq.clear()
-        # A dead peer closes both directions. Only declare it lost once its incoming
-        # connection ended too: that one may still hold its last messages (an ABORT).
-        if peer is not None and not self._closed and not (
-                conn.outgoing and any(c.peer == peer and not c.outgoing for c in self._conns)):
+        # A peer that exits closes both directions. Data from it arrives only on its own
+        # (incoming) connection, which may still hold its last messages, or even wait in
+        # the accept queue: the end of our outgoing connection only makes it a suspect,
+        # lost if no incoming connection shows up within _SUSPECT_GRACE seconds.
+        if conn.outgoing:
+            if self._out.get(peer) is conn:
+                del self._out[peer]
+            if not self._closed:
+                self._suspects.setdefault(peer, (time.monotonic() + _SUSPECT_GRACE, reason))
+                if threading.current_thread() is not self._thread:
+                    self._wake()
+        elif peer is not None and not self._closed:
             victims.extend(self._peer_lost_locked(peer, reason))
-        if conn.outgoing and self._out.get(peer) is conn:
-            del self._out[peer]
         err = PeerLostError(f"rank {peer} is lost: {reason}")
         for r in victims:
             r.complete(err)
