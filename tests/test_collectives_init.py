@@ -121,3 +121,22 @@ def test_filestore_semantics(tmp_path):
     with pytest.raises(StoreTimeoutError):
         a.wait(["never"], timeout=0.1)
     assert a.num_keys() == 2
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "file"])
+def test_multiprocessing_started_ranks(scheme, tmp_path, monkeypatch):
+    import multiprocessing as mp
+    import mp_worker
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DISTLAUNCH_STORE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    world = 3
+    init = f"tcp://127.0.0.1:{launch.free_port()}" if scheme == "tcp" else f"file://{tmp_path}/store"
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=mp_worker.run, args=(r, world, init, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = sorted(q.get(timeout=60) for _ in range(world))
+    for p in procs:
+        p.join(30)
+    assert results == [(r, [6.0, 6.0, 6.0], [0, 1, 2]) for r in range(world)], results

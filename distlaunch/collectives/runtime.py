@@ -94,8 +94,12 @@ class Runtime:
         self.transport = TcpTransport(rank, world_size, self.store, ns, host, secret,
                                       self._status, self._abort)
         self.transport.late_handler = self._late
-        self.store.set(f"{ns}joined/{rank}", b"1")
-        self._wait_joined(ns, deadline, timeout)
+        try:
+            self.store.set(f"{ns}joined/{rank}", b"1")
+            self._wait_joined(ns, deadline, timeout)
+        except BaseException:
+            self.close()
+            raise
         self.world = ProcessGroup(self, 0, list(range(world_size)), timeout, "WORLD")
         self._add_group(self.world)
 
@@ -292,7 +296,12 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                               f"or file:///path)")
     if not 0 <= r < n:
         raise ConfigError(f"rank {r} is outside 0..world_size-1 (world_size {n})")
-    _runtime = Runtime(r, n, store, prefix, timeout, host, owned)
+    try:
+        _runtime = Runtime(r, n, store, prefix, timeout, host, owned)
+    except BaseException:
+        for obj in owned:
+            obj.close()
+        raise
     GroupMember.WORLD = _runtime.world
 
 
