@@ -20,6 +20,19 @@ def say(msg: str) -> None:
     sys.stderr.flush()
 
 
+class _TtyStatus:
+    """A live status line on a terminal: rewritten in place, kept once final."""
+
+    def __init__(self):
+        self.last = None
+
+    def __call__(self, text: str, final: bool) -> None:
+        if text != self.last or final:
+            sys.stderr.write(f"\r\x1b[Kdistlaunch: {text}" + ("\n" if final else ""))
+            sys.stderr.flush()
+            self.last = text
+
+
 def option(*names: str, **kw):
     """A click option accepting both torchrun spellings: --nproc-per-node and --nproc_per_node."""
     spelled = []
@@ -222,7 +235,7 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         if cfg.dry_run:
             _print_head_plan(cfg, head)
             return
-        restarts = launcher.run_hosts(cfg, head, say)
+        restarts = launcher.run_hosts(cfg, head, say, _TtyStatus() if sys.stderr.isatty() else None)
         if restarts:
             say(f"all workers succeeded after {restarts} restart(s)")
         return

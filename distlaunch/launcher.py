@@ -20,7 +20,7 @@ from .agent.guard import OrphanGuard
 from .agent.node import (NodeAgent, NodeOptions, StoreAddress, raise_for_cause, worker_argv,
                          worker_env)
 from .config import LaunchConfig
-from .errors import ConfigError
+from .errors import ConfigError, DistlaunchError
 from .topology import WorkerSlot, assign_ranks
 
 STORE_HOST = "127.0.0.1"
@@ -228,7 +228,45 @@ def _outcome(client, run_id: str, max_restarts: int) -> tuple[int, dict | None]:
     return last
 
 
-def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], None]) -> int:
+class _StartupStatus:
+    """While a head-mode job starts, report "starting W workers on N hosts: k/W ready"
+    through ``on_progress(text, final)`` (a host is ready once its agent has started its
+    workers of round 0). A thread with its own store connection; ends when all are ready
+    or at ``stop()``."""
+
+    def __init__(self, client, run_id: str, hosts: list, on_progress):
+        import threading
+
+        self.client, self.run_id, self.hosts, self.on_progress = client, run_id, hosts, on_progress
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="startup-status", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        total = sum(h.slots for h in self.hosts)
+        ready: set[int] = set()
+        try:
+            while not self._stop.is_set():
+                ready |= {k for k in range(len(self.hosts)) if k not in ready
+                          and self.client.check([f"{self.run_id}/r0/pgids/{k}"])}
+                done = len(ready) == len(self.hosts)
+                self.on_progress(f"starting {total} workers on {len(self.hosts)} hosts: "
+                                 f"{sum(self.hosts[k].slots for k in ready)}/{total} ready", done)
+                if done:
+                    return
+                self._stop.wait(0.1)
+        except DistlaunchError:
+            pass  # the store went away: the job is over
+        finally:
+            self.client.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(2.0)
+
+
+def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], None],
+              on_progress: Callable[[str, bool], None] | None = None) -> int:
     """Head mode: connect to every host, preflight them, host the store, start one agent
     per host (in-process for this machine), relay output, and return the restarts the
     job took. Blocks. Raises ConfigError (unreachable host, failed preflight: nothing was
@@ -246,16 +284,20 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
     remote = [k for k, h in enumerate(hosts) if not is_local(h)]
     local = [k for k, h in enumerate(hosts) if is_local(h)]
     guard = OrphanGuard() if local else None  # forked before any thread exists
+    if on_progress:
+        on_progress(f"connecting to {len(remote)} host(s)", False)
     try:
         conns = dict(zip(remote, connect_all([hosts[k] for k in remote], head.ssh)))
     except RemoteError as e:
         if guard:
             guard.close()
         raise ConfigError(str(e).replace("\n", "; ")) from e
-    server = agents = None
+    server = agents = status = None
     try:
         python = head.remote_python or sys.executable
         cwd = head.remote_cwd or os.getcwd()
+        if on_progress:
+            on_progress(f"checking {len(conns)} host(s)", False)
         reports = preflight(list(conns.values()), python, cwd, __version__)
         for r in reports:
             on_event(f"preflight {r.host.name}: {'ok' if r.ok else r.problem}")
@@ -298,6 +340,8 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
                 _stand_in_for(client, cfg, k, f"agent on {hosts[k].name} ended with status {status}")
 
         agents = _RemoteAgents(procs, lost)
+        if on_progress:
+            status = _StartupStatus(client.clone(), cfg.run_id, hosts, on_progress)
         if local:
             import threading
 
@@ -315,6 +359,8 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
             raise_for_cause(cause)
         return rnd
     finally:
+        if status is not None:
+            status.stop()
         if agents is not None:
             for p in agents.procs.values():
                 p.close()

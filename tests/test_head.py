@@ -158,3 +158,35 @@ def test_unresponsive_agent_is_killed_over_ssh(sshd_hosts, tmp_path):
     finally:
         if frozen.is_running():
             frozen.send_signal(signal.SIGCONT)
+
+
+def run_in_pty(args, timeout=120):
+    """Run distlaunch with stderr on a pseudo-terminal; return (exit code, stderr text)."""
+    import pty
+    import subprocess as sp
+
+    from conftest import dl_cmd
+    master, slave = pty.openpty()
+    p = sp.Popen(dl_cmd(*args), stdout=sp.DEVNULL, stderr=slave, cwd=str(WORKERS.parent.parent))
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # EIO: the child side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return p.wait(timeout), b"".join(chunks).decode(errors="replace")
+
+
+def test_live_status_on_a_terminal_only(sshd_hosts):
+    code, err = run_in_pty([*head_args(sshd_hosts), WORKERS / "actor.py", "--sleep", "0.5"])
+    assert code == 0, err
+    assert "\r\x1b[Kdistlaunch: connecting to 2 host(s)" in err
+    assert "\r\x1b[Kdistlaunch: checking 2 host(s)" in err
+    assert "starting 4 workers on 2 hosts: 4/4 ready" in err and "\x1b[K" in err
+    res = dl(*head_args(sshd_hosts), WORKERS / "actor.py")
+    assert res.returncode == 0 and "\x1b[K" not in res.stderr and "ready" not in res.stderr
