@@ -7,11 +7,27 @@ inside ``group``. Blocking unless ``async_op=True`` (then a :class:`Work` is ret
 On a rank that is not a member of ``group`` every operation is a no-op returning None
 (as in torch).
 
-Errors: CollectiveArgumentError (bad argument, raised locally before anything is sent),
-CollectiveMismatchError (ranks disagree on op/dtype/count/root/reduce op),
-CollectiveTimeoutError (names the ranks that did not arrive), PeerLostError (a peer
-died), NotInitializedError; all are CollectiveError. After a collective failed, the
-group raises the same class on every later call.
+Blocking: a blocking collective returns when this rank's part is done (its result is in
+place and its buffers may be reused); it waits at most the group timeout (or the
+``timeout`` of barrier). ``async_op=True`` returns at once; the operations of one group
+run in call order on a helper thread.
+
+Every operation raises (documented once here, in this order of checks):
+
+- CollectiveArgumentError -- a bad argument (non-contiguous or read-only buffer, dtype
+  outside bool/int/uint/float/complex, reduce op not defined for the dtype, wrong list
+  length or element size, rank outside the group); raised locally before anything is
+  sent, the group stays usable;
+- NotInitializedError -- no init_process_group();
+- CollectiveMismatchError -- ranks called it with different op, dtype, element count,
+  root or reduce op (detected from the header each message carries);
+- CollectiveTimeoutError -- not finished within the timeout; names the ranks that did
+  not call the operation;
+- PeerLostError -- a peer's connection ended (the peer died).
+
+The last three leave a collective's group broken: later calls raise the same class at
+once. For async operations they are raised by ``Work.wait()``. Algorithms: see
+:mod:`.algorithms`; semantics: torch.distributed.
 """
 
 from __future__ import annotations

@@ -26,10 +26,6 @@ def _load(arr: np.ndarray):
     return pickle.loads(arr.tobytes())
 
 
-def _me(g):
-    return g.rank
-
-
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None) -> None:
     """Replace the elements of ``object_list`` on every rank by those of ``src``'s list
     (all ranks pass a list of the same length). Blocking."""
