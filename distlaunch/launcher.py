@@ -216,16 +216,15 @@ class _RemoteAgents:
         return [fd for fd in extra_fds if fd in ready]
 
 
-def _outcome(client, run_id: str, max_restarts: int) -> tuple[int, dict | None]:
-    """(round, cause) of the last round the agents started; cause None means success."""
-    last = (0, {"kind": "lost", "node": 0, "why": "no agent joined the job"})
-    for rnd in range(max_restarts + 1):
-        key = f"{run_id}/r{rnd}/stop"
-        if not client.check([key]):
-            break
-        cause = json.loads(client.get(key))
-        last = (rnd, None if cause["kind"] == "over" else cause)
-    return last
+def _outcome(client, run_id: str) -> tuple[int, dict | None]:
+    """(restart count, cause) of the last round the agents started; cause None means
+    success. Head-mode membership is static, so rounds and restarts coincide."""
+    rnd, last = 0, {"kind": "lost", "node": 0, "why": "no agent joined the job"}
+    while client.check([f"{run_id}/r{rnd}/stop"]):
+        cause = json.loads(client.get(f"{run_id}/r{rnd}/stop"))
+        last = None if cause["kind"] == "over" else cause
+        rnd += 1
+    return max(rnd - 1, 0), last
 
 
 class _StartupStatus:
@@ -354,7 +353,7 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
                 relay.join(cfg.stop_timeout + 15)
         else:
             _supervise_remote(agents, client, cfg, conns, on_event)
-        rnd, cause = _outcome(client, cfg.run_id, cfg.max_restarts)
+        rnd, cause = _outcome(client, cfg.run_id)
         if cause is not None:
             raise_for_cause(cause)
         return rnd

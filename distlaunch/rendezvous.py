@@ -31,6 +31,15 @@ from dataclasses import dataclass
 from .errors import RendezvousError, StoreTimeoutError
 
 
+class LateJoin(RendezvousError):
+    """Dynamic membership: this node arrived after round ``rnd`` closed with ``size``
+    nodes; it joins the next round."""
+
+    def __init__(self, rnd: int, size: int):
+        super().__init__(f"rendezvous round {rnd} closed with {size} nodes before this node arrived")
+        self.rnd, self.size = rnd, size
+
+
 @dataclass(frozen=True)
 class Member:
     node_rank: int
@@ -87,7 +96,7 @@ class Rendezvous:
         ``max_nodes``). The first node to close the round fixes its size; sets
         ``node_rank`` and ``num_nodes`` for this round and returns the members. Polls the
         counter every 20 ms (rendezvous is not a hot path). Raises RendezvousError when
-        too few nodes arrive or this node came after the round closed."""
+        too few nodes arrive, LateJoin when this node came after the round closed."""
         arrived = self.store.add(self.key(rnd, "joined"), 1)
         me = arrived - 1
         count = lambda: self.store.add(self.key(rnd, "joined"), 0)  # noqa: E731
@@ -103,17 +112,24 @@ class Rendezvous:
         size = min(count(), max_nodes)
         size = int(self.store.compare_set(self.key(rnd, "closed"), b"", str(size)))
         if me >= size:
-            raise RendezvousError(f"rendezvous round {rnd} closed with {size} nodes before this "
-                                  f"node arrived (--nnodes at most {max_nodes})")
+            raise LateJoin(rnd, size)
         self.node_rank, self.num_nodes = me, size
         return self.join(rnd, slots, host, addr)
 
-    def publish_master(self, rnd: int, addr: str, port: int) -> None:
-        self.store.set(self.key(rnd, "master"), json.dumps({"addr": addr, "port": port}))
+    def publish_master(self, rnd: int, addr: str, port: int, restarts: int) -> None:
+        """Node 0: MASTER_ADDR/MASTER_PORT of round ``rnd`` and the job's restart count (a
+        node that joined late learns it here)."""
+        self.store.set(self.key(rnd, "master"),
+                       json.dumps({"addr": addr, "port": port, "restarts": restarts}))
 
-    def master(self, rnd: int) -> tuple[str, int]:
+    def master(self, rnd: int) -> tuple[str, int, int]:
         m = json.loads(self.store.get(self.key(rnd, "master"), timeout=self.join_timeout))
-        return m["addr"], m["port"]
+        return m["addr"], m["port"], m["restarts"]
+
+    def wait_members_done(self, rnd: int, size: int, timeout: float) -> None:
+        """Block until round ``rnd``'s ``size`` members passed their exit barrier."""
+        self._wait_all([self.key(rnd, f"done/{k}") for k in range(size)],
+                       f"end of round {rnd}", timeout)
 
     def publish_pgids(self, rnd: int, pgids: list[int]) -> None:
         """Record this node's agent pid and worker process groups (the head kills them over

@@ -19,7 +19,7 @@ from typing import Callable
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, WorkerFailedError
-from ..rendezvous import Heartbeat, Rendezvous, StopWatcher
+from ..rendezvous import Heartbeat, LateJoin, Rendezvous, StopWatcher
 from ..topology import WorkerSlot, assign_ranks
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard
@@ -113,7 +113,7 @@ class NodeAgent:
         self.argv = worker_argv(cfg)
         self.scratch: str | None = None
         self.log_root = os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
-        self._round = 0
+        self._lost_count = 0
 
     def run(self) -> int:
         import tempfile
@@ -127,22 +127,32 @@ class NodeAgent:
         self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
         group: WorkerGroup | None = None
         relay = SignalRelay(lambda: group.live() if group else ())
+        rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
         try:
-            for rnd in range(self.cfg.max_restarts + 1):
-                group = self._make_group(rdzv, rnd, relay)
+            while True:
+                try:
+                    group, restarts = self._make_group(rdzv, rnd, restarts, relay)
+                except LateJoin as late:
+                    self._wait_for_next_round(rdzv, late)
+                    rnd += 1
+                    continue
                 cause = self._run_round(rdzv, group, rnd)
                 if cause is None:
-                    return rnd
-                self._raise_unless_restartable(cause, rnd)
-                self.on_event(f"worker group failed ({describe(failure_from_dict(cause['failure']))}); "
-                              f"restarting (restart {rnd + 1} of {self.cfg.max_restarts})")
+                    return restarts
+                restarts = self._next_round(rdzv, cause, rnd, restarts)
+                rnd += 1
         finally:
             relay.restore()
+            if o.hosts_store and rdzv.num_nodes > 1:
+                self._let_others_leave(rdzv, rnd)
             client.close()
             import shutil
             shutil.rmtree(self.scratch, ignore_errors=True)
 
-    def _make_group(self, rdzv: Rendezvous, rnd: int, relay: SignalRelay) -> WorkerGroup:
+    def _make_group(self, rdzv: Rendezvous, rnd: int, restarts: int,
+                    relay: SignalRelay) -> tuple[WorkerGroup, int]:
+        """Join round ``rnd`` and prepare this node's workers; returns the group and the
+        job's restart count (node 0's, which a late joiner does not know)."""
         o = self.opts
         me = (o.slots or self.cfg.nproc_per_node, o.host_label or socket.gethostname(),
               self.master_addr)
@@ -151,14 +161,45 @@ class NodeAgent:
         else:
             members = rdzv.join(rnd, *me)
         if rdzv.node_rank == 0:
-            rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv))
-        master = rdzv.master(rnd)
+            rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv), restarts)
+        addr, port, restarts = rdzv.master(rnd)
         slots = assign_ranks([m.slots for m in members])[rdzv.node_rank]
-        return WorkerGroup(self._specs(slots, rnd, master), relay, self.guard,
-                           self.cfg.stop_timeout,
-                           on_started=lambda pids: rdzv.publish_pgids(rnd, [os.getpid(), *pids]),
-                           on_failure=lambda f: rdzv.request_stop(rnd, {
-                               "kind": "failure", "failure": failure_to_dict(self._labelled(f))}))
+        group = WorkerGroup(self._specs(slots, rnd, (addr, port), restarts), relay, self.guard,
+                            self.cfg.stop_timeout,
+                            on_started=lambda pids: rdzv.publish_pgids(rnd, [os.getpid(), *pids]),
+                            on_failure=lambda f: rdzv.request_stop(rnd, {
+                                "kind": "failure", "failure": failure_to_dict(self._labelled(f))}))
+        return group, restarts
+
+    def _next_round(self, rdzv: Rendezvous, cause: dict, rnd: int, restarts: int) -> int:
+        """After round ``rnd`` stopped for ``cause``: return the restart count of the next
+        round, or raise when the job ends here."""
+        kind, o = cause["kind"], self.opts
+        if kind == "failure" and restarts < self.cfg.max_restarts:
+            self.on_event(f"worker group failed ({describe(failure_from_dict(cause['failure']))}); "
+                          f"restarting (restart {restarts + 1} of {self.cfg.max_restarts})")
+            return restarts + 1
+        if kind == "join":
+            self.on_event(f"a node joined: new rendezvous round {rnd + 1} (not a restart)")
+            return restarts
+        if kind == "lost" and o.max_nodes:
+            remaining = rdzv.num_nodes - self._lost_count
+            if remaining >= o.min_nodes:
+                self.on_event(f"node {cause['node']} was lost ({cause['why']}); continuing with "
+                              f"{remaining} node(s) in round {rnd + 1} (not a restart)")
+                return restarts
+            raise RendezvousError(f"node {cause['node']} was lost ({cause['why']}); {remaining} "
+                                  f"node(s) remain, fewer than the minimum {o.min_nodes}")
+        raise_for_cause(cause)
+
+    def _wait_for_next_round(self, rdzv: Rendezvous, late: LateJoin) -> None:
+        """A late node: ask the running members to start a new round that includes it,
+        and wait until they have all left the current one."""
+        cause = rdzv.request_stop(late.rnd, {"kind": "join"})
+        if cause["kind"] == "over":
+            raise RendezvousError("the job finished before this node could join")
+        rdzv.wait_members_done(late.rnd, late.size,
+                               self.opts.exit_barrier_timeout + self.cfg.stop_timeout)
 
     def _labelled(self, f: WorkerFailure) -> WorkerFailure:
         return dataclasses.replace(f, host=self.opts.host_label) if self.opts.host_label else f
@@ -202,6 +243,7 @@ class NodeAgent:
             if group.relay.kill_now:  # a second Ctrl-C: no exit barrier
                 raise LaunchInterrupted(result.stop_signal)
             lost = heartbeat.lost if heartbeat else set()
+            self._lost_count = len(lost)
             # Every round ends at the exit barrier, so no node leaves (or, on node 0, takes
             # the store down) while another still needs it.
             cause = rdzv.finish(rnd, self.opts.exit_barrier_timeout + self.cfg.stop_timeout, lost)
@@ -215,10 +257,16 @@ class NodeAgent:
         rdzv.leave(rnd)
         if result.stop_signal is not None:
             cause = {"kind": "signal", "signum": result.stop_signal}
-        if o.hosts_store and rdzv.num_nodes > 1 and (
-                cause is None or not self._restartable(cause, rnd)):
-            rdzv.wait_left(rnd, rdzv.num_nodes - len(lost), 10.0)
         return cause
+
+    def _let_others_leave(self, rdzv: Rendezvous, rnd: int) -> None:
+        """The store's host keeps it up until every node has read how the job ended."""
+        from ..errors import StoreError
+
+        try:
+            rdzv.wait_left(rnd, rdzv.num_nodes - self._lost_count, 10.0)
+        except StoreError:
+            pass
 
     def _signal_for(self, rdzv: Rendezvous, rnd: int) -> int:
         """A job stopped by a signal passes that signal on; anything else is SIGTERM."""
@@ -236,14 +284,8 @@ class NodeAgent:
         except Exception:  # the store may be gone; stopping here matters more
             pass
 
-    def _restartable(self, cause: dict, rnd: int) -> bool:
-        return cause["kind"] == "failure" and rnd < self.cfg.max_restarts
-
-    def _raise_unless_restartable(self, cause: dict, rnd: int) -> None:
-        if not self._restartable(cause, rnd):
-            raise_for_cause(cause)
-
-    def _specs(self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int]) -> list[LaunchSpec]:
+    def _specs(self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int],
+               restarts: int) -> list[LaunchSpec]:
         specs = []
         for slot in slots:
             attempt_dir = None
@@ -251,7 +293,8 @@ class NodeAgent:
                 attempt_dir = os.path.join(self.log_root, f"attempt_{rnd}", str(slot.rank))
                 os.makedirs(attempt_dir, exist_ok=True)
             error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
-            env = worker_env(self.cfg, slot, self.base_env, rnd, master, self.store_addr, error_file)
+            env = worker_env(self.cfg, slot, self.base_env, restarts, master, self.store_addr,
+                             error_file)
             out, err = self._sinks(slot, attempt_dir)
             specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file))
         return specs
