@@ -125,13 +125,18 @@ def as_bytes(v) -> bytes:
 
 
 class StoreModel(RuleBasedStateMachine):
-    """Two clients and a prefixed view against a reference dict with c10d semantics."""
+    """Two clients and a prefixed view against a reference dict with c10d semantics.
+
+    Client 0 acknowledges sets (``ack_set=True``); client 1 uses TCPStore's unacknowledged
+    set, so after its sets the model pings it (the documented way to make a set visible
+    to other clients) before another client may look.
+    """
 
     def __init__(self):
         super().__init__()
         self.server = StoreServer(token=TOKEN).start()
-        self.clients = [StoreClient("127.0.0.1", self.server.port, token=TOKEN, timeout=5)
-                        for _ in range(2)]
+        self.clients = [StoreClient("127.0.0.1", self.server.port, token=TOKEN, timeout=5,
+                                    ack_set=(i == 0)) for i in range(2)]
         self.view = PrefixStore("pfx", self.clients[1])
         self.model: dict[str, bytes] = {}
 
@@ -144,6 +149,8 @@ class StoreModel(RuleBasedStateMachine):
     def set(self, i, key, value):
         self.clients[i].set(key, value)
         self.model[key] = as_bytes(value)
+        if i == 1:
+            self.clients[1].ping()
 
     @rule(i=st.integers(0, 1), key=KEYS)
     def get(self, i, key):
@@ -221,6 +228,7 @@ class StoreModel(RuleBasedStateMachine):
     def prefixed_set(self, key, value):
         self.view.set(key, value)
         self.model["pfx/" + key] = as_bytes(value)
+        self.clients[1].ping()
 
     @rule(key=st.sampled_from(["a", "b"]), amount=st.integers(-5, 5))
     def prefixed_add_or_get(self, key, amount):
@@ -640,10 +648,39 @@ def test_server_stop_gives_connection_error_not_a_hang():
     assert not t.is_alive() and time.monotonic() - t0 < 5
     assert len(errs) == 1 and isinstance(errs[0], StoreConnectionError)
     with pytest.raises(StoreConnectionError):
-        idle.set("k", b"v")
+        idle.ping()
     with pytest.raises(StoreConnectionError, match="closed"):  # and it stays broken
         idle.set("k", b"v")
     srv.stop()  # idempotent
+
+
+def test_unacknowledged_set_failure_surfaces_by_the_next_reply():
+    srv = StoreServer(token=TOKEN).start()
+    c = StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=5)
+    srv.stop()
+    t0 = time.monotonic()
+    with pytest.raises(StoreConnectionError):
+        c.set("k", b"v")  # may be written into the dead socket's buffer without error...
+        c.get("k")        # ...but the next call that waits for a reply fails
+    assert time.monotonic() - t0 < 5
+
+
+def test_set_is_ordered_before_later_requests_of_the_same_client(server):
+    """Unacknowledged sets are applied in order with the client's later requests, and
+    ``ping`` makes them visible to every other client."""
+    fast = StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=5)
+    acked = StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=5, ack_set=True)
+    for i in range(300):
+        fast.set(f"o/{i}", str(i))
+        assert fast.check([f"o/{i}"])  # no ping needed on the same connection
+        assert fast.add("o/n", 1) == i + 1
+        fast.set("o/last", str(i))
+        fast.ping()
+        assert acked.get("o/last", timeout=1) == str(i).encode()
+        assert acked.check([f"o/{i}"])
+        acked.set("o/back", str(i))
+        assert fast.compare_set("o/back", str(i), "seen") == b"seen"  # acked: visible at once
+    assert fast.num_keys() == 303
 
 
 def test_client_retries_until_server_is_up():
@@ -796,3 +833,34 @@ def test_docs_table_lists_every_message_type():
         assert f"`{name}`" in doc and f"0x{code:02X}" in doc, name
     for limit in ("MAX_KEY_BYTES", "MAX_VALUE_BYTES", "MAX_KEYS_PER_REQUEST", "MAX_FRAME_BYTES"):
         assert limit in doc
+
+
+def test_hung_server_gives_timeout_not_a_hang(monkeypatch):
+    """A peer that authenticates and then never answers: the client's own reply limit
+    (timeout + grace) fires, and the out-of-step connection is not reused."""
+    from distlaunch.store import client as client_mod
+    monkeypatch.setattr(client_mod, "_REPLY_GRACE", 0.2)
+    lsock = socket.create_server(("127.0.0.1", 0))
+    port = lsock.getsockname()[1]
+    secret = P.secret_bytes(TOKEN)
+
+    def mute_server():
+        conn, _ = lsock.accept()
+        nonce = os.urandom(32)
+        conn.sendall(P.frame(P.HELLO, P.MAGIC + nonce))
+        _, body = recv_frame(conn)
+        conn.sendall(P.frame(P.AUTH_OK, P.mac(secret, P.AUTH_LABEL_SERVER, nonce, body[:32])))
+        time.sleep(3)
+        conn.close()
+
+    t = threading.Thread(target=mute_server)
+    t.start()
+    c = StoreClient("127.0.0.1", port, token=TOKEN, timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(StoreTimeoutError, match="get\\('k'\\)"):
+        c.get("k")
+    assert 0.45 <= time.monotonic() - t0 < 2.5
+    with pytest.raises(StoreConnectionError):
+        c.set("k", b"v")
+    t.join()
+    lsock.close()

@@ -14,6 +14,8 @@ import errno
 import math
 import os
 import socket
+import struct
+import sys
 import threading
 import time
 
@@ -24,9 +26,12 @@ from .protocol import HEADER, HEADER_SIZE, Reader
 
 __all__ = ["StoreClient", "PrefixStore"]
 
+# struct timeval for SO_RCVTIMEO where its layout is known (two C longs on Linux).
+_TIMEVAL = struct.Struct("@ll") if sys.platform.startswith("linux") else None
 # Slack on top of a blocking call's timeout before the client gives up on a server that
 # should already have answered TIMEOUT (it is then hung or the network is).
 _REPLY_GRACE = 10.0
+_SET_HEADER = struct.Struct("!IBH")  # frame header + the key's length prefix
 _RETRYABLE_CONNECT = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
                       errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EAGAIN}
 
@@ -63,6 +68,12 @@ def _keys(keys) -> list:
     return ks
 
 
+def _what(what) -> str:
+    if isinstance(what, tuple):
+        return f"{what[0]}({what[1]!r})"
+    return what
+
+
 def _timeout(t) -> float:
     t = float(t)
     if not t > 0:  # also rejects NaN
@@ -81,6 +92,8 @@ class StoreClient:
       ``multi_get``) and the limit for any reply; ``math.inf`` waits forever.
     * ``connect_timeout``: seconds to keep retrying a refused connection (like
       TCPStore's client, so workers may start before the server); default ``timeout``.
+    * ``ack_set``: make ``set`` wait for the server's acknowledgement (default False:
+      like TCPStore, ``set`` returns once sent; see ``set``).
 
     Connecting blocks. Raises StoreTimeoutError if the server is not reachable within
     ``connect_timeout``, StoreAuthError if it rejects the token, StoreConnectionError for
@@ -91,7 +104,7 @@ class StoreClient:
     """
 
     def __init__(self, host: str, port: int, token=None, timeout: float = 300.0,
-                 connect_timeout: float | None = None):
+                 connect_timeout: float | None = None, ack_set: bool = False):
         self.host = host
         self.port = int(port)
         if token is None:
@@ -100,10 +113,12 @@ class StoreClient:
         self._secret = P.secret_bytes(token) if token is not None else b""
         self.timeout = _timeout(timeout)
         self._connect_timeout = self.timeout if connect_timeout is None else _timeout(connect_timeout)
+        self._ack_set = bool(ack_set)
         self._lock = threading.Lock()
         self._sock = None
         self._buf = b""
         self._broken: str | None = None
+        self._sock_limit = None  # the request limit the socket timeout is set for
         self._connect()
 
     # --- connection -------------------------------------------------------------------------
@@ -137,7 +152,7 @@ class StoreClient:
         except BaseException:
             self._drop("handshake failed")
             raise
-        sock.settimeout(None if math.isinf(self.timeout) else self.timeout)
+        self._sock_limit = None
 
     def _handshake(self, timeout: float) -> None:
         self._sock.settimeout(timeout)
@@ -168,6 +183,26 @@ class StoreClient:
         if not P.macs_equal(body, P.mac(self._secret, P.AUTH_LABEL_SERVER, server_nonce,
                                         client_nonce)):
             raise StoreAuthError(f"{where} could not prove it knows the secret token")
+
+    def _set_sock_limit(self, sock, limit: float) -> None:
+        """Bound each send/recv by ``limit + _REPLY_GRACE`` seconds.
+
+        Kernel socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO) on a blocking socket instead of
+        Python's socket timeout: Python's adds a poll() before every send and recv, which
+        costs more than the rest of a small request. Elsewhere, Python's timeout is used.
+        """
+        self._sock_limit = limit
+        t = 0.0 if math.isinf(limit) else limit + _REPLY_GRACE  # 0 = no timeout
+        if _TIMEVAL is not None:
+            tv = _TIMEVAL.pack(int(t), int((t - int(t)) * 1e6))
+            try:
+                sock.settimeout(None)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+                return
+            except OSError:
+                pass
+        sock.settimeout(t or None)
 
     def _drop(self, why: str) -> None:
         self._broken = why
@@ -214,7 +249,7 @@ class StoreClient:
                 buf = b"".join(parts)
         except StoreError:  # (StoreConnectionError is an OSError too: let ours through)
             raise
-        except socket.timeout:
+        except (socket.timeout, BlockingIOError):
             raise StoreTimeoutError(
                 f"no reply from the store at {self.host}:{self.port} in time") from None
         except OSError as e:
@@ -223,35 +258,62 @@ class StoreClient:
         self._buf = buf[end:]
         return mtype, buf[HEADER_SIZE:end]
 
-    def _request(self, what: str, mtype: int, payload: bytes, wait: float | None = None):
-        """Send one request and return (reply type, payload). ``wait`` is the server-side
-        timeout of a blocking request (the socket waits ``_REPLY_GRACE`` longer)."""
+    def _request(self, what, mtype: int, payload: bytes, wait: float | None = None):
+        """Send one request and return (reply type, payload).
+
+        ``what`` names the call for error messages: a str, or (name, key) formatted only
+        when an error is raised (the hot path stays cheap). ``wait`` is the server-side
+        timeout of a blocking request; the socket waits ``_REPLY_GRACE`` longer.
+        """
         with self._lock:
-            if self._sock is None:
+            sock = self._sock
+            if sock is None:
                 raise StoreConnectionError(
-                    f"store {what}: the connection to {self.host}:{self.port} is closed "
-                    f"({self._broken})")
+                    f"store {_what(what)}: the connection to {self.host}:{self.port} is "
+                    f"closed ({self._broken})")
             try:
-                if wait is not None:
-                    self._sock.settimeout(None if math.isinf(wait) else wait + _REPLY_GRACE)
-                self._sendall(HEADER.pack(len(payload), mtype) + payload)
+                limit = self.timeout if wait is None else wait
+                if limit != self._sock_limit:
+                    self._set_sock_limit(sock, limit)
+                sock.sendall(HEADER.pack(len(payload), mtype) + payload)
+                if not self._buf:
+                    # Fast path: a small reply arrives whole in one recv.
+                    data = sock.recv(65536)
+                    n = len(data)
+                    if n >= HEADER_SIZE:
+                        length, rtype = HEADER.unpack_from(data)
+                        if n == length + HEADER_SIZE:
+                            body = data[HEADER_SIZE:]
+                            if rtype == P.ERROR:
+                                raise StoreError(body.decode("utf-8", "replace"))
+                            return rtype, body
+                    if not data:
+                        raise StoreConnectionError(
+                            f"the store at {self.host}:{self.port} closed the connection")
+                    self._buf = data
                 rtype, body = self._read_frame()
-                if wait is not None:
-                    self._sock.settimeout(None if math.isinf(self.timeout) else self.timeout)
             except StoreError as e:
+                if type(e) is StoreError:  # an ERROR reply: the stream is still in step
+                    raise StoreError(f"store {_what(what)}: {e}") from None
                 # A half-finished exchange leaves the stream out of step: never reuse it.
                 self._drop(str(e))
-                if isinstance(e, StoreTimeoutError):
-                    raise StoreTimeoutError(f"store {what}: {e}") from None
-                raise type(e)(f"store {what}: {e}") from None
+                raise type(e)(f"store {_what(what)}: {e}") from None
+            except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO expired
+                self._drop("timed out waiting for a reply")
+                raise StoreTimeoutError(f"store {_what(what)}: no reply from the store at "
+                                        f"{self.host}:{self.port} in time") from None
+            except OSError as e:
+                self._drop(str(e))
+                raise StoreConnectionError(f"store {_what(what)}: lost the connection to the "
+                                           f"store at {self.host}:{self.port}: {e}") from e
         if rtype == P.ERROR:
-            raise StoreError(f"store {what}: {body.decode('utf-8', 'replace')}")
+            raise StoreError(f"store {_what(what)}: {body.decode('utf-8', 'replace')}")
         return rtype, body
 
     def _expect(self, what, rtype, want):
         if rtype != want:
             self._drop(f"unexpected reply type {rtype:#x}")
-            raise StoreProtocolError(f"store {what}: unexpected reply type {rtype:#x}")
+            raise StoreProtocolError(f"store {_what(what)}: unexpected reply type {rtype:#x}")
 
     def _timed_out(self, what: str, body: bytes, timeout: float):
         r = Reader(body)
@@ -264,12 +326,40 @@ class StoreClient:
 
     def set(self, key: str, value) -> None:
         """Store ``value`` (bytes; str is UTF-8 encoded) under ``key``, replacing any value
-        and waking blocked ``get``/``wait`` calls on it. Does not block on other clients."""
+        and waking blocked ``get``/``wait``/``multi_get`` calls on it.
+
+        As torch's TCPStore ``set``, this does not wait for an acknowledgement: it returns
+        once the request is written to the connection. Requests of one client are applied
+        in order, so every later call on this client (from any thread) sees the value. To
+        know it is visible to *other* clients before telling them out of band, call
+        ``ping()`` after it, or create the client with ``ack_set=True`` (then ``set`` waits
+        for the server's OK). A lost connection is reported by the next call that waits
+        for a reply (or by this one if the write fails): StoreConnectionError.
+        """
         k = _key(key)
         v = _value(value)
-        rtype, _ = self._request(f"set({key!r})", P.SET,
-                                 P.U16.pack(len(k)) + k + P.U32.pack(len(v)) + v)
-        self._expect("set", rtype, P.OK)
+        if self._ack_set:
+            rtype, _ = self._request(("set", key), P.SET,
+                                     P.U16.pack(len(k)) + k + P.U32.pack(len(v)) + v)
+            self._expect("set", rtype, P.OK)
+            return
+        frame = _SET_HEADER.pack(len(k) + len(v) + 6, P.SET_NOREPLY, len(k)) + k + \
+            P.U32.pack(len(v)) + v
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise StoreConnectionError(
+                    f"store set({key!r}): the connection to {self.host}:{self.port} is "
+                    f"closed ({self._broken})")
+            try:
+                sock.sendall(frame)
+            except OSError as e:
+                self._drop(str(e))
+                if isinstance(e, (socket.timeout, BlockingIOError)):
+                    raise StoreTimeoutError(f"store set({key!r}): the store at {self.host}:"
+                                            f"{self.port} is not reading requests") from None
+                raise StoreConnectionError(f"store set({key!r}): lost the connection to the "
+                                           f"store at {self.host}:{self.port}: {e}") from e
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """Return the value of ``key``, blocking until some client sets it.
@@ -279,12 +369,12 @@ class StoreClient:
         """
         k = _key(key)
         t = self.timeout if timeout is None else _timeout(timeout)
-        what = f"get({key!r})"
+        what = ("get", key)
         rtype, body = self._request(what, P.GET, P.U16.pack(len(k)) + k + P.F64.pack(t), wait=t)
         if rtype == P.VALUE:
             return body[4:]
         if rtype == P.TIMEOUT:
-            raise self._timed_out(what, body, t)
+            raise self._timed_out(_what(what), body, t)
         self._expect(what, rtype, P.VALUE)
 
     def add(self, key: str, amount: int = 1) -> int:
@@ -292,7 +382,7 @@ class StoreClient:
         0 if missing) and return the new value; the value is stored as ASCII decimal, as
         torch does. Raises StoreError if the existing value is not an integer."""
         k = _key(key)
-        rtype, body = self._request(f"add({key!r})", P.ADD, P.enc_key(k) + P.I64.pack(amount))
+        rtype, body = self._request(("add", key), P.ADD, P.enc_key(k) + P.I64.pack(amount))
         self._expect("add", rtype, P.INT)
         return P.I64.unpack(body)[0]
 
@@ -302,7 +392,7 @@ class StoreClient:
         ``desired`` is returned); a missing key with non-empty ``expected`` is left
         missing and ``expected`` is returned (TCPStore does exactly this)."""
         k = _key(key)
-        rtype, body = self._request(f"compare_set({key!r})", P.COMPARE_SET,
+        rtype, body = self._request(("compare_set", key), P.COMPARE_SET,
                                     P.enc_key(k) + P.enc_value(_value(expected)) +
                                     P.enc_value(_value(desired)))
         self._expect("compare_set", rtype, P.VALUE)
@@ -323,13 +413,13 @@ class StoreClient:
         what = f"wait({list(keys)!r})" if len(ks) <= 8 else f"wait({len(ks)} keys)"
         rtype, body = self._request(what, P.WAIT, P.enc_keys(ks) + P.F64.pack(t), wait=t)
         if rtype == P.TIMEOUT:
-            raise self._timed_out(what, body, t)
+            raise self._timed_out(_what(what), body, t)
         self._expect(what, rtype, P.OK)
 
     def delete_key(self, key: str) -> bool:
         """Delete ``key``; True if it existed."""
         k = _key(key)
-        rtype, body = self._request(f"delete_key({key!r})", P.DELETE_KEY, P.enc_key(k))
+        rtype, body = self._request(("delete_key", key), P.DELETE_KEY, P.enc_key(k))
         self._expect("delete_key", rtype, P.BOOL)
         return body == b"\x01"
 
@@ -343,7 +433,7 @@ class StoreClient:
         """Append ``value`` to the value of ``key`` (created if missing), waking waiters.
         Raises StoreError if the result would exceed the value size limit."""
         k = _key(key)
-        rtype, _ = self._request(f"append({key!r})", P.APPEND, P.enc_key(k) + P.enc_value(_value(value)))
+        rtype, _ = self._request(("append", key), P.APPEND, P.enc_key(k) + P.enc_value(_value(value)))
         self._expect("append", rtype, P.OK)
 
     def multi_get(self, keys, timeout: float | None = None) -> list:
@@ -354,7 +444,7 @@ class StoreClient:
         what = f"multi_get({list(keys)!r})" if len(ks) <= 8 else f"multi_get({len(ks)} keys)"
         rtype, body = self._request(what, P.MULTI_GET, P.enc_keys(ks) + P.F64.pack(t), wait=t)
         if rtype == P.TIMEOUT:
-            raise self._timed_out(what, body, t)
+            raise self._timed_out(_what(what), body, t)
         self._expect(what, rtype, P.VALUES)
         r = Reader(body)
         (n,) = P.U32.unpack_from(body)
@@ -375,7 +465,9 @@ class StoreClient:
         self._expect("multi_set", rtype, P.OK)
 
     def ping(self) -> None:
-        """One round trip; raises StoreConnectionError if the store is gone."""
+        """One round trip. When it returns, every earlier request of this client (e.g. a
+        ``set``) has been applied by the server. Raises StoreConnectionError if the store
+        is gone."""
         rtype, _ = self._request("ping", P.PING, b"")
         self._expect("ping", rtype, P.OK)
 
@@ -392,7 +484,7 @@ class StoreClient:
     def clone(self) -> "StoreClient":
         """A new, independent connection with the same address, token and timeout."""
         return StoreClient(self.host, self.port, token=self._token, timeout=self.timeout,
-                           connect_timeout=self._connect_timeout)
+                           connect_timeout=self._connect_timeout, ack_set=self._ack_set)
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise StoreConnectionError."""

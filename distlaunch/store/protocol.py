@@ -60,6 +60,7 @@ APPEND = 0x18       # key | value                     -> OK | ERROR
 MULTI_GET = 0x19    # keys | timeout                  -> VALUES | TIMEOUT
 MULTI_SET = 0x1A    # u32 n | n x (key | value)       -> OK
 PING = 0x1B         # (empty)                         -> OK
+SET_NOREPLY = 0x1C  # key | value                     -> no reply (TCPStore's set)
 
 # replies (S->C)
 OK = 0x80       # empty
@@ -73,7 +74,7 @@ ERROR = 0x86    # UTF-8 message (the rest of the payload)
 REQUEST_NAMES = {
     SET: "set", GET: "get", ADD: "add", COMPARE_SET: "compare_set", CHECK: "check",
     WAIT: "wait", DELETE_KEY: "delete_key", NUM_KEYS: "num_keys", APPEND: "append",
-    MULTI_GET: "multi_get", MULTI_SET: "multi_set", PING: "ping",
+    MULTI_GET: "multi_get", MULTI_SET: "multi_set", PING: "ping", SET_NOREPLY: "set_noreply",
 }
 
 AUTH_LABEL_CLIENT = b"distlaunch-store-v1 client"
