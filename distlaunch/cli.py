@@ -337,7 +337,7 @@ def agent() -> None:
     from .launcher import run_agent
 
     try:
-        run_agent(json.loads(sys.stdin.readline()), say)
+        run_agent(json.loads(sys.stdin.readline()))
     except WorkerFailedError as e:  # the head prints the root cause
         sys.exit(e.exit_code)
     except LaunchInterrupted as e:

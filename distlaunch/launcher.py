@@ -101,12 +101,22 @@ def run(cfg: LaunchConfig, on_event: Callable[[str], None], plan: Plan | None = 
         agent = NodeAgent(cfg, StoreAddress(store_host, store_port, token),
                           NodeOptions(node_rank=cfg.node_rank, num_nodes=cfg.nnodes,
                                       hosts_store=server is not None, **cfg.rdzv_options()),
-                          guard, on_event, master_addr=plan.master_addr)
+                          guard, on_event, master_addr=plan.master_addr,
+                          events=_event_log(cfg, on_event))
         return agent.run()
     finally:
         if server is not None:
             server.stop()
         guard.close()
+
+
+def _event_log(cfg: LaunchConfig, on_event: Callable[[str], None]):
+    """Round lines on the console (not the trivial first round of a one-node job) and
+    every event in <log-dir>/<run-id>/events.jsonl."""
+    from .events import EventLog
+
+    return EventLog(cfg.log_dir, cfg.run_id, on_event,
+                    lambda e: e["event"] == "round" and (e["round"] > 0 or len(e["members"]) > 1))
 
 
 def _shared_token(cfg: LaunchConfig) -> str:
@@ -144,7 +154,7 @@ def _run_dynamic(cfg: LaunchConfig, on_event: Callable[[str], None]) -> int:
         opts = NodeOptions(min_nodes=cfg.nnodes, max_nodes=cfg.max_nodes or cfg.nnodes,
                            hosts_store=server is not None, **cfg.rdzv_options())
         agent = NodeAgent(cfg, StoreAddress(host, port, token), opts, guard, on_event,
-                          master_addr=_address_towards(host, port))
+                          master_addr=_address_towards(host, port), events=_event_log(cfg, on_event))
         return agent.run()
     finally:
         if server is not None:
@@ -227,33 +237,63 @@ def _outcome(client, run_id: str) -> tuple[int, dict | None]:
     return max(rnd - 1, 0), last
 
 
-class _StartupStatus:
-    """While a head-mode job starts, report "starting W workers on N hosts: k/W ready"
-    through ``on_progress(text, final)`` (a host is ready once its agent has started its
-    workers of round 0). A thread with its own store connection; ends when all are ready
-    or at ``stop()``."""
+class _HeadMonitor:
+    """Head mode, from the store: while the job starts, "starting W workers on N hosts:
+    k/W ready" through ``on_progress(text, final)`` (a host is ready once its agent
+    started its workers of round 0); then one line and one events-file record per round
+    and per round's end. A thread with its own store connection, until ``stop()``."""
 
-    def __init__(self, client, run_id: str, hosts: list, on_progress):
+    def __init__(self, client, run_id: str, hosts: list, events, on_progress):
         import threading
 
-        self.client, self.run_id, self.hosts, self.on_progress = client, run_id, hosts, on_progress
+        from .rendezvous import Rendezvous
+
+        self.client, self.hosts, self.events, self.on_progress = client, hosts, events, on_progress
+        self.rdzv = Rendezvous(client, run_id, 0, len(hosts))
         self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="startup-status", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="head-monitor", daemon=True)
         self.thread.start()
 
-    def _run(self) -> None:
+    def _wait(self, key: str) -> bool:
+        from .errors import StoreTimeoutError
+
+        while not self._stop.is_set():
+            try:
+                self.client.wait([key], timeout=0.1)
+                return True
+            except StoreTimeoutError:
+                pass
+        return False
+
+    def _startup(self) -> None:
         total = sum(h.slots for h in self.hosts)
         ready: set[int] = set()
+        while not self._stop.is_set():
+            ready |= {k for k in range(len(self.hosts)) if k not in ready
+                      and self.client.check([self.rdzv.key(0, f"pgids/{k}")])}
+            done = len(ready) == len(self.hosts)
+            self.on_progress(f"starting {total} workers on {len(self.hosts)} hosts: "
+                             f"{sum(self.hosts[k].slots for k in ready)}/{total} ready", done)
+            if done:
+                return
+            self._stop.wait(0.1)
+
+    def _run(self) -> None:
+        from .agent.node import round_event
+
+        rnd = 0
         try:
-            while not self._stop.is_set():
-                ready |= {k for k in range(len(self.hosts)) if k not in ready
-                          and self.client.check([f"{self.run_id}/r0/pgids/{k}"])}
-                done = len(ready) == len(self.hosts)
-                self.on_progress(f"starting {total} workers on {len(self.hosts)} hosts: "
-                                 f"{sum(self.hosts[k].slots for k in ready)}/{total} ready", done)
-                if done:
+            if self.on_progress:
+                self._startup()
+            while self._wait(self.rdzv.key(rnd, "master")):
+                _, _, restarts = self.rdzv.master(rnd)
+                self.events.emit(round_event(rnd, restarts, self.rdzv.members(rnd, 30.0)))
+                if not self._wait(self.rdzv.key(rnd, "stop")):
                     return
-                self._stop.wait(0.1)
+                cause = self.rdzv.stop_cause(rnd)
+                self.events.emit({"event": "round_end", "round": rnd,
+                                  "cause": None if cause["kind"] == "over" else cause})
+                rnd += 1
         except DistlaunchError:
             pass  # the store went away: the job is over
         finally:
@@ -291,7 +331,7 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         if guard:
             guard.close()
         raise ConfigError(str(e).replace("\n", "; ")) from e
-    server = agents = status = None
+    server = agents = monitor = None
     try:
         python = head.remote_python or sys.executable
         cwd = head.remote_cwd or os.getcwd()
@@ -339,15 +379,16 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
                 _stand_in_for(client, cfg, k, f"agent on {hosts[k].name} ended with status {status}")
 
         agents = _RemoteAgents(procs, lost)
-        if on_progress:
-            status = _StartupStatus(client.clone(), cfg.run_id, hosts, on_progress)
+        from .events import EventLog
+        monitor = _HeadMonitor(client.clone(), cfg.run_id, hosts,
+                               EventLog(cfg.log_dir, cfg.run_id, on_event), on_progress)
         if local:
             import threading
 
             relay = threading.Thread(target=lambda: _pump_until_done(agents), daemon=True)
             relay.start()
             try:
-                NodeAgent(cfg, store, node_options(local[0]), guard, on_event,
+                NodeAgent(cfg, store, node_options(local[0]), guard, _quiet,
                           master_addr=node0).run()
             finally:
                 relay.join(cfg.stop_timeout + 15)
@@ -358,8 +399,8 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
             raise_for_cause(cause)
         return rnd
     finally:
-        if status is not None:
-            status.stop()
+        if monitor is not None:
+            monitor.stop()
         if agents is not None:
             for p in agents.procs.values():
                 p.close()
@@ -442,7 +483,11 @@ def _kill_remote(client, cfg: LaunchConfig, node: int, conn) -> None:
             pass  # the host is unreachable: nothing more can be done from here
 
 
-def run_agent(spec: dict, on_event: Callable[[str], None]) -> int:
+def _quiet(_msg: str) -> None:
+    """Agents in head mode say nothing of rounds: the head reports them once."""
+
+
+def run_agent(spec: dict) -> int:
     """`distlaunch agent`: one node's agent, started by the head over SSH with ``spec``
     (JSON, read from stdin: it holds the store's secret). Returns the restarts taken;
     raises as NodeAgent.run. Records its end in the store so the head can tell a
@@ -454,7 +499,7 @@ def run_agent(spec: dict, on_event: Callable[[str], None]) -> int:
     store = StoreAddress(host, port, spec["token"])
     guard = OrphanGuard()
     try:
-        return NodeAgent(cfg, store, NodeOptions(**spec["node"]), guard, on_event,
+        return NodeAgent(cfg, store, NodeOptions(**spec["node"]), guard, _quiet,
                          master_addr=spec["master_addr"]).run()
     finally:
         guard.close()

@@ -84,8 +84,13 @@ class Rendezvous:
         returns all members in node-rank order."""
         self.store.set(self.key(rnd, f"node/{self.node_rank}"),
                        json.dumps({"slots": slots, "host": host, "addr": addr}))
+        return self.members(rnd, self.join_timeout)
+
+    def members(self, rnd: int, timeout: float) -> list[Member]:
+        """Every node of round ``rnd`` (``num_nodes`` of them), in node-rank order; blocks
+        until all have joined, at most ``timeout`` s."""
         keys = [self.key(rnd, f"node/{k}") for k in range(self.num_nodes)]
-        infos = self._wait_all(keys, f"rendezvous round {rnd}", self.join_timeout)
+        infos = self._wait_all(keys, f"rendezvous round {rnd}", timeout)
         return [Member(k, i["slots"], i["host"], i["addr"]) for k, i in enumerate(infos)]
 
     def join_dynamic(self, rnd: int, min_nodes: int, max_nodes: int, last_call: float,

@@ -8,7 +8,7 @@ from conftest import WORKERS, dl_popen
 from test_pernode import finish, free_port
 from test_supervision import wait_for
 
-CONF = "last_call_timeout=0.5,heartbeat_timeout=2,heartbeat_interval=0.2"
+CONF = "last_call_timeout=0.5,heartbeat_timeout=3,heartbeat_interval=0.2"
 
 
 def node(endpoint, nnodes, *args):
@@ -55,3 +55,19 @@ def test_lost_node_below_min_stops_with_clear_error(tmp_path):
     out, err, code = finish(procs[:1], timeout=60)[0]
     assert code == 1
     assert "1 node(s) remain, fewer than the minimum 2" in err
+
+
+def test_events_file_and_round_lines(tmp_path):
+    from conftest import dl
+    logs = tmp_path / "logs"
+    res = dl("run", "--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "ev", "--log-dir", logs,
+             WORKERS / "actor.py", "--fail-rank", "1", "--fail-code", "3", "--fail-attempts", "1")
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(ln) for ln in (logs / "ev" / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["round"]) for e in events] == \
+        [("round", 0), ("round_end", 0), ("round", 1), ("round_end", 1)]
+    assert [e["restart_count"] for e in events if e["event"] == "round"] == [0, 1]
+    first_end = events[1]["cause"]
+    assert first_end["kind"] == "failure" and first_end["failure"]["rank"] == 1
+    assert first_end["failure"]["returncode"] == 3 and events[3]["cause"] is None
+    assert "round 1: 1 node(s) [" in res.stderr and "restart count 1" in res.stderr

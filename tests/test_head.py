@@ -190,3 +190,17 @@ def test_live_status_on_a_terminal_only(sshd_hosts):
     assert "starting 4 workers on 2 hosts: 4/4 ready" in err and "\x1b[K" in err
     res = dl(*head_args(sshd_hosts), WORKERS / "actor.py")
     assert res.returncode == 0 and "\x1b[K" not in res.stderr and "ready" not in res.stderr
+
+
+def test_head_reports_rounds_once(sshd_hosts, tmp_path):
+    res = dl(*head_args(sshd_hosts), "--max-restarts", "1", "--run-id", "hr", "--log-dir", tmp_path,
+             WORKERS / "actor.py", "--fail-rank", "3", "--fail-code", "5", "--fail-attempts", "1",
+             timeout=120)
+    assert res.returncode == 0, res.stderr
+    err = res.stderr
+    assert err.count("round 0: 2 node(s) [node1:2, node2:2], restart count 0") == 1
+    assert err.count("round 0 ended: rank 3 (local rank 1) on node 1 (node2) exit code 5") == 1
+    assert err.count("round 1: 2 node(s)") == 1 and "round 1 ended: every worker succeeded" in err
+    events = [json.loads(ln) for ln in (tmp_path / "hr" / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["round"]) for e in events] == \
+        [("round", 0), ("round_end", 0), ("round", 1), ("round_end", 1)]

@@ -105,8 +105,10 @@ class NodeAgent:
 
     def __init__(self, cfg: LaunchConfig, store: StoreAddress, opts: NodeOptions,
                  guard: OrphanGuard, on_event: Callable[[str], None],
-                 base_env: dict[str, str] | None = None, master_addr: str | None = None):
+                 base_env: dict[str, str] | None = None, master_addr: str | None = None,
+                 events=None):
         self.cfg, self.store_addr, self.opts = cfg, store, opts
+        self.events = events  # events.EventLog, or None (a remote agent: the head reports)
         self.guard, self.on_event = guard, on_event
         self.base_env = dict(os.environ) if base_env is None else base_env
         self.master_addr = master_addr or cfg.master_addr or "localhost"
@@ -137,6 +139,7 @@ class NodeAgent:
                     rnd += 1
                     continue
                 cause = self._run_round(rdzv, group, rnd)
+                self._emit({"event": "round_end", "round": rnd, "cause": cause})
                 if cause is None:
                     return restarts
                 restarts = self._next_round(rdzv, cause, rnd, restarts)
@@ -163,6 +166,7 @@ class NodeAgent:
         if rdzv.node_rank == 0:
             rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv), restarts)
         addr, port, restarts = rdzv.master(rnd)
+        self._emit(round_event(rnd, restarts, members))
         slots = assign_ranks([m.slots for m in members])[rdzv.node_rank]
         group = WorkerGroup(self._specs(slots, rnd, (addr, port), restarts), relay, self.guard,
                             self.cfg.stop_timeout,
@@ -200,6 +204,10 @@ class NodeAgent:
             raise RendezvousError("the job finished before this node could join")
         rdzv.wait_members_done(late.rnd, late.size,
                                self.opts.exit_barrier_timeout + self.cfg.stop_timeout)
+
+    def _emit(self, event: dict) -> None:
+        if self.events is not None:
+            self.events.emit(event)
 
     def _labelled(self, f: WorkerFailure) -> WorkerFailure:
         return dataclasses.replace(f, host=self.opts.host_label) if self.opts.host_label else f
@@ -312,6 +320,11 @@ class NodeAgent:
             log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
             sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2))
         return sinks[0], sinks[1]
+
+
+def round_event(rnd: int, restarts: int, members) -> dict:
+    return {"event": "round", "round": rnd, "restart_count": restarts,
+            "members": [{"node": m.node_rank, "host": m.host, "workers": m.slots} for m in members]}
 
 
 def raise_for_cause(cause: dict):

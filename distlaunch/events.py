@@ -1,0 +1,65 @@
+"""The job's events: one line per rendezvous round and per round's end for the user, and
+a machine-readable JSON-lines file ``<log-dir>/<run-id>/events.jsonl``.
+
+Event records (``time`` is Unix seconds):
+
+    {"event": "round", "round": R, "restart_count": N, "members": [{"node", "host", "workers"}]}
+    {"event": "round_end", "round": R, "cause": null | {"kind": "failure" | "join" | "lost" | "signal", ...}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from typing import Callable
+
+
+def describe_cause(cause: dict | None) -> str:
+    if cause is None:
+        return "every worker succeeded"
+    kind = cause["kind"]
+    if kind == "failure":
+        f = cause["failure"]
+        rc = f["returncode"]
+        how = (f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
+               else f"exit code {rc}")
+        return f"rank {f['rank']} (local rank {f['local_rank']}) on node {f['node_rank']} ({f['host']}) {how}"
+    if kind == "join":
+        return "a node joined"
+    if kind == "lost":
+        return f"node {cause['node']} lost ({cause['why']})"
+    if kind == "signal":
+        return f"stopped by {signal.Signals(cause['signum']).name}"
+    return kind
+
+
+def one_line(event: dict) -> str:
+    if event["event"] == "round":
+        members = ", ".join(f"{m['host']}:{m['workers']}" for m in event["members"])
+        return (f"round {event['round']}: {len(event['members'])} node(s) [{members}], "
+                f"restart count {event['restart_count']}")
+    return f"round {event['round']} ended: {describe_cause(event['cause'])}"
+
+
+class EventLog:
+    """Thread-safe. ``emit(event)`` appends to the events file (if ``log_dir``) and shows
+    the one-line form through ``say`` when ``verbose(event)`` says so."""
+
+    def __init__(self, log_dir: str | None, run_id: str, say: Callable[[str], None] | None,
+                 verbose: Callable[[dict], bool] = lambda e: True):
+        self.path = os.path.join(log_dir, run_id, "events.jsonl") if log_dir else None
+        self.say, self.verbose = say, verbose
+        self._lock = threading.Lock()
+
+    def emit(self, event: dict) -> None:
+        event = {**event, "time": round(time.time(), 3)}
+        with self._lock:
+            if self.path:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(event) + "\n")
+            if self.say and self.verbose(event):
+                self.say(one_line(event))
