@@ -63,6 +63,15 @@ def test_unsupported_backend(backend):
     assert not dist.is_initialized()
 
 
+@pytest.mark.parametrize("backend", [None, "auto", "cpu", "gloo", "GLOO", "cpu:gloo"])
+def test_accepted_backends(backend, tmp_path):
+    dist.init_process_group(backend, init_method=f"file://{tmp_path}/s", rank=0, world_size=1, timeout=10)
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_bad_init_method_and_missing_rank(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -20,16 +20,16 @@ def _is_torch_tensor(obj) -> bool:
 
 
 def _from_torch(t, name: str) -> np.ndarray:
-    if getattr(t, "is_sparse", False) or getattr(t, "layout", None) is not None and str(t.layout) != "torch.strided":
-        raise CollectiveArgumentError(f"{name} is a sparse torch tensor; only dense CPU tensors are supported")
+    if str(getattr(t, "layout", "torch.strided")) != "torch.strided":
+        raise CollectiveArgumentError(f"{name} has layout {t.layout}; only dense (strided) CPU tensors are supported")
     if t.device.type != "cpu":
         raise CollectiveArgumentError(f"{name} is on device {t.device}; only CPU tensors are supported")
     if not t.is_contiguous():
         raise CollectiveArgumentError(f"{name} is not contiguous (call .contiguous() on it first)")
     try:
         return t.detach().numpy()
-    except (TypeError, RuntimeError) as e:  # e.g. bfloat16 has no numpy dtype
-        raise CollectiveArgumentError(f"{name} has dtype {t.dtype}, which has no numpy equivalent: {e}") from e
+    except (TypeError, RuntimeError) as e:  # e.g. bfloat16 (no numpy dtype), conjugate views
+        raise CollectiveArgumentError(f"{name} (dtype {t.dtype}) cannot be viewed as a numpy array: {e}") from e
 
 
 def as_array(obj, name: str, writable: bool = True) -> np.ndarray:

@@ -145,13 +145,27 @@ class _Executor:
                 self._thread.start()
         self._queue.put((fn, work))
 
+    def stop(self):
+        """Let the thread exit once the queued jobs ran, and wait for it (up to 5 s) so
+        that no thread of ours still holds user buffers (e.g. torch tensors) when the
+        interpreter shuts down."""
+        if self._thread is not None:
+            self._queue.put(None)
+            if self._thread is not threading.current_thread():
+                self._thread.join(timeout=5)
+            self._thread = None
+
     def _loop(self):
         while True:
-            fn, work = self._queue.get()
+            job = self._queue.get()
+            if job is None:
+                return
+            fn, work = job
             try:
                 work._finish(fn())
             except BaseException as e:  # delivered to whoever waits on the Work
                 work._finish(error=e)
+            del job, fn, work  # do not keep the last operation's buffers alive
             with self._cv:
                 self._pending -= 1
                 self._cv.notify_all()
@@ -187,6 +201,10 @@ class ProcessGroup:
 
     def __repr__(self):
         return f"ProcessGroup({self.name}, ranks={self.ranks})"
+
+    def shutdown(self):
+        """Stop the group's async executor thread (on destroy)."""
+        self._executor.stop()
 
     # -- rank translation
 

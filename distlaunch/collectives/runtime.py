@@ -153,6 +153,8 @@ class Runtime:
 
     def close(self):
         self.transport.close()
+        for g in self.groups.values():
+            g.shutdown()
         for obj in self._owned:
             try:
                 obj.close()
@@ -320,6 +322,7 @@ def destroy_process_group(group=None) -> None:
         return
     elif isinstance(group, ProcessGroup) and rt.groups.get(group.gid) is group:
         del rt.groups[group.gid]
+        group.shutdown()
     else:
         raise CollectiveArgumentError(f"{group!r} is not a live group of this runtime")
 
