@@ -864,3 +864,34 @@ def test_hung_server_gives_timeout_not_a_hang(monkeypatch):
         c.set("k", b"v")
     t.join()
     lsock.close()
+
+
+def test_close_wakes_a_call_blocked_in_another_thread(client):
+    errs = []
+
+    def run():
+        try:
+            client.get("never", timeout=30)
+        except Exception as e:
+            errs.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    client.close()
+    t.join(5)
+    assert not t.is_alive() and time.monotonic() - t0 < 2
+    assert isinstance(errs[0], StoreConnectionError)
+    with pytest.raises(StoreConnectionError, match="closed by the client"):
+        client.ping()
+    client.close()  # idempotent
+
+
+def test_prefix_store_rejects_a_str_for_a_key_list(client):
+    view = client.prefixed("p")
+    with pytest.raises(TypeError):
+        view.check("ab")
+    with pytest.raises(TypeError):
+        view.wait("ab")
+    assert view.check(k for k in ["x"]) is False  # any iterable of keys works

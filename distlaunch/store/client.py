@@ -74,6 +74,13 @@ def _what(what) -> str:
     return what
 
 
+def _names(ks: list) -> str:
+    """The keys of a request for an error message (abbreviated when many)."""
+    if len(ks) <= 8:
+        return repr([k.decode("utf-8") for k in ks])
+    return f"{len(ks)} keys"
+
+
 def _timeout(t) -> float:
     t = float(t)
     if not t > 0:  # also rejects NaN
@@ -205,7 +212,8 @@ class StoreClient:
         sock.settimeout(t or None)
 
     def _drop(self, why: str) -> None:
-        self._broken = why
+        if self._broken is None:  # keep the first reason (e.g. "closed by the client")
+            self._broken = why
         sock, self._sock = self._sock, None
         self._buf = b""
         if sock is not None:
@@ -297,6 +305,9 @@ class StoreClient:
                     raise StoreError(f"store {_what(what)}: {e}") from None
                 # A half-finished exchange leaves the stream out of step: never reuse it.
                 self._drop(str(e))
+                if self._broken == "closed by the client":
+                    raise StoreConnectionError(f"store {_what(what)}: the client was closed "
+                                               f"while the call waited") from None
                 raise type(e)(f"store {_what(what)}: {e}") from None
             except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO expired
                 self._drop("timed out waiting for a reply")
@@ -410,7 +421,7 @@ class StoreClient:
         client's), enforced by the server; raises StoreTimeoutError naming the missing keys."""
         ks = _keys(keys)
         t = self.timeout if timeout is None else _timeout(timeout)
-        what = f"wait({list(keys)!r})" if len(ks) <= 8 else f"wait({len(ks)} keys)"
+        what = f"wait({_names(ks)})"
         rtype, body = self._request(what, P.WAIT, P.enc_keys(ks) + P.F64.pack(t), wait=t)
         if rtype == P.TIMEOUT:
             raise self._timed_out(_what(what), body, t)
@@ -441,7 +452,7 @@ class StoreClient:
         ``timeout`` as for ``get``; raises StoreTimeoutError naming the missing keys."""
         ks = _keys(keys)
         t = self.timeout if timeout is None else _timeout(timeout)
-        what = f"multi_get({list(keys)!r})" if len(ks) <= 8 else f"multi_get({len(ks)} keys)"
+        what = f"multi_get({_names(ks)})"
         rtype, body = self._request(what, P.MULTI_GET, P.enc_keys(ks) + P.F64.pack(t), wait=t)
         if rtype == P.TIMEOUT:
             raise self._timed_out(_what(what), body, t)
@@ -487,7 +498,16 @@ class StoreClient:
                            connect_timeout=self._connect_timeout, ack_set=self._ack_set)
 
     def close(self) -> None:
-        """Close the connection (idempotent). Later calls raise StoreConnectionError."""
+        """Close the connection (idempotent). Later calls raise StoreConnectionError; a
+        call blocked in another thread on this client is woken with StoreConnectionError
+        at once (the socket is shut down before the lock is taken)."""
+        sock = self._sock
+        if sock is not None:
+            self._broken = "closed by the client"
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         with self._lock:
             if self._sock is not None:
                 self._drop("closed by the client")
@@ -533,6 +553,11 @@ class PrefixStore:
             raise TypeError(f"store keys are str, not {type(key).__name__}")
         return f"{self.prefix}/{key}"
 
+    def _ks(self, keys) -> list:
+        if isinstance(keys, str):
+            raise TypeError("keys must be a list of str, not one str")
+        return [self._k(k) for k in keys]
+
     def set(self, key, value):
         return self.underlying_store.set(self._k(key), value)
 
@@ -546,10 +571,10 @@ class PrefixStore:
         return self.underlying_store.compare_set(self._k(key), expected, desired)
 
     def check(self, keys):
-        return self.underlying_store.check([self._k(k) for k in keys])
+        return self.underlying_store.check(self._ks(keys))
 
     def wait(self, keys, timeout=None):
-        return self.underlying_store.wait([self._k(k) for k in keys], timeout)
+        return self.underlying_store.wait(self._ks(keys), timeout)
 
     def delete_key(self, key):
         return self.underlying_store.delete_key(self._k(key))
@@ -561,10 +586,10 @@ class PrefixStore:
         return self.underlying_store.append(self._k(key), value)
 
     def multi_get(self, keys, timeout=None):
-        return self.underlying_store.multi_get([self._k(k) for k in keys], timeout)
+        return self.underlying_store.multi_get(self._ks(keys), timeout)
 
     def multi_set(self, keys, values):
-        return self.underlying_store.multi_set([self._k(k) for k in keys], values)
+        return self.underlying_store.multi_set(self._ks(keys), values)
 
     @property
     def timeout(self):

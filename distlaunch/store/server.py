@@ -174,7 +174,7 @@ class StoreServer:
         """Bind, listen and start the event-loop thread. Returns self. Raises StoreError
         when already started or when the address cannot be bound."""
         if self._thread is not None or self._stopped:
-            raise StoreError("StoreServer.start() called twice")
+            raise StoreError("StoreServer.start(): already started (a server runs once)")
         _raise_nofile_limit()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
