@@ -96,6 +96,7 @@ def set_frame(key: bytes, value: bytes) -> bytes:
 def server():
     with StoreServer(token=TOKEN) as s:
         yield s
+        assert s.stats["internal_errors"] == 0, s.last_internal_error
 
 
 @pytest.fixture
@@ -144,6 +145,7 @@ class StoreModel(RuleBasedStateMachine):
         for c in self.clients:
             c.close()
         self.server.stop()
+        assert self.server.stats["internal_errors"] == 0, self.server.last_internal_error
 
     @rule(i=st.integers(0, 1), key=KEYS, value=VALUES)
     def set(self, i, key, value):
@@ -490,9 +492,18 @@ def test_silent_unauthenticated_connection_is_dropped_after_auth_timeout(monkeyp
 
 # --- hostile and broken peers next to a good client ----------------------------------------------
 
+REQUEST_TYPES = st.sampled_from(sorted(P.REQUEST_NAMES))
 GARBAGE = st.one_of(
     st.binary(max_size=300),
-    # a plausible header with an arbitrary type and payload: reaches the payload parser
+    # a correct header with a real request type and a random payload: reaches the
+    # payload parser of every request
+    st.builds(lambda t, body: P.HEADER.pack(len(body), t) + body,
+              REQUEST_TYPES, st.binary(max_size=200)),
+    # the same with a key that parses and a random rest
+    st.builds(lambda t, key, body: P.HEADER.pack(2 + len(key) + len(body), t)
+              + P.enc_key(key) + body,
+              REQUEST_TYPES, st.binary(min_size=1, max_size=20), st.binary(max_size=40)),
+    # a header with an arbitrary type
     st.builds(lambda t, body: P.HEADER.pack(len(body), t) + body,
               st.integers(0, 255), st.binary(max_size=200)),
     # a lying length
@@ -501,7 +512,7 @@ GARBAGE = st.one_of(
 )
 
 
-@settings(max_examples=120, deadline=None,
+@settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(garbage=GARBAGE, authed=st.booleans(), value=st.binary(max_size=100))
 def test_garbage_never_disturbs_a_good_client(garbage_env, garbage, authed, value):
@@ -522,6 +533,7 @@ def test_garbage_never_disturbs_a_good_client(garbage_env, garbage, authed, valu
     finally:
         s.close()
     assert srv._thread.is_alive()
+    assert srv.stats["internal_errors"] == 0, srv.last_internal_error
     # every raw connection is cleaned up (dropped by the server or closed by us)
     assert eventually(lambda: srv.num_connections == 1)
 

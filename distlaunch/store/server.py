@@ -158,7 +158,8 @@ class StoreServer:
         self._resume: list = []
         self._listen_paused_until = 0.0
         self.stats = {"accepted": 0, "auth_failures": 0, "protocol_errors": 0,
-                      "closed": 0, "requests": 0}
+                      "closed": 0, "requests": 0, "internal_errors": 0}
+        self.last_internal_error: str | None = None
         self._handlers = {
             P.SET: self._h_set, P.GET: self._h_get, P.ADD: self._h_add,
             P.COMPARE_SET: self._h_compare_set, P.CHECK: self._h_check, P.WAIT: self._h_wait,
@@ -281,10 +282,13 @@ class StoreServer:
                 for fd, ev in events:
                     c = conns.get(fd)
                     if c is not None:
-                        if ev & _OUT and c.out is not None:
-                            self._flush(c)
-                        if ev & (_IN | _BAD) and not c.closed:
-                            self._on_readable(c)
+                        try:
+                            if ev & _OUT and c.out is not None:
+                                self._flush(c)
+                            if ev & (_IN | _BAD) and not c.closed:
+                                self._on_readable(c)
+                        except Exception as e:  # a bug must cost one connection, not all
+                            self._internal_error(c, e)
                     elif fd == lfd:
                         self._accept()
                     elif fd == wfd:
@@ -295,7 +299,10 @@ class StoreServer:
                 while self._resume:
                     c = self._resume.pop()
                     if not c.closed and c.waiter is None and c.out is None and c.inbuf:
-                        self._process(c, c.inbuf, True)
+                        try:
+                            self._process(c, c.inbuf, True)
+                        except Exception as e:
+                            self._internal_error(c, e)
                 if heap:
                     self._expire()
                 if self._listen_paused_until and time.monotonic() >= self._listen_paused_until:
@@ -303,6 +310,11 @@ class StoreServer:
                     self._poller.register(lfd, _IN)
         finally:
             self._shutdown()
+
+    def _internal_error(self, c: _Conn, e: Exception) -> None:
+        self.stats["internal_errors"] += 1
+        self.last_internal_error = repr(e)
+        self._close(c)
 
     def _shutdown(self) -> None:
         for c in list(self._conns.values()):
