@@ -907,3 +907,15 @@ def test_prefix_store_rejects_a_str_for_a_key_list(client):
     with pytest.raises(TypeError):
         view.wait("ab")
     assert view.check(k for k in ["x"]) is False  # any iterable of keys works
+
+
+def test_listen_backlog_is_large(server):
+    import shutil
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) not installed")
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True,
+                         text=True, timeout=10).stdout.split()
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    assert out and out[0] == "LISTEN"
+    assert int(out[2]) == min(4096, somaxconn)  # Send-Q of a listener = its backlog
+    assert int(out[2]) >= min(1024, somaxconn)
