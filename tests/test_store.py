@@ -919,3 +919,27 @@ def test_listen_backlog_is_large(server):
     assert out and out[0] == "LISTEN"
     assert int(out[2]) == min(4096, somaxconn)  # Send-Q of a listener = its backlog
     assert int(out[2]) >= min(1024, somaxconn)
+
+
+def test_close_waits_until_unacknowledged_sets_are_applied(server, client):
+    """set, close, then another client looks without blocking (the exit-then-check
+    pattern of a worker and its launcher): the value must be there."""
+    for i in range(200):
+        w = StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=5)
+        w.set(f"exit/{i}", b"x" * 1000)
+        w.close()
+        assert client.check([f"exit/{i}"])
+
+
+def test_worker_process_set_then_exit_is_visible(server, client):
+    code = ("import os, sys\n"
+            "from distlaunch.store import StoreClient\n"
+            "with StoreClient('127.0.0.1', int(sys.argv[1]), timeout=10) as c:\n"
+            "    for i in range(50):\n"
+            "        c.set(f'w/{i}', os.urandom(100))\n"
+            "    c.set('w/last', b'1')\n")
+    for _ in range(3):
+        client.delete_key("w/last")
+        subprocess.run([sys.executable, "-c", code, str(server.port)], check=True,
+                       env=_worker_env(), timeout=30)
+        assert client.check(["w/last"])

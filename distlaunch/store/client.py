@@ -121,6 +121,7 @@ class StoreClient:
         self.timeout = _timeout(timeout)
         self._connect_timeout = self.timeout if connect_timeout is None else _timeout(connect_timeout)
         self._ack_set = bool(ack_set)
+        self._unacked = False  # an unacknowledged set was sent since the last reply
         self._lock = threading.Lock()
         self._sock = None
         self._buf = b""
@@ -291,6 +292,7 @@ class StoreClient:
                     if n >= HEADER_SIZE:
                         length, rtype = HEADER.unpack_from(data)
                         if n == length + HEADER_SIZE:
+                            self._unacked = False  # replies are in order: earlier sets are applied
                             body = data[HEADER_SIZE:]
                             if rtype == P.ERROR:
                                 raise StoreError(body.decode("utf-8", "replace"))
@@ -300,6 +302,7 @@ class StoreClient:
                             f"the store at {self.host}:{self.port} closed the connection")
                     self._buf = data
                 rtype, body = self._read_frame()
+                self._unacked = False
             except StoreError as e:
                 if type(e) is StoreError:  # an ERROR reply: the stream is still in step
                     raise StoreError(f"store {_what(what)}: {e}") from None
@@ -364,6 +367,7 @@ class StoreClient:
                     f"closed ({self._broken})")
             try:
                 sock.sendall(frame)
+                self._unacked = True
             except OSError as e:
                 self._drop(str(e))
                 if isinstance(e, (socket.timeout, BlockingIOError)):
@@ -500,8 +504,20 @@ class StoreClient:
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise StoreConnectionError; a
         call blocked in another thread on this client is woken with StoreConnectionError
-        at once (the socket is shut down before the lock is taken)."""
+        at once (the socket is shut down before the lock is taken).
+
+        If unacknowledged ``set`` calls are outstanding (and no other thread is in a call),
+        close first does one round trip (``ping``, bounded by min(timeout, 5) s plus
+        grace) so that when ``close`` returns, every ``set`` has been applied — e.g.
+        before the process exits and another process reacts to that exit.
+        """
         sock = self._sock
+        if sock is not None and self._unacked and not self._lock.locked():
+            try:
+                rtype, _ = self._request("close", P.PING, b"", wait=min(self.timeout, 5.0))
+            except StoreError:
+                pass  # the connection is gone; nothing more to make sure of
+            sock = self._sock
         if sock is not None:
             self._broken = "closed by the client"
             try:
