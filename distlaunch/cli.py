@@ -168,6 +168,9 @@ def _env_entries(value, where: str) -> list[str]:
         help="Ship the whole environment except host-specific variables (SSH_*, DISPLAY, "
              "HOSTNAME, PWD, TERM, ...).")
 @option("--prefix-host", is_flag=True, help="Prefix output lines with [host:rank]: .")
+@option("--min-nodes", default=None, type=click.IntRange(min=1), metavar="N",
+        help="With -H/--hostfile: drop a host whose agent is lost or whose workers fail in "
+             "two consecutive rounds, and go on while N hosts remain (default: all).")
 @option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
         help="Rendezvous store for per-node launches; node ranks are assigned by arrival. "
              "The launcher that can bind it hosts it, or run `distlaunch store` there.")
@@ -290,8 +293,11 @@ def _head_options(o: dict, cfg):
     ssh = SSHOptions(port=o["ssh_port"], user=o["ssh_user"], key_file=o["ssh_key"],
                      accept_new_host_keys=o["ssh_accept_new_host_keys"],
                      config_file=o["ssh_config"])
+    if o["min_nodes"] is not None and o["min_nodes"] > len(hosts):
+        raise ConfigError(f"--min-nodes {o['min_nodes']} is more than the {len(hosts)} host(s) "
+                          f"listed; give at most {len(hosts)}")
     return HeadOptions(tuple(hosts), ssh, o["store_addr"], o["remote_python"], o["remote_cwd"],
-                       o["env_all"], o["prefix_host"])
+                       o["env_all"], o["prefix_host"], o["min_nodes"])
 
 
 def _print_head_plan(cfg, head) -> None:

@@ -5,6 +5,8 @@ Event records (``time`` is Unix seconds):
 
     {"event": "round", "round": R, "restart_count": N, "members": [{"node", "host", "workers"}]}
     {"event": "round_end", "round": R, "cause": null | {"kind": "failure" | "join" | "lost" | "signal", ...}}
+    {"event": "drop", "host": H, "why": ...}        head mode: a host left out from now on
+    {"event": "end", "why": ...}                    head mode: too few hosts left
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ def describe_cause(cause: dict | None) -> str:
 
 
 def one_line(event: dict) -> str:
+    if event["event"] == "drop":
+        return f"dropping host {event['host']}: {event['why']}"
+    if event["event"] == "end":
+        return f"ending the job: {event['why']}"
     if event["event"] == "round":
         members = ", ".join(f"{m['host']}:{m['workers']}" for m in event["members"])
         return (f"round {event['round']}: {len(event['members'])} node(s) [{members}], "

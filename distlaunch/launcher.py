@@ -175,6 +175,7 @@ class HeadOptions:
     remote_cwd: str | None = None
     env_all: bool = False
     prefix_host: bool = False
+    min_nodes: int | None = None  # drop failing/lost hosts while this many remain
 
 
 class _RemoteAgents:
@@ -237,33 +238,76 @@ def _outcome(client, run_id: str) -> tuple[int, dict | None]:
     return max(rnd - 1, 0), last
 
 
-class _HeadMonitor:
-    """Head mode, from the store: while the job starts, "starting W workers on N hosts:
-    k/W ready" through ``on_progress(text, final)`` (a host is ready once its agent
-    started its workers of round 0); then one line and one events-file record per round
-    and per round's end. A thread with its own store connection, until ``stop()``."""
+class _HeadController:
+    """Head mode, on its own thread and store connection: shows the start-up status
+    ("starting W workers on N hosts: k/W ready" through ``on_progress(text, final)``),
+    reports each round and its end (events), and plans each next round, as Horovod's
+    elastic mode does: after a worker failure, the same hosts with the restart count + 1
+    while restarts remain; a host whose agent was lost, or whose workers failed in two
+    consecutive rounds, is dropped while at least ``min_nodes`` hosts remain (a drop for
+    a lost agent is no restart). Otherwise the job ends.
 
-    def __init__(self, client, run_id: str, hosts: list, events, on_progress):
+    ``agent_gone(id, status)`` (any thread): an agent ended before the job; its round is
+    stopped and its part of the round's barriers is filled in, so the others go on.
+    """
+
+    def __init__(self, client, cfg: LaunchConfig, hosts: list, min_nodes: int, events,
+                 on_progress, kill: Callable[[int], None]):
+        import queue
         import threading
 
         from .rendezvous import Rendezvous
 
-        self.client, self.hosts, self.events, self.on_progress = client, hosts, events, on_progress
-        self.rdzv = Rendezvous(client, run_id, 0, len(hosts))
+        self.client, self.cfg, self.hosts, self.min_nodes = client, cfg, hosts, min_nodes
+        self.events, self.on_progress, self.kill = events, on_progress, kill
+        self.rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
+        self.rnd = 0
+        self.plans = {0: (list(range(len(hosts))), 0)}  # round -> (member ids, restarts)
+        self.rdzv.publish_plan(0, *self.plans[0])
+        self.dead: set[int] = set()
+        self.streak = (None, 0)  # (host id, consecutive rounds its workers failed)
+        self._gone = queue.SimpleQueue()
         self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="head-monitor", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="head-controller", daemon=True)
         self.thread.start()
+
+    def agent_gone(self, node_id: int, status) -> None:
+        self._gone.put((node_id, status))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(2.0)
 
     def _wait(self, key: str) -> bool:
         from .errors import StoreTimeoutError
 
         while not self._stop.is_set():
+            self._handle_gone()
             try:
                 self.client.wait([key], timeout=0.1)
                 return True
             except StoreTimeoutError:
                 pass
         return False
+
+    def _handle_gone(self) -> None:
+        import queue
+
+        while True:
+            try:
+                node_id, status = self._gone.get_nowait()
+            except queue.Empty:
+                return
+            self.dead.add(node_id)
+            members = self.plans[self.rnd][0]
+            if node_id in members:
+                rank, r = members.index(node_id), self.rdzv
+                r.request_stop(self.rnd, {"kind": "lost", "node": rank, "why": (
+                    f"agent on {self.hosts[node_id].name} ended with status {status}")})
+                h = self.hosts[node_id]
+                self.client.compare_set(r.key(self.rnd, f"node/{rank}"), b"", json.dumps(
+                    {"slots": h.slots, "host": h.name, "addr": ""}))
+                self.client.set(r.key(self.rnd, f"done/{rank}"), b"1")
 
     def _startup(self) -> None:
         total = sum(h.slots for h in self.hosts)
@@ -277,31 +321,76 @@ class _HeadMonitor:
             if done:
                 return
             self._stop.wait(0.1)
+            self._handle_gone()
 
     def _run(self) -> None:
         from .agent.node import round_event
 
-        rnd = 0
+        r = self.rdzv
         try:
             if self.on_progress:
                 self._startup()
-            while self._wait(self.rdzv.key(rnd, "master")):
-                _, _, restarts = self.rdzv.master(rnd)
-                self.events.emit(round_event(rnd, restarts, self.rdzv.members(rnd, 30.0)))
-                if not self._wait(self.rdzv.key(rnd, "stop")):
+            while self._wait(r.key(self.rnd, "master")):
+                members = self.plans[self.rnd][0]
+                r.num_nodes = len(members)
+                _, _, restarts = r.master(self.rnd)
+                self.events.emit(round_event(self.rnd, restarts, r.members(self.rnd, 30.0)))
+                if not self._wait(r.key(self.rnd, "stop")):
                     return
-                cause = self.rdzv.stop_cause(rnd)
-                self.events.emit({"event": "round_end", "round": rnd,
-                                  "cause": None if cause["kind"] == "over" else cause})
-                rnd += 1
+                cause = r.stop_cause(self.rnd)
+                cause = None if cause["kind"] == "over" else cause
+                self.events.emit({"event": "round_end", "round": self.rnd, "cause": cause})
+                if cause is None:
+                    return
+                plan = self._plan_after(cause)
+                r.publish_plan(self.rnd + 1, *(plan or (None,)))
+                if plan is None:
+                    return
+                self.rnd += 1
+                self.plans[self.rnd] = plan
         except DistlaunchError:
             pass  # the store went away: the job is over
         finally:
             self.client.close()
 
-    def stop(self) -> None:
-        self._stop.set()
-        self.thread.join(2.0)
+    def _plan_after(self, cause: dict) -> tuple[list[int], int] | None:
+        members, restarts = self.plans[self.rnd]
+        drop = set(self.dead)
+        if cause["kind"] == "failure":
+            if restarts >= self.cfg.max_restarts:
+                return None
+            restarts += 1
+            bad = members[cause["failure"]["node_rank"]]
+            self.streak = (bad, self.streak[1] + 1 if self.streak[0] == bad else 1)
+            if self.streak[1] >= 2 and len(members) - 1 >= self.min_nodes:
+                drop.add(bad)
+                self._drop(bad, f"its workers failed in {self.streak[1]} consecutive rounds")
+        elif cause["kind"] == "lost":
+            lost = members[cause["node"]]
+            drop.add(lost)
+            self.dead.add(lost)
+            self.kill(lost)  # it may still run (e.g. stopped, or cut off from the store)
+            self._drop(lost, cause["why"])
+        else:  # a stop signal
+            return None
+        left = [m for m in members if m not in drop]
+        if len(left) < self.min_nodes:
+            self.events.emit({"event": "end", "why": f"{len(left)} host(s) left, fewer than "
+                              f"--min-nodes {self.min_nodes}"})
+            return None
+        return left, restarts
+
+    def _drop(self, node_id: int, why: str) -> None:
+        self.events.emit({"event": "drop", "host": self.hosts[node_id].name, "why": why})
+
+    def pgids(self, client, node_id: int) -> list[int]:
+        """The agent pid and worker process groups a host recorded most recently."""
+        for rnd in range(self.rnd, -1, -1):
+            members = self.plans.get(rnd, ([], 0))[0]
+            key = self.rdzv.key(rnd, f"pgids/{members.index(node_id)}") if node_id in members else None
+            if key and client.check([key]):
+                return json.loads(client.get(key))
+        return []
 
 
 def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], None],
@@ -331,7 +420,7 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         if guard:
             guard.close()
         raise ConfigError(str(e).replace("\n", "; ")) from e
-    server = agents = monitor = None
+    server = agents = controller = None
     try:
         python = head.remote_python or sys.executable
         cwd = head.remote_cwd or os.getcwd()
@@ -352,36 +441,37 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         server = StoreServer(store_addr, 0, token=token)
         server.start()
         store = StoreAddress(store_addr, server.port, token)
-        node0 = store_addr if 0 in local else conns[0].peer_address
         # -x values reach workers through cfg.env, inside the spec on stdin; the command
         # line (visible in the host's ps) carries only PYTHONPATH and --env-all.
         env = shipped_env(os.environ, [], head.env_all)
         client = StoreClient(store_addr, server.port, token=token, timeout=30)
 
         def node_options(k: int) -> NodeOptions:
-            return NodeOptions(node_rank=k, num_nodes=len(hosts), slots=hosts[k].slots,
-                               host_label=hosts[k].name, prefix_host=head.prefix_host,
-                               **cfg.rdzv_options())
+            return NodeOptions(node_id=k, slots=hosts[k].slots, host_label=hosts[k].name,
+                               prefix_host=head.prefix_host, **cfg.rdzv_options())
 
+        def kill(k: int) -> None:
+            if k in conns and agents is not None and k in agents.running:
+                _kill_remote(conns[k], controller.pgids(client, k))
+
+        from .events import EventLog
+        controller = _HeadController(client.clone(), cfg, hosts, head.min_nodes or len(hosts),
+                                     EventLog(cfg.log_dir, cfg.run_id, on_event), on_progress, kill)
         procs = {}
         for k in remote:
             spec = {"config": cfg.to_dict(), "store": [store_addr, server.port], "token": token,
-                    "node": dataclasses.asdict(node_options(k)), "master_addr": node0}
+                    "node": dataclasses.asdict(node_options(k)),
+                    "master_addr": conns[k].peer_address}  # MASTER_ADDR if it is node 0
             cmd = remote_command(python, cwd, ["-m", "distlaunch", "agent"], env)
             procs[k] = conns[k].exec(cmd, stdin_data=(json.dumps(spec) + "\n").encode())
         on_event(f"started agents on {len(hosts)} host(s): "
                  + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
 
         def lost(k: int, status: int | None) -> None:
-            # An agent that ends before the job does: stop the rest, and stand in for its
-            # exit barrier so they need not wait for it.
-            if not client.check([f"{cfg.run_id}/agent_exit/{k}"]):
-                _stand_in_for(client, cfg, k, f"agent on {hosts[k].name} ended with status {status}")
+            if not client.check([f"{cfg.run_id}/agent_exit/{k}"]):  # ended before the job
+                controller.agent_gone(k, status)
 
         agents = _RemoteAgents(procs, lost)
-        from .events import EventLog
-        monitor = _HeadMonitor(client.clone(), cfg.run_id, hosts,
-                               EventLog(cfg.log_dir, cfg.run_id, on_event), on_progress)
         if local:
             import threading
 
@@ -389,18 +479,19 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
             relay.start()
             try:
                 NodeAgent(cfg, store, node_options(local[0]), guard, _quiet,
-                          master_addr=node0).run()
+                          master_addr=store_addr).run()
             finally:
                 relay.join(cfg.stop_timeout + 15)
         else:
-            _supervise_remote(agents, client, cfg, conns, on_event)
+            _supervise_remote(agents, client, cfg, conns, controller, on_event)
+        controller.thread.join(5.0)  # it reports the last round's end
         rnd, cause = _outcome(client, cfg.run_id)
         if cause is not None:
             raise_for_cause(cause)
         return rnd
     finally:
-        if monitor is not None:
-            monitor.stop()
+        if controller is not None:
+            controller.stop()
         if agents is not None:
             for p in agents.procs.values():
                 p.close()
@@ -417,17 +508,8 @@ def _pump_until_done(agents: _RemoteAgents) -> None:
         agents.pump(1.0)
 
 
-def _stand_in_for(client, cfg: LaunchConfig, node: int, why: str) -> None:
-    """Node ``node``'s agent is gone: stop every round for that reason (unless something
-    else stopped it first) and mark the node done so the others' exit barrier passes."""
-    cause = json.dumps({"kind": "lost", "node": node, "why": why})
-    for rnd in range(cfg.max_restarts + 1):
-        client.compare_set(f"{cfg.run_id}/r{rnd}/stop", b"", cause)
-        client.set(f"{cfg.run_id}/r{rnd}/done/{node}", b"1")
-
-
 def _supervise_remote(agents: _RemoteAgents, client, cfg: LaunchConfig, conns: dict,
-                      on_event: Callable[[str], None]) -> None:
+                      controller: _HeadController, on_event: Callable[[str], None]) -> None:
     """The head's loop when it runs no workers itself: relay output until every agent has
     ended; a stop signal stops every round; agents that do not end within the grace
     period (or at a second Ctrl-C) are killed over SSH by their recorded process groups."""
@@ -444,31 +526,25 @@ def _supervise_remote(agents: _RemoteAgents, client, cfg: LaunchConfig, conns: d
                 relay.drain()
             if relay.stop_signal is not None and deadline is None:
                 cause = json.dumps({"kind": "signal", "signum": relay.stop_signal})
-                for rnd in range(cfg.max_restarts + 1):
+                for rnd in range(controller.rnd, cfg.max_restarts + len(conns) + 2):
                     client.compare_set(f"{cfg.run_id}/r{rnd}/stop", b"", cause)
                 deadline = time.monotonic() + cfg.stop_timeout + 10
             if relay.kill_now or (deadline is not None and time.monotonic() >= deadline):
                 for k in agents.running:
                     on_event(f"agent on {conns[k].host.name} did not stop; killing its processes")
-                    _kill_remote(client, cfg, k, conns[k])
+                    _kill_remote(conns[k], controller.pgids(client, k))
                     agents.procs[k].close()
                     agents.status[k] = -1
     finally:
         relay.restore()
 
 
-def _kill_remote(client, cfg: LaunchConfig, node: int, conn) -> None:
-    """SIGKILL an agent's recorded pid and worker process groups over a fresh SSH exec
-    (never a pattern kill)."""
+def _kill_remote(conn, pgids: list[int]) -> None:
+    """SIGKILL an agent's recorded pid and worker process groups (``pgids``: [agent pid,
+    worker pgids...]) over a fresh SSH exec, never a pattern kill."""
     from .remote import RemoteError
     from .remote.ssh import SSHConnection
 
-    pgids = []
-    for rnd in range(cfg.max_restarts, -1, -1):
-        key = f"{cfg.run_id}/r{rnd}/pgids/{node}"
-        if client.check([key]):
-            pgids = json.loads(client.get(key))
-            break
     if not pgids:
         return
     agent, workers = pgids[0], pgids[1:]

@@ -3,6 +3,7 @@
 One round = one attempt of the job (round R runs with TORCHELASTIC_RESTART_COUNT=R).
 Keys live under ``<run_id>/`` (values are JSON):
 
+    r<R>/plan         head mode: {"members": [node ids], "restarts": N} or {"end": true}
     r<R>/node/<K>     node K joined round R: {"slots", "host", "addr"}
     r<R>/master       {"addr", "port"}: MASTER_ADDR/MASTER_PORT for round R (node 0 picks)
     r<R>/stop         the first reason to stop round R (a compare_set: first writer wins):
@@ -38,6 +39,14 @@ class LateJoin(RendezvousError):
     def __init__(self, rnd: int, size: int):
         super().__init__(f"rendezvous round {rnd} closed with {size} nodes before this node arrived")
         self.rnd, self.size = rnd, size
+
+
+class Dropped(RendezvousError):
+    """Head mode: the head left this node out of the next round."""
+
+
+class PlanEnded(RendezvousError):
+    """Head mode: the head ended the job after the previous round."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,23 @@ class Rendezvous:
             raise LateJoin(rnd, size)
         self.node_rank, self.num_nodes = me, size
         return self.join(rnd, slots, host, addr)
+
+    def publish_plan(self, rnd: int, members: list[int] | None, restarts: int = 0) -> None:
+        """Head mode: who takes part in round ``rnd`` (node ids: the host's index in the
+        host list), or, with ``members=None``, that the job ends."""
+        plan = {"end": True} if members is None else {"members": members, "restarts": restarts}
+        self.store.set(self.key(rnd, "plan"), json.dumps(plan))
+
+    def follow_plan(self, rnd: int, node_id: int) -> int:
+        """Head mode: block until the head's plan for round ``rnd``; take this node's rank
+        from it and return the restart count. Raises Dropped or PlanEnded."""
+        plan = json.loads(self.store.get(self.key(rnd, "plan"), timeout=self.join_timeout))
+        if plan.get("end"):
+            raise PlanEnded(f"the head ended the job after round {rnd - 1}")
+        if node_id not in plan["members"]:
+            raise Dropped(f"the head left this node out of round {rnd}")
+        self.node_rank, self.num_nodes = plan["members"].index(node_id), len(plan["members"])
+        return plan["restarts"]
 
     def publish_master(self, rnd: int, addr: str, port: int, restarts: int) -> None:
         """Node 0: MASTER_ADDR/MASTER_PORT of round ``rnd`` and the job's restart count (a

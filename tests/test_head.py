@@ -204,3 +204,51 @@ def test_head_reports_rounds_once(sshd_hosts, tmp_path):
     events = [json.loads(ln) for ln in (tmp_path / "hr" / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e["round"]) for e in events] == \
         [("round", 0), ("round_end", 0), ("round", 1), ("round_end", 1)]
+
+
+def test_repeatedly_failing_host_is_dropped(sshd_hosts):
+    # rank 3 lives on node2 while it is a member: it fails twice, node2 is dropped, and
+    # the job finishes on node1 alone.
+    res = dl(*head_args(sshd_hosts), "--min-nodes", "1", "--max-restarts", "3", WORKERS / "actor.py",
+             "--fail-rank", "3", "--fail-code", "4", timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "dropping host node2: its workers failed in 2 consecutive rounds" in res.stderr
+    assert "round 2: 1 node(s) [node1:2], restart count 2" in res.stderr
+
+
+def agent_of(tmp_path, host_rank_range):
+    """The pid of the agent whose workers are ranks in ``host_rank_range`` (found from the
+    workers' environment, as root)."""
+    for pr in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(pr.info["cmdline"] or [])
+        if str(tmp_path) in cmd and "distlaunch" not in cmd:
+            try:
+                if int(pr.environ().get("RANK", -1)) in host_rank_range:
+                    return pr.ppid()
+            except psutil.Error:
+                pass
+    return None
+
+
+def test_lost_agent_dropped_with_min_nodes(sshd_hosts, tmp_path):
+    import signal
+    p = dl_popen(*head_args(sshd_hosts), "--min-nodes", "1", WORKERS / "actor.py", "--mark-dir",
+                 tmp_path, "--sleep", "5")
+    assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
+    agent = agent_of(tmp_path, range(2, 4))
+    assert agent
+    os.kill(agent, signal.SIGKILL)
+    out, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err
+    assert "dropping host node2: agent on node2 ended" in err
+    assert "round 1: 1 node(s) [node1:2], restart count 0" in err
+
+
+def test_lost_agent_ends_the_job_without_min_nodes(sshd_hosts, tmp_path):
+    import signal
+    p = dl_popen(*head_args(sshd_hosts), WORKERS / "actor.py", "--mark-dir", tmp_path, "--sleep", "60")
+    assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
+    os.kill(agent_of(tmp_path, range(2, 4)), signal.SIGKILL)
+    out, err = p.communicate(timeout=90)
+    assert p.returncode == 1
+    assert "node 1 was lost (agent on node2 ended" in err

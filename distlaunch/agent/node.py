@@ -19,7 +19,7 @@ from typing import Callable
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, WorkerFailedError
-from ..rendezvous import Heartbeat, LateJoin, Rendezvous, StopWatcher
+from ..rendezvous import Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher
 from ..topology import WorkerSlot, assign_ranks
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard
@@ -50,6 +50,7 @@ class NodeOptions:
     min_nodes: int = 1
     max_nodes: int | None = None  # set: dynamic membership (--nnodes MIN:MAX)
     hosts_store: bool = False  # this process hosts the store: stay until all have left
+    node_id: int | None = None  # head mode: membership follows the head's plan per round
 
 
 def worker_argv(cfg: LaunchConfig, python: str = sys.executable) -> list[str]:
@@ -130,8 +131,16 @@ class NodeAgent:
         group: WorkerGroup | None = None
         relay = SignalRelay(lambda: group.live() if group else ())
         rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
+        cause = None
         try:
             while True:
+                if o.node_id is not None:  # head mode: the head decides each round
+                    try:
+                        restarts = rdzv.follow_plan(rnd, o.node_id)
+                    except PlanEnded:
+                        raise_for_cause(cause)
+                    except Dropped:
+                        return restarts
                 try:
                     group, restarts = self._make_group(rdzv, rnd, restarts, relay)
                 except LateJoin as late:
@@ -142,7 +151,10 @@ class NodeAgent:
                 self._emit({"event": "round_end", "round": rnd, "cause": cause})
                 if cause is None:
                     return restarts
-                restarts = self._next_round(rdzv, cause, rnd, restarts)
+                if o.node_id is None:
+                    restarts = self._next_round(rdzv, cause, rnd, restarts)
+                elif cause["kind"] == "signal":
+                    raise_for_cause(cause)
                 rnd += 1
         finally:
             relay.restore()
