@@ -149,3 +149,24 @@ def test_multiprocessing_started_ranks(scheme, tmp_path, monkeypatch):
     for p in procs:
         p.join(30)
     assert results == [(r, [6.0, 6.0, 6.0], [0, 1, 2]) for r in range(world)], results
+
+
+def test_init_with_a_store_object():
+    """store=: any c10d-style store; here distlaunch's own StoreServer/StoreClient."""
+    import numpy as np
+    from distlaunch.store import StoreClient, StoreServer
+    server = StoreServer(token="t0k")
+    server.start()
+    try:
+        client = StoreClient("127.0.0.1", server.port, token="t0k", timeout=10)
+        dist.init_process_group(store=client, rank=0, world_size=1, timeout=10)
+        try:
+            x = np.ones(3)
+            dist.all_reduce(x)
+            assert x.tolist() == [1.0, 1.0, 1.0]
+            assert client.check(["distlaunch/coll/g0/joined/0"])  # keys are namespaced
+        finally:
+            dist.destroy_process_group()
+        client.close()
+    finally:
+        server.stop()
