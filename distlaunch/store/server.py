@@ -37,6 +37,7 @@ _INT64 = 1 << 64
 _U16, _U32, _F64 = P.U16, P.U32, P.F64
 _VALUE_HDR = struct.Struct("!IBI")
 _MAX_KEY = P.MAX_KEY_BYTES
+_SET, _SET_NOREPLY, _GET = P.SET, P.SET_NOREPLY, P.GET
 _MAX_VALUE = P.MAX_VALUE_BYTES
 _R_OK = P.frame(P.OK)
 _R_TRUE = P.frame(P.BOOL, b"\x01")
@@ -428,32 +429,8 @@ class StoreServer:
         if c.inbuf:
             c.inbuf += data
             self._process(c, c.inbuf, True)
-            return
-        # Fast path for the rendezvous hot loop: exactly one whole SET, or a GET of a key
-        # that exists, from an idle authenticated connection. Checks as strict as Reader's.
-        n = len(data)
-        if n >= 7 and c.authed and c.waiter is None and c.out is None:
-            length, mtype = HEADER.unpack_from(data)
-            if length + HEADER_SIZE == n:
-                (klen,) = _U16.unpack_from(data, 5)
-                if 0 < klen <= _MAX_KEY:
-                    kend = 7 + klen
-                    if (mtype == P.SET_NOREPLY or mtype == P.SET) and kend + 4 <= n:
-                        (vlen,) = _U32.unpack_from(data, kend)
-                        if kend + 4 + vlen == n:  # vlen <= length <= MAX_FRAME; check value cap
-                            if vlen <= _MAX_VALUE:
-                                self.stats["requests"] += 1
-                                self._put(data[7:kend], data[kend + 4:])
-                                if mtype == P.SET:
-                                    self._send(c, _R_OK)
-                                return
-                    elif mtype == P.GET and kend + 8 == n:
-                        v = self._data.get(data[7:kend])
-                        if v is not None and _F64.unpack_from(data, kend)[0] >= 0.0:
-                            self.stats["requests"] += 1
-                            self._send(c, _VALUE_HDR.pack(len(v) + 4, P.VALUE, len(v)) + v)
-                            return
-        self._process(c, data, False)
+        else:
+            self._process(c, data, False)
 
     def _process(self, c: _Conn, buf, in_place: bool) -> None:
         """Handle every complete frame in ``buf`` (stopping while a request is blocked or a
@@ -477,11 +454,37 @@ class StoreServer:
                     if c.closed:
                         return
                 else:
-                    handler = self._handlers.get(mtype)
-                    if handler is None:
-                        raise _Drop("protocol")
                     self.stats["requests"] += 1
-                    reply = handler(c, Reader(buf, pos + HEADER_SIZE, end))
+                    reply = b""
+                    p = pos + HEADER_SIZE
+                    # Inline fast path for the hot requests (set, get of an existing key);
+                    # checks as strict as Reader's. Anything else takes the general path.
+                    if (mtype == _SET_NOREPLY or mtype == _SET or mtype == _GET) and length >= 2:
+                        (klen,) = _U16.unpack_from(buf, p)
+                        kend = p + 2 + klen
+                        if not 0 < klen <= _MAX_KEY:
+                            reply = None
+                        elif mtype == _GET:
+                            v = None
+                            if kend + 8 == end and _F64.unpack_from(buf, kend)[0] >= 0.0:
+                                v = self._data.get(bytes(buf[p + 2:kend]))
+                            reply = None if v is None else \
+                                _VALUE_HDR.pack(len(v) + 4, P.VALUE, len(v)) + v
+                        elif kend + 4 <= end and \
+                                kend + 4 + _U32.unpack_from(buf, kend)[0] == end and \
+                                end - kend - 4 <= _MAX_VALUE:
+                            self._put(bytes(buf[p + 2:kend]), bytes(buf[kend + 4:end]))
+                            if mtype == _SET:
+                                reply = _R_OK
+                        else:
+                            reply = None
+                    else:
+                        reply = None
+                    if reply is None:
+                        handler = self._handlers.get(mtype)
+                        if handler is None:
+                            raise _Drop("protocol")
+                        reply = handler(c, Reader(buf, p, end))
                     if reply:  # None: blocked; b"": nothing to answer (SET_NOREPLY)
                         self._send(c, reply)
                         if c.closed:
