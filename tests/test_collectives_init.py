@@ -164,7 +164,7 @@ def test_init_with_a_store_object():
             x = np.ones(3)
             dist.all_reduce(x)
             assert x.tolist() == [1.0, 1.0, 1.0]
-            assert client.check(["distlaunch/coll/g0/joined/0"])  # keys are namespaced
+            assert client.check(["distlaunch/coll/g0/joined/0", "distlaunch/coll/g0/node/0"])  # namespaced
         finally:
             dist.destroy_process_group()
         client.close()

@@ -76,8 +76,11 @@ class _LockedStore:
 class Runtime:
     """Everything one initialised process group owns: store, transport, groups."""
 
-    def __init__(self, rank, world_size, store, prefix, timeout, host, owned=()):
+    def __init__(self, rank, world_size, store, prefix, timeout, host, owned=(), node_id=None):
         self.rank = rank
+        # which ranks share a machine (for a shared-memory transport): the launcher's node
+        # id, else the host name; published as <ns>node/<rank>
+        self.node_id = node_id or os.environ.get("DISTLAUNCH_NODE_ID") or socket.gethostname()
         self.world_size = world_size
         self.timeout = timeout
         self.store = _LockedStore(store)
@@ -95,6 +98,7 @@ class Runtime:
                                       self._status, self._abort)
         self.transport.late_handler = self._late
         try:
+            self.store.set(f"{ns}node/{rank}", self.node_id.encode())
             self.store.set(f"{ns}joined/{rank}", b"1")
             self._wait_joined(ns, deadline, timeout)
         except BaseException:
@@ -249,7 +253,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     deadline = time.monotonic() + timeout
     if store is not None and init_method is not None:
         raise ConfigError("give init_method or store, not both")
-    owned = []
+    owned, node_id = [], None
     if store is not None:
         r, n = _int_arg(rank, "RANK", "rank"), _int_arg(world_size, "WORLD_SIZE", "world_size")
         prefix, host = "distlaunch/coll/", _local_host_towards(getattr(store, "host", "127.0.0.1"))
@@ -264,6 +268,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         owned.append(store)
         prefix = f"distlaunch/coll/{ident.run_id}/{ident.restart_count}/"
         host = _local_host_towards(ident.store_addr)
+        node_id = ident.node_id
     else:
         url = urlparse(init_method or "env://")
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
@@ -299,7 +304,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     if not 0 <= r < n:
         raise ConfigError(f"rank {r} is outside 0..world_size-1 (world_size {n})")
     try:
-        _runtime = Runtime(r, n, store, prefix, timeout, host, owned)
+        _runtime = Runtime(r, n, store, prefix, timeout, host, owned, node_id)
     except BaseException:
         for obj in owned:
             obj.close()

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import collections
+import hmac
 import selectors
 import socket
 import threading
@@ -495,7 +496,8 @@ class TcpTransport(Transport):
                 req.buf[:] = data
             req.complete(err)
         elif hdr.kind == HELLO:
-            if conn.peer is None and bytes(data) == self._secret and 0 <= hdr.src < self.world_size:
+            if conn.peer is None and hmac.compare_digest(bytes(data), self._secret) and \
+                    0 <= hdr.src < self.world_size:
                 conn.peer = hdr.src
             else:
                 self._drop(conn)
