@@ -28,3 +28,12 @@ def test_feature(mode, n):
 def test_feature_torch(mode, n):
     pytest.importorskip("torch")
     _run(mode, n, "--torch")
+
+
+@pytest.mark.parametrize("n,seed", [(2, 1), (3, 2), (4, 3)])
+def test_random_operation_sequence(n, seed):
+    """A seeded random mix of collectives, sizes across the thresholds, subgroups and
+    async_op (tests/collectives_workers/random_ops.py)."""
+    rc, out, err = launch.launch("random_ops.py", n, args=[str(seed), "300"], timeout=180)
+    assert rc == 0, f"{out[-3000:]}\n{err[-6000:]}"
+    assert sum("checks passed" in line for line in out.splitlines()) == n, out
