@@ -14,9 +14,9 @@ Choice (thresholds in bytes of the buffer, see ``RING_THRESHOLD``/``CHAIN_THRESH
   buffer), with the incoming block split into PIECEs so that reducing one piece overlaps
   receiving the next. Both: Thakur, Rabenseifner & Gropp, "Optimization of Collective
   Communication Operations in MPICH" (IJHPCA 2005).
-- reduce_scatter: ring; all_gather: ring; barrier: dissemination (Hensgen, Finkel &
-  Manber 1988); scatter, gather, all_to_all: direct (linear) exchange, all messages in
-  flight at once.
+- all_gather: Bruck below RING_THRESHOLD bytes of output, ring above;
+  reduce_scatter: ring; barrier: dissemination (Hensgen, Finkel & Manber 1988);
+  scatter, gather, all_to_all: direct (linear) exchange, all messages in flight at once.
 
 Determinism: every reduced element is computed by exactly one sequence of ufunc calls
 whose operand order depends only on ranks (the contribution of the lower-ranked side, or
@@ -273,9 +273,35 @@ def reduce_scatter(ctx, out: np.ndarray, work: np.ndarray, op: ReduceOp) -> None
 # --------------------------------------------------------------------- data movement
 
 def all_gather(ctx, views: list) -> None:
-    """``views``: byte views of the n output blocks; block r already holds our input."""
-    if ctx.group.size > 1:
+    """``views``: byte views of the n (equal-sized) output blocks; block r already holds
+    our input. Bruck's algorithm below RING_THRESHOLD bytes in total (ceil(log2 n)
+    steps), the ring above (n-1 steps, bandwidth-optimal)."""
+    n = ctx.group.size
+    if n > 2 and len(views[0]) * n < RING_THRESHOLD:
+        _bruck_all_gather(ctx, views)
+    elif n > 1:
         ring_all_gather(ctx, views)
+
+
+def _bruck_all_gather(ctx, views):
+    """Bruck et al., "Efficient algorithms for all-to-all communications in multiport
+    message-passing systems" (IEEE TPDS 1997): a scratch buffer holds the blocks of ranks
+    r, r+1, ...; in step k (k = 1, 2, 4, ...) send the first min(k, n - have) blocks to
+    rank r-k and append those of rank r+k; finally rotate into place."""
+    n, r = ctx.group.size, ctx.group.rank
+    b = len(views[0])
+    tmp = memoryview(bytearray(n * b))
+    tmp[:b] = views[r]
+    have, k, step = 1, 1, 0
+    while have < n:
+        cnt = min(k, n - have)
+        ctx.wait(ctx.recv((r + k) % n, tmp[have * b:(have + cnt) * b], step),
+                 ctx.send((r - k) % n, tmp[:cnt * b], step))
+        have += cnt
+        k <<= 1
+        step += 1
+    for j in range(1, n):
+        views[(r + j) % n][:] = tmp[j * b:(j + 1) * b]
 
 
 def scatter(ctx, out_mv, in_mvs, root) -> None:
