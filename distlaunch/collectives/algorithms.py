@@ -12,7 +12,8 @@ Choice (thresholds in bytes of the buffer, see ``RING_THRESHOLD``/``CHAIN_THRESH
   "extra ranks fold into a partner first" handling of non-powers of two); above,
   ring reduce-scatter + ring all-gather (2(n-1) steps, each rank sends 2(n-1)/n of the
   buffer), with the incoming block split into PIECEs so that reducing one piece overlaps
-  receiving the next. Both: Thakur, Rabenseifner & Gropp, "Optimization of Collective
+  receiving the next, and every receive posted before the data can arrive. Both:
+  Thakur, Rabenseifner & Gropp, "Optimization of Collective
   Communication Operations in MPICH" (IJHPCA 2005).
 - all_gather: Bruck below RING_THRESHOLD bytes of output, ring above;
   reduce_scatter: ring; barrier: dissemination (Hensgen, Finkel & Manber 1988);
@@ -122,52 +123,63 @@ def _chain_broadcast(ctx, mv, root):
 
 # --------------------------------------------------------------------- ring building blocks
 
-def ring_reduce_scatter(ctx, work: np.ndarray, bounds: list, op: ReduceOp, phase0: int = 0) -> None:
+def ring_reduce_scatter(ctx, work: np.ndarray, bounds: list, op: ReduceOp, phase0: int = 0,
+                        after_step=None) -> None:
     """In place on ``work``: afterwards block ``bounds[r]`` of ``work`` holds the
     reduction of that block over all ranks (other blocks hold partial results).
 
     Step s (0..n-2): send block r-s-1 to the right neighbour, receive block r-s-2 from
-    the left one and reduce it (received partial first). Receives for step s+1 are
-    posted before reducing step s (two scratch buffers) so data can keep flowing.
+    the left one and reduce it (received partial first). The receives of all steps are
+    posted up front, each into its own scratch block (n-1 blocks of scratch), so data
+    lands directly where it is reduced even when the left neighbour runs steps ahead.
+    ``after_step(s)`` runs once step s finished (its send completed).
     """
     n, r = ctx.group.size, ctx.group.rank
     left, right = (r - 1) % n, (r + 1) % n
     biggest = max(b - a for a, b in bounds)
-    scratch = (np.empty(biggest, work.dtype), np.empty(biggest, work.dtype))
+    scratch = np.empty((n - 1) * biggest, work.dtype)
     unit = work.itemsize
-
-    def post_recvs(s):
+    recvs = []
+    for s in range(n - 1):
         a, b = bounds[(r - s - 2) % n]
-        sb = scratch[s % 2]
-        return [(pa, pb, ctx.recv(left, byte_view(sb[pa:pb]), _step(phase0 + s, i)))
-                for i, (pa, pb) in enumerate(_pieces(b - a, unit))]
-
-    recvs = post_recvs(0)
+        sb = scratch[s * biggest:s * biggest + (b - a)]
+        recvs.append([(pa, pb, sb, ctx.recv(left, byte_view(sb[pa:pb]), _step(phase0 + s, i)))
+                      for i, (pa, pb) in enumerate(_pieces(b - a, unit))])
     for s in range(n - 1):
         a, b = bounds[(r - s - 1) % n]
         sends = [ctx.send(right, byte_view(work[a + pa:a + pb]), _step(phase0 + s, i))
                  for i, (pa, pb) in enumerate(_pieces(b - a, unit))]
-        upcoming = post_recvs(s + 1) if s + 1 < n - 1 else []
         a, _ = bounds[(r - s - 2) % n]
-        sb = scratch[s % 2]
-        for pa, pb, req in recvs:
+        for pa, pb, sb, req in recvs[s]:
             ctx.wait(req)
             target = work[a + pa:a + pb]
             combine(sb[pa:pb], target, target, op)
         ctx.wait(*sends)
-        recvs = upcoming
+        if after_step is not None:
+            after_step(s)
 
 
-def ring_all_gather(ctx, views: list, phase0: int = 0) -> None:
+def _all_gather_recv(ctx, views, t, phase0):
+    n, r = ctx.group.size, ctx.group.rank
+    return ctx.recv((r - 1) % n, views[(r - t - 1) % n], _step(phase0 + t))
+
+
+def ring_all_gather(ctx, views: list, phase0: int = 0, recvs=None) -> None:
     """``views[i]`` (byte memoryviews, one per group rank) hold rank i's block on rank i;
     afterwards every rank has every block. Step t: send block r-t right, receive block
-    r-t-1 from the left directly into its place."""
+    r-t-1 from the left directly into its place (all receives posted up front -- or
+    already posted by the caller: ``recvs`` -- and a block is forwarded as soon as it
+    arrived)."""
     n, r = ctx.group.size, ctx.group.rank
-    left, right = (r - 1) % n, (r + 1) % n
+    right = (r + 1) % n
+    recvs = list(recvs or [])
+    recvs += [_all_gather_recv(ctx, views, t, phase0) for t in range(len(recvs), n - 1)]
+    sends = []
     for t in range(n - 1):
-        recv = ctx.recv(left, views[(r - t - 1) % n], _step(phase0 + t))
-        send = ctx.send(right, views[(r - t) % n], _step(phase0 + t))
-        ctx.wait(recv, send)
+        if t:
+            ctx.wait(recvs[t - 1])
+        sends.append(ctx.send(right, views[(r - t) % n], _step(phase0 + t)))
+    ctx.wait(*recvs, *sends)
 
 
 # --------------------------------------------------------------------- reductions
@@ -179,8 +191,13 @@ def all_reduce(ctx, buf: np.ndarray, op: ReduceOp) -> None:
             _recursive_doubling(ctx, buf, op)
         else:
             bounds = block_bounds(buf.size, n)
-            ring_reduce_scatter(ctx, buf, bounds, op)
-            ring_all_gather(ctx, [byte_view(buf[a:b]) for a, b in bounds], phase0=n)
+            views = [byte_view(buf[a:b]) for a, b in bounds]
+            # block r-s-1 is final on this rank once reduce-scatter step s sent it: the
+            # all-gather may receive into it from then on
+            early = []
+            ring_reduce_scatter(ctx, buf, bounds, op,
+                                after_step=lambda s: early.append(_all_gather_recv(ctx, views, s, n)))
+            ring_all_gather(ctx, views, phase0=n, recvs=early)
     finalize(buf, op, n)
 
 
