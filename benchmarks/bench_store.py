@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 TOKEN = "bench-secret"
 VALUE = b"v" * 64
 BARRIER_PROCS = 4
-BARRIER_CONNECT_TIMEOUT = 40.0
+BARRIER_CONNECT_TIMEOUT = 30.0
 
 
 def connect(impl: str, host: str, port: int, timeout: float = 120.0):
@@ -201,7 +201,10 @@ def barrier(impl: str, world: int) -> float:
         per = [world // BARRIER_PROCS + (i < world % BARRIER_PROCS) for i in range(BARRIER_PROCS)]
         procs = [spawn("--role", "barrier", "--impl", impl, "--port", str(port),
                        "--threads", str(n), "--world", str(world)) for n in per]
-        wait_count(main, "connected", world, timeout=BARRIER_CONNECT_TIMEOUT + 15)
+        try:
+            wait_count(main, "connected", world, timeout=BARRIER_CONNECT_TIMEOUT + 10)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e} (connection set-up, before the barrier)") from None
         t0 = time.perf_counter()
         main.set("go", b"1")
         wait_count(main, "finished", world, timeout=60)
