@@ -41,8 +41,9 @@ def run(lib, op, nbytes):
     calls = {
         "all_reduce": lambda: lib.all_reduce(x),
         "broadcast": lambda: lib.broadcast(x, src=0),
-        "all_gather_into_tensor": lambda: lib.all_gather_into_tensor(big, x),
-        "reduce_scatter_tensor": lambda: lib.reduce_scatter_tensor(x, big),
+        # the *_single names (torch >= 2.13 deprecates *_tensor); distlaunch has both
+        "all_gather_into_tensor": lambda: getattr(lib, "all_gather_single", lib.all_gather_into_tensor)(big, x),
+        "reduce_scatter_tensor": lambda: getattr(lib, "reduce_scatter_single", lib.reduce_scatter_tensor)(x, big),
     }
     fn = calls[op]
     for _ in range(3):
@@ -69,8 +70,8 @@ for op in args.ops.split(","):
                 continue
             med, best = run(lib, op, nbytes)
             if rank == 0:
-                bw = (2 * (world - 1) / world * nbytes / med / 1e6) if op == "all_reduce" else float("nan")
-                print(f"{op:24} {nbytes:>10} {name:>10} {med * 1e6:>9.1f}us {best * 1e6:>9.1f}us {bw:>7.0f}MB/s",
+                bw = f"{2 * (world - 1) / world * nbytes / med / 1e6:7.0f}MB/s" if op == "all_reduce" else "-"
+                print(f"{op:24} {nbytes:>10} {name:>10} {med * 1e6:>9.1f}us {best * 1e6:>9.1f}us {bw:>11}",
                       flush=True)
 if tdist is not None:
     tdist.destroy_process_group()

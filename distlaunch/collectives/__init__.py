@@ -15,9 +15,9 @@ Modules: ``runtime`` (init, groups), ``api`` (tensor ops), ``objects`` (object o
 header), ``filestore``.
 """
 
-from .api import (all_gather, all_gather_into_tensor, all_reduce, all_to_all, all_to_all_single, barrier,
-                  broadcast, gather, irecv, isend, recv, reduce, reduce_scatter, reduce_scatter_tensor, scatter,
-                  send)
+from .api import (all_gather, all_gather_into_tensor, all_gather_single, all_reduce, all_to_all, all_to_all_single,
+                  barrier, broadcast, gather, irecv, isend, recv, reduce, reduce_scatter, reduce_scatter_single,
+                  reduce_scatter_tensor, scatter, send)
 from .errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError, CollectiveTimeoutError,
                      NotInitializedError, PeerLostError)
 from .filestore import FileStore
@@ -25,15 +25,22 @@ from .group import ProcessGroup, Work
 from .objects import (all_gather_object, broadcast_object_list, gather_object, recv_object_list,
                       scatter_object_list, send_object_list)
 from .ops import ReduceOp, reduce_op
-from .runtime import (DEFAULT_ENV_TOKEN, GroupMember, destroy_process_group, get_backend, get_process_group_ranks,
-                      get_rank, get_world_size, init_process_group, is_initialized, new_group)
+from .runtime import (DEFAULT_ENV_TOKEN, GroupMember, destroy_process_group, get_backend, get_global_rank,
+                      get_group_rank, get_process_group_ranks, get_rank, get_world_size, init_process_group,
+                      is_available, is_initialized, new_group)
 
 __all__ = [
-    "init_process_group", "destroy_process_group", "is_initialized", "new_group", "get_rank", "get_world_size",
-    "get_backend", "get_process_group_ranks", "GroupMember", "ProcessGroup", "Work", "ReduceOp", "reduce_op",
+    # groups
+    "init_process_group", "destroy_process_group", "is_initialized", "is_available", "new_group", "get_rank",
+    "get_world_size", "get_backend", "get_process_group_ranks", "get_global_rank", "get_group_rank", "GroupMember",
+    "ProcessGroup", "Work", "ReduceOp", "reduce_op", "DEFAULT_ENV_TOKEN", "FileStore",
+    # operations
     "send", "recv", "isend", "irecv", "broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor",
-    "reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier",
+    "all_gather_single", "reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_to_all", "all_to_all_single", "barrier",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list", "send_object_list",
-    "recv_object_list", "FileStore", "CollectiveError", "CollectiveArgumentError", "CollectiveMismatchError",
-    "CollectiveTimeoutError", "PeerLostError", "NotInitializedError", "DEFAULT_ENV_TOKEN",
+    "recv_object_list",
+    # errors
+    "CollectiveError", "CollectiveArgumentError", "CollectiveMismatchError", "CollectiveTimeoutError",
+    "PeerLostError", "NotInitializedError",
 ]

@@ -392,3 +392,8 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     def body(ctx):
         alg.all_to_all(ctx, [byte_view(out[a:b]) for a, b in ob], [byte_view(inp[a:b]) for a, b in ib])
     return g.run("all_to_all_single", body, async_op, **_meta(inp, count=0))
+
+
+# torch 2.13 names for the single-tensor variants (the *_tensor names are deprecated there)
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor

@@ -91,38 +91,35 @@ class Runtime:
         deadline = time.monotonic() + timeout
         generation = (self.store.add(f"{prefix}generation", 1) - 1) // world_size
         self.prefix = ns = f"{prefix}g{generation}/"
+        self.store.set(f"{ns}arrived/{rank}", b"1")  # only read to name absent ranks
         if rank == 0:
             self.store.set(f"{ns}secret", secrets.token_hex(16).encode())
-        secret = self._store_get(f"{ns}secret", deadline, "rank 0")
+        secret = self._init_wait([f"{ns}secret"], deadline, timeout)
         self.transport = TcpTransport(rank, world_size, self.store, ns, host, secret,
                                       self._status, self._abort)
         self.transport.late_handler = self._late
         try:
             self.store.set(f"{ns}node/{rank}", self.node_id.encode())
             self.store.set(f"{ns}joined/{rank}", b"1")
-            self._wait_joined(ns, deadline, timeout)
+            self._init_wait([f"{ns}joined/{r}" for r in range(world_size)], deadline, timeout)
         except BaseException:
             self.close()
             raise
         self.world = ProcessGroup(self, 0, list(range(world_size)), timeout, "WORLD")
         self._add_group(self.world)
 
-    def _store_get(self, key, deadline, who):
-        try:
-            self.store.wait([key], max(0.01, deadline - time.monotonic()))
-            return self.store.get(key)
-        except Exception as e:
-            raise CollectiveTimeoutError(f"init_process_group: {who} did not publish {key!r}: {e}") from e
-
-    def _wait_joined(self, ns, deadline, timeout):
-        keys = [f"{ns}joined/{r}" for r in range(self.world_size)]
+    def _init_wait(self, keys, deadline, timeout) -> bytes:
+        """Wait for ``keys`` until the init deadline and return the first one's value;
+        on timeout name the ranks that never arrived (CollectiveTimeoutError)."""
         try:
             self.store.wait(keys, max(0.01, deadline - time.monotonic()))
+            return self.store.get(keys[0])
         except Exception as e:
-            missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
-            raise CollectiveTimeoutError(
-                f"init_process_group timed out after {timeout:g} s: ranks {missing} did not join "
-                f"(world size {self.world_size})") from e
+            absent = [r for r in range(self.world_size) if not self.store.check([f"{self.prefix}arrived/{r}"])]
+            why = (f"ranks {absent} did not join" if absent else
+                   f"every rank arrived, but store key {keys[0]!r} did not appear")
+            raise CollectiveTimeoutError(f"init_process_group timed out after {timeout:g} s: {why} "
+                                         f"(world size {self.world_size}): {e}") from e
 
     def _status(self, gid):
         g = self.groups.get(gid)
@@ -382,3 +379,24 @@ def get_process_group_ranks(group) -> list:
     """Global ranks of ``group``."""
     g = _resolve(group)
     return [] if g is None else list(g.ranks)
+
+
+def get_global_rank(group, group_rank: int) -> int:
+    """Global rank of ``group_rank`` in ``group`` (CollectiveArgumentError if outside)."""
+    g = _resolve(group)
+    if g is None:
+        raise CollectiveArgumentError("this rank is not a member of the group")
+    return g.ranks[g.check_group_rank(group_rank, "group_rank")]
+
+
+def get_group_rank(group, global_rank: int) -> int:
+    """Rank of ``global_rank`` inside ``group`` (CollectiveArgumentError if not a member)."""
+    g = _resolve(group)
+    if g is None:
+        raise CollectiveArgumentError("this rank is not a member of the group")
+    return g.group_rank(global_rank, "global_rank")
+
+
+def is_available() -> bool:
+    """Always True (as torch.distributed.is_available)."""
+    return True

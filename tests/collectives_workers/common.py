@@ -23,7 +23,8 @@ def init(timeout=60.0, **kw):
         sys.exit(0)
     import faulthandler
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
-    faulthandler.dump_traceback_later(max(1.0, seconds * 0.8))  # stacks, should init hang
+    if seconds >= 10:
+        faulthandler.dump_traceback_later(seconds * 0.8)  # stacks, should init hang
     dist.init_process_group(init_method=os.environ.get("COLL_INIT_METHOD") or None, timeout=timeout, **kw)
     faulthandler.cancel_dump_traceback_later()
     return dist.get_rank(), dist.get_world_size()

@@ -48,6 +48,12 @@ if mode == "basic":
     F.run("broadcast", lambda: dist.broadcast(W(y), src=0))
     F.check("broadcast", y, np.arange(4.0))
     F.check("is_initialized", dist.is_initialized(), True)
+    out = np.zeros(2 * n)
+    F.run("all_gather_single", lambda: dist.all_gather_single(W(out), W(np.full(2, float(rank)))))
+    F.check("all_gather_single", out, np.repeat(np.arange(n, dtype=float), 2))
+    red = np.zeros(1)
+    F.run("reduce_scatter_single", lambda: dist.reduce_scatter_single(W(red), W(np.arange(float(n)))))
+    F.check("reduce_scatter_single", red, np.array([float(rank * n)]))
 
 elif mode == "subgroups":
     assert n == 4
@@ -62,6 +68,10 @@ elif mode == "subgroups":
     F.check("get_rank upper", dist.get_rank(upper), {1: 0, 2: 1, 3: 2}.get(rank, -1))
     F.check("get_world_size evens", dist.get_world_size(evens), 2 if in_evens else -1)
     F.check("get_world_size upper", dist.get_world_size(upper), 3 if in_upper else -1)
+    if in_upper:
+        F.check("get_global_rank", dist.get_global_rank(upper, 2), 3)
+        F.check("get_group_rank", dist.get_group_rank(upper, 3), 2)
+        F.check("get_process_group_ranks", dist.get_process_group_ranks(upper), [1, 2, 3])
     for rep in range(3):
         # ops on both groups issued async at once (rank 2 is in both), then the world
         x = np.full(5, rank + 1.0)
