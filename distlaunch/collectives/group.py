@@ -28,8 +28,7 @@ import time
 from .errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError,
                      CollectiveTimeoutError, PeerLostError)
 from .ops import ReduceOp
-from .wire import (ABORT, ABORT_MISMATCH, ABORT_OTHER, ABORT_PEER_LOST, COLL, DTYPE_NAMES,
-                   NO_REDOP, OP_CODES, OP_NAMES, P2P, Header)
+from .wire import ABORT, ABORT_MISMATCH, ABORT_PEER_LOST, COLL, DTYPE_NAMES, NO_REDOP, OP_CODES, OP_NAMES, Header
 
 DEFAULT_TIMEOUT = 1800.0
 _STATUS_WAIT = 2.0  # seconds to collect peers' status after a timeout

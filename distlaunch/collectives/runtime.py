@@ -237,7 +237,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     ``rank``: required for tcp:// and file:// and with ``store`` unless RANK/WORLD_SIZE
     are set. Blocks until all ranks joined. Raises ConfigError (bad arguments or
     environment), CollectiveTimeoutError (ranks missing at the deadline, naming them),
-    CollectiveError if already initialised.
+    CollectiveArgumentError if already initialised. Semantics: torch.distributed.
     """
     global _runtime
     if _runtime is not None:
@@ -310,10 +310,12 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
 
 
 def destroy_process_group(group=None) -> None:
-    """Destroy ``group``, or (None / WORLD) the whole runtime: pending operations fail,
-    connections close. A store server hosted by this process for env:// keeps running
-    until the process exits (other ranks may still be reading from it) and is reused by
-    a later init on the same address."""
+    """Destroy ``group``, or (None / WORLD) the whole runtime: pending operations fail
+    with CollectiveError, connections close, helper threads are joined (blocks up to a
+    few seconds). A store server hosted by this process for env:// keeps running until
+    the process exits (other ranks may still be reading from it) and is reused by a
+    later init on the same address. Raises NotInitializedError, or
+    CollectiveArgumentError for a group that is not live. As torch.distributed."""
     global _runtime
     rt = current_runtime()
     if group is None or group is GroupMember.WORLD:
@@ -332,9 +334,11 @@ def destroy_process_group(group=None) -> None:
 def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
               group_desc=None, device_id=None, sort_ranks=True):
     """Create a group of the global ``ranks`` (None: all). Every rank must call
-    new_group, in the same order, with the same ranks (as torch). Returns the
+    new_group, in the same order, with the same ranks (as torch.distributed). Returns the
     ProcessGroup on members and ``GroupMember.NON_GROUP_MEMBER`` elsewhere. Does not
-    block. ``timeout``: seconds/timedelta, default the world's."""
+    block or communicate (connections are made by the first operation). ``timeout``:
+    seconds or timedelta, default the world's. Raises NotInitializedError, ConfigError
+    for an unsupported backend, CollectiveArgumentError for ranks outside the world."""
     rt = current_runtime()
     if (backend.lower() if isinstance(backend, str) else backend) not in _BACKENDS:
         raise ConfigError(f"backend {backend!r} is not supported")
@@ -358,13 +362,15 @@ def _resolve(group):
 
 
 def get_rank(group=None) -> int:
-    """This process's rank in ``group`` (default: global rank); -1 on a non-member."""
+    """This process's rank in ``group`` (default: global rank); -1 on a non-member.
+    Raises NotInitializedError."""
     g = _resolve(group)
     return -1 if g is None else g.rank
 
 
 def get_world_size(group=None) -> int:
-    """Number of ranks in ``group`` (default: the world); -1 on a non-member."""
+    """Number of ranks in ``group`` (default: the world); -1 on a non-member.
+    Raises NotInitializedError."""
     g = _resolve(group)
     return -1 if g is None else g.size
 
