@@ -33,10 +33,13 @@ def test_init_methods(method, tmp_path):
     _ok(rc, out, err, 3)
 
 
-def test_init_from_launcher_environment():
+@pytest.mark.parametrize("init_method", ["", "env://"])
+def test_init_under_launcher(init_method):
+    """No init_method: the launcher's store; env://: rank 0 hosts a store on MASTER_PORT."""
     if not launch._launcher_available():
         pytest.skip("distlaunch run is not usable in this tree")
-    rc, out, err = launch.launch("features.py", 2, args=["basic"], timeout=60, spawner="distlaunch")
+    rc, out, err = launch.launch("features.py", 2, args=["basic"], timeout=60, spawner="distlaunch",
+                                 env={"COLL_INIT_METHOD": init_method})
     _ok(rc, out, err, 2)
 
 
