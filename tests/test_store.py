@@ -943,3 +943,18 @@ def test_worker_process_set_then_exit_is_visible(server, client):
         subprocess.run([sys.executable, "-c", code, str(server.port)], check=True,
                        env=_worker_env(), timeout=30)
         assert client.check(["w/last"])
+
+
+def test_pipelined_requests_behind_a_timed_out_get_are_answered(server, client):
+    """A raw client pipelines GET(missing, 0.2 s) + SET + GET: the server answers TIMEOUT,
+    then the queued requests, in order (replies never get out of step)."""
+    s = raw_connect(server.port)
+    s.sendall(P.frame(P.GET, P.enc_key(b"nope") + P.F64.pack(0.2))
+              + set_frame(b"after", b"1")
+              + P.frame(P.GET, P.enc_key(b"after") + P.F64.pack(5.0)))
+    s.settimeout(5)
+    assert recv_frame(s)[0] == P.TIMEOUT
+    assert recv_frame(s)[0] == P.OK
+    assert recv_frame(s) == (P.VALUE, P.enc_value(b"1"))
+    s.close()
+    assert client.get("after") == b"1"

@@ -276,6 +276,8 @@ class StoreServer:
                 if self._listen_paused_until:
                     t = max(0.0, self._listen_paused_until - time.monotonic())
                     timeout = t if timeout is None else min(timeout, t)
+                if self._resume:  # frames queued behind a request that just timed out
+                    timeout = 0.0
                 try:
                     events = poll(timeout)
                 except InterruptedError:  # pragma: no cover - PEP 475 retries
@@ -291,7 +293,11 @@ class StoreServer:
                         except Exception as e:  # a bug must cost one connection, not all
                             self._internal_error(c, e)
                     elif fd == lfd:
-                        self._accept()
+                        try:
+                            self._accept()
+                        except Exception as e:  # pragma: no cover - e.g. ENOMEM registering
+                            self.stats["internal_errors"] += 1
+                            self.last_internal_error = repr(e)
                     elif fd == wfd:
                         try:
                             self._wake_r.recv(4096)
