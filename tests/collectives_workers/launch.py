@@ -64,7 +64,13 @@ def launch(script, n, args=(), env=None, timeout=120, spawner=None, launcher_arg
     use_launcher = spawner == "distlaunch" or (spawner is None and _launcher_available())
     if use_launcher:
         cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(n), *launcher_args, script, *args]
-        p = subprocess.run(cmd, env=_base_env(env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        try:
+            p = subprocess.run(cmd, env=_base_env(env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        except subprocess.TimeoutExpired as e:  # show where it hung instead of a bare timeout
+            def tail(b):
+                return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-4000:]
+            raise AssertionError(f"{' '.join(cmd)} still ran after {timeout} s\n--- stdout ---\n"
+                                 f"{tail(e.stdout)}\n--- stderr ---\n{tail(e.stderr)}") from None
         return p.returncode, p.stdout, p.stderr
     return spawn(script, n, args, env, timeout)
 
