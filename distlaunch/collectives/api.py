@@ -397,3 +397,29 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
 # torch 2.13 names for the single-tensor variants (the *_tensor names are deprecated there)
 all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor
+
+
+class P2POp:
+    """One point-to-point operation for :func:`batch_isend_irecv` (torch's P2POp):
+    ``op`` is :func:`isend` or :func:`irecv`; ``peer`` a global rank (or ``group_peer``
+    a rank in ``group``)."""
+
+    def __init__(self, op, tensor, peer=None, group=None, tag=0, group_peer=None):
+        if op not in (isend, irecv):
+            raise CollectiveArgumentError(f"P2POp op must be isend or irecv, not {op!r}")
+        self.op, self.tensor, self.peer, self.group = op, tensor, peer, group
+        self.tag, self.group_peer = tag, group_peer
+
+
+def batch_isend_irecv(p2p_op_list) -> list:
+    """Start every P2POp of the list (all in flight at once, so any order of sends and
+    receives between peers is deadlock-free); returns their Works, in list order."""
+    works = []
+    for p in p2p_op_list:
+        if not isinstance(p, P2POp):
+            raise CollectiveArgumentError(f"batch_isend_irecv takes P2POp objects, not {p!r}")
+        if p.op is isend:
+            works.append(isend(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+        else:
+            works.append(irecv(p.tensor, p.peer, p.group, p.tag, p.group_peer))
+    return works

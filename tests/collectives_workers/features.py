@@ -135,6 +135,15 @@ elif mode == "async":
         dist.recv(W(b), src=peer, tag=99)
         w.wait()
         F.check("exchange", b, data(peer, "float64", 300_000, 9))
+    # batch_isend_irecv: receives listed before sends, both neighbours at once
+    fl, fr = np.zeros(1000), np.zeros(1000)
+    ops = [dist.P2POp(dist.irecv, W(fl), left), dist.P2POp(dist.irecv, W(fr), right, tag=1),
+           dist.P2POp(dist.isend, W(np.full(1000, float(rank))), right),
+           dist.P2POp(dist.isend, W(np.full(1000, float(rank))), left, tag=1)]
+    if n > 1:
+        for w in dist.batch_isend_irecv(ops):
+            F.run("batch wait", w.wait)
+        F.check("batch_isend_irecv", (fl[0], fr[0]), (float(left), float(right)))
     # tags are matched independently of arrival order
     if n > 1:
         if rank == 0:
