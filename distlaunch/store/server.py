@@ -133,6 +133,12 @@ class StoreServer:
 
     On ``start()`` the soft RLIMIT_NOFILE is raised to the hard limit and the listen
     backlog is ``backlog`` (the kernel caps it at net.core.somaxconn).
+
+    The constructor raises TypeError for a token that is not str/bytes and ValueError for
+    an empty one. Nothing else is shared with other threads: ``port``, ``token``,
+    ``num_connections`` and ``stats`` (counters: accepted, auth_failures,
+    protocol_errors, closed, requests, internal_errors) may be read from any thread.
+    Semantics follow torch's c10d TCPStore; see docs/store.md.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, token=None, backlog: int = 4096):
@@ -232,6 +238,11 @@ class StoreServer:
     @property
     def address(self) -> tuple:
         return (self.host, self.port)
+
+    def __repr__(self) -> str:
+        state = "running" if self._thread is not None and not self._stopped else \
+            ("stopped" if self._stopped else "not started")
+        return f"StoreServer({self.host!r}, {self.port}, {state})"
 
     def serve_forever(self, on_ready=None) -> None:
         """Start (if needed) and block until SIGINT or SIGTERM, then stop and return.
