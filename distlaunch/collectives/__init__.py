@@ -16,8 +16,8 @@ header), ``filestore``.
 """
 
 from .api import (P2POp, all_gather, all_gather_into_tensor, all_gather_single, all_reduce, all_to_all,
-                  all_to_all_single, barrier, batch_isend_irecv, broadcast, gather, irecv, isend, recv, reduce, reduce_scatter, reduce_scatter_single,
-                  reduce_scatter_tensor, scatter, send)
+                  all_to_all_single, barrier, batch_isend_irecv, broadcast, gather, irecv, isend, recv, reduce,
+                  reduce_scatter, reduce_scatter_single, reduce_scatter_tensor, scatter, send)
 from .errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError, CollectiveTimeoutError,
                      NotInitializedError, PeerLostError)
 from .filestore import FileStore
@@ -35,9 +35,9 @@ __all__ = [
     "get_world_size", "get_backend", "get_process_group_ranks", "get_global_rank", "get_group_rank", "GroupMember",
     "ProcessGroup", "Work", "ReduceOp", "reduce_op", "DEFAULT_ENV_TOKEN", "FileStore",
     # operations
-    "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "broadcast", "scatter", "gather", "all_gather", "all_gather_into_tensor",
-    "all_gather_single", "reduce", "all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-    "all_to_all", "all_to_all_single", "barrier",
+    "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "broadcast", "scatter", "gather",
+    "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce", "all_reduce", "reduce_scatter",
+    "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all", "all_to_all_single", "barrier",
     "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list", "send_object_list",
     "recv_object_list",
     # errors
