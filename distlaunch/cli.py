@@ -320,6 +320,36 @@ def _print_head_plan(cfg, head) -> None:
             click.echo(f"    {k}={'****' if k in SECRET_VARS else v}")
 
 
+BENCH_OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("op", type=click.Choice(BENCH_OPS), default="all_reduce")
+@option("--nproc-per-node", default="2", show_default=True, metavar="N",
+        help="Workers on this node (or on each host without a slot count).")
+@option("-H", "--hosts", default=None, metavar="HOST[:N],...",
+        help="Measure across these hosts (started over SSH, as distlaunch run -H).")
+@option("--sizes", default="8B..64MiB", show_default=True, metavar="MIN..MAX",
+        help="Message sizes in bytes per rank, doubling from MIN to MAX (B, KiB, MiB, GiB).")
+@option("--dtype", default="float32", show_default=True, help="Element type.")
+@option("--iters", default=None, type=int, help="Timed iterations per size (default: by size).")
+@option("--json", "as_json", is_flag=True, help="Print JSON lines instead of the table.")
+@option("--plot", default=None, type=click.Path(dir_okay=False),
+        help="Also draw bandwidth against size to this PNG (needs matplotlib).")
+@click.argument("run_options", nargs=-1, type=click.UNPROCESSED)
+def bench(op: str, nproc_per_node: str, hosts: str | None, sizes: str, dtype: str,
+          iters: int | None, as_json: bool, plot: str | None, run_options: tuple[str, ...]) -> None:
+    """Measure a collective, nccl-tests style: rank 0 prints size, count, dtype, time,
+    algbw, busbw and a correctness check per size. Extra options go to distlaunch run
+    (e.g. --ssh-config)."""
+    args = ["--nproc-per-node", nproc_per_node, *(["-H", hosts] if hosts else []), *run_options,
+            "-m", "distlaunch.collectives.bench", op, "--sizes", sizes, "--dtype", dtype]
+    args += [*(["--iters", str(iters)] if iters else []), *(["--json"] if as_json else []),
+             *(["--plot", plot] if plot else [])]
+    # errors propagate to main(), which maps them to messages and exit codes
+    run.main(args=["--no-prefix", *args], prog_name="distlaunch run", standalone_mode=False)
+
+
 @cli.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:

@@ -61,6 +61,9 @@ DISTLAUNCH_VARS = {
     "DISTLAUNCH_STORE_TOKEN": "the job's secret for the store (environment only, never argv)",
     "DISTLAUNCH_RUN_ID": "the run id; namespaces store keys and shared-memory names",
     "DISTLAUNCH_NODE_ID": "identity of this node as assigned by the launcher (not a hostname)",
+    "DISTLAUNCH_SHM_PREFIX": "name prefix (under /dev/shm) for every shared-memory segment the "
+                             "workers of this node create in this round; the launcher removes "
+                             "prefix* when the round ends and after a crash",
 }
 
 # Inherited variables from other launchers / schedulers that would be wrong in a worker.
@@ -94,6 +97,7 @@ class WorkerIdentity:
     store_addr: str | None = None
     store_port: int | None = None
     store_token: str | None = None
+    shm_prefix: str | None = None
 
 
 def build_worker_env(
@@ -132,6 +136,10 @@ def build_worker_env(
     }
     for mpi_name, source in MPI_VARS.items():
         values[mpi_name] = values[source]
+    if ident.shm_prefix is not None:
+        values["DISTLAUNCH_SHM_PREFIX"] = ident.shm_prefix
+    else:
+        env.pop("DISTLAUNCH_SHM_PREFIX", None)
     if ident.store_port is not None:
         values["DISTLAUNCH_STORE_ADDR"] = ident.store_addr
         values["DISTLAUNCH_STORE_PORT"] = ident.store_port
@@ -193,4 +201,5 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerIdentity:
         store_addr=e.get("DISTLAUNCH_STORE_ADDR") if store_port else None,
         store_port=int(store_port) if store_port else None,
         store_token=e.get("DISTLAUNCH_STORE_TOKEN") if store_port else None,
+        shm_prefix=e.get("DISTLAUNCH_SHM_PREFIX"),
     )

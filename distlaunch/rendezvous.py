@@ -76,14 +76,27 @@ class Rendezvous:
     def key(self, rnd: int, name: str) -> str:
         return f"{self.ns}r{rnd}/{name}"
 
-    def _wait_all(self, keys: list[str], what: str, timeout: float) -> list[dict]:
-        try:
-            self.store.wait(keys, timeout=timeout)
-        except StoreTimeoutError:
-            missing = [k.rsplit("/", 1)[1] for k, ok in zip(keys, self._present(keys)) if not ok]
-            raise RendezvousError(f"{what}: node(s) {', '.join(missing)} did not arrive within "
-                                  f"{timeout:g} s") from None
-        return [json.loads(v) for v in self.store.multi_get(keys)]
+    def _wait_all(self, keys, what: str, timeout: float, abort=None) -> list[dict]:
+        """Block until every key exists (``timeout`` s). With ``abort``, wait in 1 s slices,
+        take ``keys`` as a callable re-read each slice (nodes found lost meanwhile drop
+        out), and raise RendezvousError as soon as ``abort()`` is true."""
+        end = time.monotonic() + timeout
+        current = keys() if callable(keys) else keys
+        while True:
+            left = end - time.monotonic()
+            try:
+                self.store.wait(current, timeout=max(0.001, min(left, 1.0) if abort else left))
+                break
+            except StoreTimeoutError:
+                if abort is not None and abort():
+                    raise RendezvousError(f"{what}: the store stopped answering") from None
+                current = keys() if callable(keys) else keys
+                if time.monotonic() < end:
+                    continue
+                missing = [k.rsplit("/", 1)[1] for k, ok in zip(current, self._present(current)) if not ok]
+                raise RendezvousError(f"{what}: node(s) {', '.join(missing)} did not arrive "
+                                      f"within {timeout:g} s") from None
+        return [json.loads(v) for v in self.store.multi_get(current)]
 
     def _present(self, keys: list[str]) -> list[bool]:
         return [self.store.check([k]) for k in keys]
@@ -176,13 +189,15 @@ class Rendezvous:
         k = self.key(rnd, "stop")
         return json.loads(self.store.get(k)) if self.store.check([k]) else None
 
-    def finish(self, rnd: int, timeout: float, lost: set[int] = frozenset()) -> dict | None:
-        """Exit barrier: say this node's workers are done, wait (up to ``timeout`` s) for
-        every node not in ``lost``, and return the cause that stopped the round (None:
+    def finish(self, rnd: int, timeout: float, lost=frozenset, abort=None) -> dict | None:
+        """Exit barrier: say this node's workers are done, wait (up to ``timeout`` s, or
+        until ``abort()``) for every node not in ``lost()`` (re-read while waiting: a node
+        can be found lost meanwhile), and return the cause that stopped the round (None:
         every worker succeeded)."""
         self.store.set(self.key(rnd, f"done/{self.node_rank}"), b"1")
-        keys = [self.key(rnd, f"done/{k}") for k in range(self.num_nodes) if k not in lost]
-        self._wait_all(keys, f"exit barrier of round {rnd}", timeout)
+        keys = lambda: [self.key(rnd, f"done/{k}") for k in range(self.num_nodes)  # noqa: E731
+                        if k not in lost()]
+        self._wait_all(keys, f"exit barrier of round {rnd}", timeout, abort or (lambda: False))
         cause = self.request_stop(rnd, {"kind": "over"})  # also releases every watcher
         return None if cause["kind"] == "over" else cause
 
@@ -221,15 +236,18 @@ class StopWatcher:
 
 class Heartbeat:
     """Every ``interval`` seconds: bump this node's counter for round ``rnd`` and check the
-    others'. A node
-    whose counter has not moved for ``timeout`` seconds is reported once through
-    ``on_lost(node_rank, seconds)``. Uses its own store connection; stops with
-    ``stop()`` or when the store is gone."""
+    others'. A node whose counter has not moved for ``timeout`` seconds is reported once
+    through ``on_lost(node_rank, seconds)``. A store that does not answer within
+    ``timeout`` (frozen, or cut off while the connection stays up) or drops the
+    connection is reported once through ``on_store_lost()``. Uses its own store
+    connection; stops with ``stop()``."""
 
     def __init__(self, client, rdzv: Rendezvous, rnd: int, interval: float, timeout: float,
-                 on_lost):
+                 on_lost, on_store_lost):
         self.client, self.rdzv, self.rnd = client, rdzv, rnd
         self.interval, self.timeout, self.on_lost = interval, timeout, on_lost
+        self.on_store_lost = on_store_lost
+        client.set_timeout(timeout)
         self.lost: set[int] = set()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
@@ -255,7 +273,8 @@ class Heartbeat:
                         self.lost.add(k)
                         self.on_lost(k, now - last[k][1])
         except StoreError:
-            pass  # the stop watcher reports a lost store
+            if not self._stop.is_set():
+                self.on_store_lost()
         finally:
             self.client.close()
 

@@ -156,8 +156,56 @@ def test_launcher_sigkill_leaves_no_orphans(tmp_path):
         survivors(workers + grandchildren)
 
 
+def test_launcher_sigkill_leaves_no_temp_files(tmp_path):
+    import glob
+    import tempfile
+    run_id = f"tmpcheck{os.getpid()}"
+    pattern = os.path.join(tempfile.gettempdir(), f"distlaunch_{run_id}_*")
+    p = dl_popen("run", "--nproc-per-node", "2", "--run-id", run_id, WORKERS / "actor.py",
+                 "--mark-dir", tmp_path, "--sleep", "60")
+    assert wait_for(started(tmp_path, 2))
+    assert glob.glob(pattern), "the agent keeps a scratch directory while it runs"
+    p.kill()
+    p.wait()
+    assert wait_for(lambda: not glob.glob(pattern), 10), glob.glob(pattern)
+
+
 def test_grandchildren_stopped_with_group(tmp_path):
     res = dl("run", "--nproc-per-node", "2", WORKERS / "actor.py", "--spawn-child", tmp_path)
     assert res.returncode == 0
     kids = [int((tmp_path / f"child.{r}").read_text()) for r in range(2)]
     assert wait_for(lambda: not survivors(kids), timeout=5)
+
+
+def shm_script(tmp_path, then):
+    script = tmp_path / "shm_user.py"
+    script.write_text(
+        "import os, time\n"
+        "name = os.environ['DISTLAUNCH_SHM_PREFIX'] + 'seg' + os.environ['RANK']\n"
+        "with open('/dev/shm/' + name, 'wb') as f:\n"
+        "    f.write(b'x' * 4096)\n"
+        f"open({str(tmp_path)!r} + '/' + name, 'w').close()\n" + then)
+    return script
+
+
+def test_shared_memory_segments_removed_after_the_round(tmp_path):
+    import glob
+    res = dl("run", "--nproc-per-node", "2", "--run-id", f"shm{os.getpid()}",
+             shm_script(tmp_path, "os.kill(os.getpid(), 9)\n"))
+    assert res.returncode == 137
+    names = [p.name for p in tmp_path.iterdir() if p.name.startswith("distlaunch_")]
+    assert len(names) == 2 and all(n.startswith(f"distlaunch_shm{os.getpid()}_") for n in names)
+    assert not [n for n in names if os.path.exists("/dev/shm/" + n)]
+    assert not glob.glob(f"/dev/shm/distlaunch_shm{os.getpid()}_*")
+
+
+def test_shared_memory_segments_removed_after_launcher_sigkill(tmp_path):
+    import glob
+    run_id = f"shmk{os.getpid()}"
+    p = dl_popen("run", "--nproc-per-node", "2", "--run-id", run_id,
+                 shm_script(tmp_path, "time.sleep(60)\n"))
+    assert wait_for(lambda: len([q for q in tmp_path.iterdir() if q.name.startswith("distlaunch_")]) == 2)
+    assert len(glob.glob(f"/dev/shm/distlaunch_{run_id}_*")) == 2
+    p.kill()
+    p.wait()
+    assert wait_for(lambda: not glob.glob(f"/dev/shm/distlaunch_{run_id}_*"), 10)

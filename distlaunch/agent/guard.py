@@ -1,5 +1,5 @@
-"""The orphan guard: a small forked process that kills every worker process group if the
-launcher dies, even by SIGKILL.
+"""The orphan guard: a small forked process that kills every worker process group, and
+removes the job's temporary files, if the launcher dies, even by SIGKILL.
 
 A parent-death signal (prctl PR_SET_PDEATHSIG) would reach only the workers themselves,
 not what they spawned; the guard holds the read end of a pipe whose write end only the
@@ -36,6 +36,11 @@ class OrphanGuard:
     def forget(self, pgid: int) -> None:
         self._send(b"-%d\n" % pgid)
 
+    def clean_up(self, path: str) -> None:
+        """Remove what the glob pattern ``path`` names (files or directory trees) if the
+        launcher dies first."""
+        self._send(b"p" + os.fsencode(path) + b"\n")
+
     def close(self) -> None:
         """Normal end: the guard exits without killing anything."""
         if self._w is not None:
@@ -49,11 +54,27 @@ class OrphanGuard:
             os.write(self._w, msg)  # < PIPE_BUF: atomic
 
 
+def remove_matching(pattern: str) -> None:
+    """Remove every file or directory tree the glob ``pattern`` names; never raises."""
+    import glob
+    import shutil
+
+    for path in glob.glob(pattern):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
 def _guard_loop(fd: int) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                 signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     groups: set[int] = set()
+    paths: list[bytes] = []
     buf = b""
     while True:
         try:
@@ -66,6 +87,8 @@ def _guard_loop(fd: int) -> None:
                     os.killpg(pgid, signal.SIGKILL)
                 except OSError:
                     pass
+            for pattern in paths:
+                remove_matching(os.fsdecode(pattern))
             return
         buf += data
         *lines, buf = buf.split(b"\n")
@@ -76,3 +99,5 @@ def _guard_loop(fd: int) -> None:
                 groups.add(int(line[1:]))
             elif line[:1] == b"-":
                 groups.discard(int(line[1:]))
+            elif line[:1] == b"p":
+                paths.append(line[1:])

@@ -18,11 +18,11 @@ from typing import Callable
 
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
-from ..errors import LaunchInterrupted, RendezvousError, WorkerFailedError
+from ..errors import LaunchInterrupted, RendezvousError, StoreError, WorkerFailedError
 from ..rendezvous import Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher
 from ..topology import WorkerSlot, assign_ranks
 from .group import LaunchSpec, WorkerGroup
-from .guard import OrphanGuard
+from .guard import OrphanGuard, remove_matching
 from .output import StreamSink
 from .process import WorkerFailure
 from .signals import SignalRelay
@@ -61,8 +61,17 @@ def worker_argv(cfg: LaunchConfig, python: str = sys.executable) -> list[str]:
     return [python, cfg.entrypoint, *cfg.args]
 
 
+SHM_DIR = "/dev/shm"
+
+
+def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
+    """Name prefix of the shared-memory segments of one agent's workers (in one round)."""
+    return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")
+
+
 def worker_env(cfg: LaunchConfig, slot: WorkerSlot, base, restart_count: int, master: tuple[str, int],
-               store: StoreAddress | None, error_file: str | None = None) -> dict[str, str]:
+               store: StoreAddress | None, error_file: str | None = None,
+               shm: str | None = None) -> dict[str, str]:
     ident = WorkerIdentity(
         rank=slot.rank, local_rank=slot.local_rank, world_size=slot.world_size,
         local_world_size=slot.local_world_size, node_rank=slot.node_rank,
@@ -70,7 +79,7 @@ def worker_env(cfg: LaunchConfig, slot: WorkerSlot, base, restart_count: int, ma
         restart_count=restart_count, max_restarts=cfg.max_restarts, role=cfg.role,
         master_addr=master[0], master_port=master[1],
         store_addr=store.host if store else None, store_port=store.port if store else None,
-        store_token=store.token if store else None)
+        store_token=store.token if store else None, shm_prefix=shm)
     if cfg.env:
         base = {**base, **dict(cfg.env)}
     env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
@@ -116,7 +125,7 @@ class NodeAgent:
         self.argv = worker_argv(cfg)
         self.scratch: str | None = None
         self.log_root = os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
-        self._lost_count = 0
+        self._lost: set[int] = set()  # nodes found lost in the last round
 
     def run(self) -> int:
         import tempfile
@@ -124,10 +133,15 @@ class NodeAgent:
         from ..store import StoreClient
 
         o = self.opts
+        # Blocking rendezvous calls carry their own timeouts; every other call must not
+        # outwait a store that stopped answering by much.
         client = StoreClient(self.store_addr.host, self.store_addr.port,
-                             token=self.store_addr.token, timeout=o.join_timeout + 60)
+                             token=self.store_addr.token, timeout=60.0,
+                             connect_timeout=o.join_timeout)
         rdzv = Rendezvous(client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout)
         self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
+        self.guard.clean_up(self.scratch)
+        self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
         group: WorkerGroup | None = None
         relay = SignalRelay(lambda: group.live() if group else ())
         rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
@@ -156,6 +170,9 @@ class NodeAgent:
                 elif cause["kind"] == "signal":
                     raise_for_cause(cause)
                 rnd += 1
+        except StoreError as e:  # the agent's own calls: the store died or stopped answering
+            raise RendezvousError(f"lost the store at {self.store_addr.host}:"
+                                  f"{self.store_addr.port} ({e}); workers stopped") from e
         finally:
             relay.restore()
             if o.hosts_store and rdzv.num_nodes > 1:
@@ -191,6 +208,11 @@ class NodeAgent:
         """After round ``rnd`` stopped for ``cause``: return the restart count of the next
         round, or raise when the job ends here."""
         kind, o = cause["kind"], self.opts
+        if self._lost and not o.max_nodes and kind != "signal":
+            # Static membership cannot go on without a node, whatever stopped the round.
+            raise RendezvousError(
+                f"node {', '.join(map(str, sorted(self._lost)))} was lost (no heartbeat for "
+                f"{o.heartbeat_timeout:g} s); a fixed --nnodes job cannot continue without it")
         if kind == "failure" and restarts < self.cfg.max_restarts:
             self.on_event(f"worker group failed ({describe(failure_from_dict(cause['failure']))}); "
                           f"restarting (restart {restarts + 1} of {self.cfg.max_restarts})")
@@ -199,7 +221,7 @@ class NodeAgent:
             self.on_event(f"a node joined: new rendezvous round {rnd + 1} (not a restart)")
             return restarts
         if kind == "lost" and o.max_nodes:
-            remaining = rdzv.num_nodes - self._lost_count
+            remaining = rdzv.num_nodes - len(self._lost)
             if remaining >= o.min_nodes:
                 self.on_event(f"node {cause['node']} was lost ({cause['why']}); continuing with "
                               f"{remaining} node(s) in round {rnd + 1} (not a restart)")
@@ -234,12 +256,6 @@ class NodeAgent:
     def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int) -> dict | None:
         """Run one round to its end; return the cause that stopped it (None: success)."""
         o = self.opts
-        heartbeat = None
-        if rdzv.num_nodes > 1:
-            heartbeat = Heartbeat(rdzv.store.clone(), rdzv, rnd, o.heartbeat_interval,
-                                  o.heartbeat_timeout, lambda k, secs: rdzv.request_stop(
-                                      rnd, {"kind": "lost", "node": k,
-                                            "why": f"no heartbeat for {secs:.0f} s"}))
         wake_r, wake_w = os.pipe()
         why = []
 
@@ -250,23 +266,35 @@ class NodeAgent:
             except OSError:  # the round is already over
                 pass
 
+        heartbeat = None
+        if rdzv.num_nodes > 1:
+            heartbeat = Heartbeat(rdzv.store.clone(), rdzv, rnd, o.heartbeat_interval,
+                                  o.heartbeat_timeout, lambda k, secs: rdzv.request_stop(
+                                      rnd, {"kind": "lost", "node": k,
+                                            "why": f"no heartbeat for {secs:.0f} s"}),
+                                  lambda: (wake("lost"), rdzv.store.close()))  # wakes its calls
         watcher = StopWatcher(rdzv.store.clone(), rdzv, rnd, wake)
         group.stop_fd = wake_r
         group.stop_signal = lambda: signal.SIGTERM if why[0] == "lost" else self._signal_for(rdzv, rnd)
         try:
-            result = group.run()
+            try:
+                result = group.run()
+            finally:  # every worker of the round is gone: so are their segments' users
+                remove_matching(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid(), rnd) + "*"))
             if result.stop_signal is not None:
                 self._stop_everyone(rdzv, rnd, {"kind": "signal", "signum": result.stop_signal})
             if why and why[0] == "lost":
                 raise RendezvousError(f"lost the store at {self.store_addr.host}:"
-                                      f"{self.store_addr.port} (its host stopped?); workers stopped")
+                                      f"{self.store_addr.port} (its host stopped, or it stopped "
+                                      f"answering); workers stopped")
             if group.relay.kill_now:  # a second Ctrl-C: no exit barrier
                 raise LaunchInterrupted(result.stop_signal)
-            lost = heartbeat.lost if heartbeat else set()
-            self._lost_count = len(lost)
+            lost = (lambda: heartbeat.lost) if heartbeat else set
             # Every round ends at the exit barrier, so no node leaves (or, on node 0, takes
             # the store down) while another still needs it.
-            cause = rdzv.finish(rnd, self.opts.exit_barrier_timeout + self.cfg.stop_timeout, lost)
+            cause = rdzv.finish(rnd, self.opts.exit_barrier_timeout + self.cfg.stop_timeout, lost,
+                                abort=lambda: bool(why) and why[0] == "lost")
+            self._lost = set(lost())
             watcher.thread.join(5.0)  # finish() set the stop key, which releases it
         finally:
             os.close(wake_w)
@@ -281,17 +309,13 @@ class NodeAgent:
 
     def _let_others_leave(self, rdzv: Rendezvous, rnd: int) -> None:
         """The store's host keeps it up until every node has read how the job ended."""
-        from ..errors import StoreError
-
         try:
-            rdzv.wait_left(rnd, rdzv.num_nodes - self._lost_count, 10.0)
+            rdzv.wait_left(rnd, rdzv.num_nodes - len(self._lost), 10.0)
         except StoreError:
             pass
 
     def _signal_for(self, rdzv: Rendezvous, rnd: int) -> int:
         """A job stopped by a signal passes that signal on; anything else is SIGTERM."""
-        from ..errors import StoreError
-
         try:
             cause = rdzv.stop_cause(rnd)
         except StoreError:
@@ -314,7 +338,7 @@ class NodeAgent:
                 os.makedirs(attempt_dir, exist_ok=True)
             error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
             env = worker_env(self.cfg, slot, self.base_env, restarts, master, self.store_addr,
-                             error_file)
+                             error_file, shm_prefix(self.cfg.run_id, os.getpid(), rnd))
             out, err = self._sinks(slot, attempt_dir)
             specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file))
         return specs

@@ -1,0 +1,223 @@
+"""Chaos trials: start 2 nodes x 2 workers, inject one fault at a random moment, and check
+that the job ends well within a bounded time: completed (with the expected restart
+count) or exited non-zero saying why, with no process of the job left and no temporary
+file or shared-memory segment left behind.
+
+Modes: ``head`` (distlaunch run -H node1:2,node2:2 through a real sshd), ``pernode``
+(two `distlaunch run --nnodes 2` launchers; node 0 hosts the store), ``dynamic`` (two
+launchers with --rdzv-endpoint on a standalone `distlaunch store`). Faults:
+kill_worker, stop_worker (SIGSTOP: its peers' collectives time out), kill_agent,
+kill_head, cut_store (SIGKILL the standalone store), freeze_store (SIGSTOP it).
+
+Every job process carries CHAOS_TRIAL=<id> in its initial environment (shipped to
+hosts with --env-all), which is how survivors are found. Used by tests/test_chaos.py
+and benchmarks/chaos.py.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = ROOT / "tests" / "workers" / "chaos_worker.py"
+FAULTS = {
+    "head": ("kill_worker", "stop_worker", "kill_agent", "kill_head"),
+    "pernode": ("kill_worker", "stop_worker", "kill_agent", "kill_head"),
+    "dynamic": ("kill_worker", "cut_store", "freeze_store"),
+}
+WORK_SECONDS = 3.0  # what the job computes when nothing goes wrong
+BOUND = 60.0  # a trial not over by then is a hang
+
+
+@dataclass
+class Outcome:
+    mode: str
+    fault: str
+    delay: float
+    delivered: bool = False  # the fault hit a live target
+    codes: list = field(default_factory=list)  # exit codes of the launchers we started
+    restarts: int | None = None  # restart count of a completed job
+    hung: bool = False
+    survivors: list = field(default_factory=list)
+    leftovers: list = field(default_factory=list)
+    detect_s: float | None = None  # fault -> the other workers of that round are gone
+    end_s: float | None = None  # fault -> every launcher we started has exited
+    problems: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_processes(trial: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("CHAOS_TRIAL") == trial:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _workers(trial: str) -> list[psutil.Process]:
+    """The job's workers (launchers name the worker script on their command line too)."""
+    out = []
+    for p in job_processes(trial):
+        try:
+            cmd = p.cmdline()
+            if str(WORKER) in cmd and "distlaunch" not in cmd and "RANK" in p.environ():
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _launch(mode: str, trial: str, env: dict, sshd) -> tuple[list, subprocess.Popen | None]:
+    common = ["--max-restarts", "1", "--stop-timeout", "2", "--run-id", trial,
+              "--rdzv-conf", "heartbeat_timeout=3,heartbeat_interval=0.3,join_timeout=30"]
+    dl = [sys.executable, "-m", "distlaunch", "run"]
+    spawn = lambda args: subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,  # noqa: E731
+                                          stderr=subprocess.PIPE, text=True)
+    work = [str(WORKER), str(WORK_SECONDS)]
+    if mode == "head":
+        return [spawn(dl + ["--ssh-config", sshd.ssh_config, "-H", "node1:2,node2:2", "--env-all",
+                            *common, *work])], None
+    port = _free_port()
+    store = None
+    if mode == "dynamic":
+        store = subprocess.Popen([sys.executable, "-m", "distlaunch", "store", "--port", str(port)],
+                                 env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        store.stderr.readline()  # "listening": up before any launcher could bind the port
+        nodes = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        procs = []
+        for _ in range(2):
+            procs.append(spawn(dl + nodes + ["--nproc-per-node", "2", *common, *work]))
+        return procs, store
+    return [spawn(dl + ["--nnodes", "2", "--node-rank", str(k), "--master-port", str(port),
+                        "--nproc-per-node", "2", *common, *work]) for k in range(2)], None
+
+
+def _target(mode: str, fault: str, trial: str, procs: list, store, rng):
+    """(process to hit, signal) for the fault, or (None, None) if it has no target now."""
+    if fault in ("kill_worker", "stop_worker"):
+        ws = _workers(trial)
+        return (rng.choice(ws) if ws else None,
+                signal.SIGKILL if fault == "kill_worker" else signal.SIGSTOP)
+    if fault in ("cut_store", "freeze_store"):
+        return psutil.Process(store.pid), signal.SIGKILL if fault == "cut_store" else signal.SIGSTOP
+    if fault == "kill_head":
+        return psutil.Process(procs[0].pid), signal.SIGKILL
+    # kill_agent: node 1's launcher (pernode/dynamic) or the agent of node2 (head mode)
+    if mode != "head":
+        return psutil.Process(procs[1].pid), signal.SIGKILL
+    for w in _workers(trial):
+        try:
+            if int(w.environ().get("GROUP_RANK", -1)) == 1:
+                return psutil.Process(w.ppid()), signal.SIGKILL
+        except psutil.Error:
+            pass
+    return None, None
+
+
+def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
+    trial = f"chaos{os.getpid()}x{rng.randrange(1 << 30)}"
+    delay = round(rng.uniform(0.3, WORK_SECONDS), 2)
+    out = Outcome(mode, fault, delay)
+    env = dict(os.environ, CHAOS_TRIAL=trial, PYTHONPATH=str(ROOT),
+               DISTLAUNCH_STORE_TOKEN=f"secret-{trial}")  # shared by per-node launchers and store
+    env.pop("OMP_NUM_THREADS", None)
+    procs, store = _launch(mode, trial, env, sshd)
+    frozen = []
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 30 and len(_workers(trial)) < 4:
+            time.sleep(0.05)
+        time.sleep(delay)
+        victim, sig = _target(mode, fault, trial, procs, store, rng)
+        t_fault = time.monotonic()
+        if victim is not None:
+            try:
+                before = {p.pid for p in _workers(trial)} - {victim.pid}
+                victim.send_signal(sig)
+                out.delivered = True
+                if sig == signal.SIGSTOP:
+                    frozen.append(victim)
+            except psutil.NoSuchProcess:
+                before = set()
+        errs = []
+        for p in procs:
+            try:
+                errs.append(p.communicate(timeout=max(1.0, BOUND - (time.monotonic() - t_fault)))[1])
+            except subprocess.TimeoutExpired:
+                out.hung = True
+                out.problems.append(f"hang: a launcher still ran {BOUND:.0f} s after the fault")
+                p.kill()
+                errs.append(p.communicate()[1])
+            out.codes.append(p.returncode)
+        out.end_s = round(time.monotonic() - t_fault, 2)
+        if out.delivered:
+            gone = [pid for pid in before if not psutil.pid_exists(pid)]
+            out.detect_s = out.end_s if len(gone) == len(before) else None
+        _judge(out, errs)
+    finally:
+        for p in frozen:
+            try:
+                p.send_signal(signal.SIGCONT)
+            except psutil.Error:
+                pass
+        end = time.monotonic() + 10
+        while time.monotonic() < end and job_processes(trial):
+            time.sleep(0.1)
+        for p in job_processes(trial):
+            if store is None or p.pid != store.pid:
+                out.survivors.append(f"{p.pid} {' '.join(p.cmdline())[:80]}")
+            p.kill()
+        if store is not None:
+            store.kill()
+            store.wait()
+        out.leftovers = (glob.glob(os.path.join(tempfile.gettempdir(), f"distlaunch_{trial}_*"))
+                         + glob.glob(f"/dev/shm/*{trial}*"))
+    if out.survivors:
+        out.problems.append(f"{len(out.survivors)} survivor(s): {out.survivors[:3]}")
+    if out.leftovers:
+        out.problems.append(f"left behind: {out.leftovers[:3]}")
+    return out
+
+
+def _judge(out: Outcome, errs: list[str]) -> None:
+    """A trial ends well: every launcher that survived the fault either completed (0)
+    or exited non-zero saying why (a root cause or a lost node / store)."""
+    if out.hung:
+        return
+    for code, err in zip(out.codes, errs):
+        if code == -signal.SIGKILL:  # the launcher we killed
+            continue
+        if code == 0:
+            m = re.findall(r"succeeded after (\d+) restart", err or "")
+            out.restarts = int(m[-1]) if m else 0
+        elif not re.search(r"root cause|was lost|lost the store|stopped by signal", err or ""):
+            out.problems.append(f"exit {code} without a reason: {(err or '').strip()[-300:]}")
+    if out.fault in ("kill_worker", "stop_worker") and out.delivered:
+        if out.codes and all(c == 0 for c in out.codes) and out.restarts != 1:
+            # a fault that landed after the workers finished needs no restart
+            if out.restarts != 0:
+                out.problems.append(f"completed with {out.restarts} restarts, expected 1")
