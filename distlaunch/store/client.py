@@ -193,14 +193,15 @@ class StoreClient:
             raise StoreAuthError(f"{where} could not prove it knows the secret token")
 
     def _set_sock_limit(self, sock, limit: float) -> None:
-        """Bound each send/recv by ``limit + _REPLY_GRACE`` seconds.
+        """Bound each send/recv by ``limit`` seconds (a blocking request passes its
+        server-side timeout plus ``_REPLY_GRACE``).
 
         Kernel socket timeouts (SO_RCVTIMEO/SO_SNDTIMEO) on a blocking socket instead of
         Python's socket timeout: Python's adds a poll() before every send and recv, which
         costs more than the rest of a small request. Elsewhere, Python's timeout is used.
         """
         self._sock_limit = limit
-        t = 0.0 if math.isinf(limit) else limit + _REPLY_GRACE  # 0 = no timeout
+        t = 0.0 if math.isinf(limit) else limit  # 0 = no timeout
         if _TIMEVAL is not None:
             tv = _TIMEVAL.pack(int(t), int((t - int(t)) * 1e6))
             try:
@@ -272,7 +273,9 @@ class StoreClient:
 
         ``what`` names the call for error messages: a str, or (name, key) formatted only
         when an error is raised (the hot path stays cheap). ``wait`` is the server-side
-        timeout of a blocking request; the socket waits ``_REPLY_GRACE`` longer.
+        timeout of a blocking request; the socket waits ``_REPLY_GRACE`` longer. Other
+        requests are answered at once, so ``timeout`` bounds them (a frozen store is
+        noticed in ``timeout`` s).
         """
         with self._lock:
             sock = self._sock
@@ -281,7 +284,7 @@ class StoreClient:
                     f"store {_what(what)}: the connection to {self.host}:{self.port} is "
                     f"closed ({self._broken})")
             try:
-                limit = self.timeout if wait is None else wait
+                limit = self.timeout if wait is None else wait + _REPLY_GRACE
                 if limit != self._sock_limit:
                     self._set_sock_limit(sock, limit)
                 sock.sendall(HEADER.pack(len(payload), mtype) + payload)
