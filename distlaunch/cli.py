@@ -238,7 +238,9 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         if cfg.dry_run:
             _print_head_plan(cfg, head)
             return
-        restarts = launcher.run_hosts(cfg, head, say, _TtyStatus() if sys.stderr.isatty() else None)
+        from .head import run_hosts
+
+        restarts = run_hosts(cfg, head, say, _TtyStatus() if sys.stderr.isatty() else None)
         if restarts:
             say(f"all workers succeeded after {restarts} restart(s)")
         return
@@ -280,7 +282,7 @@ def _parse_nnodes(text: str) -> tuple[int, int | None]:
 
 def _head_options(o: dict, cfg):
     from .hosts import filter_hosts, parse_host_list, parse_hostfile, resolve_slots
-    from .launcher import HeadOptions
+    from .head import HeadOptions
     from .remote.ssh import SSHOptions
 
     if o["hosts"] and o["hostfile"]:
@@ -370,7 +372,7 @@ def agent() -> None:
     the store's secret) from one line of stdin."""
     import json
 
-    from .launcher import run_agent
+    from .head import run_agent
 
     try:
         run_agent(json.loads(sys.stdin.readline()))
@@ -412,7 +414,7 @@ def _print_plan(plan) -> None:
     c = plan.cfg
     click.echo(f"run id {c.run_id}: {len(plan.slots)} workers on node {c.node_rank} of "
                f"{c.nnodes}, max restarts {c.max_restarts}")
-    click.echo(f"store: 127.0.0.1:<port chosen at start>, token DISTLAUNCH_STORE_TOKEN=****")
+    click.echo("store: 127.0.0.1:<port chosen at start>, token DISTLAUNCH_STORE_TOKEN=****")
     for slot in plan.slots:
         env = plan.worker_env(slot)
         changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
