@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from . import algorithms as alg
+from . import shm
 from .buffers import as_array, as_array_list, byte_view, flat
 from .errors import CollectiveArgumentError, CollectiveError, CollectiveMismatchError
 from .group import ProcessGroup, Work, _RequestWork, to_seconds
@@ -192,7 +193,8 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     g = _group(group)
     if g is None:
         return None
-    return g.run("barrier", alg.barrier, async_op, dtype=0, count=0, timeout=to_seconds(timeout))
+    return g.run("barrier", alg.barrier, async_op, dtype=0, count=0, timeout=to_seconds(timeout),
+                 shm_body=shm.barrier)
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
@@ -203,7 +205,8 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
         return None
     root = _root(g, src, group_src, "src")
     arr = flat(as_array(tensor, "tensor", writable=g.rank != root))
-    return g.run("broadcast", lambda ctx: alg.broadcast(ctx, arr, root), async_op, **_meta(arr, root=root))
+    return g.run("broadcast", lambda ctx: alg.broadcast(ctx, arr, root), async_op,
+                 shm_body=lambda ctx: shm.broadcast(ctx, arr.view(np.uint8), root), **_meta(arr, root=root))
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
@@ -215,7 +218,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     arr = flat(as_array(tensor, "tensor"))
     op = as_reduce_op(op)
     check_op(op, arr.dtype)
-    return g.run("all_reduce", lambda ctx: alg.all_reduce(ctx, arr, op), async_op, **_meta(arr, redop=op))
+    return g.run("all_reduce", lambda ctx: alg.all_reduce(ctx, arr, op), async_op,
+                 shm_body=lambda ctx: shm.all_reduce(ctx, arr, op), **_meta(arr, redop=op))
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):
@@ -229,7 +233,7 @@ def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_
     op = as_reduce_op(op)
     check_op(op, arr.dtype)
     return g.run("reduce", lambda ctx: alg.reduce(ctx, arr, op, root), async_op,
-                 **_meta(arr, root=root, redop=op))
+                 shm_body=lambda ctx: shm.all_reduce(ctx, arr, op, root), **_meta(arr, root=root, redop=op))
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False):
@@ -245,7 +249,10 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
         views = [byte_view(o) for o in outs]
         views[g.rank][:] = byte_view(inp)
         alg.all_gather(ctx, views)
-    return g.run("all_gather", body, async_op, **_meta(inp))
+
+    def shm_body(ctx):
+        shm.all_gather(ctx, [o.view(np.uint8) for o in outs], inp.view(np.uint8))
+    return g.run("all_gather", body, async_op, shm_body=shm_body, **_meta(inp))
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
@@ -263,7 +270,12 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
         views = [byte_view(out[i * m:(i + 1) * m]) for i in range(g.size)]
         views[g.rank][:] = byte_view(inp)
         alg.all_gather(ctx, views)
-    return g.run("all_gather_into_tensor", body, async_op, **_meta(inp))
+
+    def shm_body(ctx):
+        u8 = out.view(np.uint8)
+        b = inp.nbytes
+        shm.all_gather(ctx, [u8[i * b:(i + 1) * b] for i in range(g.size)], inp.view(np.uint8))
+    return g.run("all_gather_into_tensor", body, async_op, shm_body=shm_body, **_meta(inp))
 
 
 def scatter(tensor, scatter_list=None, src=None, group=None, async_op=False, group_src=None):
@@ -302,10 +314,11 @@ def gather(tensor, gather_list=None, dst=None, group=None, async_op=False, group
     return g.run("gather", body, async_op, **_meta(inp, root=root))
 
 
-def _reduce_scatter_run(g, name, out, work, op, async_op):
+def _reduce_scatter_run(g, name, out, work, op, async_op, joined):
     op = as_reduce_op(op)
     check_op(op, out.dtype)
-    return g.run(name, lambda ctx: alg.reduce_scatter(ctx, out, work(), op), async_op, **_meta(out, redop=op))
+    return g.run(name, lambda ctx: alg.reduce_scatter(ctx, out, work(), op), async_op,
+                 shm_body=lambda ctx: shm.reduce_scatter(ctx, out, joined(), op), **_meta(out, redop=op))
 
 
 def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False):
@@ -317,8 +330,8 @@ def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=Fal
     out = flat(as_array(output, "output"))
     ins = [flat(a) for a in as_array_list(input_list, "input_list", g.size, writable=False)]
     _same(ins, out, "input_list")
-    return _reduce_scatter_run(g, "reduce_scatter", out, lambda: np.concatenate(ins) if ins else out.copy(),
-                               op, async_op)
+    concat = (lambda: np.concatenate(ins) if ins else out.copy())
+    return _reduce_scatter_run(g, "reduce_scatter", out, concat, op, async_op, concat)
 
 
 def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=False):
@@ -330,7 +343,7 @@ def reduce_scatter_tensor(output, input, op=ReduceOp.SUM, group=None, async_op=F
     out = flat(as_array(output, "output"))
     inp = flat(as_array(input, "input", writable=False))
     _same([inp], out, "[input]", size=out.size * g.size)
-    return _reduce_scatter_run(g, "reduce_scatter_tensor", out, inp.copy, op, async_op)
+    return _reduce_scatter_run(g, "reduce_scatter_tensor", out, inp.copy, op, async_op, lambda: inp)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):

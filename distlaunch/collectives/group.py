@@ -197,13 +197,31 @@ class ProcessGroup:
         self._executor = _Executor(f"distlaunch-coll-{name}")
         self.broken: BaseException | None = None
         self.completed = 0  # sequence number of the last finished collective
+        self._shm = None      # shm.ShmGroup when every member is on this node
+        self._shm_decided = False
 
     def __repr__(self):
         return f"ProcessGroup({self.name}, ranks={self.ranks})"
 
     def shutdown(self):
-        """Stop the group's async executor thread (on destroy)."""
+        """Stop the group's async executor thread and unmap/unlink its shared memory
+        (on destroy)."""
         self._executor.stop()
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+
+    def shm_channel(self):
+        """The group's shared-memory channel, or None (members on several nodes, shared
+        memory disabled, or a single rank). Decided and created by the first collective
+        (every member decides alike, from the node ids all ranks published)."""
+        if not self._shm_decided:
+            self._shm_decided = True
+            name = self.runtime.shm_name(self)
+            if name is not None:
+                from .shm import ShmGroup
+                self._shm = ShmGroup(self, name)
+        return self._shm
 
     # -- rank translation
 
@@ -230,10 +248,11 @@ class ProcessGroup:
             raise _reraise(self.broken, f"{self.name} is unusable after an earlier failure "
                                         f"(destroy and re-initialise the process group)")
 
-    def run(self, name: str, body, async_op: bool, timeout: float | None = None, **meta):
+    def run(self, name: str, body, async_op: bool, timeout: float | None = None, shm_body=None, **meta):
         """Run collective ``body(ctx)`` as the group's next operation; blocking unless
         ``async_op`` (then returns a Work). ``meta``: dtype/count/root/redop for the
-        header check."""
+        header check. On a group with shared memory ``shm_body(ctx)`` runs instead, or,
+        when None, a shared-memory mismatch check (a barrier) and then ``body``."""
         self.check_usable()
         with self._seq_lock:
             self._seq += 1
@@ -243,7 +262,15 @@ class ProcessGroup:
         def execute():
             ctx = OpContext(self, name, seq, timeout=timeout, **meta)
             try:
-                result = body(ctx)
+                ctx.shm = self._shm if self._shm_decided else self.shm_channel()
+                if ctx.shm is None:
+                    result = body(ctx)
+                elif shm_body is not None:
+                    result = shm_body(ctx)
+                else:
+                    from .shm import preamble
+                    preamble(ctx)
+                    result = body(ctx)
                 self.completed = seq
                 # every message of a correct collective is received inside it: one left
                 # over means its sender ran a different op/root/size
@@ -296,6 +323,10 @@ class ProcessGroup:
         return err
 
     def _abort_members(self, seq, reason, text):
+        if self._shm is not None:
+            from . import shm
+            self._shm.abort(shm.ABORT_MISMATCH if reason == ABORT_MISMATCH else
+                            shm.ABORT_PEER_LOST if reason == ABORT_PEER_LOST else shm.ABORT_OTHER)
         deadline = time.monotonic() + _STATUS_WAIT
         hdr = Header(ABORT, 0, reason, NO_REDOP, self.runtime.rank, self.gid, seq, 0, -1, 0, 0)
         payload = text.encode()[:65536]
@@ -382,6 +413,7 @@ class OpContext:
         self.timeout = group.timeout if timeout is None else timeout
         self.deadline = time.monotonic() + self.timeout
         self._posted = []
+        self.shm = None  # the group's ShmGroup while the operation runs on shared memory
         self._transport = group.runtime.transport
         self._me = group.runtime.rank
 

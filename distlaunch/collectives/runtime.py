@@ -37,6 +37,7 @@ from urllib.parse import parse_qs, urlparse
 from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
 from .filestore import FileStore
 from .group import DEFAULT_TIMEOUT, ProcessGroup, to_seconds
+from .shm import available as shm_available
 from .tcp import TcpTransport
 
 DEFAULT_ENV_TOKEN = "distlaunch-env-default-token"
@@ -78,9 +79,12 @@ class Runtime:
 
     def __init__(self, rank, world_size, store, prefix, timeout, host, owned=(), node_id=None):
         self.rank = rank
-        # which ranks share a machine (for a shared-memory transport): the launcher's node
-        # id, else the host name; published as <ns>node/<rank>
-        self.node_id = node_id or os.environ.get("DISTLAUNCH_NODE_ID") or socket.gethostname()
+        # which ranks may share memory: only the launcher's node id says so (never a host
+        # name: loopback multi-node jobs must use TCP); published as <ns>node/<rank>
+        launcher_node = node_id or os.environ.get("DISTLAUNCH_NODE_ID")
+        self.node_id = launcher_node or socket.gethostname()
+        self._shm_node = f"L:{launcher_node}" if launcher_node and shm_available() else f"N:{rank}"
+        self._node_ids = None
         self.world_size = world_size
         self.timeout = timeout
         self.store = _LockedStore(store)
@@ -95,11 +99,12 @@ class Runtime:
         if rank == 0:
             self.store.set(f"{ns}secret", secrets.token_hex(16).encode())
         secret = self._init_wait([f"{ns}secret"], deadline, timeout)
+        self.secret = secret.decode(errors="replace")
         self.transport = TcpTransport(rank, world_size, self.store, ns, host, secret,
                                       self._status, self._abort)
         self.transport.late_handler = self._late
         try:
-            self.store.set(f"{ns}node/{rank}", self.node_id.encode())
+            self.store.set(f"{ns}node/{rank}", self._shm_node.encode())
             self.store.set(f"{ns}joined/{rank}", b"1")
             self._init_wait([f"{ns}joined/{r}" for r in range(world_size)], deadline, timeout)
         except BaseException:
@@ -151,6 +156,25 @@ class Runtime:
         g = ProcessGroup(self, gid, ranks, timeout, f"group {gid} {ranks}")
         self._add_group(g)
         return g
+
+    def node_ids(self) -> list:
+        """Every rank's published node key ("L:<launcher node id>" when it can use
+        shared memory, else unique per rank); fetched once from the store."""
+        if self._node_ids is None:
+            self._node_ids = [self.store.get(f"{self.prefix}node/{r}").decode() for r in range(self.world_size)]
+        return self._node_ids
+
+    def shm_name(self, group):
+        """Name of ``group``'s shared-memory segment, or None when its members cannot
+        share memory. Names start with DISTLAUNCH_SHM_PREFIX (the launcher removes such
+        segments after crashes) and carry this initialisation's random secret."""
+        if group.size < 2 or not self._shm_node.startswith("L:"):
+            return None
+        ids = self.node_ids()
+        if any(ids[g] != self._shm_node for g in group.ranks):
+            return None
+        prefix = os.environ.get("DISTLAUNCH_SHM_PREFIX") or f"distlaunch-{os.getuid()}-"
+        return f"{prefix}coll-{self.secret[:16]}-{group.gid}"
 
     def close(self):
         self.transport.close()

@@ -1,0 +1,454 @@
+"""Shared-memory collectives for the ranks of a group that share one node.
+
+One segment per group (a file under /dev/shm named ``<DISTLAUNCH_SHM_PREFIX>...``),
+created lazily by the group's first collective and unlinked as soon as every member has
+mapped it (so nothing is left behind even if a rank dies later). Layout::
+
+    [0, 4096)           header: abort word (reason), aborting rank
+    [4096, +n*256)      per rank: u32 phase counter (the futex word), pid,
+                        2 meta records (op seq, op, dtype, count, root, redop, aux)
+    DATA + j*2*SLOT     rank j's two data buffers of SLOT bytes (double buffering)
+
+Synchronisation is one monotonically increasing *phase* counter per rank, written only
+by that rank. Invariant: when rank j publishes phase p it has written every datum of
+phases <= p and finished reading every datum of phases <= p - 1; data of phase p lives
+in buffer ``p % 2``, so a rank writes its buffer for phase p only after every rank
+reached p - 1. Every rank runs the same sequence of phases, so phases agree across ranks
+(the first phase of every operation is a full barrier that compares every rank's
+(op, dtype, count, root, redop): ranks that disagree all raise CollectiveMismatchError
+before any data-dependent phase).
+
+Waiting: spin briefly on the counter, then sleep in ``futex(FUTEX_WAIT)`` on it (the
+writer always calls ``FUTEX_WAKE`` after publishing, the kernel orders the two), in
+slices of at most 50 ms; between slices the waiter checks the abort word, the group's
+broken flag (set by a TCP ABORT), the deadline (-> the group names the missing ranks
+over TCP) and whether the awaited peer's pid still exists (-> PeerLostError). Stores
+become visible in program order on x86 (TSO), which the protocol relies on: the
+transport is only enabled on x86-64.
+
+Algorithms (n ranks, all reductions in the fixed order rank 0, 1, ..., n-1, so every
+rank gets bit-identical results):
+
+- all_reduce <= SMALL bytes: one phase -- every rank publishes its buffer, then every
+  rank reduces all n buffers itself (one barrier in total);
+- all_reduce larger: per CHUNK, two phases -- publish inputs; rank r reduces slice r
+  of the chunk from all inputs into its own buffer (reduce-scatter); then every rank
+  copies the n reduced slices (all-gather). This is the shared-memory form of
+  Rabenseifner's algorithm (Thakur, Rabenseifner & Gropp, IJHPCA 2005);
+- reduce: as all_reduce, the root alone copies the result out;
+- broadcast / all_gather: the root / every rank publishes SLOT-sized chunks, readers
+  copy them out; the root writes chunk p + 1 while readers copy chunk p;
+- reduce_scatter: every rank publishes matching pieces of its n input blocks; rank r
+  reduces piece r of every rank directly into its output;
+- barrier: the first phase alone. Other operations (scatter, gather, all_to_all) run
+  that barrier phase (mismatch check) and then go over TCP.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import platform
+import time
+
+import numpy as np
+
+from .errors import CollectiveError, CollectiveMismatchError, PeerLostError
+from .ops import _UFUNCS, finalize
+
+SLOT = int(os.environ.get("DISTLAUNCH_SHM_SLOT", 4 << 20))   # bytes per data buffer
+SMALL = 64 * 1024            # all_reduce: one-phase algorithm up to here
+CHUNK = 1 << 20              # all_reduce: bytes per reduce-scatter/all-gather chunk
+_HDR, _CTL = 4096, 256
+_M, _H = 0xFFFFFFFF, 0x80000000
+_SLICE = 0.05                # seconds per futex sleep between liveness checks
+ABORT_MISMATCH, ABORT_PEER_LOST, ABORT_OTHER = 1, 2, 3
+
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202}.get(platform.machine().lower())
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_futex = None
+
+
+def _futex_fn():
+    global _futex
+    if _futex is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.syscall
+        fn.restype = ctypes.c_long
+        fn.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p,
+                       ctypes.c_void_p, ctypes.c_int]
+        _futex = fn
+    return _futex
+
+
+def available() -> bool:
+    """True when this platform supports the shared-memory transport (Linux x86-64 with
+    /dev/shm) and DISTLAUNCH_SHM is not "0"."""
+    return (os.environ.get("DISTLAUNCH_SHM", "1") != "0" and _SYS_FUTEX is not None
+            and os.path.isdir("/dev/shm"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a killed child its parent has not reaped yet still answers kill(0)
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return True
+
+
+class ShmGroup:
+    """The shared-memory channel of one ProcessGroup whose members share a node.
+
+    ``name``: segment file name (already carrying DISTLAUNCH_SHM_PREFIX). Created by
+    the group's first collective; every method runs inside that group's operations
+    (serialised by the group), on the calling or the group's executor thread.
+    """
+
+    def __init__(self, group, name: str):
+        self.group = group
+        self.n, self.r = group.size, group.rank
+        self.path = os.path.join("/dev/shm", name)
+        self.size = _HDR + _round(self.n * _CTL) + self.n * 2 * SLOT
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < self.size:
+                os.ftruncate(fd, self.size)
+            self.mm = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        self._unlinked = False
+        self.words = memoryview(self.mm).cast("I")
+        self.quads = memoryview(self.mm).cast("q")
+        self.raw = np.frombuffer(self.mm, np.uint8)
+        self._anchor = ctypes.c_char.from_buffer(self.mm)
+        self.base = ctypes.addressof(self._anchor)
+        self._futex = _futex_fn()
+        self._ts = _Timespec()
+        data = _HDR + _round(self.n * _CTL)
+        self.bufs = [[self.raw[data + (2 * j + k) * SLOT: data + (2 * j + k + 1) * SLOT] for k in (0, 1)]
+                     for j in range(self.n)]
+        self.phase = 0          # last phase this rank published
+        self.all_at = 0         # every rank is known to have reached this phase
+        self.ops = 0            # operations run (selects the meta record)
+        self.quads[self._ctl(self.r) // 8 + 1] = os.getpid()
+        self._pids = [0] * self.n
+        self._next_check = 0.0
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+        # more ranks than cores: a spinning waiter steals the core its peer needs
+        self.spin = 200 if self.n <= cpus else 20
+        self.yield_spin = self.n > cpus
+
+    # -- layout
+
+    def _ctl(self, j):
+        return _HDR + j * _CTL
+
+    def view(self, j, p, dtype, count, offset=0):
+        """Rank j's buffer of phase p as ``count`` elements of ``dtype`` from byte
+        ``offset``."""
+        return self.bufs[j][p & 1][offset:offset + count * dtype.itemsize].view(dtype)
+
+    # -- synchronisation
+
+    def _wake(self, j):
+        self._futex(_SYS_FUTEX, self.base + self._ctl(j), 1, 0x7FFFFFFF, None, None, 0)
+
+    def signal(self, p):
+        """Publish phase ``p`` (everything this rank wrote for it is in place)."""
+        self.phase = p
+        self.words[self._ctl(self.r) // 4] = p & _M
+        self._wake(self.r)
+
+    def need(self, j, p, ctx):
+        """Block until rank j published phase ``p`` (deadline, abort, death checked)."""
+        idx = self._ctl(j) // 4
+        w = self.words
+        if (w[idx] - p) & _M < _H:
+            return
+        yld = self.yield_spin
+        for _ in range(self.spin):
+            if yld:
+                os.sched_yield()
+            if (w[idx] - p) & _M < _H:
+                return
+        ts, addr = self._ts, self.base + self._ctl(j)
+        while True:
+            v = w[idx]
+            if (v - p) & _M < _H:
+                return
+            left = self._check(j, ctx)
+            left = min(left, _SLICE)
+            ts.tv_sec = int(left)
+            ts.tv_nsec = int((left - int(left)) * 1e9)
+            self._futex(_SYS_FUTEX, addr, 0, v, ctypes.addressof(ts), None, 0)
+
+    def need_all(self, p, ctx):
+        if (self.all_at - p) & _M < _H:
+            return
+        for j in range(self.n):
+            if j != self.r:
+                self.need(j, p, ctx)
+        self.all_at = p
+
+    def _check(self, j, ctx) -> float:
+        """Raise if the operation cannot complete; else the seconds left."""
+        from .group import _OpTimeout
+        g = self.group
+        if g.broken is not None:
+            raise g.broken
+        reason = self.words[0]
+        if reason:
+            self._raise_abort(reason)
+        now = time.monotonic()
+        left = ctx.deadline - now
+        if left <= 0:
+            p = self.phase
+            raise _OpTimeout([k for k in range(self.n) if k != self.r
+                              and (self.words[self._ctl(k) // 4] - p) & _M >= _H] or [j])
+        if now >= self._next_check:
+            self._next_check = now + _SLICE
+            pid = self.quads[self._ctl(j) // 8 + 1]
+            if pid and not _alive(pid):
+                raise PeerLostError(f"rank {g.ranks[j]} (pid {pid}) died: its process no longer exists")
+        return left
+
+    def _raise_abort(self, reason):
+        g = self.group
+        end = time.monotonic() + 0.2   # the TCP ABORT carries the full message
+        while g.broken is None and time.monotonic() < end:
+            time.sleep(0.005)
+        if g.broken is not None:
+            raise g.broken
+        cls = {ABORT_MISMATCH: CollectiveMismatchError, ABORT_PEER_LOST: PeerLostError}.get(reason, CollectiveError)
+        err = cls(f"rank {g.ranks[self.words[1] % g.size]} aborted {g.name}")
+        err._from_abort = True
+        raise err
+
+    def abort(self, reason):
+        """Tell every member (blocked or not) that the group failed."""
+        try:
+            if not self.words[0]:
+                self.words[1] = self.r
+                self.words[0] = reason
+            for j in range(self.n):
+                self._wake(j)
+        except (ValueError, TypeError):  # already closed
+            pass
+
+    # -- operations
+
+    def begin(self, ctx, data=None, aux=0) -> int:
+        """First phase of an operation: publish this rank's meta (and ``data``, a uint8
+        array, or a function writing into the given uint8 buffer, into the phase's
+        buffer), wait for every rank and compare metas. Returns the phase."""
+        p = self.phase + 1
+        if data is not None:
+            self.need_all(p - 1, ctx)
+            if callable(data):
+                data(self.bufs[self.r][p & 1])
+            elif len(data):
+                self.bufs[self.r][p & 1][:len(data)] = data
+        k = self.ops & 1
+        self.ops += 1
+        q = self._ctl(self.r) // 8 + 2 + 8 * k
+        meta = (ctx.seq, ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop, aux)
+        self.quads[q:q + 7] = _pack(meta)
+        self.signal(p)
+        self.need_all(p, ctx)
+        mine = self.quads[q:q + 6].tobytes()
+        for j in range(self.n):
+            qj = self._ctl(j) // 8 + 2 + 8 * k
+            if j != self.r and self.quads[qj:qj + 6].tobytes() != mine:
+                theirs = self.quads[qj:qj + 6].tolist()
+                raise CollectiveMismatchError(
+                    f"rank {self.group.ranks[j]} called {ctx._describe(*theirs[1:6])} but rank "
+                    f"{self.group.runtime.rank} called {ctx._describe(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)}")
+        if not self._unlinked:
+            self._unlinked = True  # every member has mapped the segment
+            if self.r == 0:
+                _unlink(self.path)
+        return p
+
+    def aux(self, j):
+        """The ``aux`` value rank j gave to the current operation's begin()."""
+        return self.quads[self._ctl(j) // 8 + 2 + 8 * ((self.ops - 1) & 1) + 6]
+
+    def close(self):
+        _unlink(self.path)
+        self.bufs = None
+        self.raw = None
+        self.words = self.quads = None
+        try:
+            del self._anchor
+            self.mm.close()
+        except (BufferError, AttributeError):
+            pass  # a user-visible view still exists: the mapping goes with it
+
+
+def _pack(meta):
+    return memoryview(np.array(meta, np.int64).view(np.uint8)).cast("q")
+
+
+def _round(x):
+    return (x + 4095) // 4096 * 4096
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError as e:
+        if e.errno != errno.ENOENT:
+            raise
+
+
+# --------------------------------------------------------------------- algorithms
+
+def barrier(ctx):
+    ctx.shm.begin(ctx)
+
+
+def preamble(ctx):
+    """Mismatch check (and barrier) before an operation that runs over TCP."""
+    ctx.shm.begin(ctx)
+
+
+def _reduce_into(uf, srcs, out):
+    uf(srcs[0], srcs[1], out=out)
+    for s in srcs[2:]:
+        uf(out, s, out=out)
+
+
+def all_reduce(ctx, arr, op, root=None):
+    """In place on ``arr`` (flat, C-contiguous). ``root``: None for all_reduce, else the
+    only group rank whose ``arr`` receives the result (reduce)."""
+    s = ctx.shm
+    n, r = s.n, s.r
+    dt, nb = arr.dtype, arr.nbytes
+    uf = _UFUNCS[op]
+    u8 = arr.view(np.uint8)
+    if nb <= SMALL:
+        p = s.begin(ctx, u8)
+        if root is None or root == r:
+            _reduce_into(uf, [s.view(j, p, dt, arr.size) for j in range(n)], arr)
+    else:
+        per = max(n, (min(CHUNK, SLOT) // dt.itemsize) // n * n)  # elements per chunk
+        first = True
+        for a in range(0, arr.size, per):
+            b = min(a + per, arr.size)
+            m = b - a
+            chunk = u8[a * dt.itemsize:b * dt.itemsize]
+            if first:
+                p1 = s.begin(ctx, chunk)
+                first = False
+            else:
+                p1 = s.phase + 1
+                s.need_all(p1 - 1, ctx)
+                s.bufs[r][p1 & 1][:len(chunk)] = chunk
+                s.signal(p1)
+                s.need_all(p1, ctx)
+            base, extra = divmod(m, n)
+            lo = r * base + min(r, extra)
+            hi = lo + base + (1 if r < extra else 0)
+            p2 = p1 + 1
+            mine = s.view(r, p2, dt, m)
+            if hi > lo:
+                _reduce_into(uf, [s.view(j, p1, dt, m)[lo:hi] for j in range(n)], mine[lo:hi])
+            s.signal(p2)
+            s.need_all(p2, ctx)
+            if root is None or root == r:
+                for j in range(n):
+                    jl = j * base + min(j, extra)
+                    jh = jl + base + (1 if j < extra else 0)
+                    arr[a + jl:a + jh] = s.view(j, p2, dt, m)[jl:jh]
+    if root is None or root == r:
+        finalize(arr, op, n)
+
+
+def broadcast(ctx, u8, root):
+    """``u8``: the buffer as flat uint8 (written on non-roots)."""
+    s = ctx.shm
+    r = s.r
+    nb = len(u8)
+    starts = range(0, max(nb, 1), SLOT)
+    for i, a in enumerate(starts):
+        b = min(a + SLOT, nb)
+        if i == 0:
+            p = s.begin(ctx, u8[a:b] if r == root else None)
+        else:
+            p = s.phase + 1
+            if r == root:
+                s.need_all(p - 1, ctx)
+                s.bufs[r][p & 1][:b - a] = u8[a:b]
+                s.signal(p)
+                continue
+            s.signal(p)
+            s.need(root, p, ctx)
+        if r != root:
+            u8[a:b] = s.bufs[root][p & 1][:b - a]
+
+
+def all_gather(ctx, outs, inp):
+    """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input."""
+    s = ctx.shm
+    n = s.n
+    nb = len(inp)
+    for i, a in enumerate(range(0, max(nb, 1), SLOT)):
+        b = min(a + SLOT, nb)
+        if i == 0:
+            p = s.begin(ctx, inp[a:b])
+        else:
+            p = s.phase + 1
+            s.need_all(p - 1, ctx)
+            s.bufs[s.r][p & 1][:b - a] = inp[a:b]
+            s.signal(p)
+            s.need_all(p, ctx)
+        for j in range(n):
+            outs[j][a:b] = s.bufs[j][p & 1][:b - a]
+
+
+def reduce_scatter(ctx, out, inp, op):
+    """``out``: m elements; ``inp``: n*m elements (not modified), both flat."""
+    s = ctx.shm
+    n, r = s.n, s.r
+    dt, m = out.dtype, out.size
+    uf = _UFUNCS[op]
+    per = max(1, SLOT // (n * dt.itemsize))
+    blocks = inp.reshape(n, m) if m else None
+    for i, a in enumerate(range(0, max(m, 1), per)):
+        b = min(a + per, m)
+        L = b - a
+
+        def write(buf, a=a, b=b, L=L):  # pieces [a, b) of the n blocks, contiguous
+            if L:
+                buf[:n * L * dt.itemsize].view(dt).reshape(n, L)[:] = blocks[:, a:b]
+        if i == 0:
+            p = s.begin(ctx, write)
+        else:
+            p = s.phase + 1
+            s.need_all(p - 1, ctx)
+            write(s.bufs[r][p & 1])
+            s.signal(p)
+            s.need_all(p, ctx)
+        if L:
+            srcs = [s.view(j, p, dt, L, r * L * dt.itemsize) for j in range(n)]
+            if n == 1:
+                out[a:b] = srcs[0]
+            else:
+                _reduce_into(uf, srcs, out[a:b])
+    finalize(out, op, n)
