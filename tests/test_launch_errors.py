@@ -1,9 +1,10 @@
 """Bad input: one clear line naming the value, exit code 2, and no process started."""
 import socket
+import subprocess
 
 import pytest
 
-from conftest import dl
+from conftest import dl, dl_cmd
 
 
 @pytest.fixture
@@ -106,3 +107,21 @@ def test_dry_run_starts_nothing(marker_script):
         assert f"RANK={r}" in res.stdout
     assert "--lr 0.1" in res.stdout
     assert "WORLD_SIZE=3" in res.stdout
+
+
+def test_head_mode_dry_run_per_host(marker_script):
+    import os
+    script, marker = marker_script
+    env = dict(os.environ, DISTLAUNCH_STORE_TOKEN="must-not-show", MY_SETTING="abc")
+    res = subprocess.run(dl_cmd("run", "-H", "nodeA:2,nodeB:3", "-x", "MY_SETTING", "--env-all",
+                                "--dry-run", script),
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not marker.exists()
+    assert "node 0 nodeA: ranks 0..1" in res.stdout and "node 1 nodeB: ranks 2..4" in res.stdout
+    assert "-m distlaunch agent" in res.stdout and "MY_SETTING=abc" in res.stdout
+    assert "must-not-show" not in res.stdout + res.stderr
+    # shipping the secret by name is refused before anything starts
+    res = subprocess.run(dl_cmd("run", "-H", "nodeA:2", "-x", "DISTLAUNCH_STORE_TOKEN", "--dry-run",
+                                script), capture_output=True, text=True, env=env, timeout=60)
+    check_usage_error(res, "DISTLAUNCH_STORE_TOKEN")
