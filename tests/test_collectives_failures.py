@@ -13,6 +13,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "collectives_workers"
 import launch  # noqa: E402
 
 
+@pytest.fixture(params=["shm", "tcp"], autouse=True)
+def transport(request, monkeypatch):
+    """Every test runs with the shared-memory path on and off."""
+    launch.use_transport(monkeypatch, request.param)
+    return request.param
+
+
 def _results(out):
     return dict(re.findall(r"RESULT (\w+) rank (\d+): ", out)[i][::-1] for i in range(len(re.findall("RESULT", out))))
 
@@ -38,12 +45,17 @@ def test_mismatch_raises_on_every_rank(what):
     assert rc == 0
 
 
-def test_killed_peer_makes_survivors_raise():
+def test_killed_peer_makes_survivors_raise(transport):
     # the subprocess spawner, not `distlaunch run`: the launcher would (rightly) stop the
-    # survivors as soon as rank 2 dies, before they could report
-    rc, out, err = launch.spawn("failures.py", 4, args=["kill"], timeout=60)
+    # survivors as soon as rank 2 dies, before they could report. With "shm" the ranks get
+    # a launcher node id and shm prefix, so the survivors are blocked on a futex
+    prefix = f"dltest-kill-{os.getpid()}-"
+    env = {"DISTLAUNCH_NODE_ID": "n0", "DISTLAUNCH_SHM_PREFIX": prefix} if transport == "shm" else {}
+    rc, out, err = launch.spawn("failures.py", 4, args=["kill"], timeout=60, env=env)
     _check(rc, out, err, [0, 1, 3])
     assert rc == -9  # rank 2 was SIGKILLed
+    # the segment is unlinked as soon as every rank mapped it: nothing is left behind
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
 
 
 def test_recv_without_sender_times_out():

@@ -9,6 +9,13 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "collectives_workers"))
 import launch  # noqa: E402
 
+
+@pytest.fixture(params=["shm", "tcp"], autouse=True)
+def transport(request, monkeypatch):
+    """Every test runs with the shared-memory path on and off."""
+    launch.use_transport(monkeypatch, request.param)
+    return request.param
+
 CASES = [("subgroups", 4), ("async", 3), ("async", 4), ("objects", 3), ("large", 3), ("large", 4),
          ("badargs", 2)]
 

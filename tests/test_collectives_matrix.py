@@ -11,6 +11,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "collectives_workers"
 import launch  # noqa: E402
 
 
+@pytest.fixture(params=["shm", "tcp"], autouse=True)
+def transport(request, monkeypatch):
+    """Every test runs with the shared-memory path on and off."""
+    launch.use_transport(monkeypatch, request.param)
+    return request.param
+
+
 def _run_matrix(n, *args):
     rc, out, err = launch.launch("matrix.py", n, args=args, timeout=240)
     assert rc == 0, f"matrix failed at world size {n}:\n{out[-3000:]}\n{err[-6000:]}"

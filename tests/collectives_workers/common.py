@@ -78,6 +78,9 @@ class Failures:
             self.exit()  # the group is unusable after a failure
 
     def exit(self):
+        if os.environ.get("COLL_EXPECT_SHM") and dist.is_initialized() and dist.get_world_size() > 1 \
+                and dist.GroupMember.WORLD._shm is None:
+            self.items.append("COLL_EXPECT_SHM is set but the world group did not use shared memory")
         if self.items:
             print(f"rank {self.rank}: {len(self.items)} of {self.count} checks FAILED", file=sys.stderr)
             for item in self.items[:20]:

@@ -38,6 +38,16 @@ def _base_env(extra):
 _probe = None
 
 
+def use_transport(monkeypatch, mode):
+    """Run the launched workers with the shared-memory path on ("shm": workers must
+    actually use it, checked by common.Failures.exit) or off ("tcp": DISTLAUNCH_SHM=0)."""
+    monkeypatch.setenv("DISTLAUNCH_SHM", "1" if mode == "shm" else "0")
+    if mode == "shm":
+        monkeypatch.setenv("COLL_EXPECT_SHM", "1")
+    else:
+        monkeypatch.delenv("COLL_EXPECT_SHM", raising=False)
+
+
 def _launcher_available() -> bool:
     """Use `distlaunch run` unless COLL_TEST_SPAWNER=popen, or the launcher is absent or
     broken (probed once with a trivial script; then a warning says so and the tests fall
