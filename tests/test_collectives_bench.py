@@ -1,0 +1,58 @@
+"""`distlaunch bench` (distlaunch/collectives/bench.py): the nccl-tests-style table and
+the --json lines, with a correctness check of every size."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bench(*args, timeout=120):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "distlaunch", "bench", *args], capture_output=True, text=True,
+                       timeout=timeout, cwd=REPO, env=env)
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    return p.stdout
+
+
+def test_bench_table():
+    out = _bench("all_reduce", "--nproc-per-node", "2", "--sizes", "8B..64KiB")
+    header = [line for line in out.splitlines() if "algbw" in line]
+    assert header and all(w in header[0] for w in ("size", "count", "type", "time(us)", "busbw(GB/s)", "#wrong"))
+    rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [8 << k for k in range(14)]  # 8 B .. 64 KiB, doubling
+    for size, count, dtype, iters, t, algbw, busbw, wrong in rows:
+        assert int(count) == int(size) // 4 and dtype == "float32" and wrong == "0"
+        assert float(t) > 0
+        # two ranks: busbw = algbw x 2(n-1)/n = algbw
+        assert abs(float(busbw) - float(algbw)) <= 0.0015
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
+                                "send_recv"])
+def test_bench_json(op):
+    out = _bench(op, "--nproc-per-node", "2", "--sizes", "1KiB..4KiB", "--iters", "3", "--json")
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["size"] for r in rows] == [1024, 2048, 4096]
+    factor = {"all_reduce": 1.0, "broadcast": 1.0, "send_recv": 1.0}.get(op, 0.5)  # n = 2
+    for r in rows:
+        assert r["op"] == op and r["wrong"] == 0 and r["world_size"] == 2 and r["time_us"] > 0
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor, abs=2e-4)
+
+
+def test_bench_plot_without_matplotlib(tmp_path):
+    """Without matplotlib --plot fails at once with a one-line error."""
+    try:
+        import matplotlib  # noqa: F401
+        pytest.skip("matplotlib is installed")
+    except ImportError:
+        pass
+    env = dict(os.environ, PYTHONPATH=REPO)
+    p = subprocess.run([sys.executable, "-m", "distlaunch", "bench", "all_reduce", "--nproc-per-node", "1",
+                        "--sizes", "8B", "--plot", str(tmp_path / "x.png")], capture_output=True, text=True,
+                       timeout=60, cwd=REPO, env=env)
+    assert p.returncode != 0 and "needs matplotlib" in p.stderr + p.stdout
