@@ -1,78 +1,200 @@
-"""Collective latency/bandwidth of distlaunch.collectives, optionally next to torch's gloo
-backend in the same launch (same processes, same buffers).
+"""distlaunch.collectives next to torch.distributed (gloo) and MPICH (mpi4py), same sizes,
+same timing, one node.
 
-    distlaunch run --nproc-per-node 4 benchmarks/bench_collectives.py [--torch] [--ops all_reduce,broadcast]
-        [--sizes 8,1024,65536,1048576,16777216] [--iters 20]
+    python benchmarks/bench_collectives.py [--worlds 2,4] [--ops all_reduce,broadcast,all_gather,reduce_scatter]
+        [--sizes 8,1MiB,16MiB,64MiB] [--libs distlaunch,gloo,mpich] [--rounds 2]
 
-Rank 0 prints one line per (op, size, runtime): median and best time per call over
-``--iters`` timed calls (after 3 warm-up calls), and the bus bandwidth for all_reduce
-(2(n-1)/n x bytes / time, as nccl-tests). Sizes are bytes of float32.
+The driver starts, for each world size and library, one job of workers running this file
+with ``--worker LIB`` (distlaunch and gloo under ``distlaunch run``, MPICH under the
+``mpiexec`` next to ``sys.executable``), and the libraries alternate round by round
+(``--rounds``, default 2) so that background load hits all of them alike. Each worker
+measures every (op, size): 2 warm-up calls, then 5 (small sizes: 15) repetitions of
+``iters`` back-to-back calls after a barrier; a repetition's time is the slowest rank's
+mean per call; the result is the median over repetitions, then the median over rounds.
+Sizes are bytes of the per-rank buffer (all_reduce, broadcast) or of the larger buffer
+(all_gather: output; reduce_scatter: input), float32.
+
+The table gives each library's time and the ratios ours / theirs (< 1: we are faster).
+A worker can also be run by hand, e.g.::
+
+    distlaunch run --nproc-per-node 4 benchmarks/bench_collectives.py --worker distlaunch --sizes 1MiB
 """
 import argparse
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
 
-import distlaunch.collectives as dist
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+from distlaunch.collectives.bench import parse_size  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--sizes", default="8,1024,65536,1048576,16777216")
-p.add_argument("--ops", default="all_reduce,broadcast,all_gather_into_tensor,reduce_scatter_tensor")
-p.add_argument("--iters", type=int, default=20)
-p.add_argument("--torch", action="store_true", help="also measure torch.distributed (gloo)")
-args = p.parse_args()
-
-dist.init_process_group()
-rank, world = dist.get_rank(), dist.get_world_size()
-tdist = None
-if args.torch:
-    import torch
-    import torch.distributed as tdist
-    tdist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
 
 
-def run(lib, op, nbytes):
-    n = max(1, nbytes // 4)
-    to = (lambda a: torch.from_numpy(a)) if lib is tdist else (lambda a: a)
-    x = to(np.ones(n, np.float32))
-    big = to(np.ones(n * world, np.float32))
-    calls = {
-        "all_reduce": lambda: lib.all_reduce(x),
-        "broadcast": lambda: lib.broadcast(x, src=0),
-        # the *_single names (torch >= 2.13 deprecates *_tensor); distlaunch has both
-        "all_gather_into_tensor": lambda: getattr(lib, "all_gather_single", lib.all_gather_into_tensor)(big, x),
-        "reduce_scatter_tensor": lambda: getattr(lib, "reduce_scatter_single", lib.reduce_scatter_tensor)(x, big),
-    }
-    fn = calls[op]
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(args.iters):
-        dist.barrier()
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    # the slowest rank defines the collective's time
-    worst = np.array(times)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-    return statistics.median(worst), worst.min()
+def _iters(nbytes):
+    return 200 if nbytes <= 64 << 10 else 20 if nbytes <= 1 << 20 else 5 if nbytes <= 16 << 20 else 2
 
 
-if rank == 0:
-    print(f"world={world} iters={args.iters} pid0={os.getpid()}")
-    print(f"{'op':24} {'bytes':>10} {'runtime':>10} {'median':>11} {'best':>11} {'busbw':>10}")
-for op in args.ops.split(","):
-    for nbytes in map(int, args.sizes.split(",")):
-        for name, lib in (("distlaunch", dist), ("torch-gloo", tdist)):
-            if lib is None:
-                continue
-            med, best = run(lib, op, nbytes)
-            if rank == 0:
-                bw = f"{2 * (world - 1) / world * nbytes / med / 1e6:7.0f}MB/s" if op == "all_reduce" else "-"
-                print(f"{op:24} {nbytes:>10} {name:>10} {med * 1e6:>9.1f}us {best * 1e6:>9.1f}us {bw:>11}",
-                      flush=True)
-if tdist is not None:
-    tdist.destroy_process_group()
-dist.destroy_process_group()
+# --------------------------------------------------------------------- workers
+
+class _Lib:
+    def __init__(self, name):
+        self.name = name
+        if name == "mpich":
+            from mpi4py import MPI
+            self.MPI, self.comm = MPI, MPI.COMM_WORLD
+            self.rank, self.n = self.comm.Get_rank(), self.comm.Get_size()
+        elif name == "gloo":
+            import torch
+            import torch.distributed as tdist
+            self.torch, self.d = torch, tdist
+            tdist.init_process_group("gloo", init_method="env://")
+            self.rank, self.n = tdist.get_rank(), tdist.get_world_size()
+        else:
+            import distlaunch.collectives as dist
+            self.d = dist
+            dist.init_process_group()
+            self.rank, self.n = dist.get_rank(), dist.get_world_size()
+
+    def wrap(self, a):
+        return self.torch.from_numpy(a) if self.name == "gloo" else a
+
+    def call(self, op, nbytes):
+        """A zero-argument function running ``op`` once on buffers of ``nbytes``."""
+        n = self.n
+        blocked = op in ("all_gather", "reduce_scatter")
+        per = max(1, nbytes // 4 // n) if blocked else max(1, nbytes // 4)
+        x = np.ones(per, np.float32)
+        big = np.ones(per * n, np.float32)
+        if self.name == "mpich":
+            c, MPI = self.comm, self.MPI
+            return {"all_reduce": lambda: c.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
+                    "broadcast": lambda: c.Bcast(x, root=0),
+                    "all_gather": lambda: c.Allgather(x, big),
+                    "reduce_scatter": lambda: c.Reduce_scatter_block(big, x, op=MPI.SUM)}[op]
+        d, tx, tbig = self.d, self.wrap(x), self.wrap(big)
+        if self.name == "gloo":
+            ag = getattr(d, "all_gather_into_tensor")
+            rs = getattr(d, "reduce_scatter_tensor")
+        else:
+            ag, rs = d.all_gather_into_tensor, d.reduce_scatter_tensor
+        return {"all_reduce": lambda: d.all_reduce(tx),
+                "broadcast": lambda: d.broadcast(tx, src=0),
+                "all_gather": lambda: ag(tbig, tx),
+                "reduce_scatter": lambda: rs(tx, tbig)}[op]
+
+    def barrier(self):
+        (self.comm.Barrier if self.name == "mpich" else self.d.barrier)()
+
+    def max(self, a):
+        if self.name == "mpich":
+            self.comm.Allreduce(self.MPI.IN_PLACE, a, op=self.MPI.MAX)
+        elif self.name == "gloo":
+            self.d.all_reduce(self.wrap(a), op=self.d.ReduceOp.MAX)
+        else:
+            self.d.all_reduce(a, op=self.d.ReduceOp.MAX)
+
+    def close(self):
+        if self.name != "mpich":
+            self.d.destroy_process_group()
+
+
+def worker(lib_name, ops, sizes):
+    lib = _Lib(lib_name)
+    for op in ops:
+        for nbytes in sizes:
+            fn = lib.call(op, nbytes)
+            iters = _iters(nbytes)
+            reps = 15 if nbytes <= 64 << 10 else 5
+            for _ in range(2):
+                fn()
+            times = np.zeros(reps)
+            for k in range(reps):
+                lib.barrier()
+                t = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                times[k] = (time.perf_counter() - t) / iters
+            lib.max(times)
+            if lib.rank == 0:
+                print("RESULT " + json.dumps(dict(lib=lib_name, n=lib.n, op=op, size=nbytes,
+                                                  us=statistics.median(times.tolist()) * 1e6)), flush=True)
+    lib.close()
+
+
+# --------------------------------------------------------------------- driver
+
+def _launch(lib, n, ops, sizes):
+    args = ["--worker", lib, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    if lib == "mpich":
+        mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+        cmd = [mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec"), "-n", str(n),
+               sys.executable, __file__, *args]
+    else:
+        cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(n), __file__, *args]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    rows = [json.loads(line.split("RESULT ", 1)[1]) for line in p.stdout.splitlines() if "RESULT " in line]
+    if p.returncode != 0 or not rows:
+        print(f"# {lib} world {n} failed ({p.returncode}): {p.stderr[-800:]}", file=sys.stderr)
+    return rows
+
+
+def _fmt_us(us):
+    return f"{us:.0f} us" if us < 1000 else f"{us / 1000:.2f} ms"
+
+
+def _fmt_size(b):
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k and b % k == 0:
+            return f"{b // k} {unit}"
+    return f"{b} B"
+
+
+def driver(args):
+    ops, sizes = args.ops.split(","), [parse_size(s) for s in args.sizes.split(",")]
+    libs = args.libs.split(",")
+    results = {}
+    for n in map(int, args.worlds.split(",")):
+        for rnd in range(args.rounds):
+            for lib in (libs if rnd % 2 == 0 else libs[::-1]):
+                for row in _launch(lib, n, ops, sizes):
+                    results.setdefault((row["n"], row["op"], row["size"], lib), []).append(row["us"])
+    med = {k: statistics.median(v) for k, v in results.items()}
+    head = ["op", "n", "size"] + [f"{lib}" for lib in libs] + [f"ours/{lib}" for lib in libs if lib != "distlaunch"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for op in ops:
+        for n in map(int, args.worlds.split(",")):
+            for s in sizes:
+                t = {lib: med.get((n, op, s, lib)) for lib in libs}
+                cells = [op, str(n), _fmt_size(s)] + [_fmt_us(t[lib]) if t[lib] else "-" for lib in libs]
+                ours = t.get("distlaunch")
+                cells += [f"{ours / t[lib]:.2f}" if ours and t[lib] else "-" for lib in libs if lib != "distlaunch"]
+                print("| " + " | ".join(cells) + " |", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--worker", choices=["distlaunch", "gloo", "mpich"])
+    p.add_argument("--worlds", default="2,4")
+    p.add_argument("--ops", default=",".join(OPS))
+    p.add_argument("--sizes", default="8,1MiB,16MiB,64MiB")
+    p.add_argument("--libs", default="distlaunch,gloo,mpich")
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.worker, args.ops.split(","), [parse_size(s) for s in args.sizes.split(",")])
+    else:
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()

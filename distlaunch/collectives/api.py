@@ -194,7 +194,7 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     if g is None:
         return None
     return g.run("barrier", alg.barrier, async_op, dtype=0, count=0, timeout=to_seconds(timeout),
-                 shm_body=shm.barrier)
+                 shm_body=shm.barrier, hier_body=lambda ctx, h: h.barrier(ctx))
 
 
 def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
@@ -206,7 +206,8 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     root = _root(g, src, group_src, "src")
     arr = flat(as_array(tensor, "tensor", writable=g.rank != root))
     return g.run("broadcast", lambda ctx: alg.broadcast(ctx, arr, root), async_op,
-                 shm_body=lambda ctx: shm.broadcast(ctx, arr.view(np.uint8), root), **_meta(arr, root=root))
+                 shm_body=lambda ctx: shm.broadcast(ctx, arr.view(np.uint8), root),
+                 hier_body=lambda ctx, h: h.broadcast(ctx, arr.view(np.uint8), root), **_meta(arr, root=root))
 
 
 def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
@@ -219,7 +220,8 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     op = as_reduce_op(op)
     check_op(op, arr.dtype)
     return g.run("all_reduce", lambda ctx: alg.all_reduce(ctx, arr, op), async_op,
-                 shm_body=lambda ctx: shm.all_reduce(ctx, arr, op), **_meta(arr, redop=op))
+                 shm_body=lambda ctx: shm.all_reduce(ctx, arr, op),
+                 hier_body=lambda ctx, h: h.all_reduce(ctx, arr, op), **_meta(arr, redop=op))
 
 
 def reduce(tensor, dst=None, op=ReduceOp.SUM, group=None, async_op=False, group_dst=None):

@@ -198,7 +198,9 @@ class ProcessGroup:
         self.broken: BaseException | None = None
         self.completed = 0  # sequence number of the last finished collective
         self._shm = None      # shm.ShmGroup when every member is on this node
+        self._hier = None     # hierarchy.Hierarchy when members span nodes, some shared
         self._shm_decided = False
+        self.parent = None    # the group a node-local / leader sub-group serves
 
     def __repr__(self):
         return f"ProcessGroup({self.name}, ranks={self.ranks})"
@@ -210,6 +212,8 @@ class ProcessGroup:
         if self._shm is not None:
             self._shm.close()
             self._shm = None
+        if self._hier is not None:
+            self._hier.shutdown()
 
     def shm_channel(self):
         """The group's shared-memory channel, or None (members on several nodes, shared
@@ -221,6 +225,12 @@ class ProcessGroup:
             if name is not None:
                 from .shm import ShmGroup
                 self._shm = ShmGroup(self, name)
+            elif self.parent is None and self.size > 2:
+                keys = self.runtime.node_keys(self)
+                shared = [k for k in set(keys) if k.startswith("L:") and keys.count(k) > 1]
+                if shared and len(set(keys)) > 1:
+                    from .hierarchy import Hierarchy
+                    self._hier = Hierarchy(self, keys)
         return self._shm
 
     # -- rank translation
@@ -248,11 +258,14 @@ class ProcessGroup:
             raise _reraise(self.broken, f"{self.name} is unusable after an earlier failure "
                                         f"(destroy and re-initialise the process group)")
 
-    def run(self, name: str, body, async_op: bool, timeout: float | None = None, shm_body=None, **meta):
+    def run(self, name: str, body, async_op: bool, timeout: float | None = None, shm_body=None, hier_body=None,
+            **meta):
         """Run collective ``body(ctx)`` as the group's next operation; blocking unless
         ``async_op`` (then returns a Work). ``meta``: dtype/count/root/redop for the
         header check. On a group with shared memory ``shm_body(ctx)`` runs instead, or,
-        when None, a shared-memory mismatch check (a barrier) and then ``body``."""
+        when None, a shared-memory mismatch check (a barrier) and then ``body``. On a
+        group spanning nodes with shared memory inside them, ``hier_body(ctx,
+        hierarchy)`` runs if given (else ``body``, flat over TCP)."""
         self.check_usable()
         with self._seq_lock:
             self._seq += 1
@@ -263,10 +276,16 @@ class ProcessGroup:
             ctx = OpContext(self, name, seq, timeout=timeout, **meta)
             try:
                 ctx.shm = self._shm if self._shm_decided else self.shm_channel()
+                if ctx.shm is None and self._hier is not None and hier_body is not None:
+                    result = hier_body(ctx, self._hier)
+                    self.completed = seq
+                    return result  # the sub-operations checked their own leftovers
                 if ctx.shm is None:
                     result = body(ctx)
                 elif shm_body is not None:
                     result = shm_body(ctx)
+                    self.completed = seq
+                    return result  # no TCP messages: nothing can be left over
                 else:
                     from .shm import preamble
                     preamble(ctx)
@@ -323,10 +342,12 @@ class ProcessGroup:
         return err
 
     def _abort_members(self, seq, reason, text):
-        if self._shm is not None:
-            from . import shm
-            self._shm.abort(shm.ABORT_MISMATCH if reason == ABORT_MISMATCH else
-                            shm.ABORT_PEER_LOST if reason == ABORT_PEER_LOST else shm.ABORT_OTHER)
+        from . import shm
+        code = (shm.ABORT_MISMATCH if reason == ABORT_MISMATCH else
+                shm.ABORT_PEER_LOST if reason == ABORT_PEER_LOST else shm.ABORT_OTHER)
+        for g in [self] + (self._hier.children() if self._hier is not None else []):
+            if g._shm is not None:
+                g._shm.abort(code)
         deadline = time.monotonic() + _STATUS_WAIT
         hdr = Header(ABORT, 0, reason, NO_REDOP, self.runtime.rank, self.gid, seq, 0, -1, 0, 0)
         payload = text.encode()[:65536]
@@ -387,6 +408,10 @@ class ProcessGroup:
         if self.broken is None:
             self.broken = err
         self.runtime.transport.fail_owner(self.gid, err)
+        for c in (self._hier.children() if self._hier is not None else []):
+            if c.broken is None:
+                c.broken = err
+            self.runtime.transport.fail_owner(c.gid, err)
 
 
 def _reraise(cause: BaseException, message: str) -> BaseException:

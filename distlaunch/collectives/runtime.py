@@ -164,6 +164,11 @@ class Runtime:
             self._node_ids = [self.store.get(f"{self.prefix}node/{r}").decode() for r in range(self.world_size)]
         return self._node_ids
 
+    def node_keys(self, group) -> list:
+        """Node key of each member of ``group`` (in group-rank order)."""
+        ids = self.node_ids()
+        return [ids[g] for g in group.ranks]
+
     def shm_name(self, group):
         """Name of ``group``'s shared-memory segment, or None when its members cannot
         share memory. Names start with DISTLAUNCH_SHM_PREFIX (the launcher removes such

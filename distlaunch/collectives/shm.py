@@ -51,6 +51,8 @@ import errno
 import mmap
 import os
 import platform
+import struct
+import threading
 import time
 
 import numpy as np
@@ -140,6 +142,10 @@ class ShmGroup:
         data = _HDR + _round(self.n * _CTL)
         self.bufs = [[self.raw[data + (2 * j + k) * SLOT: data + (2 * j + k + 1) * SLOT] for k in (0, 1)]
                      for j in range(self.n)]
+        self._sidx = self._ctl(self.r) // 4
+        self._flag_idx = [self._ctl(j) // 4 + 1 for j in range(self.n)]  # rank j sleeps on rank w-1
+        self._fence = threading.Lock()
+        self._views = {}
         self.phase = 0          # last phase this rank published
         self.all_at = 0         # every rank is known to have reached this phase
         self.ops = 0            # operations run (selects the meta record)
@@ -151,7 +157,7 @@ class ShmGroup:
         except (AttributeError, OSError):
             cpus = os.cpu_count() or 1
         # more ranks than cores: a spinning waiter steals the core its peer needs
-        self.spin = 200 if self.n <= cpus else 20
+        self.spin = 400 if self.n <= cpus else 20
         self.yield_spin = self.n > cpus
 
     # -- layout
@@ -164,16 +170,37 @@ class ShmGroup:
         ``offset``."""
         return self.bufs[j][p & 1][offset:offset + count * dtype.itemsize].view(dtype)
 
+    def views(self, p, dtype, count):
+        """Every rank's buffer of phase p as ``count`` x ``dtype`` (cached: small
+        operations repeat the same shapes)."""
+        key = (p & 1, dtype, count)
+        v = self._views.get(key)
+        if v is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            v = self._views[key] = [self.view(j, p, dtype, count) for j in range(self.n)]
+        return v
+
     # -- synchronisation
 
     def _wake(self, j):
         self._futex(_SYS_FUTEX, self.base + self._ctl(j), 1, 0x7FFFFFFF, None, None, 0)
 
     def signal(self, p):
-        """Publish phase ``p`` (everything this rank wrote for it is in place)."""
+        """Publish phase ``p`` (everything this rank wrote for it is in place); wake the
+        ranks sleeping on our counter. Dekker-style: we store the counter, fence, read
+        the sleep flags; a sleeper stores its flag and the kernel re-reads the counter
+        after a locked instruction, so one of the two sees the other."""
         self.phase = p
-        self.words[self._ctl(self.r) // 4] = p & _M
-        self._wake(self.r)
+        w = self.words
+        w[self._sidx] = p & _M
+        self._fence.acquire()   # a locked instruction: full memory barrier on x86
+        self._fence.release()
+        me = self.r + 1
+        for i in self._flag_idx:
+            if w[i] == me:
+                self._wake(self.r)
+                return
 
     def need(self, j, p, ctx):
         """Block until rank j published phase ``p`` (deadline, abort, death checked)."""
@@ -187,16 +214,20 @@ class ShmGroup:
                 os.sched_yield()
             if (w[idx] - p) & _M < _H:
                 return
-        ts, addr = self._ts, self.base + self._ctl(j)
-        while True:
-            v = w[idx]
-            if (v - p) & _M < _H:
-                return
-            left = self._check(j, ctx)
-            left = min(left, _SLICE)
-            ts.tv_sec = int(left)
-            ts.tv_nsec = int((left - int(left)) * 1e9)
-            self._futex(_SYS_FUTEX, addr, 0, v, ctypes.addressof(ts), None, 0)
+        ts, addr, flag = self._ts, self.base + self._ctl(j), self._flag_idx[self.r]
+        try:
+            while True:
+                w[flag] = j + 1       # before re-reading the counter (see signal)
+                v = w[idx]
+                if (v - p) & _M < _H:
+                    return
+                left = self._check(j, ctx)
+                left = min(left, _SLICE)
+                ts.tv_sec = int(left)
+                ts.tv_nsec = int((left - int(left)) * 1e9)
+                self._futex(_SYS_FUTEX, addr, 0, v, ctypes.addressof(ts), None, 0)
+        finally:
+            w[flag] = 0
 
     def need_all(self, p, ctx):
         if (self.all_at - p) & _M < _H:
@@ -266,16 +297,16 @@ class ShmGroup:
                 self.bufs[self.r][p & 1][:len(data)] = data
         k = self.ops & 1
         self.ops += 1
-        q = self._ctl(self.r) // 8 + 2 + 8 * k
-        meta = (ctx.seq, ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop, aux)
-        self.quads[q:q + 7] = _pack(meta)
+        off = self._ctl(self.r) + 16 + 64 * k
+        _META.pack_into(self.mm, off, ctx.seq, ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop, aux)
         self.signal(p)
         self.need_all(p, ctx)
-        mine = self.quads[q:q + 6].tobytes()
+        mm = self.mm
+        mine = mm[off:off + 48]
         for j in range(self.n):
-            qj = self._ctl(j) // 8 + 2 + 8 * k
-            if j != self.r and self.quads[qj:qj + 6].tobytes() != mine:
-                theirs = self.quads[qj:qj + 6].tolist()
+            oj = self._ctl(j) + 16 + 64 * k
+            if j != self.r and mm[oj:oj + 48] != mine:
+                theirs = list(_META.unpack_from(mm, oj))
                 raise CollectiveMismatchError(
                     f"rank {self.group.ranks[j]} called {ctx._describe(*theirs[1:6])} but rank "
                     f"{self.group.runtime.rank} called {ctx._describe(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)}")
@@ -287,11 +318,12 @@ class ShmGroup:
 
     def aux(self, j):
         """The ``aux`` value rank j gave to the current operation's begin()."""
-        return self.quads[self._ctl(j) // 8 + 2 + 8 * ((self.ops - 1) & 1) + 6]
+        return _META.unpack_from(self.mm, self._ctl(j) + 16 + 64 * ((self.ops - 1) & 1))[6]
 
     def close(self):
         _unlink(self.path)
         self.bufs = None
+        self._views = None
         self.raw = None
         self.words = self.quads = None
         try:
@@ -301,8 +333,7 @@ class ShmGroup:
             pass  # a user-visible view still exists: the mapping goes with it
 
 
-def _pack(meta):
-    return memoryview(np.array(meta, np.int64).view(np.uint8)).cast("q")
+_META = struct.Struct("<7q")   # op seq, op, dtype, count, root, redop, aux
 
 
 def _round(x):
@@ -345,7 +376,7 @@ def all_reduce(ctx, arr, op, root=None):
     if nb <= SMALL:
         p = s.begin(ctx, u8)
         if root is None or root == r:
-            _reduce_into(uf, [s.view(j, p, dt, arr.size) for j in range(n)], arr)
+            _reduce_into(uf, s.views(p, dt, arr.size), arr)
     else:
         per = max(n, (min(CHUNK, SLOT) // dt.itemsize) // n * n)  # elements per chunk
         first = True

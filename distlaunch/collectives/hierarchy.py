@@ -1,0 +1,122 @@
+"""Hierarchical collectives for a group that spans several nodes, some with more than one
+member: within each node over shared memory, across nodes over TCP between one leader
+per node (the node's lowest group rank), then within the node again.
+
+- all_reduce: node-local reduce to the leader (shared memory), all_reduce among the
+  leaders (TCP, :mod:`.algorithms`), node-local broadcast from the leader. The result
+  is computed once (by the leaders' fixed algorithm, on identical node sums) and copied,
+  so every rank gets the same bits; AVG divides by the whole group size at the end;
+- broadcast: the root's node first broadcasts locally (when the root is not its
+  node's leader), then the leaders broadcast over TCP from the root's node leader, then
+  every other node broadcasts locally;
+- barrier: node-local barrier, leaders' barrier, node-local barrier.
+
+Other operations run flat over TCP. The node-local and leader sub-groups are internal
+ProcessGroups (ids with bit 31 / bit 30 set) that run inside the parent operation: its
+deadline, its sequence number for diagnosis; a failure in a sub-group fails the parent
+operation, whose ABORT (sent to every parent member) also breaks the sub-groups.
+
+Reference: the two-level scheme of MPICH's SMP-aware collectives (MPIR_Allreduce_intra_smp).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import algorithms as alg
+from . import shm
+from .ops import ReduceOp, finalize
+
+LOCAL_BIT, LEADER_BIT = 1 << 31, 1 << 30
+
+
+class Hierarchy:
+    """Node-local and leader sub-groups of ``group`` (built on every member alike from
+    the node ids all ranks published)."""
+
+    def __init__(self, group, node_keys: list):
+        from .group import ProcessGroup
+        self.group = group
+        by_node: dict = {}
+        for grank, key in enumerate(node_keys):
+            by_node.setdefault(key, []).append(grank)
+        nodes = sorted(by_node.values())
+        me = group.rank
+        self.local = next(m for m in nodes if me in m)           # group ranks of my node
+        self.leaders = [m[0] for m in nodes]                      # group ranks
+        self.node_of = {g: i for i, m in enumerate(nodes) for g in m}
+        self.is_leader = self.local[0] == me
+        rt = group.runtime
+        self.local_pg = self.leader_pg = None
+        if len(self.local) > 1:
+            self.local_pg = ProcessGroup(rt, LOCAL_BIT | group.gid, [group.ranks[g] for g in self.local],
+                                         group.timeout, f"{group.name} (node-local)")
+        if self.is_leader:
+            self.leader_pg = ProcessGroup(rt, LEADER_BIT | group.gid, [group.ranks[g] for g in self.leaders],
+                                          group.timeout, f"{group.name} (node leaders)")
+        for c in self.children():
+            c.parent = group
+
+    def children(self):
+        return [c for c in (self.local_pg, self.leader_pg) if c is not None]
+
+    def _sub(self, pg, ctx, root=-1):
+        """An OpContext of sub-group ``pg`` inside the parent operation ``ctx``."""
+        from .group import OpContext
+        pg._seq += 1
+        sub = OpContext(pg, ctx.name, pg._seq, dtype=ctx.dtype, count=ctx.count, root=root,
+                        redop=None if ctx.redop == 255 else ctx.redop, timeout=ctx.timeout)
+        sub.deadline = ctx.deadline
+        if pg is self.local_pg:
+            sub.shm = pg.shm_channel()
+        return sub
+
+    def _run(self, pg, ctx, fn, root=-1):
+        """Run ``fn(sub_ctx)`` on sub-group ``pg``; timeouts name parent group ranks."""
+        from .group import _OpTimeout
+        sub = self._sub(pg, ctx, root)
+        try:
+            fn(sub)
+            if sub.shm is None:
+                sub.check_leftovers()
+        except _OpTimeout as e:
+            raise _OpTimeout([self.group.group_rank(pg.ranks[p]) for p in e.peers]) from None
+        finally:
+            sub.cancel_pending()
+
+    def all_reduce(self, ctx, arr: np.ndarray, op: ReduceOp, root=None):
+        opx = ReduceOp.SUM if op is ReduceOp.AVG else op  # divide once, by the whole group
+        if self.local_pg is not None:
+            self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx, root=0))
+        if self.leader_pg is not None and self.leader_pg.size > 1:
+            self._run(self.leader_pg, ctx, lambda c: alg.all_reduce(c, arr, opx))
+        if self.local_pg is not None:
+            self._run(self.local_pg, ctx, lambda c: shm.broadcast(c, arr.view(np.uint8), 0), root=0)
+        finalize(arr, op, self.group.size)
+
+    def broadcast(self, ctx, u8: np.ndarray, root: int):
+        """``root``: group rank."""
+        node = self.node_of[root]
+        mine = self.node_of[self.group.rank]
+        root_leader = self.leaders[node]
+        if mine == node and self.local_pg is not None and root != root_leader:
+            lroot = self.local.index(root)
+            self._run(self.local_pg, ctx, lambda c: shm.broadcast(c, u8, lroot), root=lroot)
+        if self.leader_pg is not None and self.leader_pg.size > 1:
+            self._run(self.leader_pg, ctx, lambda c: alg.broadcast(c, u8, node), root=node)
+        if mine != node and self.local_pg is not None:
+            self._run(self.local_pg, ctx, lambda c: shm.broadcast(c, u8, 0), root=0)
+        elif mine == node and self.local_pg is not None and root == root_leader:
+            self._run(self.local_pg, ctx, lambda c: shm.broadcast(c, u8, 0), root=0)
+
+    def barrier(self, ctx):
+        if self.local_pg is not None:
+            self._run(self.local_pg, ctx, shm.barrier)
+        if self.leader_pg is not None and self.leader_pg.size > 1:
+            self._run(self.leader_pg, ctx, alg.barrier)
+        if self.local_pg is not None:
+            self._run(self.local_pg, ctx, shm.barrier)
+
+    def shutdown(self):
+        for c in self.children():
+            c.shutdown()
