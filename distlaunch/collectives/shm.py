@@ -62,7 +62,7 @@ from .ops import _UFUNCS, finalize
 
 SLOT = int(os.environ.get("DISTLAUNCH_SHM_SLOT", 4 << 20))   # bytes per data buffer
 SMALL = 64 * 1024            # all_reduce: one-phase algorithm up to here
-CHUNK = 1 << 20              # all_reduce: bytes per reduce-scatter/all-gather chunk
+CHUNK = int(os.environ.get("DISTLAUNCH_SHM_CHUNK", 2 << 20))  # all_reduce bytes per chunk
 _HDR, _CTL = 4096, 256
 _M, _H = 0xFFFFFFFF, 0x80000000
 _SLICE = 0.05                # seconds per futex sleep between liveness checks
@@ -359,6 +359,16 @@ def preamble(ctx):
     ctx.shm.begin(ctx)
 
 
+def _bounds(m, n):
+    base, extra = divmod(m, n)
+    out, lo = [], 0
+    for j in range(n):
+        hi = lo + base + (1 if j < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
 def _reduce_into(uf, srcs, out):
     uf(srcs[0], srcs[1], out=out)
     for s in srcs[2:]:
@@ -379,33 +389,36 @@ def all_reduce(ctx, arr, op, root=None):
             _reduce_into(uf, s.views(p, dt, arr.size), arr)
     else:
         per = max(n, (min(CHUNK, SLOT) // dt.itemsize) // n * n)  # elements per chunk
-        first = True
         for a in range(0, arr.size, per):
-            b = min(a + per, arr.size)
-            m = b - a
-            chunk = u8[a * dt.itemsize:b * dt.itemsize]
-            if first:
-                p1 = s.begin(ctx, chunk)
-                first = False
+            m = min(per, arr.size - a)
+            bounds = _bounds(m, n)
+            lo, hi = bounds[r]
+
+            def publish(buf, a=a, m=m, bounds=bounds):
+                # our own slice never leaves this process: we reduce it ourselves
+                dst = buf[:m * dt.itemsize].view(dt)
+                for j, (jl, jh) in enumerate(bounds):
+                    if j != r:
+                        dst[jl:jh] = arr[a + jl:a + jh]
+            if a == 0:
+                p1 = s.begin(ctx, publish)
             else:
                 p1 = s.phase + 1
                 s.need_all(p1 - 1, ctx)
-                s.bufs[r][p1 & 1][:len(chunk)] = chunk
+                publish(s.bufs[r][p1 & 1])
                 s.signal(p1)
                 s.need_all(p1, ctx)
-            base, extra = divmod(m, n)
-            lo = r * base + min(r, extra)
-            hi = lo + base + (1 if r < extra else 0)
             p2 = p1 + 1
-            mine = s.view(r, p2, dt, m)
+            mine = s.view(r, p2, dt, m)[lo:hi]
             if hi > lo:
-                _reduce_into(uf, [s.view(j, p1, dt, m)[lo:hi] for j in range(n)], mine[lo:hi])
+                own = arr[a + lo:a + hi]
+                srcs = [own if j == r else s.view(j, p1, dt, m)[lo:hi] for j in range(n)]
+                # not in place: the own slice is an operand after the output's first write
+                _reduce_into(uf, srcs, mine)
             s.signal(p2)
             s.need_all(p2, ctx)
             if root is None or root == r:
-                for j in range(n):
-                    jl = j * base + min(j, extra)
-                    jh = jl + base + (1 if j < extra else 0)
+                for j, (jl, jh) in enumerate(bounds):
                     arr[a + jl:a + jh] = s.view(j, p2, dt, m)[jl:jh]
     if root is None or root == r:
         finalize(arr, op, n)
