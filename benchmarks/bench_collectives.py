@@ -15,6 +15,10 @@ Sizes are bytes of the per-rank buffer (all_reduce, broadcast) or of the larger 
 (all_gather: output; reduce_scatter: input), float32.
 
 The table gives each library's time and the ratios ours / theirs (< 1: we are faster).
+``--nodes 2`` starts two launchers per job on this machine (``--nnodes 2 --node-rank K``,
+n/2 workers each): distlaunch then uses shared memory inside each launcher's workers and
+TCP between the two (hierarchical collectives); MPICH is left out there.
+
 A worker can also be run by hand, e.g.::
 
     distlaunch run --nproc-per-node 4 benchmarks/bench_collectives.py --worker distlaunch --sizes 1MiB
@@ -131,9 +135,28 @@ def worker(lib_name, ops, sizes):
 
 # --------------------------------------------------------------------- driver
 
-def _launch(lib, n, ops, sizes):
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(lib, n, ops, sizes, nodes=1):
     args = ["--worker", lib, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    if nodes > 1:  # loopback "nodes": one launcher per node, TCP between them
+        port = _free_port()
+        procs = [subprocess.Popen([sys.executable, "-m", "distlaunch", "run", "--nnodes", str(nodes), "--node-rank",
+                                   str(k), "--master-port", str(port), "--nproc-per-node", str(n // nodes),
+                                   __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env) for k in range(nodes)]
+        outs = [p.communicate(timeout=1800) for p in procs]
+        rows = [json.loads(line.split("RESULT ", 1)[1]) for out, _ in outs for line in out.splitlines()
+                if "RESULT " in line]
+        if not rows:
+            print(f"# {lib} {nodes} nodes failed: {outs[0][1][-800:]}", file=sys.stderr)
+        return rows
     if lib == "mpich":
         mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
         cmd = [mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec"), "-n", str(n),
@@ -161,11 +184,15 @@ def _fmt_size(b):
 def driver(args):
     ops, sizes = args.ops.split(","), [parse_size(s) for s in args.sizes.split(",")]
     libs = args.libs.split(",")
+    if args.nodes > 1:
+        libs = [lib for lib in libs if lib != "mpich"]
     results = {}
     for n in map(int, args.worlds.split(",")):
         for rnd in range(args.rounds):
             for lib in (libs if rnd % 2 == 0 else libs[::-1]):
-                for row in _launch(lib, n, ops, sizes):
+                if args.nodes > 1 and lib == "mpich":
+                    continue
+                for row in _launch(lib, n, ops, sizes, args.nodes):
                     results.setdefault((row["n"], row["op"], row["size"], lib), []).append(row["us"])
     med = {k: statistics.median(v) for k, v in results.items()}
     head = ["op", "n", "size"] + [f"{lib}" for lib in libs] + [f"ours/{lib}" for lib in libs if lib != "distlaunch"]
@@ -189,6 +216,8 @@ def main():
     p.add_argument("--sizes", default="8,1MiB,16MiB,64MiB")
     p.add_argument("--libs", default="distlaunch,gloo,mpich")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=1,
+                   help="loopback nodes (one distlaunch launcher each, TCP between them; no MPICH)")
     args = p.parse_args()
     if args.worker:
         worker(args.worker, args.ops.split(","), [parse_size(s) for s in args.sizes.split(",")])
