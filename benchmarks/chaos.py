@@ -60,21 +60,26 @@ def main() -> None:
 
 
 def summarize(outcomes) -> None:
+    def worst(os_, attr):
+        vals = [getattr(o, attr) for o in os_ if getattr(o, attr) is not None]
+        return f"{max(vals):.2f}" if vals else "-"
+
     by = collections.defaultdict(list)
     for o in outcomes:
         by[(o.mode, o.fault)].append(o)
     print(f"\n{'mode':8s} {'fault':13s} {'trials':>6s} {'completed':>9s} {'failed+why':>10s} "
-          f"{'hangs':>5s} {'survivors':>9s} {'leftovers':>9s} {'worst end s':>11s}")
+          f"{'hangs':>5s} {'survivors':>9s} {'leftovers':>9s} {'detect s':>8s} {'recover s':>9s} "
+          f"{'clean s':>7s}")
     for (mode, fault), os_ in sorted(by.items()):
         done = sum(1 for o in os_ if o.ok and all(c == 0 for c in o.codes))
         print(f"{mode:8s} {fault:13s} {len(os_):6d} {done:9d} {sum(o.ok for o in os_) - done:10d} "
               f"{sum(o.hung for o in os_):5d} {sum(bool(o.survivors) for o in os_):9d} "
-              f"{sum(bool(o.leftovers) for o in os_):9d} "
-              f"{max((o.end_s or 0) for o in os_):11.2f}")
+              f"{sum(bool(o.leftovers) for o in os_):9d} {worst(os_, 'detect_s'):>8s} "
+              f"{worst(os_, 'recover_s'):>9s} {worst(os_, 'clean_s'):>7s}")
     bad = [o for o in outcomes if not o.ok]
     print(f"\n{len(outcomes)} trials: {len(outcomes) - len(bad)} ended well, {len(bad)} with problems; "
           f"hangs {sum(o.hung for o in outcomes)}, survivors {sum(bool(o.survivors) for o in outcomes)}, "
-          f"leftovers {sum(bool(o.leftovers) for o in outcomes)}")
+          f"leftovers {sum(bool(o.leftovers) for o in outcomes)} (worst times in seconds after the fault)")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ class Outcome:
     survivors: list = field(default_factory=list)
     leftovers: list = field(default_factory=list)
     detect_s: float | None = None  # fault -> the other workers of that round are gone
+    recover_s: float | None = None  # fault -> a new round's 4 workers run (restart faults)
+    clean_s: float | None = None  # fault -> no process of the job is left (others)
     end_s: float | None = None  # fault -> every launcher we started has exited
     problems: list = field(default_factory=list)
 
@@ -154,6 +156,7 @@ def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
         time.sleep(delay)
         victim, sig = _target(mode, fault, trial, procs, store, rng)
         t_fault = time.monotonic()
+        before = set()
         if victim is not None:
             try:
                 before = {p.pid for p in _workers(trial)} - {victim.pid}
@@ -163,20 +166,15 @@ def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
                     frozen.append(victim)
             except psutil.NoSuchProcess:
                 before = set()
+        _watch(out, trial, procs, store, before, victim, t_fault)
         errs = []
         for p in procs:
-            try:
-                errs.append(p.communicate(timeout=max(1.0, BOUND - (time.monotonic() - t_fault)))[1])
-            except subprocess.TimeoutExpired:
+            if p.poll() is None:  # still running at the bound: a hang
                 out.hung = True
                 out.problems.append(f"hang: a launcher still ran {BOUND:.0f} s after the fault")
                 p.kill()
-                errs.append(p.communicate()[1])
+            errs.append(p.communicate()[1])
             out.codes.append(p.returncode)
-        out.end_s = round(time.monotonic() - t_fault, 2)
-        if out.delivered:
-            gone = [pid for pid in before if not psutil.pid_exists(pid)]
-            out.detect_s = out.end_s if len(gone) == len(before) else None
         _judge(out, errs)
     finally:
         for p in frozen:
@@ -201,6 +199,29 @@ def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
     if out.leftovers:
         out.problems.append(f"left behind: {out.leftovers[:3]}")
     return out
+
+
+def _watch(out: Outcome, trial: str, procs: list, store, before: set, victim, t_fault: float) -> None:
+    """Until every launcher exited and no job process is left (at most BOUND s): note
+    when the round's other workers were gone (detect), when a new round's workers all
+    ran (recover), when no job process was left (clean), and when the launchers we
+    started had exited (end)."""
+    old = set(before) | ({victim.pid} if victim is not None else set())
+    while time.monotonic() - t_fault < BOUND:
+        now = round(time.monotonic() - t_fault, 2)
+        workers = {p.pid for p in _workers(trial)}
+        if out.detect_s is None and out.delivered and not (before & workers):
+            out.detect_s = now
+        if out.recover_s is None and len(workers - old) >= 4:
+            out.recover_s = now
+        if out.clean_s is None and not [p for p in job_processes(trial)
+                                        if store is None or p.pid != store.pid]:
+            out.clean_s = now
+        if out.end_s is None and all(p.poll() is not None for p in procs):
+            out.end_s = now
+        if out.end_s is not None and out.clean_s is not None:
+            return
+        time.sleep(0.05)
 
 
 def _judge(out: Outcome, errs: list[str]) -> None:
