@@ -304,7 +304,8 @@ class ProcessGroup:
             work = Work(f"{name} #{seq} on {self.name}", None)  # the op has its own deadline
             self._executor.submit(execute, work)
             return work
-        self._executor.drain()
+        if self._executor._pending:  # only this thread submits: a stale 0 is impossible
+            self._executor.drain()
         return execute()
 
     def _failed(self, ctx, e) -> BaseException:

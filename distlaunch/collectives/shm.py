@@ -157,7 +157,8 @@ class ShmGroup:
         except (AttributeError, OSError):
             cpus = os.cpu_count() or 1
         # more ranks than cores: a spinning waiter steals the core its peer needs
-        self.spin = 400 if self.n <= cpus else 20
+        spin = os.environ.get("DISTLAUNCH_SHM_SPIN", "")
+        self.spin = int(spin) if spin.isdigit() else 400
         self.yield_spin = self.n > cpus
 
     # -- layout
