@@ -2,8 +2,14 @@
 member: within each node over shared memory, across nodes over TCP between one leader
 per node (the node's lowest group rank), then within the node again.
 
-- all_reduce: node-local reduce to the leader (shared memory), all_reduce among the
-  leaders (TCP, :mod:`.algorithms`), node-local broadcast from the leader. The result
+- all_reduce with the same number of members on every node: the ranks with the same
+  node-local index form a "column". Up to shm.SMALL bytes: node-local all_reduce (one
+  shared-memory phase, bit-identical node sums on every rank), then every column
+  all-reduces the node sums over TCP at once (same inputs, same order: same bits
+  everywhere). Larger ("2D"): node-local reduce-scatter per chunk, each rank all-reduces
+  its slice across nodes with its column (every rank carries 1/(ranks per node) of the
+  inter-node traffic), node-local all-gather. Unequal nodes: node-local reduce to the
+  leader, all_reduce among the leaders (TCP, :mod:`.algorithms`), node-local broadcast. The result
   is computed once (by the leaders' fixed algorithm, on identical node sums) and copied,
   so every rank gets the same bits; AVG divides by the whole group size at the end;
 - broadcast: the root's node first broadcasts locally (when the root is not its
@@ -27,7 +33,7 @@ from . import algorithms as alg
 from . import shm
 from .ops import ReduceOp, finalize
 
-LOCAL_BIT, LEADER_BIT = 1 << 31, 1 << 30
+LOCAL_BIT, LEADER_BIT, COLUMN_BIT = 1 << 31, 1 << 30, 1 << 29
 
 
 class Hierarchy:
@@ -54,11 +60,18 @@ class Hierarchy:
         if self.is_leader:
             self.leader_pg = ProcessGroup(rt, LEADER_BIT | group.gid, [group.ranks[g] for g in self.leaders],
                                           group.timeout, f"{group.name} (node leaders)")
+        # equal node sizes: the ranks with the same index on every node form a "column"
+        # that carries 1/(ranks per node) of a large all_reduce across nodes (2D scheme)
+        self.column_pg = None
+        if len(self.local) > 1 and len({len(m) for m in nodes}) == 1:
+            i = self.local.index(me)
+            self.column_pg = ProcessGroup(rt, COLUMN_BIT | group.gid, [group.ranks[m[i]] for m in nodes],
+                                          group.timeout, f"{group.name} (column {i})")
         for c in self.children():
             c.parent = group
 
     def children(self):
-        return [c for c in (self.local_pg, self.leader_pg) if c is not None]
+        return [c for c in (self.local_pg, self.leader_pg, self.column_pg) if c is not None]
 
     def _sub(self, pg, ctx, root=-1):
         """An OpContext of sub-group ``pg`` inside the parent operation ``ctx``."""
@@ -80,12 +93,33 @@ class Hierarchy:
             if sub.shm is None:
                 sub.check_leftovers()
         except _OpTimeout as e:
-            raise _OpTimeout([self.group.group_rank(pg.ranks[p]) for p in e.peers]) from None
+            if getattr(e, "mapped", False):   # from a nested sub-operation: already mapped
+                raise
+            err = _OpTimeout([self.group.group_rank(pg.ranks[p]) for p in e.peers])
+            err.mapped = True
+            raise err from None
         finally:
             sub.cancel_pending()
 
     def all_reduce(self, ctx, arr: np.ndarray, op: ReduceOp, root=None):
         opx = ReduceOp.SUM if op is ReduceOp.AVG else op  # divide once, by the whole group
+        col = self.column_pg
+        if col is not None and arr.nbytes > shm.SMALL:
+            # 2D: node-local reduce-scatter; each slice all-reduced across nodes by its
+            # column, every column at once; node-local all-gather
+            def across(piece):
+                self._run(col, ctx, lambda c: alg.all_reduce(c, piece, opx))
+            self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx, between=across))
+            finalize(arr, op, self.group.size)
+            return
+        if col is not None:
+            # small: every rank holds the (bit-identical) node sum after the one-phase
+            # node-local all_reduce; every column then combines the node sums in the
+            # same order, so all ranks end with the same bits -- no leader, no broadcast
+            self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx))
+            self._run(col, ctx, lambda c: alg.all_reduce(c, arr, opx))
+            finalize(arr, op, self.group.size)
+            return
         if self.local_pg is not None:
             self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx, root=0))
         if self.leader_pg is not None and self.leader_pg.size > 1:

@@ -5,8 +5,9 @@ created lazily by the group's first collective and unlinked as soon as every mem
 mapped it (so nothing is left behind even if a rank dies later). Layout::
 
     [0, 4096)           header: abort word (reason), aborting rank
-    [4096, +n*256)      per rank: u32 phase counter (the futex word), pid,
-                        2 meta records (op seq, op, dtype, count, root, redop, aux)
+    [4096, +n*256)      per rank: u32 phase counter (the futex word), u32 sleep flag
+                        (1 + the rank it sleeps on), pid, 2 meta records (op seq,
+                        op, dtype, count, root, redop, aux)
     DATA + j*2*SLOT     rank j's two data buffers of SLOT bytes (double buffering)
 
 Synchronisation is one monotonically increasing *phase* counter per rank, written only
@@ -18,9 +19,12 @@ reached p - 1. Every rank runs the same sequence of phases, so phases agree acro
 (op, dtype, count, root, redop): ranks that disagree all raise CollectiveMismatchError
 before any data-dependent phase).
 
-Waiting: spin briefly on the counter, then sleep in ``futex(FUTEX_WAIT)`` on it (the
-writer always calls ``FUTEX_WAKE`` after publishing, the kernel orders the two), in
-slices of at most 50 ms; between slices the waiter checks the abort word, the group's
+Waiting: spin briefly on the counter (each check after a ``sched_yield``, so a waiter
+hands its core to any runnable process, e.g. the peer it waits for), then set the sleep flag and sleep in ``futex(FUTEX_WAIT)``
+on the counter; the writer stores its counter, fences, and calls ``FUTEX_WAKE`` only if a
+sleep flag names it (Dekker's pattern: the kernel re-reads the counter after a locked
+instruction, so either the writer sees the flag or the sleeper sees the new value).
+Sleeps last at most 50 ms; between slices the waiter checks the abort word, the group's
 broken flag (set by a TCP ABORT), the deadline (-> the group names the missing ranks
 over TCP) and whether the awaited peer's pid still exists (-> PeerLostError). Stores
 become visible in program order on x86 (TSO), which the protocol relies on: the
@@ -150,16 +154,12 @@ class ShmGroup:
         self.all_at = 0         # every rank is known to have reached this phase
         self.ops = 0            # operations run (selects the meta record)
         self.quads[self._ctl(self.r) // 8 + 1] = os.getpid()
-        self._pids = [0] * self.n
         self._next_check = 0.0
-        try:
-            cpus = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = os.cpu_count() or 1
-        # more ranks than cores: a spinning waiter steals the core its peer needs
         spin = os.environ.get("DISTLAUNCH_SHM_SPIN", "")
         self.spin = int(spin) if spin.isdigit() else 400
-        self.yield_spin = self.n > cpus
+        # yield while spinning: other processes on the machine (other ranks, other
+        # nodes of a loopback job, their progress threads) may need this core
+        self.yield_spin = os.environ.get("DISTLAUNCH_SHM_YIELD", "1") != "0"
 
     # -- layout
 
@@ -307,10 +307,13 @@ class ShmGroup:
         for j in range(self.n):
             oj = self._ctl(j) + 16 + 64 * k
             if j != self.r and mm[oj:oj + 48] != mine:
-                theirs = list(_META.unpack_from(mm, oj))
-                raise CollectiveMismatchError(
-                    f"rank {self.group.ranks[j]} called {ctx._describe(*theirs[1:6])} but rank "
-                    f"{self.group.runtime.rank} called {ctx._describe(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)}")
+                theirs = ctx._describe(*_META.unpack_from(mm, oj)[1:6])
+                mine_text = ctx._describe(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
+                if theirs == mine_text:  # same call, different position in the sequence
+                    theirs += f" as call #{_META.unpack_from(mm, oj)[0]}"
+                    mine_text += f" as call #{ctx.seq}"
+                raise CollectiveMismatchError(f"rank {self.group.ranks[j]} called {theirs} but rank "
+                                              f"{self.group.runtime.rank} called {mine_text}")
         if not self._unlinked:
             self._unlinked = True  # every member has mapped the segment
             if self.r == 0:
@@ -376,15 +379,18 @@ def _reduce_into(uf, srcs, out):
         uf(out, s, out=out)
 
 
-def all_reduce(ctx, arr, op, root=None):
+def all_reduce(ctx, arr, op, root=None, between=None):
     """In place on ``arr`` (flat, C-contiguous). ``root``: None for all_reduce, else the
-    only group rank whose ``arr`` receives the result (reduce)."""
+    only group rank whose ``arr`` receives the result (reduce). ``between(slice)``: run
+    on this rank's reduced slice of every chunk before the others copy it (hierarchical
+    all_reduce: the slice is all-reduced across nodes there); forces the chunked
+    algorithm."""
     s = ctx.shm
     n, r = s.n, s.r
     dt, nb = arr.dtype, arr.nbytes
     uf = _UFUNCS[op]
     u8 = arr.view(np.uint8)
-    if nb <= SMALL:
+    if nb <= SMALL and between is None:
         p = s.begin(ctx, u8)
         if root is None or root == r:
             _reduce_into(uf, s.views(p, dt, arr.size), arr)
@@ -416,6 +422,8 @@ def all_reduce(ctx, arr, op, root=None):
                 srcs = [own if j == r else s.view(j, p1, dt, m)[lo:hi] for j in range(n)]
                 # not in place: the own slice is an operand after the output's first write
                 _reduce_into(uf, srcs, mine)
+                if between is not None:
+                    between(mine)
             s.signal(p2)
             s.need_all(p2, ctx)
             if root is None or root == r:
