@@ -109,7 +109,8 @@ class Hierarchy:
             # column, every column at once; node-local all-gather
             def across(piece):
                 self._run(col, ctx, lambda c: alg.all_reduce(c, piece, opx))
-            self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx, between=across))
+            # whole buffers per chunk: every chunk costs one TCP operation's latency
+            self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx, between=across, chunk=shm.SLOT))
             finalize(arr, op, self.group.size)
             return
         if col is not None:

@@ -20,9 +20,9 @@ reached p - 1. Every rank runs the same sequence of phases, so phases agree acro
 before any data-dependent phase).
 
 Waiting: spin briefly on the counter (each check after a ``sched_yield``, so a waiter
-hands its core to any runnable process, e.g. the peer it waits for), then set the sleep flag and sleep in ``futex(FUTEX_WAIT)``
-on the counter; the writer stores its counter, fences, and calls ``FUTEX_WAKE`` only if a
-sleep flag names it (Dekker's pattern: the kernel re-reads the counter after a locked
+hands its core to any runnable process, e.g. the peer it waits for), then set the sleep
+flag and sleep in ``futex(FUTEX_WAIT)`` on the counter; the writer stores its counter,
+fences, and calls ``FUTEX_WAKE`` only if a sleep flag names it (Dekker's pattern: the kernel re-reads the counter after a locked
 instruction, so either the writer sees the flag or the sleeper sees the new value).
 Sleeps last at most 50 ms; between slices the waiter checks the abort word, the group's
 broken flag (set by a TCP ABORT), the deadline (-> the group names the missing ranks
@@ -379,12 +379,12 @@ def _reduce_into(uf, srcs, out):
         uf(out, s, out=out)
 
 
-def all_reduce(ctx, arr, op, root=None, between=None):
+def all_reduce(ctx, arr, op, root=None, between=None, chunk=None):
     """In place on ``arr`` (flat, C-contiguous). ``root``: None for all_reduce, else the
     only group rank whose ``arr`` receives the result (reduce). ``between(slice)``: run
     on this rank's reduced slice of every chunk before the others copy it (hierarchical
     all_reduce: the slice is all-reduced across nodes there); forces the chunked
-    algorithm."""
+    algorithm. ``chunk``: bytes per chunk (default CHUNK, at most SLOT)."""
     s = ctx.shm
     n, r = s.n, s.r
     dt, nb = arr.dtype, arr.nbytes
@@ -395,7 +395,7 @@ def all_reduce(ctx, arr, op, root=None, between=None):
         if root is None or root == r:
             _reduce_into(uf, s.views(p, dt, arr.size), arr)
     else:
-        per = max(n, (min(CHUNK, SLOT) // dt.itemsize) // n * n)  # elements per chunk
+        per = max(n, (min(chunk or CHUNK, SLOT) // dt.itemsize) // n * n)  # elements per chunk
         for a in range(0, arr.size, per):
             m = min(per, arr.size - a)
             bounds = _bounds(m, n)
