@@ -22,8 +22,9 @@ before any data-dependent phase).
 Waiting: spin briefly on the counter (each check after a ``sched_yield``, so a waiter
 hands its core to any runnable process, e.g. the peer it waits for), then set the sleep
 flag and sleep in ``futex(FUTEX_WAIT)`` on the counter; the writer stores its counter,
-fences, and calls ``FUTEX_WAKE`` only if a sleep flag names it (Dekker's pattern: the kernel re-reads the counter after a locked
-instruction, so either the writer sees the flag or the sleeper sees the new value).
+fences, and calls ``FUTEX_WAKE`` only if a sleep flag names it (Dekker's pattern: the
+kernel re-reads the counter after a locked instruction, so either the writer sees the
+flag or the sleeper sees the new value).
 Sleeps last at most 50 ms; between slices the waiter checks the abort word, the group's
 broken flag (set by a TCP ABORT), the deadline (-> the group names the missing ranks
 over TCP) and whether the awaited peer's pid still exists (-> PeerLostError). Stores
