@@ -438,7 +438,8 @@ def run_agent(spec: dict) -> int:
     finally:
         guard.close()
         try:
-            with StoreClient(host, port, token=store.token, timeout=5) as c:
+            # short: when the head (and its store) is gone, nobody is left to tell
+            with StoreClient(host, port, token=store.token, timeout=5, connect_timeout=0.5) as c:
                 c.set(f"{cfg.run_id}/agent_exit/{spec['node']['node_rank']}", b"1")
         except Exception:  # the store is gone; the head (if alive) sees the channel close
             pass
