@@ -193,6 +193,8 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     g = _group(group)
     if g is None:
         return None
+    if g._shm is not None and not async_op and timeout is None:
+        return g.run_small_shm("barrier", shm.barrier, (), 0, 0)
     return g.run("barrier", alg.barrier, async_op, dtype=0, count=0, timeout=to_seconds(timeout),
                  shm_body=shm.barrier, hier_body=lambda ctx, h: h.barrier(ctx))
 
@@ -205,6 +207,9 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
         return None
     root = _root(g, src, group_src, "src")
     arr = flat(as_array(tensor, "tensor", writable=g.rank != root))
+    if g._shm is not None and not async_op and arr.nbytes <= shm.SMALL:
+        return g.run_small_shm("broadcast", shm.broadcast, (arr.view(np.uint8), root), DTYPE_CODES[arr.dtype],
+                               arr.size, root=root)
     return g.run("broadcast", lambda ctx: alg.broadcast(ctx, arr, root), async_op,
                  shm_body=lambda ctx: shm.broadcast(ctx, arr.view(np.uint8), root),
                  hier_body=lambda ctx, h: h.broadcast(ctx, arr.view(np.uint8), root), **_meta(arr, root=root))
@@ -219,6 +224,9 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     arr = flat(as_array(tensor, "tensor"))
     op = as_reduce_op(op)
     check_op(op, arr.dtype)
+    if g._shm is not None and not async_op and arr.nbytes <= shm.SMALL:
+        return g.run_small_shm("all_reduce", shm.all_reduce, (arr, op), DTYPE_CODES[arr.dtype], arr.size,
+                               redop=int(op))
     return g.run("all_reduce", lambda ctx: alg.all_reduce(ctx, arr, op), async_op,
                  shm_body=lambda ctx: shm.all_reduce(ctx, arr, op),
                  hier_body=lambda ctx, h: h.all_reduce(ctx, arr, op), **_meta(arr, redop=op))
