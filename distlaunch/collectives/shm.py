@@ -151,6 +151,8 @@ class ShmGroup:
         self._flag_idx = [self._ctl(j) // 4 + 1 for j in range(self.n)]  # rank j sleeps on rank w-1
         self._fence = threading.Lock()
         self._views = {}
+        # byte offsets of every rank's two meta records
+        self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
         self.phase = 0          # last phase this rank published
         self.all_at = 0         # every rank is known to have reached this phase
         self.ops = 0            # operations run (selects the meta record)
@@ -292,22 +294,23 @@ class ShmGroup:
         buffer), wait for every rank and compare metas. Returns the phase."""
         p = self.phase + 1
         if data is not None:
-            self.need_all(p - 1, ctx)
+            if (self.all_at - p + 1) & _M >= _H:
+                self.need_all(p - 1, ctx)
             if callable(data):
                 data(self.bufs[self.r][p & 1])
             elif len(data):
                 self.bufs[self.r][p & 1][:len(data)] = data
         k = self.ops & 1
         self.ops += 1
-        off = self._ctl(self.r) + 16 + 64 * k
-        _META.pack_into(self.mm, off, ctx.seq, ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop, aux)
+        offs = self._meta_offs[k]
+        off = offs[self.r]
+        mm = self.mm
+        _META.pack_into(mm, off, ctx.seq, ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop, aux)
         self.signal(p)
         self.need_all(p, ctx)
-        mm = self.mm
         mine = mm[off:off + 48]
-        for j in range(self.n):
-            oj = self._ctl(j) + 16 + 64 * k
-            if j != self.r and mm[oj:oj + 48] != mine:
+        for j, oj in enumerate(offs):
+            if mm[oj:oj + 48] != mine:
                 theirs = ctx._describe(*_META.unpack_from(mm, oj)[1:6])
                 mine_text = ctx._describe(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
                 if theirs == mine_text:  # same call, different position in the sequence
