@@ -109,12 +109,14 @@ def test_log_dir_per_attempt_and_rank(actor, tmp_path):
     res = dl("run", "--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "r1",
              "--log-dir", logs, actor, "--lines", "3", "--fail-rank", "1", "--fail-attempts", "1")
     assert res.returncode == 0, res.stderr
-    for attempt in (0, 1):
-        for rank in (0, 1):
-            d = logs / "r1" / f"attempt_{attempt}" / str(rank)
-            out = (d / "stdout.log").read_text().splitlines()
-            assert out == [f"line {i} of rank {rank} {'x' * (i % 50)} end {i}" for i in range(3)]
-            assert (d / "stderr.log").exists()
+    # Every rank of every attempt has its files; rank 1 prints before failing, and in the
+    # last attempt every rank runs to the end (in attempt 0, rank 0 may be stopped first).
+    for attempt, rank in ((0, 1), (1, 0), (1, 1)):
+        d = logs / "r1" / f"attempt_{attempt}" / str(rank)
+        out = (d / "stdout.log").read_text().splitlines()
+        assert out == [f"line {i} of rank {rank} {'x' * (i % 50)} end {i}" for i in range(3)]
+    assert all((logs / "r1" / f"attempt_{a}" / str(r) / f).exists()
+               for a in (0, 1) for r in (0, 1) for f in ("stdout.log", "stderr.log"))
     assert "failing on purpose" in (logs / "r1" / "attempt_0" / "1" / "stderr.log").read_text()
     assert "failing on purpose" not in (logs / "r1" / "attempt_1" / "1" / "stderr.log").read_text()
 

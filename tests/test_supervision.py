@@ -190,8 +190,11 @@ def shm_script(tmp_path, then):
 
 def test_shared_memory_segments_removed_after_the_round(tmp_path):
     import glob
-    res = dl("run", "--nproc-per-node", "2", "--run-id", f"shm{os.getpid()}",
-             shm_script(tmp_path, "os.kill(os.getpid(), 9)\n"))
+    # both ranks create their segment; then rank 0 dies by SIGKILL
+    both = (f"while len([n for n in os.listdir({str(tmp_path)!r}) if n.startswith('distlaunch_')]) < 2:\n"
+            "    time.sleep(0.01)\n"
+            "if os.environ['RANK'] == '0':\n    os.kill(os.getpid(), 9)\ntime.sleep(60)\n")
+    res = dl("run", "--nproc-per-node", "2", "--run-id", f"shm{os.getpid()}", shm_script(tmp_path, both))
     assert res.returncode == 137
     names = [p.name for p in tmp_path.iterdir() if p.name.startswith("distlaunch_")]
     assert len(names) == 2 and all(n.startswith(f"distlaunch_shm{os.getpid()}_") for n in names)
