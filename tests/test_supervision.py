@@ -212,3 +212,16 @@ def test_shared_memory_segments_removed_after_launcher_sigkill(tmp_path):
     p.kill()
     p.wait()
     assert wait_for(lambda: not glob.glob(f"/dev/shm/distlaunch_{run_id}_*"), 10)
+
+
+def test_killing_the_launchers_process_group_leaves_no_orphans(tmp_path):
+    import subprocess
+    from conftest import dl_cmd
+    p = subprocess.Popen(dl_cmd("run", "--nproc-per-node", "2", WORKERS / "actor.py", "--mark-dir",
+                                tmp_path, "--sleep", "120"), start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert wait_for(started(tmp_path, 2))
+    workers = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+    os.killpg(p.pid, signal.SIGKILL)  # the launcher and everything in its group
+    p.wait()
+    assert wait_for(lambda: not survivors(workers), 10), survivors(workers)

@@ -4,8 +4,9 @@ removes the job's temporary files, if the launcher dies, even by SIGKILL.
 A parent-death signal (prctl PR_SET_PDEATHSIG) would reach only the workers themselves,
 not what they spawned; the guard holds the read end of a pipe whose write end only the
 launcher has, so the launcher's death, however it happens, reads as EOF, and the guard
-then SIGKILLs each registered process group. It ignores the terminal's signals so a Ctrl-C
-to the whole foreground group does not take it down before the launcher.
+then SIGKILLs each registered process group. It runs in its own session and ignores the
+terminal's signals, so neither a Ctrl-C nor a kill of the launcher's whole process group
+takes it down before the launcher.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class OrphanGuard:
         pid = os.fork()
         if pid == 0:  # the guard
             try:
+                os.setsid()  # a kill of the launcher's process group must not reach it
                 os.close(w)
                 _guard_loop(r)
             finally:
