@@ -200,6 +200,31 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     if o.pop("print_config"):
         _print_config(script, script_args, o)
         return
+    cfg = _config_from_options(script, script_args, o)
+    if o["hosts"] or o["hostfile"]:
+        head = _head_options(o, cfg)
+        if cfg.dry_run:
+            _print_head_plan(cfg, head)
+            return
+        from .head import run_hosts
+
+        restarts = run_hosts(cfg, head, say, _TtyStatus() if sys.stderr.isatty() else None)
+        if restarts:
+            say(f"all workers succeeded after {restarts} restart(s)")
+        return
+    from . import launcher
+
+    plan = launcher.make_plan(cfg)
+    if cfg.dry_run:
+        _print_plan(plan)
+        return
+    restarts = launcher.run(cfg, say, plan)
+    if restarts:
+        say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+
+
+def _config_from_options(script: str, script_args: tuple[str, ...], o: dict):
+    """The validated LaunchConfig of `run`'s options (ConfigError for bad values)."""
     from .config import (LaunchConfig, parse_nproc_per_node, parse_ranks_filter,
                          parse_rdzv_conf, parse_std)
 
@@ -229,28 +254,7 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         kw["run_id"] = f"job{kw['master_port']}"
     if o["run_id"] or o["rdzv_id"]:
         kw["run_id"] = o["rdzv_id"] or o["run_id"]
-    cfg = LaunchConfig(**kw).validate()
-
-    from . import launcher
-
-    if o["hosts"] or o["hostfile"]:
-        head = _head_options(o, cfg)
-        if cfg.dry_run:
-            _print_head_plan(cfg, head)
-            return
-        from .head import run_hosts
-
-        restarts = run_hosts(cfg, head, say, _TtyStatus() if sys.stderr.isatty() else None)
-        if restarts:
-            say(f"all workers succeeded after {restarts} restart(s)")
-        return
-    plan = launcher.make_plan(cfg)
-    if cfg.dry_run:
-        _print_plan(plan)
-        return
-    restarts = launcher.run(cfg, say, plan)
-    if restarts:
-        say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+    return LaunchConfig(**kw).validate()
 
 
 def _worker_env(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
