@@ -178,8 +178,7 @@ class NodeAgent:
             if o.hosts_store and rdzv.num_nodes > 1:
                 self._let_others_leave(rdzv, rnd)
             client.close()
-            import shutil
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            remove_matching(self.scratch)
 
     def _make_group(self, rdzv: Rendezvous, rnd: int, restarts: int,
                     relay: SignalRelay) -> tuple[WorkerGroup, int]:
