@@ -20,14 +20,17 @@ Every operation raises (documented once here, in this order of checks):
   sent, the group stays usable;
 - NotInitializedError -- no init_process_group();
 - CollectiveMismatchError -- ranks called it with different op, dtype, element count,
-  root or reduce op (detected from the header each message carries);
+  root or reduce op (detected from the header each TCP message carries, or, on shared
+  memory, from the call records all ranks compare in every operation's first phase);
 - CollectiveTimeoutError -- not finished within the timeout; names the ranks that did
   not call the operation;
-- PeerLostError -- a peer's connection ended (the peer died).
+- PeerLostError -- a peer's connection ended, or (shared memory) its process no longer
+  exists: the peer died.
 
 The last three leave a collective's group broken: later calls raise the same class at
 once. For async operations they are raised by ``Work.wait()``. Algorithms: see
-:mod:`.algorithms`; semantics: torch.distributed.
+:mod:`.algorithms` (TCP), :mod:`.shm` (ranks of one node) and :mod:`.hierarchy` (groups
+spanning nodes); semantics: torch.distributed.
 """
 
 from __future__ import annotations

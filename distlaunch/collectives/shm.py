@@ -7,7 +7,7 @@ mapped it (so nothing is left behind even if a rank dies later). Layout::
     [0, 4096)           header: abort word (reason), aborting rank
     [4096, +n*256)      per rank: u32 phase counter (the futex word), u32 sleep flag
                         (1 + the rank it sleeps on), pid, 2 meta records (op seq,
-                        op, dtype, count, root, redop, aux)
+                        op, dtype, count, root, redop)
     DATA + j*2*SLOT     rank j's two data buffers of SLOT bytes (double buffering)
 
 Synchronisation is one monotonically increasing *phase* counter per rank, written only
@@ -207,7 +207,12 @@ class ShmGroup:
                 return
 
     def need(self, j, p, ctx):
-        """Block until rank j published phase ``p`` (deadline, abort, death checked)."""
+        """Block until rank j published phase ``p``: spin, then futex sleeps of at most
+        50 ms. Raises the group's ``broken`` error (a TCP ABORT arrived), the error an
+        aborting peer signalled in the segment (CollectiveMismatchError, PeerLostError,
+        CollectiveError), PeerLostError when j's process is gone, and the internal
+        _OpTimeout (turned into CollectiveTimeoutError naming the missing ranks by the
+        group) past ``ctx.deadline``."""
         idx = self._ctl(j) // 4
         w = self.words
         if (w[idx] - p) & _M < _H:
@@ -288,10 +293,12 @@ class ShmGroup:
 
     # -- operations
 
-    def begin(self, ctx, data=None, aux=0) -> int:
+    def begin(self, ctx, data=None) -> int:
         """First phase of an operation: publish this rank's meta (and ``data``, a uint8
         array, or a function writing into the given uint8 buffer, into the phase's
-        buffer), wait for every rank and compare metas. Returns the phase."""
+        buffer), wait for every rank and compare metas. Returns the phase. Raises
+        CollectiveMismatchError naming the first rank whose call differs, or what
+        ``need`` raises."""
         p = self.phase + 1
         if data is not None:
             if (self.all_at - p + 1) & _M >= _H:
@@ -305,7 +312,7 @@ class ShmGroup:
         offs = self._meta_offs[k]
         off = offs[self.r]
         mm = self.mm
-        _META.pack_into(mm, off, ctx.seq, ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop, aux)
+        _META.pack_into(mm, off, ctx.seq, ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
         self.signal(p)
         self.need_all(p, ctx)
         mine = mm[off:off + 48]
@@ -324,10 +331,6 @@ class ShmGroup:
                 _unlink(self.path)
         return p
 
-    def aux(self, j):
-        """The ``aux`` value rank j gave to the current operation's begin()."""
-        return _META.unpack_from(self.mm, self._ctl(j) + 16 + 64 * ((self.ops - 1) & 1))[6]
-
     def close(self):
         _unlink(self.path)
         self.bufs = None
@@ -341,7 +344,7 @@ class ShmGroup:
             pass  # a user-visible view still exists: the mapping goes with it
 
 
-_META = struct.Struct("<7q")   # op seq, op, dtype, count, root, redop, aux
+_META = struct.Struct("<6q")   # op seq, op, dtype, count, root, redop
 
 
 def _round(x):
