@@ -62,6 +62,7 @@ import time
 
 import numpy as np
 
+from .algorithms import block_bounds
 from .errors import CollectiveError, CollectiveMismatchError, PeerLostError
 from .ops import _UFUNCS, finalize
 
@@ -293,6 +294,21 @@ class ShmGroup:
 
     # -- operations
 
+    def step(self, ctx, fill, first: bool) -> int:
+        """One data phase of a multi-phase operation: the first is ``begin`` (which also
+        compares the ranks' calls); a later one waits until every rank has left the
+        previous phase (its buffer is free again), lets ``fill`` write this rank's
+        buffer, signals, and waits for every rank. Returns the phase; raises as
+        ``need_all``."""
+        if first:
+            return self.begin(ctx, fill)
+        p = self.phase + 1
+        self.need_all(p - 1, ctx)
+        fill(self.bufs[self.r][p & 1])
+        self.signal(p)
+        self.need_all(p, ctx)
+        return p
+
     def begin(self, ctx, data=None) -> int:
         """First phase of an operation: publish this rank's meta (and ``data``, a uint8
         array, or a function writing into the given uint8 buffer, into the phase's
@@ -370,15 +386,6 @@ def preamble(ctx):
     ctx.shm.begin(ctx)
 
 
-def _bounds(m, n):
-    base, extra = divmod(m, n)
-    out, lo = [], 0
-    for j in range(n):
-        hi = lo + base + (1 if j < extra else 0)
-        out.append((lo, hi))
-        lo = hi
-    return out
-
 
 def _reduce_into(uf, srcs, out):
     uf(srcs[0], srcs[1], out=out)
@@ -405,7 +412,7 @@ def all_reduce(ctx, arr, op, root=None, between=None, chunk=None):
         per = max(n, (min(chunk or CHUNK, SLOT) // dt.itemsize) // n * n)  # elements per chunk
         for a in range(0, arr.size, per):
             m = min(per, arr.size - a)
-            bounds = _bounds(m, n)
+            bounds = block_bounds(m, n)
             lo, hi = bounds[r]
 
             def publish(buf, a=a, m=m, bounds=bounds):
@@ -414,14 +421,7 @@ def all_reduce(ctx, arr, op, root=None, between=None, chunk=None):
                 for j, (jl, jh) in enumerate(bounds):
                     if j != r:
                         dst[jl:jh] = arr[a + jl:a + jh]
-            if a == 0:
-                p1 = s.begin(ctx, publish)
-            else:
-                p1 = s.phase + 1
-                s.need_all(p1 - 1, ctx)
-                publish(s.bufs[r][p1 & 1])
-                s.signal(p1)
-                s.need_all(p1, ctx)
+            p1 = s.step(ctx, publish, first=a == 0)
             p2 = p1 + 1
             mine = s.view(r, p2, dt, m)[lo:hi]
             if hi > lo:
@@ -497,14 +497,7 @@ def reduce_scatter(ctx, out, inp, op):
         def write(buf, a=a, b=b, L=L):  # pieces [a, b) of the n blocks, contiguous
             if L:
                 buf[:n * L * dt.itemsize].view(dt).reshape(n, L)[:] = blocks[:, a:b]
-        if i == 0:
-            p = s.begin(ctx, write)
-        else:
-            p = s.phase + 1
-            s.need_all(p - 1, ctx)
-            write(s.bufs[r][p & 1])
-            s.signal(p)
-            s.need_all(p, ctx)
+        p = s.step(ctx, write, first=i == 0)
         if L:
             srcs = [s.view(j, p, dt, L, r * L * dt.itemsize) for j in range(n)]
             if n == 1:
