@@ -28,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+from store_worker import arrive_all  # noqa: E402  (the barrier the store tests use too)
 TOKEN = "bench-secret"
 VALUE = b"v" * 64
 BARRIER_PROCS = 4
@@ -101,21 +103,7 @@ def role_barrier(impl: str, port: int, threads: int, world: int) -> None:
         sys.exit(f"{impl}: some clients failed to connect")
     clients[0].add("connected", threads)
     clients[0].wait(["go"])
-    errors = []
-
-    def arrive(c):
-        try:
-            if c.add("arrived", 1) == world:
-                c.set("done", b"1")
-            c.wait(["done"])
-        except Exception as e:
-            errors.append(repr(e))
-
-    ts = [threading.Thread(target=arrive, args=(c,)) for c in clients]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    errors = arrive_all(clients, world)
     clients[0].add("finished", threads)
     if errors:
         print("errors:", errors[:3], file=sys.stderr)

@@ -15,6 +15,28 @@ import time
 from distlaunch.store import StoreClient
 
 
+def arrive_all(clients, world: int) -> list[str]:
+    """The store barrier, one thread per client (any client with c10d add/set/wait, ours
+    or torch's TCPStore): add("arrived", 1); whoever reaches ``world`` sets "done"; all
+    wait(["done"]). Returns the errors, as repr strings."""
+    errors = []
+
+    def arrive(c):
+        try:
+            if c.add("arrived", 1) == world:
+                c.set("done", b"1")
+            c.wait(["done"])
+        except BaseException as e:  # reported by the caller; the test fails on it
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=arrive, args=(c,)) for c in clients]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return errors
+
+
 def main() -> int:
     mode, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     if mode == "add":
@@ -29,22 +51,8 @@ def main() -> int:
         clients = [StoreClient(host, port, timeout=60) for _ in range(threads)]
         clients[0].add("connected", threads)
         clients[0].wait(["go"])
-        errors = []
-
-        def arrive(c):
-            try:
-                if c.add("arrived", 1) == world:
-                    c.set("done", b"1")
-                c.wait(["done"])
-            except BaseException as e:  # reported below; the test fails on it
-                errors.append(repr(e))
-
         t0 = time.perf_counter()
-        ts = [threading.Thread(target=arrive, args=(c,)) for c in clients]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        errors = arrive_all(clients, world)
         dt = time.perf_counter() - t0
         for c in clients:
             c.close()
