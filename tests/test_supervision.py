@@ -86,12 +86,24 @@ def test_restarts_exhausted(tmp_path):
     assert (tmp_path / "started.0.1").exists() and not (tmp_path / "started.0.2").exists()
 
 
-def test_spawn_failure_is_reported(tmp_path):
+def test_program_that_cannot_run_is_a_usage_error(tmp_path):
     script = tmp_path / "noexec"
-    script.write_text("#!/bin/sh\necho hi\n")  # not executable
+    script.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\n")  # not executable
     res = dl("run", "--no-python", "--nproc-per-node", "2", str(script))
-    assert res.returncode in (1, 2)
-    assert "noexec" in res.stderr
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "noexec" in res.stderr and "not executable" in res.stderr
+    assert not (tmp_path / "ran").exists()
+
+
+def test_spawn_failure_after_validation_is_reported(tmp_path):
+    # The program passes validation (executable) but its interpreter line names a missing
+    # program, so exec fails: a SpawnError, exit code 1, naming the rank and the program.
+    script = tmp_path / "badinterp"
+    script.write_text("#!/nonexistent/interpreter\n")
+    script.chmod(0o755)
+    res = dl("run", "--no-python", "--nproc-per-node", "2", str(script))
+    assert res.returncode == 1, res.stderr
+    assert "cannot start rank 0" in res.stderr and "badinterp" in res.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
