@@ -183,6 +183,10 @@ def _env_entries(value, where: str) -> list[str]:
 @option("--rdzv-conf", default=None, metavar="K=V,...",
         help="Rendezvous settings in seconds: join_timeout (600), last_call_timeout (3), "
              "heartbeat_timeout (15), heartbeat_interval (1), exit_barrier_timeout (300).")
+@option("--bind-to", default="auto", show_default=True, type=click.Choice(["auto", "core", "none"]),
+        help="CPU affinity of the workers: auto splits this node's CPUs into one block per "
+             "worker (round robin when there are more workers than CPUs), core gives each "
+             "worker one CPU, none leaves affinity alone (torchrun's behaviour).")
 @option("--no-prefix", is_flag=True, help="Do not prefix worker output lines with [rank]: .")
 @option("--dry-run", is_flag=True,
         help="Print the plan (ranks, command lines, environment) and start nothing.")
@@ -241,7 +245,8 @@ def _config_from_options(script: str, script_args: tuple[str, ...], o: dict):
         local_ranks_filter=parse_ranks_filter(o["local_ranks_filter"]),
         standalone=o["standalone"], stop_timeout=o["stop_timeout"], prefix=not o["no_prefix"],
         dry_run=o["dry_run"], rdzv_conf=parse_rdzv_conf(o["rdzv_conf"]),
-        max_nodes=max_nodes, rdzv_endpoint=o["rdzv_endpoint"], env=_worker_env(o["env_names"]))
+        max_nodes=max_nodes, rdzv_endpoint=o["rdzv_endpoint"], env=_worker_env(o["env_names"]),
+        bind_to=o["bind_to"])
     if o["rdzv_endpoint"]:
         kw["run_id"] = f"job-{o['rdzv_endpoint'].replace(':', '-')}"
         if max_nodes is None and nnodes > 1:  # fixed N through a rendezvous endpoint
@@ -415,14 +420,18 @@ def _print_plan(plan) -> None:
     import os
     import shlex
 
+    from .topology import cpu_sets, format_cpus
+
     c = plan.cfg
     click.echo(f"run id {c.run_id}: {len(plan.slots)} workers on node {c.node_rank} of "
                f"{c.nnodes}, max restarts {c.max_restarts}")
     click.echo("store: 127.0.0.1:<port chosen at start>, token DISTLAUNCH_STORE_TOKEN=****")
+    cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
     for slot in plan.slots:
         env = plan.worker_env(slot)
         changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
-        click.echo(f"rank {slot.rank} (local rank {slot.local_rank}): {shlex.join(plan.argv)}")
+        click.echo(f"rank {slot.rank} (local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}): "
+                   f"{shlex.join(plan.argv)}")
         for k in sorted(changed):
             click.echo(f"    {k}={'****' if k in SECRET_VARS else changed[k]}")
 

@@ -150,6 +150,7 @@ class LaunchConfig:
     max_nodes: int | None = None  # --nnodes MIN:MAX: dynamic membership (nnodes is MIN)
     rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous store
     env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
+    bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
 
     def endpoint(self) -> tuple[str, int]:
         """--rdzv-endpoint as (host, port); ConfigError if malformed."""
@@ -232,6 +233,9 @@ class LaunchConfig:
         if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.run_id):
             raise ConfigError(f"--run-id {self.run_id!r} is invalid: use letters, digits, "
                               f"'.', '_' and '-' only")
+        from .topology import BIND_MODES
+        if self.bind_to not in BIND_MODES:
+            raise ConfigError(f"--bind-to {self.bind_to!r} is invalid: give one of {', '.join(BIND_MODES)}")
         self._check_entrypoint()
         if self.log_dir is not None:
             self._check_log_dir()

@@ -38,3 +38,51 @@ def assign_ranks(slots_per_node: list[int]) -> list[list[WorkerSlot]]:
         ])
         first += count
     return nodes
+
+
+BIND_MODES = ("auto", "core", "none")
+
+
+def cpu_sets(mode: str, local_world_size: int, cpus) -> list[frozenset[int] | None]:
+    """CPU affinity for local ranks ``0 .. local_world_size - 1`` (None: leave the
+    inherited affinity alone), from the CPUs the launcher may use (``cpus``, e.g.
+    ``os.sched_getaffinity(0)``, which already honours taskset / cgroup cpusets).
+
+    - ``none``: nobody is bound (torchrun's behaviour);
+    - ``core``: local rank i gets the single CPU ``cpus[i % len(cpus)]`` (mpirun's
+      ``--bind-to core``, round robin when there are more workers than CPUs);
+    - ``auto``: the CPUs are split into disjoint contiguous blocks, one per local rank
+      (the first ``len(cpus) % L`` blocks one CPU larger), or round robin as ``core`` when
+      there are more workers than CPUs; a single worker is not bound. Like DeepSpeed's
+      ``--bind_cores_to_rank``: threads of a worker stay on its share of the node, and
+      workers that sleep and wake in collectives are not migrated onto each other's CPUs.
+    """
+    if mode not in BIND_MODES:
+        raise ValueError(f"unknown binding mode {mode!r}")
+    cpus = sorted(cpus)
+    n, c = local_world_size, len(cpus)
+    if mode == "none" or not cpus or (mode == "auto" and n == 1):
+        return [None] * n
+    if mode == "core" or n >= c:
+        return [frozenset({cpus[i % c]}) for i in range(n)]
+    per, extra = divmod(c, n)
+    out, start = [], 0
+    for i in range(n):
+        size = per + (i < extra)
+        out.append(frozenset(cpus[start:start + size]))
+        start += size
+    return out
+
+
+def format_cpus(cpus: frozenset[int] | None) -> str:
+    """``{0, 1, 2, 5}`` -> ``0-2,5`` (taskset's list format); None -> ``all``."""
+    if cpus is None:
+        return "all"
+    parts, run = [], []
+    for c in sorted(cpus):
+        if run and c != run[-1] + 1:
+            parts.append(run)
+            run = []
+        run.append(c)
+    parts.append(run)
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in parts)

@@ -8,7 +8,7 @@ from distlaunch.config import (LaunchConfig, StdSpec, parse_nproc_per_node, pars
                                parse_ranks_filter, parse_std)
 from distlaunch.env import MPI_VARS, TORCHRUN_VARS, WorkerIdentity, build_worker_env, read_worker_env
 from distlaunch.errors import ConfigError
-from distlaunch.topology import assign_ranks
+from distlaunch.topology import assign_ranks, cpu_sets, format_cpus
 
 
 @given(st.lists(st.integers(1, 9), min_size=1, max_size=8))
@@ -20,6 +20,30 @@ def test_ranks_contiguous_per_node(slots):
         assert [w.local_rank for w in node] == list(range(slots[k]))
         assert {(w.node_rank, w.local_world_size, w.world_size, w.num_nodes) for w in node} == \
             {(k, slots[k], sum(slots), len(slots))}
+
+
+@given(st.sets(st.integers(0, 63), min_size=1, max_size=16), st.integers(1, 24))
+def test_cpu_sets(cpus, n):
+    auto, core, none = (cpu_sets(m, n, cpus) for m in ("auto", "core", "none"))
+    assert none == [None] * n
+    # core: one CPU each, every CPU used before any is reused
+    assert all(len(c) == 1 and c <= cpus for c in core)
+    assert len(set().union(*core)) == min(n, len(cpus))
+    if n == 1:
+        assert auto == [None]  # a lone worker keeps the launcher's affinity
+    elif n >= len(cpus):
+        assert auto == core
+    else:  # disjoint, non-empty, covering every CPU, sizes within one of each other
+        assert sum(len(c) for c in auto) == len(cpus) and set().union(*auto) == cpus
+        assert min(map(len, auto)) >= 1 and max(map(len, auto)) - min(map(len, auto)) <= 1
+        assert [min(c) for c in auto] == sorted(min(c) for c in auto)  # local rank order
+
+
+def test_cpu_sets_rejects_unknown_mode_and_formats_lists():
+    with pytest.raises(ValueError):
+        cpu_sets("socket", 2, {0, 1})
+    assert format_cpus(frozenset({0, 1, 2, 5, 7, 8})) == "0-2,5,7-8"
+    assert format_cpus(frozenset({3})) == "3" and format_cpus(None) == "all"
 
 
 @pytest.mark.parametrize("bad", [[], [2, 0]])

@@ -35,6 +35,7 @@ class LaunchSpec:
     stdout: StreamSink
     stderr: StreamSink
     error_file: str | None = None
+    cpus: frozenset[int] | None = None  # CPU affinity (None: inherited)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class WorkerGroup:
             sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
         try:
             for spec in self.specs:
-                w = WorkerProcess(spec.slot, spec.argv, spec.env)
+                w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus)
                 self.workers.append(w)
                 self.guard.watch(w.pid)
                 os.set_blocking(w.popen.stdout.fileno(), False)

@@ -20,7 +20,7 @@ from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, StoreError, WorkerFailedError
 from ..rendezvous import Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher
-from ..topology import WorkerSlot, assign_ranks
+from ..topology import WorkerSlot, assign_ranks, cpu_sets
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .output import StreamSink
@@ -330,6 +330,7 @@ class NodeAgent:
     def _specs(self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int],
                restarts: int) -> list[LaunchSpec]:
         specs = []
+        cpus = cpu_sets(self.cfg.bind_to, len(slots), os.sched_getaffinity(0))
         for slot in slots:
             attempt_dir = None
             if self.log_root:
@@ -339,7 +340,7 @@ class NodeAgent:
             env = worker_env(self.cfg, slot, self.base_env, restarts, master, self.store_addr,
                              error_file, shm_prefix(self.cfg.run_id, os.getpid(), rnd))
             out, err = self._sinks(slot, attempt_dir)
-            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file))
+            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, cpus[slot.local_rank]))
         return specs
 
     def _sinks(self, slot: WorkerSlot, attempt_dir: str | None) -> tuple[StreamSink, StreamSink]:

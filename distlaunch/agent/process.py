@@ -49,7 +49,7 @@ class WorkerProcess:
     stderr on pipes, stdin from /dev/null, and a pidfd that becomes readable at exit."""
 
     def __init__(self, slot: WorkerSlot, argv: list[str], env: dict[str, str],
-                 cwd: str | None = None):
+                 cwd: str | None = None, cpus: frozenset[int] | None = None):
         self.slot = slot
         self.argv = argv
         try:
@@ -59,6 +59,13 @@ class WorkerProcess:
         except OSError as e:
             raise SpawnError(f"cannot start rank {slot.rank}: {argv[0]!r}: {e.strerror}") from e
         self.pid = self.popen.pid
+        if cpus is not None:
+            # set from here, not in the child (preexec_fn is unsafe with threads); the
+            # worker is still starting its interpreter, its threads inherit the mask
+            try:
+                os.sched_setaffinity(self.pid, cpus)
+            except OSError:
+                pass  # already gone (reaped as a failure) or CPUs offlined meanwhile
         self.pidfd = os.pidfd_open(self.pid)
         self.returncode: int | None = None
         self.exit_time: float | None = None

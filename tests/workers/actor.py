@@ -29,7 +29,8 @@ attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 if args.dump_env:
     with open(os.path.join(args.dump_env, f"{rank}.json"), "w") as f:
         json.dump({**dict(os.environ), "_argv": sys.argv[1:], "_sid": os.getsid(0),
-                   "_pid": os.getpid()}, f)
+                   "_pid": os.getpid(),
+                   "_cpus": sorted(os.sched_getaffinity(0))}, f)
 
 for name in args.ignore:
     signal.signal(getattr(signal, name), signal.SIG_IGN)
