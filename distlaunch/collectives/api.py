@@ -43,10 +43,13 @@ from . import algorithms as alg
 from . import shm
 from .buffers import as_array, as_array_list, byte_view, flat
 from .errors import CollectiveArgumentError, CollectiveError, CollectiveMismatchError
-from .group import ProcessGroup, Work, _RequestWork, to_seconds
+from .group import ProcessGroup, SmallCall, Work, _RequestWork, to_seconds
 from .ops import ReduceOp, as_reduce_op, check_op
 from .runtime import GroupMember, current_runtime
 from .wire import DTYPE_CODES, DTYPE_NAMES, NO_REDOP, OP_CODES, P2P, Header
+
+
+_BARRIER = SmallCall("barrier", OP_CODES["barrier"], 0, 0)
 
 
 def _group(group) -> ProcessGroup | None:
@@ -197,7 +200,7 @@ def barrier(group=None, async_op=False, device_ids=None, timeout=None):
     if g is None:
         return None
     if g._shm is not None and not async_op and timeout is None:
-        return g.run_small_shm("barrier", shm.barrier, (), 0, 0)
+        return g.run_small_shm(_BARRIER, shm.barrier)
     return g.run("barrier", alg.barrier, async_op, dtype=0, count=0, timeout=to_seconds(timeout),
                  shm_body=shm.barrier, hier_body=lambda ctx, h: h.barrier(ctx))
 
@@ -211,8 +214,8 @@ def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
     root = _root(g, src, group_src, "src")
     arr = flat(as_array(tensor, "tensor", writable=g.rank != root))
     if g._shm is not None and not async_op and arr.nbytes <= shm.SMALL:
-        return g.run_small_shm("broadcast", shm.broadcast, (arr.view(np.uint8), root), DTYPE_CODES[arr.dtype],
-                               arr.size, root=root)
+        return g.run_small_shm(SmallCall("broadcast", OP_CODES["broadcast"], DTYPE_CODES[arr.dtype], arr.size, root),
+                               shm.broadcast, arr.view(np.uint8), root)
     return g.run("broadcast", lambda ctx: alg.broadcast(ctx, arr, root), async_op,
                  shm_body=lambda ctx: shm.broadcast(ctx, arr.view(np.uint8), root),
                  hier_body=lambda ctx, h: h.broadcast(ctx, arr.view(np.uint8), root), **_meta(arr, root=root))
@@ -224,12 +227,15 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     g = _group(group)
     if g is None:
         return None
-    arr = flat(as_array(tensor, "tensor"))
+    arr = as_array(tensor, "tensor")
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    s = g._shm
+    if s is not None and not async_op and arr.nbytes <= shm.SMALL:
+        plan = s.small_all_reduce_plan(arr, op)  # the checks of op and dtype, once
+        return g.run_small_shm(plan, shm.small_all_reduce, arr, plan)
     op = as_reduce_op(op)
     check_op(op, arr.dtype)
-    if g._shm is not None and not async_op and arr.nbytes <= shm.SMALL:
-        return g.run_small_shm("all_reduce", shm.all_reduce, (arr, op), DTYPE_CODES[arr.dtype], arr.size,
-                               redop=int(op))
     return g.run("all_reduce", lambda ctx: alg.all_reduce(ctx, arr, op), async_op,
                  shm_body=lambda ctx: shm.all_reduce(ctx, arr, op),
                  hier_body=lambda ctx, h: h.all_reduce(ctx, arr, op), **_meta(arr, redop=op))

@@ -24,6 +24,7 @@ import datetime
 import queue
 import threading
 import time
+from typing import NamedTuple
 
 from .errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError,
                      CollectiveTimeoutError, PeerLostError)
@@ -309,27 +310,31 @@ class ProcessGroup:
             self._executor.drain()
         return execute()
 
-    def run_small_shm(self, name: str, fn, args: tuple, dtype: int, count: int, root: int = -1,
-                      redop: int = NO_REDOP):
+    def run_small_shm(self, call, fn, *args):
         """Blocking fast path of ``run`` for a small operation on a shared-memory group
         (the caller checked ``self._shm``): ``fn(ctx, *args)`` with a reused context, no
-        closures, no TCP leftovers to check. Same sequence numbers, deadline, header
-        check values and failure handling as ``run``; returns None."""
-        self.check_usable()
+        closures, no TCP leftovers to check. ``call``: a SmallCall (or any object with
+        its fields) describing the call for mismatch checks; reusing the same object for
+        repeated calls skips copying it. Same sequence numbers, deadline and failure
+        handling as ``run``; returns None."""
+        if self.broken is not None:
+            self.check_usable()
         with self._seq_lock:
             self._seq += 1
             seq = self._seq
-            self._current_op = OP_CODES[name]
+            self._current_op = call.op
         if self._executor._pending:
             self._executor.drain()
         ctx = self._fast_ctx
         if ctx is None:
-            ctx = self._fast_ctx = OpContext(self, name, seq)
-        ctx.name, ctx.seq, ctx.op = name, seq, OP_CODES[name]
-        ctx.dtype, ctx.count, ctx.root, ctx.redop = dtype, count, root, redop
-        ctx.timeout = self.timeout
-        ctx.deadline = time.monotonic() + self.timeout
-        ctx.shm = self._shm
+            ctx = self._fast_ctx = OpContext(self, call.name, seq)
+            ctx.shm = self._shm
+        if ctx.call is not call:
+            ctx.call = call
+            ctx.name, ctx.op, ctx.dtype, ctx.count = call.name, call.op, call.dtype, call.count
+            ctx.root, ctx.redop = call.root, call.redop
+        ctx.seq = seq
+        ctx.deadline = time.monotonic() + ctx.timeout
         try:
             fn(ctx, *args)
         except BaseException as e:
@@ -443,6 +448,16 @@ class ProcessGroup:
             self.runtime.transport.fail_owner(c.gid, err)
 
 
+class SmallCall(NamedTuple):
+    """A call as run_small_shm records it (the fields of OpContext it sets)."""
+    name: str
+    op: int
+    dtype: int
+    count: int
+    root: int = -1
+    redop: int = NO_REDOP
+
+
 def _reraise(cause: BaseException, message: str) -> BaseException:
     cls = type(cause) if isinstance(cause, CollectiveError) else CollectiveError
     err = cls(f"{message}; first error: {cause}")
@@ -468,6 +483,7 @@ class OpContext:
         self.deadline = time.monotonic() + self.timeout
         self._posted = []
         self.shm = None  # the group's ShmGroup while the operation runs on shared memory
+        self.call = None  # the SmallCall a reused context (run_small_shm) describes
         self._transport = group.runtime.transport
         self._me = group.runtime.rank
 

@@ -64,7 +64,8 @@ import numpy as np
 
 from .algorithms import block_bounds
 from .errors import CollectiveError, CollectiveMismatchError, PeerLostError
-from .ops import _UFUNCS, finalize
+from .ops import _UFUNCS, ReduceOp, as_reduce_op, check_op, finalize
+from .wire import DTYPE_CODES, OP_CODES
 
 SLOT = int(os.environ.get("DISTLAUNCH_SHM_SLOT", 4 << 20))   # bytes per data buffer
 SMALL = 64 * 1024            # all_reduce: one-phase algorithm up to here
@@ -152,8 +153,10 @@ class ShmGroup:
         self._flag_idx = [self._ctl(j) // 4 + 1 for j in range(self.n)]  # rank j sleeps on rank w-1
         self._fence = threading.Lock()
         self._views = {}
+        self._plans = {}
         # byte offsets of every rank's two meta records
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
+        self._peer_meta_offs = [[(j, o) for j, o in enumerate(offs) if j != self.r] for offs in self._meta_offs]
         self.phase = 0          # last phase this rank published
         self.all_at = 0         # every rank is known to have reached this phase
         self.ops = 0            # operations run (selects the meta record)
@@ -323,16 +326,24 @@ class ShmGroup:
                 data(self.bufs[self.r][p & 1])
             elif len(data):
                 self.bufs[self.r][p & 1][:len(data)] = data
+        self.exchange_calls(ctx, p, _CALL.pack(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop))
+        return p
+
+    def exchange_calls(self, ctx, p, call: bytes):
+        """Publish this rank's call record (``ctx.seq`` + ``call``, the packed op, dtype,
+        count, root, redop) and phase ``p``, wait for every rank, and compare records:
+        CollectiveMismatchError names the first rank whose call differs."""
         k = self.ops & 1
         self.ops += 1
         offs = self._meta_offs[k]
         off = offs[self.r]
         mm = self.mm
-        _META.pack_into(mm, off, ctx.seq, ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
+        self.quads[off >> 3] = ctx.seq
+        mm[off + 8:off + 48] = call
         self.signal(p)
         self.need_all(p, ctx)
         mine = mm[off:off + 48]
-        for j, oj in enumerate(offs):
+        for j, oj in self._peer_meta_offs[k]:
             if mm[oj:oj + 48] != mine:
                 theirs = ctx._describe(*_META.unpack_from(mm, oj)[1:6])
                 mine_text = ctx._describe(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
@@ -345,12 +356,22 @@ class ShmGroup:
             self._unlinked = True  # every member has mapped the segment
             if self.r == 0:
                 _unlink(self.path)
-        return p
+
+    def small_all_reduce_plan(self, arr, op) -> "SmallAllReduce":
+        """The cached SmallAllReduce for ``arr``'s dtype and size and ``op`` (raises
+        CollectiveArgumentError for an op the dtype does not support)."""
+        key = (arr.dtype.char, arr.size, op)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 64:
+                self._plans.clear()
+            plan = self._plans[key] = SmallAllReduce(self, arr, op)
+        return plan
 
     def close(self):
         _unlink(self.path)
         self.bufs = None
-        self._views = None
+        self._views = self._plans = None
         self.raw = None
         self.words = self.quads = None
         try:
@@ -361,6 +382,25 @@ class ShmGroup:
 
 
 _META = struct.Struct("<6q")   # op seq, op, dtype, count, root, redop
+_CALL = struct.Struct("<5q")   # the same without the sequence number
+
+
+class SmallAllReduce:
+    """Everything about a small all_reduce that does not change between calls with the
+    same dtype, element count and op, computed once: the call record, the numpy ufunc,
+    and every rank's buffer of both parities viewed as the dtype. Also the ``call`` that
+    ProcessGroup.run_small_shm reads (name, op, dtype, count, root, redop)."""
+
+    __slots__ = ("name", "op", "dtype", "count", "root", "redop", "record", "uf", "avg", "views")
+
+    def __init__(self, s, arr, op):
+        op = as_reduce_op(op)
+        check_op(op, arr.dtype)
+        self.name, self.op, self.dtype, self.count = "all_reduce", OP_CODES["all_reduce"], DTYPE_CODES[arr.dtype], arr.size
+        self.root, self.redop = -1, int(op)
+        self.record = _CALL.pack(self.op, self.dtype, self.count, self.root, self.redop)
+        self.uf, self.avg = _UFUNCS[op], op is ReduceOp.AVG
+        self.views = [[s.view(j, p, arr.dtype, arr.size) for j in range(s.n)] for p in (0, 1)]
 
 
 def _round(x):
@@ -391,6 +431,21 @@ def _reduce_into(uf, srcs, out):
     uf(srcs[0], srcs[1], out=out)
     for s in srcs[2:]:
         uf(out, s, out=out)
+
+
+def small_all_reduce(ctx, arr, plan: SmallAllReduce):
+    """all_reduce of at most SMALL bytes in one phase (every rank publishes its buffer and
+    reduces all n itself), with the constant work done once in ``plan``."""
+    s = ctx.shm
+    p = s.phase + 1
+    if (s.all_at - p + 1) & _M >= _H:  # our buffer of this parity may still be read
+        s.need_all(p - 1, ctx)
+    views = plan.views[p & 1]
+    views[s.r][:] = arr
+    s.exchange_calls(ctx, p, plan.record)
+    _reduce_into(plan.uf, views, arr)
+    if plan.avg:
+        np.divide(arr, s.n, out=arr)
 
 
 def all_reduce(ctx, arr, op, root=None, between=None, chunk=None):
