@@ -44,15 +44,26 @@ def test_bench_json(op):
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * factor, abs=2e-4)
 
 
+def test_bench_plot(tmp_path):
+    """--plot draws a PNG of bandwidth against size (needs the `plot` extra)."""
+    image = pytest.importorskip("matplotlib.image")
+    out = _bench("all_reduce", "--nproc-per-node", "2", "--sizes", "8B..4KiB", "--iters", "3",
+                 "--plot", tmp_path / "bw.png")
+    assert "plot written to" in out
+    png = image.imread(tmp_path / "bw.png")
+    assert png.ndim == 3 and png.shape[0] > 100 and png.shape[1] > 100
+    assert len({tuple(px) for px in png.reshape(-1, png.shape[2])[::97]}) > 3  # not a blank canvas
+
+
 def test_bench_plot_without_matplotlib(tmp_path):
-    """Without matplotlib --plot fails at once with a one-line error."""
-    try:
-        import matplotlib  # noqa: F401
-        pytest.skip("matplotlib is installed")
-    except ImportError:
-        pass
-    env = dict(os.environ, PYTHONPATH=REPO)
+    """Without matplotlib --plot fails at once with a one-line error, before measuring."""
+    hide = tmp_path / "hide"
+    hide.mkdir()  # every worker starts with matplotlib made unimportable
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), REPO]))
     p = subprocess.run([sys.executable, "-m", "distlaunch", "bench", "all_reduce", "--nproc-per-node", "1",
                         "--sizes", "8B", "--plot", str(tmp_path / "x.png")], capture_output=True, text=True,
                        timeout=60, cwd=REPO, env=env)
-    assert p.returncode != 0 and "needs matplotlib" in p.stderr + p.stdout
+    assert p.returncode == 2, p.stderr
+    assert "needs matplotlib" in p.stderr + p.stdout and "float32" not in p.stdout  # nothing measured
+    assert not (tmp_path / "x.png").exists()
