@@ -1,4 +1,6 @@
 """Bad input: one clear line naming the value, exit code 2, and no process started."""
+import os
+import re
 import socket
 import subprocess
 
@@ -93,7 +95,7 @@ def test_every_run_option_has_help():
     for flag in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
                  "--max-restarts", "--monitor-interval", "--module", "--no-python", "--role",
                  "--run-id", "--log-dir", "--redirects", "--tee", "--local-ranks-filter",
-                 "--standalone", "--stop-timeout", "--no-prefix", "--dry-run"):
+                 "--standalone", "--stop-timeout", "--bind-to", "--no-prefix", "--dry-run"):
         assert flag in res.stdout, flag
 
 
@@ -102,8 +104,13 @@ def test_dry_run_starts_nothing(marker_script):
     res = dl("run", "--nproc-per-node", "3", "--dry-run", script, "--lr", "0.1")
     assert res.returncode == 0, res.stderr
     assert not marker.exists()
+    cpus = sorted(os.sched_getaffinity(0))
     for r in range(3):
-        assert f"rank {r} (local rank {r})" in res.stdout
+        # --bind-to auto on this machine: one CPU each (round robin) up to 3 CPUs
+        one = str(cpus[r % len(cpus)])
+        shown = re.search(rf"rank {r} \(local rank {r}, cpus ([0-9,-]+)\)", res.stdout)
+        assert shown, res.stdout
+        assert len(cpus) > 3 or shown.group(1) == one
         assert f"RANK={r}" in res.stdout
     assert "--lr 0.1" in res.stdout
     assert "WORLD_SIZE=3" in res.stdout
