@@ -230,11 +230,11 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     arr = as_array(tensor, "tensor")
     if arr.ndim != 1:
         arr = arr.reshape(-1)
+    op = as_reduce_op(op)
     s = g._shm
     if s is not None and not async_op and arr.nbytes <= shm.SMALL:
-        plan = s.small_all_reduce_plan(arr, op)  # the checks of op and dtype, once
+        plan = s.small_all_reduce_plan(arr, op)  # checks op against the dtype once
         return g.run_small_shm(plan, shm.small_all_reduce, arr, plan)
-    op = as_reduce_op(op)
     check_op(op, arr.dtype)
     return g.run("all_reduce", lambda ctx: alg.all_reduce(ctx, arr, op), async_op,
                  shm_body=lambda ctx: shm.all_reduce(ctx, arr, op),

@@ -64,7 +64,7 @@ import numpy as np
 
 from .algorithms import block_bounds
 from .errors import CollectiveError, CollectiveMismatchError, PeerLostError
-from .ops import _UFUNCS, ReduceOp, as_reduce_op, check_op, finalize
+from .ops import _UFUNCS, ReduceOp, check_op, finalize
 from .wire import DTYPE_CODES, OP_CODES
 
 SLOT = int(os.environ.get("DISTLAUNCH_SHM_SLOT", 4 << 20))   # bytes per data buffer
@@ -357,7 +357,7 @@ class ShmGroup:
             if self.r == 0:
                 _unlink(self.path)
 
-    def small_all_reduce_plan(self, arr, op) -> "SmallAllReduce":
+    def small_all_reduce_plan(self, arr, op: ReduceOp) -> "SmallAllReduce":
         """The cached SmallAllReduce for ``arr``'s dtype and size and ``op`` (raises
         CollectiveArgumentError for an op the dtype does not support)."""
         key = (arr.dtype.char, arr.size, op)
@@ -393,8 +393,7 @@ class SmallAllReduce:
 
     __slots__ = ("name", "op", "dtype", "count", "root", "redop", "record", "uf", "avg", "views")
 
-    def __init__(self, s, arr, op):
-        op = as_reduce_op(op)
+    def __init__(self, s, arr, op: ReduceOp):
         check_op(op, arr.dtype)
         self.name, self.op, self.dtype, self.count = "all_reduce", OP_CODES["all_reduce"], DTYPE_CODES[arr.dtype], arr.size
         self.root, self.redop = -1, int(op)
