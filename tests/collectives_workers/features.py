@@ -262,6 +262,9 @@ elif mode == "large":
 
 elif mode == "badargs":
     A = dist.CollectiveArgumentError
+    # one good call first: it sets up the shared-memory channel, so the checks below also
+    # go through the cached small-call paths
+    F.run("all_reduce before errors", lambda: dist.all_reduce(W(np.ones(3))))
     nc = np.zeros((4, 4))[:, 1]
     expect_error("non-contiguous", A, lambda: dist.all_reduce(nc), ["tensor", "contiguous"])
     ro = np.zeros(4)
@@ -271,6 +274,7 @@ elif mode == "badargs":
     expect_error("bitwise on float", A, lambda: dist.all_reduce(np.zeros(3), op=R.BXOR), ["BXOR", "float64"])
     expect_error("AVG on int", A, lambda: dist.all_reduce(np.zeros(3, np.int32), op=R.AVG), ["AVG", "int32"])
     expect_error("not a ReduceOp", A, lambda: dist.all_reduce(np.zeros(3), op="median"), ["median"])
+    expect_error("unhashable op", A, lambda: dist.all_reduce(np.zeros(3), op=["SUM"]), ["ReduceOp"])
     expect_error("object dtype", A, lambda: dist.all_reduce(np.array([None, 1])), ["dtype"])
     expect_error("not a buffer", A, lambda: dist.all_reduce([1, 2, 3]), ["tensor"])
     expect_error("src out of range", A, lambda: dist.broadcast(np.zeros(2), src=n), ["src"])
