@@ -19,6 +19,10 @@ The table gives each library's time and the ratios ours / theirs (< 1: we are fa
 n/2 workers each): distlaunch then uses shared memory inside each launcher's workers and
 TCP between the two (hierarchical collectives); MPICH is left out there.
 
+``--libs distlaunch,distlaunch-unbound --rounds 8`` compares distlaunch run's default CPU
+binding with ``--bind-to none`` (the same workers; the ratio column then reads
+bound / unbound).
+
 A worker can also be run by hand, e.g.::
 
     distlaunch run --nproc-per-node 4 benchmarks/bench_collectives.py --worker distlaunch --sizes 1MiB
@@ -143,13 +147,16 @@ def _free_port():
 
 
 def _launch(lib, n, ops, sizes, nodes=1):
-    args = ["--worker", lib, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
+    # "distlaunch-unbound": the same workers under `distlaunch run --bind-to none`
+    bind = ["--bind-to", "none"] if lib == "distlaunch-unbound" else []
+    worker = "distlaunch" if lib.startswith("distlaunch") else lib
+    args = ["--worker", worker, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     if nodes > 1:  # loopback "nodes": one launcher per node, TCP between them
         port = _free_port()
         procs = [subprocess.Popen([sys.executable, "-m", "distlaunch", "run", "--nnodes", str(nodes), "--node-rank",
                                    str(k), "--master-port", str(port), "--nproc-per-node", str(n // nodes),
-                                   __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   *bind, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=env) for k in range(nodes)]
         outs = [p.communicate(timeout=1800) for p in procs]
         rows = [json.loads(line.split("RESULT ", 1)[1]) for out, _ in outs for line in out.splitlines()
@@ -162,7 +169,7 @@ def _launch(lib, n, ops, sizes, nodes=1):
         cmd = [mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec"), "-n", str(n),
                sys.executable, __file__, *args]
     else:
-        cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(n), __file__, *args]
+        cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(n), *bind, __file__, *args]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     rows = [json.loads(line.split("RESULT ", 1)[1]) for line in p.stdout.splitlines() if "RESULT " in line]
     if p.returncode != 0 or not rows:
@@ -214,7 +221,8 @@ def main():
     p.add_argument("--worlds", default="2,4")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", default="8,1MiB,16MiB,64MiB")
-    p.add_argument("--libs", default="distlaunch,gloo,mpich")
+    p.add_argument("--libs", default="distlaunch,gloo,mpich",
+                   help="any of distlaunch, distlaunch-unbound (under --bind-to none), gloo, mpich")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--nodes", type=int, default=1,
                    help="loopback nodes (one distlaunch launcher each, TCP between them; no MPICH)")
