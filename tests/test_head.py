@@ -18,7 +18,7 @@ def head_args(sshd, hosts="node1:2,node2:2"):
 
 def test_two_hosts_ranks_output_and_env(sshd_hosts, tmp_path):
     env = dict(os.environ, SHIPPED="a b'c$d", NOT_SHIPPED="x")
-    res = dl(*head_args(sshd_hosts), "-x", "SHIPPED", "-x", "SET_HERE=42", "--prefix-host",
+    res = dl(*head_args(sshd_hosts), "-x", "SHIPPED", "-x", "SET_HERE=42", "--prefix-host", "--bind-to", "core",
              WORKERS / "actor.py", "--dump-env", tmp_path, "--lines", "3", env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
@@ -28,6 +28,10 @@ def test_two_hosts_ranks_output_and_env(sshd_hosts, tmp_path):
         assert e["DISTLAUNCH_NODE_ID"] == str(r // 2)
         assert "DISTLAUNCH_STORE_TOKEN" in e
     assert len({e["MASTER_ADDR"] + e["MASTER_PORT"] for e in envs}) == 1
+    # --bind-to reaches the remote agents: one CPU per worker, distinct on each host
+    assert all(len(e["_cpus"]) == 1 for e in envs)
+    if len(os.sched_getaffinity(0)) > 1:
+        assert envs[0]["_cpus"] != envs[1]["_cpus"] and envs[2]["_cpus"] != envs[3]["_cpus"]
     lines = res.stdout.splitlines()
     for r, host in enumerate(["node1", "node1", "node2", "node2"]):
         mine = [ln for ln in lines if ln.startswith(f"[{host}:{r}]: ")]

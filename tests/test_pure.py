@@ -79,7 +79,8 @@ def test_nproc_and_filters():
 
 def test_config_json_round_trip():
     c = LaunchConfig(__file__, ("--a", "b"), nproc_per_node=3, redirects=parse_std("0:1,1:3", "r"),
-                     local_ranks_filter=frozenset({1, 2}), rdzv_conf=parse_rdzv_conf("join_timeout=5"))
+                     local_ranks_filter=frozenset({1, 2}), rdzv_conf=parse_rdzv_conf("join_timeout=5"),
+                     bind_to="core")
     assert LaunchConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
 
 
