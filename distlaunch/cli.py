@@ -186,7 +186,8 @@ def _env_entries(value, where: str) -> list[str]:
 @option("--bind-to", default="auto", show_default=True, type=click.Choice(["auto", "core", "none"]),
         help="CPU affinity of the workers: auto splits this node's CPUs into one block per "
              "worker (round robin when there are more workers than CPUs), core gives each "
-             "worker one CPU, none leaves affinity alone (torchrun's behaviour).")
+             "worker one CPU (several launchers on one host then share the lowest CPUs), "
+             "none leaves affinity alone (torchrun's behaviour).")
 @option("--no-prefix", is_flag=True, help="Do not prefix worker output lines with [rank]: .")
 @option("--dry-run", is_flag=True,
         help="Print the plan (ranks, command lines, environment) and start nothing.")

@@ -44,6 +44,18 @@ class WorkerFailure:
         return f"exit code {self.returncode}"
 
 
+def _bind_thread(cpus: frozenset[int]) -> set[int] | None:
+    """Bind the calling thread to ``cpus``; returns its previous CPUs to restore, or None
+    when the binding was refused (CPUs taken offline or out of this cpuset since they
+    were chosen: the worker then runs with the launcher's affinity)."""
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError:
+        return None
+    return before
+
+
 class WorkerProcess:
     """A started worker: its own session and process group (pgid == pid), stdout and
     stderr on pipes, stdin from /dev/null, and a pidfd that becomes readable at exit."""
@@ -52,20 +64,20 @@ class WorkerProcess:
                  cwd: str | None = None, cpus: frozenset[int] | None = None):
         self.slot = slot
         self.argv = argv
+        # CPU affinity is per thread and inherited at fork: bind the spawning thread for
+        # the duration of the spawn, so the worker (and anything it starts at once) begins
+        # bound; no preexec_fn, which is unsafe with the agent's threads
+        restore = _bind_thread(cpus) if cpus is not None else None
         try:
             self.popen = subprocess.Popen(
                 argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, start_new_session=True, bufsize=0)
         except OSError as e:
             raise SpawnError(f"cannot start rank {slot.rank}: {argv[0]!r}: {e.strerror}") from e
+        finally:
+            if restore is not None:
+                os.sched_setaffinity(0, restore)
         self.pid = self.popen.pid
-        if cpus is not None:
-            # set from here, not in the child (preexec_fn is unsafe with threads); the
-            # worker is still starting its interpreter, its threads inherit the mask
-            try:
-                os.sched_setaffinity(self.pid, cpus)
-            except OSError:
-                pass  # already gone (reaped as a failure) or CPUs offlined meanwhile
         self.pidfd = os.pidfd_open(self.pid)
         self.returncode: int | None = None
         self.exit_time: float | None = None

@@ -211,6 +211,7 @@ class ProcessGroup:
         """Stop the group's async executor thread and unmap/unlink its shared memory
         (on destroy)."""
         self._executor.stop()
+        self._fast_ctx = None  # its cached call may hold views of the segment
         if self._shm is not None:
             self._shm.close()
             self._shm = None

@@ -3,7 +3,7 @@ member: within each node over shared memory, across nodes over TCP between one l
 per node (the node's lowest group rank), then within the node again.
 
 - all_reduce with the same number of members on every node: the ranks with the same
-  node-local index form a "column". Up to shm.SMALL bytes: node-local all_reduce (one
+  node-local index form a "column". Up to SMALL_ACROSS (64 KiB): node-local all_reduce (one
   shared-memory phase, bit-identical node sums on every rank), then every column
   all-reduces the node sums over TCP at once (same inputs, same order: same bits
   everywhere). Larger ("2D"): node-local reduce-scatter per chunk, each rank all-reduces
@@ -34,6 +34,9 @@ from . import shm
 from .ops import ReduceOp, finalize
 
 LOCAL_BIT, LEADER_BIT, COLUMN_BIT = 1 << 31, 1 << 30, 1 << 29
+# all_reduce across nodes: whole node sums per column up to here, the 2D scheme above
+# (every column then carries only its slice across nodes)
+SMALL_ACROSS = min(64 * 1024, shm.SLOT)
 
 
 class Hierarchy:
@@ -104,7 +107,7 @@ class Hierarchy:
     def all_reduce(self, ctx, arr: np.ndarray, op: ReduceOp, root=None):
         opx = ReduceOp.SUM if op is ReduceOp.AVG else op  # divide once, by the whole group
         col = self.column_pg
-        if col is not None and arr.nbytes > shm.SMALL:
+        if col is not None and arr.nbytes > SMALL_ACROSS:
             # 2D: node-local reduce-scatter; each slice all-reduced across nodes by its
             # column, every column at once; node-local all-gather
             def across(piece):

@@ -68,7 +68,9 @@ from .ops import _UFUNCS, ReduceOp, check_op, finalize
 from .wire import DTYPE_CODES, OP_CODES
 
 SLOT = int(os.environ.get("DISTLAUNCH_SHM_SLOT", 4 << 20))   # bytes per data buffer
-SMALL = 256 * 1024           # all_reduce: one-phase algorithm up to here (measured: it wins below ~384 KiB at n = 2 and 4)
+# all_reduce: one-phase algorithm up to here (measured: it wins below ~384 KiB at n = 2
+# and 4); one buffer must hold it
+SMALL = min(256 * 1024, SLOT)
 CHUNK = int(os.environ.get("DISTLAUNCH_SHM_CHUNK", 2 << 20))  # all_reduce bytes per chunk
 _HDR, _CTL = 4096, 256
 _M, _H = 0xFFFFFFFF, 0x80000000
