@@ -10,6 +10,7 @@ end every rank checks that all ranks hold bit-identical parameters, and rank 0 p
 
 import argparse
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,11 @@ def main() -> None:
             acc = (model(x_test).argmax(1) == y_test).float().mean().item()
         print(f"loss={loss.item():.4f} ranks={world} identical_parameters=True")
         print(f"accuracy={acc:.4f}")
+    # gloo's worker thread releases a finished op (and its tensors, which needs the GIL)
+    # just after waking us; if this process reached interpreter exit first, that thread
+    # would abort it ("terminate called without an active exception"; torch 2.13, under
+    # torchrun as well). Giving up the GIL for a moment lets it finish first.
+    time.sleep(0.2)
     dist.destroy_process_group()
 
 
