@@ -227,9 +227,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False):
     g = _group(group)
     if g is None:
         return None
-    arr = as_array(tensor, "tensor")
-    if arr.ndim != 1:
-        arr = arr.reshape(-1)
+    arr = flat(as_array(tensor, "tensor"))
     op = as_reduce_op(op)
     s = g._shm
     if s is not None and not async_op and arr.nbytes <= shm.SMALL:

@@ -73,8 +73,8 @@ def as_array_list(objs, name: str, length: int | None = None, writable: bool = T
 
 
 def flat(arr: np.ndarray) -> np.ndarray:
-    """1-D view of a C-contiguous array (no copy)."""
-    return arr.reshape(-1)
+    """1-D view of a C-contiguous array (no copy; the array itself when already 1-D)."""
+    return arr if arr.ndim == 1 else arr.reshape(-1)
 
 
 def byte_view(arr: np.ndarray) -> memoryview:
