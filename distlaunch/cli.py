@@ -183,6 +183,10 @@ def _env_entries(value, where: str) -> list[str]:
 @option("--rdzv-conf", default=None, metavar="K=V,...",
         help="Rendezvous settings in seconds: join_timeout (600), last_call_timeout (3), "
              "heartbeat_timeout (15), heartbeat_interval (1), exit_barrier_timeout (300).")
+@option("--store-token-file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+        help="Per-node launches: read the store secret from FILE (yours, mode 600; the same "
+             "on every node). Default: DISTLAUNCH_STORE_TOKEN, else DISTLAUNCH_STORE_TOKEN_FILE, "
+             "else ~/.config/distlaunch/secret, created on first use.")
 @option("--bind-to", default="auto", show_default=True, type=click.Choice(["auto", "core", "none"]),
         help="CPU affinity of the workers: auto splits this node's CPUs into one block per "
              "worker (round robin when there are more workers than CPUs), core gives each "
@@ -247,7 +251,7 @@ def _config_from_options(script: str, script_args: tuple[str, ...], o: dict):
         standalone=o["standalone"], stop_timeout=o["stop_timeout"], prefix=not o["no_prefix"],
         dry_run=o["dry_run"], rdzv_conf=parse_rdzv_conf(o["rdzv_conf"]),
         max_nodes=max_nodes, rdzv_endpoint=o["rdzv_endpoint"], env=_worker_env(o["env_names"]),
-        bind_to=o["bind_to"])
+        bind_to=o["bind_to"], store_token_file=o["store_token_file"])
     if o["rdzv_endpoint"]:
         kw["run_id"] = f"job-{o['rdzv_endpoint'].replace(':', '-')}"
         if max_nodes is None and nnodes > 1:  # fixed N through a rendezvous endpoint

@@ -151,6 +151,7 @@ class LaunchConfig:
     rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous store
     env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
     bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
+    store_token_file: str | None = None  # per-node launches: the store secret's file (secret.py)
 
     def endpoint(self) -> tuple[str, int]:
         """--rdzv-endpoint as (host, port); ConfigError if malformed."""

@@ -119,9 +119,11 @@ def _event_log(cfg: LaunchConfig, on_event: Callable[[str], None]):
 
 
 def _shared_token(cfg: LaunchConfig) -> str:
-    # Per-node launches share no channel for a secret: export the same
-    # DISTLAUNCH_STORE_TOKEN on every node to authenticate; else the run id stands in.
-    return os.environ.get("DISTLAUNCH_STORE_TOKEN") or f"distlaunch-{cfg.run_id}"
+    # Per-node launches share no channel for a secret: each node reads the same one
+    # (secret.py: the environment, a token file, or the per-user secret file).
+    from .secret import shared_token
+
+    return shared_token(cfg.run_id, cfg.store_token_file)
 
 
 def _address_towards(host: str, port: int) -> str:

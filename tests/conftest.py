@@ -1,12 +1,22 @@
 """Shared helpers: run `python -m distlaunch` as a real subprocess."""
+import atexit
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Per-node launches and env:// create the per-user secret file on first use
+# (distlaunch/secret.py): keep the tests' one out of the real home directory.
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="distlaunch-test-config-")
+atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
+os.environ.pop("DISTLAUNCH_STORE_TOKEN", None)
+os.environ.pop("DISTLAUNCH_STORE_TOKEN_FILE", None)
 WORKERS = ROOT / "tests" / "workers"
 
 

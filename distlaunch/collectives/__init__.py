@@ -25,7 +25,7 @@ from .group import ProcessGroup, Work
 from .objects import (all_gather_object, broadcast_object_list, gather_object, recv_object_list,
                       scatter_object_list, send_object_list)
 from .ops import ReduceOp, reduce_op
-from .runtime import (DEFAULT_ENV_TOKEN, GroupMember, destroy_process_group, get_backend, get_global_rank,
+from .runtime import (GroupMember, destroy_process_group, get_backend, get_global_rank,
                       get_group_rank, get_process_group_ranks, get_rank, get_world_size, init_process_group,
                       is_available, is_initialized, new_group)
 
@@ -33,7 +33,7 @@ __all__ = [
     # groups
     "init_process_group", "destroy_process_group", "is_initialized", "is_available", "new_group", "get_rank",
     "get_world_size", "get_backend", "get_process_group_ranks", "get_global_rank", "get_group_rank", "GroupMember",
-    "ProcessGroup", "Work", "ReduceOp", "reduce_op", "DEFAULT_ENV_TOKEN", "FileStore",
+    "ProcessGroup", "Work", "ReduceOp", "reduce_op", "FileStore",
     # operations
     "send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv", "broadcast", "scatter", "gather",
     "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce", "all_reduce", "reduce_scatter",

@@ -9,8 +9,9 @@ Init methods (``init_process_group(init_method=...)``):
   ``env://`` (as torch).
 - ``env://``: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (arguments win over the
   environment); rank 0 hosts a StoreServer on MASTER_PORT, all ranks connect to it with
-  the token DISTLAUNCH_STORE_TOKEN, or ``DEFAULT_ENV_TOKEN`` when unset (then anyone who
-  can reach the port can join: set a token on shared machines).
+  the token DISTLAUNCH_STORE_TOKEN, else one derived from the user's secret file
+  (``distlaunch.secret``: processes of one user on one machine, or on machines sharing
+  the home directory, agree with no set-up; nothing an outsider can derive).
 - ``tcp://host:port[?rank=R&world_size=N]``: as env:// with the address from the URL.
 - ``file:///path[?rank=R&world_size=N]``: a :class:`FileStore` in ``path`` (no server;
   every rank must see the file). Use a fresh file per job.
@@ -34,13 +35,13 @@ import threading
 import time
 from urllib.parse import parse_qs, urlparse
 
+from ..secret import shared_token
 from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
 from .filestore import FileStore
 from .group import DEFAULT_TIMEOUT, ProcessGroup, to_seconds
 from .shm import available as shm_available
 from .tcp import TcpTransport
 
-DEFAULT_ENV_TOKEN = "distlaunch-env-default-token"
 _BACKENDS = {None, "auto", "cpu", "gloo", "cpu:gloo"}
 
 
@@ -319,7 +320,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
                 addr, port = url.hostname, url.port
                 if not addr or not port:
                     raise ConfigError(f"init_method {init_method!r} must be tcp://host:port")
-            token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or DEFAULT_ENV_TOKEN
+            token = shared_token(f"port:{port}")
             store = _tcp_store(addr, port, r, token, timeout, deadline)
             owned.append(store)
             prefix = f"distlaunch/coll/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
