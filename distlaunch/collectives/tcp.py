@@ -5,8 +5,21 @@
   a peer, and are one-directional for data: rank a sends to b over the connection *a*
   opened, so two ranks connecting to each other at once never race. Control replies
   (status) travel back over the same socket.
-- A connection starts with a HELLO carrying the group's secret (random, exchanged
-  through the authenticated store); anything else is dropped.
+- A connection starts with a mutual challenge-response on the group's secret (random,
+  exchanged through the authenticated store), which never travels on the wire: the
+  connector sends HELLO step 0 with a nonce Nc; the acceptor answers step 1 with its
+  nonce Na and HMAC-SHA256(secret, "acceptor" context); the connector checks it (so it
+  never sends data, which peers unpickle for ``*_object`` ops, to an impostor) and
+  answers step 2 with HMAC-SHA256(secret, "connector" context). The context holds both
+  ranks and both nonces, so a proof cannot be replayed, reflected or used for another
+  pair. The connector does this synchronously (one round trip) before its first send.
+- Unauthenticated incoming connections are bounded: any byte that is not the next
+  expected handshake message closes the connection; one that has not authenticated
+  within ``handshake_timeout`` seconds is closed; past ``max_pending`` of them the oldest
+  is closed. When accept() runs out of descriptors (EMFILE/ENFILE) the oldest pending
+  one is closed and accepting pauses for _ACCEPT_PAUSE seconds instead of spinning.
+  Only authentication is provided: data after the handshake is neither encrypted nor
+  integrity-protected (use a trusted network).
 - One progress thread owns all reads: it reads a header, matches it against the posted
   receives and then ``recv_into`` the destination buffer directly (an unmatched,
   "unexpected" message is read into a new bytearray and copied once when its receive
@@ -21,7 +34,10 @@
 from __future__ import annotations
 
 import collections
+import errno
+import hashlib
 import hmac
+import os
 import selectors
 import socket
 import threading
@@ -33,13 +49,28 @@ from .wire import (COLL, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, DTYPE_
                    unpack_header)
 
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
-_MAX_HELLO = 1024
 _SUSPECT_GRACE = 1.0  # seconds; see _conn_failed_locked
+HANDSHAKE_TIMEOUT = 5.0  # seconds an incoming connection may take to authenticate
+_ACCEPT_PAUSE = 0.1  # seconds accept() is left alone after running out of descriptors
+_NONCE, _MAC = 16, 32  # bytes
+_OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+
+
+def _proof(secret, role, connector, acceptor, nc, na) -> bytes:
+    """HMAC-SHA256 that ``role`` (b"connector" / b"acceptor") knows the secret, bound to
+    both ranks and both nonces."""
+    msg = b"distlaunch-coll-v2 %s %d>%d " % (role, connector, acceptor) + nc + na
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+class _HandshakeRetry(Exception):
+    """The acceptor closed (or reset) the connection during the handshake, or this
+    process is out of descriptors: worth another try before the deadline."""
 
 
 class _Conn:
     __slots__ = ("sock", "peer", "outgoing", "sendq", "events", "closed",
-                 "hdr_buf", "hdr_mv", "hdr_got", "hdr", "target", "got", "req")
+                 "hdr_buf", "hdr_mv", "hdr_got", "hdr", "target", "got", "req", "hs")
 
     def __init__(self, sock, peer, outgoing):
         self.sock = sock
@@ -55,24 +86,34 @@ class _Conn:
         self.target = None          # memoryview the payload goes into
         self.got = 0
         self.req = None             # matched receive, or None (unexpected / control)
+        self.hs = None              # incoming, mid-handshake: (claimed rank, Nc, Na)
 
 
 def _tune(sock):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
+def _earliest(*waits):
+    """The smallest of the select timeouts that are not None (None if all are)."""
+    waits = [w for w in waits if w is not None]
+    return min(waits) if waits else None
+
+
 class TcpTransport(Transport):
     """TCP transport between the ranks of one job.
 
     ``store``: set/get/wait (thread-safe wrapper); ``prefix``: store key namespace;
-    ``host``: the address to listen on and publish; ``secret``: bytes checked on every
-    incoming connection; ``status_provider(group) -> (seq, op)``: this rank's progress,
-    answered to peers diagnosing a timeout; ``abort_handler(header, text)``: called on
-    the progress thread when a peer aborts a group.
+    ``host``: the address to listen on and publish; ``secret``: bytes both ends of every
+    connection prove they know (never sent); ``status_provider(group) -> (seq, op)``: this
+    rank's progress, answered to peers diagnosing a timeout; ``abort_handler(header,
+    text)``: called on the progress thread when a peer aborts a group;
+    ``handshake_timeout``: seconds an incoming connection may take to authenticate
+    (attribute, may be changed later; pass min(a few seconds, the group timeout)).
+    ``max_pending`` (attribute): unauthenticated incoming connections kept at once.
     """
 
     def __init__(self, rank, world_size, store, prefix, host, secret: bytes,
-                 status_provider, abort_handler):
+                 status_provider, abort_handler, handshake_timeout: float = HANDSHAKE_TIMEOUT):
         self.rank = rank
         self.world_size = world_size
         self._store = store
@@ -95,6 +136,10 @@ class TcpTransport(Transport):
         self._new_conns = []
         self._dirty = set()
         self._closed = False
+        self.handshake_timeout = handshake_timeout
+        self.max_pending = max(64, 2 * world_size)
+        self._pending = {}                  # unauthenticated incoming _Conn -> deadline, oldest first
+        self._accept_paused_until = None    # monotonic time, while out of descriptors
         # late_handler(header): called on the progress thread for an unmatched collective
         # message, so the runtime can spot messages of operations it already finished
         self.late_handler = None
@@ -141,17 +186,18 @@ class TcpTransport(Transport):
             if peer in self._lost:
                 raise PeerLostError(f"rank {peer} is lost: {self._lost[peer]}")
             addr = self._addr_of(peer, deadline)
-            hello = Header(HELLO, 0, 0, 0, self.rank, 0, 0, 0, -1, 0, len(self._secret)).pack()
-            try:
-                sock = socket.create_connection(addr, timeout=max(0.05, deadline - time.monotonic()))
-                _tune(sock)
-                sock.sendall(hello + self._secret)
-                sock.setblocking(False)
-            except socket.timeout as e:
-                raise CollectiveTimeoutError(f"connecting to rank {peer} at {addr} timed out") from e
-            except OSError as e:
-                self._peer_lost(peer, f"connection to {addr[0]}:{addr[1]} failed: {e}")
-                raise PeerLostError(f"rank {peer} is unreachable at {addr[0]}:{addr[1]}: {e}") from e
+            pause = 0.01
+            while True:
+                try:
+                    sock = self._handshake(peer, addr, deadline)
+                    break
+                except _HandshakeRetry as e:
+                    if time.monotonic() + pause >= deadline:
+                        raise CollectiveTimeoutError(
+                            f"could not complete the transport handshake with rank {peer} at "
+                            f"{addr[0]}:{addr[1]} before the deadline: {e}") from e
+                    time.sleep(pause)  # the acceptor may be flooded by outsiders: back off
+                    pause = min(2 * pause, 0.5)
             conn = _Conn(sock, peer, outgoing=True)
             with self._lock:
                 if self._closed:
@@ -162,6 +208,50 @@ class TcpTransport(Transport):
                 self._out[peer] = conn
             self._wake()
             return conn
+
+    def _handshake(self, peer, addr, deadline) -> socket.socket:
+        """Connect to ``peer`` at ``addr`` and run the connector's side of the handshake
+        (blocking, until ``deadline``); returns the authenticated non-blocking socket.
+        Raises CollectiveTimeoutError, PeerLostError (refused, or the listener failed
+        to prove it knows the secret), _HandshakeRetry (closed or reset mid-handshake,
+        or out of descriptors)."""
+        where = f"{addr[0]}:{addr[1]}"
+        nc = os.urandom(_NONCE)
+        sock = None
+        try:
+            sock = socket.create_connection(addr, timeout=max(0.05, deadline - time.monotonic()))
+            _tune(sock)
+            sock.sendall(Header(HELLO, 0, 0, 0, self.rank, 0, 0, 0, peer, 0, _NONCE).pack() + nc)
+            reply = bytearray(HEADER_SIZE + _NONCE + _MAC)
+            view, got = memoryview(reply), 0
+            while got < len(reply):
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                n = sock.recv_into(view[got:])
+                if n == 0:
+                    raise _HandshakeRetry(f"rank {peer} at {where} closed the connection during the handshake")
+                got += n
+            hdr = unpack_header(reply[:HEADER_SIZE])
+            na = bytes(reply[HEADER_SIZE:HEADER_SIZE + _NONCE])
+            if (hdr.kind, hdr.step, hdr.src, hdr.root, hdr.nbytes) != (HELLO, 1, peer, self.rank, _NONCE + _MAC) \
+                    or not hmac.compare_digest(bytes(reply[-_MAC:]),
+                                               _proof(self._secret, b"acceptor", self.rank, peer, nc, na)):
+                raise ValueError("its handshake reply does not prove it knows this group's secret")
+            sock.sendall(Header(HELLO, 0, 0, 0, self.rank, 0, 0, 2, peer, 0, _MAC).pack()
+                         + _proof(self._secret, b"connector", self.rank, peer, nc, na))
+            sock.setblocking(False)
+            return sock
+        except BaseException as e:
+            if sock is not None:
+                sock.close()
+            if isinstance(e, socket.timeout):
+                raise CollectiveTimeoutError(f"connecting to rank {peer} at {where} timed out") from e
+            if isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)) or \
+                    isinstance(e, OSError) and e.errno in _OUT_OF_FDS:
+                raise _HandshakeRetry(str(e)) from e
+            if isinstance(e, (OSError, ValueError)):
+                self._peer_lost(peer, f"connection to {where} failed: {e}")
+                raise PeerLostError(f"rank {peer} is unreachable at {where}: {e}") from e
+            raise
 
     def _wake(self):
         try:
@@ -350,7 +440,7 @@ class TcpTransport(Transport):
                             self._sel.register(conn.sock, conn.events, conn)
                     self._new_conns.clear()
                     self._update_interest()
-                    wait = self._check_suspects()
+                    wait = _earliest(self._check_suspects(), self._check_pending(), self._check_accept_pause())
                 for key, mask in self._sel.select(wait):
                     what = key.data
                     if what == "wake":
@@ -389,6 +479,28 @@ class TcpTransport(Transport):
                 wait = deadline - now if wait is None else min(wait, deadline - now)
         return wait
 
+    def _check_pending(self):
+        """Close the unauthenticated connections whose handshake time ran out; returns
+        seconds until the next one does (None: none pending). Lock held."""
+        now = time.monotonic()
+        for conn, deadline in list(self._pending.items()):
+            if now < deadline:
+                return deadline - now
+            self._close_conn_locked(conn)
+        return None
+
+    def _check_accept_pause(self):
+        """Resume accepting once the pause after running out of descriptors is over;
+        returns seconds until then (None: not paused). Lock held."""
+        if self._accept_paused_until is None:
+            return None
+        left = self._accept_paused_until - time.monotonic()
+        if left > 0:
+            return left
+        self._accept_paused_until = None
+        self._sel.register(self._listen, _READ, "listen")
+        return None
+
     def _update_interest(self):
         # lock held
         for conn in self._dirty:
@@ -406,14 +518,27 @@ class TcpTransport(Transport):
     def _accept_conn(self):
         try:
             sock, _ = self._listen.accept()
-        except (BlockingIOError, OSError):
+        except BlockingIOError:
             return
+        except OSError as e:
+            if e.errno in _OUT_OF_FDS:
+                # the listen socket stays readable: stop watching it for a while (else
+                # select returns at once, forever) and free a descriptor for the ranks
+                with self._lock:
+                    if self._pending:
+                        self._close_conn_locked(next(iter(self._pending)))
+                    self._sel.unregister(self._listen)
+                    self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
+            return  # else e.g. ECONNABORTED: that client is gone
         sock.setblocking(False)
         _tune(sock)
         conn = _Conn(sock, None, outgoing=False)
         conn.events = _READ
         with self._lock:
             self._conns.add(conn)
+            self._pending[conn] = time.monotonic() + self.handshake_timeout
+            while len(self._pending) > self.max_pending:
+                self._close_conn_locked(next(iter(self._pending)))
         self._sel.register(sock, _READ, conn)
 
     def _on_readable(self, conn):
@@ -453,7 +578,8 @@ class TcpTransport(Transport):
     def _begin(self, conn, hdr) -> bool:
         """Choose where the payload of ``hdr`` goes; False when the connection was dropped."""
         if conn.peer is None:
-            if hdr.kind != HELLO or hdr.nbytes > _MAX_HELLO:
+            expect = (HELLO, 0, _NONCE) if conn.hs is None else (HELLO, 2, _MAC)
+            if (hdr.kind, hdr.step, hdr.nbytes) != expect:
                 self._drop(conn)
                 return False
         elif hdr.src != conn.peer:
@@ -496,11 +622,7 @@ class TcpTransport(Transport):
                 req.buf[:] = data
             req.complete(err)
         elif hdr.kind == HELLO:
-            if conn.peer is None and hmac.compare_digest(bytes(data), self._secret) and \
-                    0 <= hdr.src < self.world_size:
-                conn.peer = hdr.src
-            else:
-                self._drop(conn)
+            self._on_hello(conn, hdr, bytes(data))
         elif hdr.kind == STATUS_REQ:
             seq, op = self._status_provider(hdr.group)
             reply = Header(STATUS_REP, 0, op, 0, self.rank, hdr.group, seq, 0, -1, 0, 0)
@@ -514,6 +636,26 @@ class TcpTransport(Transport):
         else:  # ABORT (or future kinds): the runtime decides
             self._abort_handler(hdr, bytes(data).decode("utf-8", "replace"))
 
+    def _on_hello(self, conn, hdr, data):
+        """Acceptor's side of the handshake (kind and size already checked by _begin)."""
+        if conn.peer is None and conn.hs is None and 0 <= hdr.src < self.world_size and hdr.root == self.rank:
+            na = os.urandom(_NONCE)
+            conn.hs = (hdr.src, data, na)
+            proof = _proof(self._secret, b"acceptor", hdr.src, self.rank, data, na)
+            reply = Header(HELLO, 0, 0, 0, self.rank, 0, 0, 1, hdr.src, 0, _NONCE + _MAC).pack() + na + proof
+            with self._lock:
+                if not conn.closed:
+                    self._enqueue(conn, [memoryview(reply)], None)
+            return
+        if conn.peer is None and conn.hs is not None and hdr.src == conn.hs[0]:
+            src, nc, na = conn.hs
+            if hmac.compare_digest(data, _proof(self._secret, b"connector", src, self.rank, nc, na)):
+                with self._lock:
+                    self._pending.pop(conn, None)
+                    conn.peer, conn.hs = src, None
+                return
+        self._drop(conn)
+
     # ---------------------------------------------------------------- failures and shutdown
 
     def _drop(self, conn):
@@ -525,6 +667,7 @@ class TcpTransport(Transport):
             return
         conn.closed = True
         self._conns.discard(conn)
+        self._pending.pop(conn, None)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError, OSError):

@@ -7,7 +7,7 @@ root or reduce op: the receiver compares the header with what it expects itself.
 
 Header layout (little endian)::
 
-    magic   4s  b"DLC1"
+    magic   4s  b"DLC2" (the protocol version: DLC1 sent the secret in its HELLO)
     kind    B   HELLO / COLL / P2P / ABORT / STATUS_REQ / STATUS_REP
     dtype   B   DTYPE_CODES
     op      B   OP_CODES (collective op, or reason code for ABORT)
@@ -19,6 +19,9 @@ Header layout (little endian)::
     root    i   group rank of the root, -1 for unrooted ops
     count   Q   sender's element count of the op's main buffer (0 = not checked)
     nbytes  Q   payload length in bytes
+
+A connection opens with three HELLO messages (``step`` 0, 1, 2; see tcp.py): the
+connector's nonce, the acceptor's nonce and proof, the connector's proof.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-MAGIC = b"DLC1"
+MAGIC = b"DLC2"
 HEADER = struct.Struct("<4sBBBBIIqIiQQ")
 HEADER_SIZE = HEADER.size
 
