@@ -4,6 +4,10 @@ and a short tail of stderr kept for the root-cause summary.
 Only complete lines are written to the console, each batch with one ``write``, so lines of
 different ranks never mix inside a line. A line longer than MAX_PENDING bytes without a
 newline is cut there (memory stays bounded).
+
+A log file that cannot be opened or written (disk full, EIO, permissions) never stops the
+job: that file is dropped, the console keeps its lines, and the process prints one warning
+line on stderr for the first such failure (not one per worker and stream).
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import threading
 MAX_PENDING = 1 << 16
 TAIL_BYTES = 1 << 13
 
+
+# Only the first failure of each kind is reported: on a full disk every sink fails alike.
+_warned: set[str] = set()
 
 # Whole batches of lines must not interleave when two threads write to the console (the
 # head's local agent and its relay of remote agents' output).
@@ -42,6 +49,19 @@ def _write_all(fd: int, data: bytes) -> bool:
     return True
 
 
+def warn_once(kind: str, msg: str) -> None:
+    """Print ``distlaunch: warning: msg`` on stderr the first time ``kind`` fails in this
+    process; never raises (stderr may be what failed)."""
+    with _console_lock:
+        if kind in _warned:
+            return
+        _warned.add(kind)
+    try:
+        write_all(2, f"distlaunch: warning: {msg}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
 class StreamSink:
     """One stream (stdout or stderr) of one worker.
 
@@ -53,14 +73,21 @@ class StreamSink:
                  keep_tail: bool):
         self.prefix = prefix
         self.console_fd = console_fd
-        self.log = open(log_path, "wb") if log_path else None
+        self.log_path = log_path
+        self.log: int | None = None  # unbuffered: a write error shows at once, nothing held
+        if log_path:
+            try:
+                self.log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                                   0o666)
+            except OSError as e:
+                self._log_failed(e)
         self.keep_tail = keep_tail
         self.pending = b""
         self.tail = b""
 
     def feed(self, data: bytes) -> None:
         if self.log is not None:
-            self.log.write(data)
+            self._write_log(data)
         if self.keep_tail:
             self.tail = (self.tail + data)[-TAIL_BYTES:]
         if self.console_fd is None:
@@ -81,16 +108,35 @@ class StreamSink:
             self._emit(self.pending + b"\n")
         self.pending = b""
         if self.log is not None:
-            self.log.close()
+            os.close(self.log)
             self.log = None
 
     def tail_text(self, lines: int = 30) -> str:
         text = self.tail.decode("utf-8", "replace")
         return "\n".join(text.rstrip("\n").split("\n")[-lines:]) if text.strip() else ""
 
+    def _write_log(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.log, view):]
+        except OSError as e:
+            os.close(self.log)
+            self.log = None
+            self._log_failed(e)
+
+    def _log_failed(self, e: OSError) -> None:
+        warn_once("log", f"cannot write worker log {self.log_path}: {e.strerror or e}; worker "
+                         f"logs stop where they fail, the job and its console output go on")
+
     def _emit(self, lines: bytes) -> None:
         # lines ends with b"\n": prefix the first line and every line after a newline.
         p = self.prefix
         out = p + lines[:-1].replace(b"\n", b"\n" + p) + b"\n" if p else lines
-        if not write_all(self.console_fd, out):
-            self.console_fd = None  # console reader gone (e.g. `| head`); keep supervising
+        try:
+            if write_all(self.console_fd, out):
+                return
+        except OSError as e:  # e.g. stdout is a file on a full disk: supervision goes on
+            warn_once(f"console{self.console_fd}", f"cannot write worker output to fd "
+                      f"{self.console_fd}: {e.strerror or e}; it is dropped, the job goes on")
+        self.console_fd = None  # console reader gone (e.g. `| head`); keep supervising

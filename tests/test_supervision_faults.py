@@ -1,0 +1,179 @@
+"""Supervision faults never kill the job or leave orphans: unwritable worker logs, no
+pidfd, descendants that leave the worker's session, and the store's raised fd limit."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import ROOT, WORKERS, dl, dl_cmd, dl_popen
+
+FAULTS = WORKERS / "faults.py"
+
+
+def wait_for(pred, timeout=20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def alive(pids):
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def pids_in(d, prefix):
+    return [int(p.read_text()) for p in d.iterdir() if p.name.startswith(prefix + ".")]
+
+
+@pytest.fixture
+def marks(tmp_path):
+    """A mark directory; whatever faults.py processes it names are killed at the end (so a
+    failing test leaves nothing behind)."""
+    d = tmp_path / "marks"
+    d.mkdir()
+    yield d
+    for pid in alive(pids_in(d, "pid") + pids_in(d, "escaped")):
+        try:
+            if any("faults.py" in a for a in psutil.Process(pid).cmdline()):
+                os.kill(pid, signal.SIGKILL)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+
+
+# --- a log file that cannot be written -------------------------------------------------
+
+@pytest.fixture
+def full_dir(tmp_path):
+    """A 64 KiB tmpfs: worker logs fill it, then every write fails with ENOSPC."""
+    d = tmp_path / "tiny"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "warning" in line]
+
+
+def test_full_log_dir_warns_once_and_the_job_goes_on(full_dir):
+    # 2 workers x 2000 lines x 100 bytes: 400 KB for a 64 KiB filesystem
+    res = dl("run", "--nproc-per-node", "2", "--log-dir", full_dir, FAULTS, "--lines", "2000")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    for rank in (0, 1):
+        got = [line for line in res.stdout.splitlines() if line.startswith(f"[{rank}]: line ")]
+        assert got == [f"[{rank}]: line {i:06d} " + "x" * 88 for i in range(2000)]
+    assert len(warnings(res.stderr)) == 1, res.stderr[-3000:]
+    assert "No space left on device" in warnings(res.stderr)[0]
+    assert str(full_dir) in warnings(res.stderr)[0]
+
+
+def test_full_redirect_target_warns_once_and_the_job_goes_on(full_dir):
+    res = dl("run", "--nproc-per-node", "2", "--log-dir", full_dir, "--redirects", "1", FAULTS,
+             "--lines", "2000", "--fail-rank", "1")
+    # rank 1's failure still reaches the summary: stderr was not redirected
+    assert res.returncode == 3, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert "rank 1 failing on purpose" in res.stderr.split("root cause")[1]
+    assert len(warnings(res.stderr)) == 1, res.stderr[-3000:]
+
+
+# --- no pidfd ----------------------------------------------------------------------------
+
+def no_pidfd(err: str, *args, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(WORKERS / "no_pidfd.py"), err, *dl_cmd(*args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, **kw)
+
+
+def finish(p: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"still running after {timeout} s:\n{err[-3000:]}") from None
+    if p.returncode == 77:
+        pytest.skip("cannot install a seccomp filter here")
+    return out, err
+
+
+@pytest.mark.parametrize("err", ["ENOSYS", "EMFILE"])
+def test_workers_supervised_without_pidfd(err, marks):
+    p = no_pidfd(err, "run", "--nproc-per-node", "2", FAULTS, "--lines", "20", "--mark-dir", marks)
+    out, stderr = finish(p)
+    assert p.returncode == 0, stderr[-3000:]
+    assert sum(" line " in line for line in out.splitlines()) == 40
+    assert not alive(pids_in(marks, "pid"))
+
+
+@pytest.mark.parametrize("err", ["ENOSYS", "EMFILE"])
+def test_failure_seen_and_group_stopped_without_pidfd(err, marks):
+    t0 = time.monotonic()
+    p = no_pidfd(err, "run", "--nproc-per-node", "3", FAULTS, "--mark-dir", marks,
+                 "--fail-rank", "1", "--sleep", "60")
+    _, stderr = finish(p)
+    assert p.returncode == 3, stderr[-3000:]
+    assert time.monotonic() - t0 < 30, "the others were not stopped"
+    assert "rank 1 failing on purpose" in stderr
+    assert len(pids_in(marks, "pid")) == 3 and not alive(pids_in(marks, "pid"))
+
+
+# --- descendants that call setsid --------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["setsid", "daemon"])
+def test_setsid_descendants_killed_when_the_job_stops(how, marks):
+    res = dl("run", "--nproc-per-node", "2", FAULTS, "--escape", how, "--mark-dir", marks,
+             "--fail-rank", "1", "--ranks", "2", "--sleep", "60")
+    assert res.returncode == 3, res.stderr[-3000:]
+    escaped = pids_in(marks, "escaped")
+    assert len(escaped) == 2
+    assert wait_for(lambda: not alive(escaped), 2), alive(escaped)
+
+
+@pytest.mark.parametrize("how", ["setsid", "daemon"])
+def test_setsid_descendants_killed_when_the_launcher_is_sigkilled(how, marks):
+    p = dl_popen("run", "--nproc-per-node", "2", FAULTS, "--escape", how, "--mark-dir", marks,
+                 "--sleep", "60")
+    try:
+        assert wait_for(lambda: len(pids_in(marks, "escaped")) == 2), p.stderr
+        escaped = pids_in(marks, "escaped")
+        workers = pids_in(marks, "pid")
+        # an orphan reparented to the agent is found by the guard's next look at it
+        time.sleep(1.5)
+    finally:
+        p.kill()
+        p.communicate()
+    assert wait_for(lambda: not alive(escaped + workers), 5), alive(escaped + workers)
+
+
+# --- the store's raised RLIMIT_NOFILE ----------------------------------------------------
+
+def test_workers_get_the_users_nofile_limit():
+    import resource
+    import shlex
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip("the hard RLIMIT_NOFILE leaves no room to tell a raised limit apart")
+    cmd = shlex.join(dl_cmd("run", "--nproc-per-node", "2", FAULTS, "--nofile"))
+    res = subprocess.run(["bash", "-c", f"ulimit -Sn 1024 && exec {cmd}"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(line for line in res.stdout.splitlines() if "nofile" in line) == \
+        ["[0]: nofile 1024", "[1]: nofile 1024"]
