@@ -235,7 +235,7 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
 def _config_from_options(script: str, script_args: tuple[str, ...], o: dict):
     """The validated LaunchConfig of `run`'s options (ConfigError for bad values)."""
     from .config import (LaunchConfig, parse_nproc_per_node, parse_ranks_filter,
-                         parse_rdzv_conf, parse_std)
+                         parse_rdzv_conf, parse_std, run_id_from)
 
     nnodes, max_nodes = _parse_nnodes(o["nnodes"])
     if o["standalone"]:
@@ -253,7 +253,7 @@ def _config_from_options(script: str, script_args: tuple[str, ...], o: dict):
         max_nodes=max_nodes, rdzv_endpoint=o["rdzv_endpoint"], env=_worker_env(o["env_names"]),
         bind_to=o["bind_to"], store_token_file=o["store_token_file"])
     if o["rdzv_endpoint"]:
-        kw["run_id"] = f"job-{o['rdzv_endpoint'].replace(':', '-')}"
+        kw["run_id"] = run_id_from(f"job-{o['rdzv_endpoint']}")
         if max_nodes is None and nnodes > 1:  # fixed N through a rendezvous endpoint
             kw["max_nodes"] = nnodes
     elif nnodes > 1:
@@ -295,7 +295,7 @@ def _parse_nnodes(text: str) -> tuple[int, int | None]:
 
 
 def _head_options(o: dict, cfg):
-    from .hosts import filter_hosts, parse_host_list, parse_hostfile, resolve_slots
+    from .hosts import check_one_local, filter_hosts, parse_host_list, parse_hostfile, resolve_slots
     from .head import HeadOptions
     from .remote.ssh import SSHOptions
 
@@ -306,6 +306,7 @@ def _head_options(o: dict, cfg):
                           f"the host list sets the nodes")
     hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
     hosts = resolve_slots(filter_hosts(hosts, o["include"], o["exclude"]), cfg.nproc_per_node)
+    check_one_local(hosts)
     ssh = SSHOptions(port=o["ssh_port"], user=o["ssh_user"], key_file=o["ssh_key"],
                      accept_new_host_keys=o["ssh_accept_new_host_keys"],
                      config_file=o["ssh_config"])
@@ -430,7 +431,13 @@ def _print_plan(plan) -> None:
     c = plan.cfg
     click.echo(f"run id {c.run_id}: {len(plan.slots)} workers on node {c.node_rank} of "
                f"{c.nnodes}, max restarts {c.max_restarts}")
-    click.echo("store: 127.0.0.1:<port chosen at start>, token DISTLAUNCH_STORE_TOKEN=****")
+    if c.rdzv_endpoint:
+        store = f"{c.rdzv_endpoint} (hosted by the launcher that binds it first)"
+    elif c.nnodes > 1:
+        store = f"{c.master_addr}:{c.master_port} (hosted by node 0)"
+    else:
+        store = "127.0.0.1:<port chosen at start>"
+    click.echo(f"store: {store}, token DISTLAUNCH_STORE_TOKEN=****")
     cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
     for slot in plan.slots:
         env = plan.worker_env(slot)

@@ -7,12 +7,14 @@ starts (ConfigError -> exit code 2).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
+from .topology import MAX_NODES, MAX_SLOTS_PER_NODE
 
 # torchrun's Std values: which of a worker's streams an option applies to.
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
@@ -49,6 +51,18 @@ def parse_std(value: str | int | None, option: str) -> StdSpec:
             raise bad
         pairs.append((int(m.group(1)), int(m.group(2))))
     return StdSpec(STD_NONE, tuple(pairs))
+
+
+# Run ids name log directories and store keys: no path separators, no '.'/'..', no
+# leading '-' (an option to a command), bounded length.
+MAX_RESTARTS = 10000
+RUN_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+
+
+def run_id_from(text: str) -> str:
+    """A valid run id made from ``text`` (e.g. an endpoint ``[::1]:29400``): every other
+    character becomes '-'. Pure."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "-", text).lstrip(".-")[:128] or "job"
 
 
 # --rdzv-conf keys (torchrun's names where torchrun has one) -> NodeOptions fields.
@@ -98,12 +112,15 @@ def parse_nproc_per_node(value: str | int) -> int:
     if text == "auto":
         return _gpu_count() or os.cpu_count() or 1
     try:
-        n = int(text)
+        n = int(text) if len(text) <= 12 else MAX_SLOTS_PER_NODE + 1  # int() of 5000 digits fails
     except ValueError:
         raise ConfigError(f"--nproc-per-node {value!r} is not a number; give a positive "
                           f"integer or one of auto, cpu, gpu") from None
     if n < 1:
         raise ConfigError(f"--nproc-per-node {n} is invalid: give at least 1")
+    if n > MAX_SLOTS_PER_NODE:
+        raise ConfigError(f"--nproc-per-node {text} is more than the {MAX_SLOTS_PER_NODE} workers "
+                          f"one node may run; give a smaller number")
     return n
 
 
@@ -156,10 +173,12 @@ class LaunchConfig:
     def endpoint(self) -> tuple[str, int]:
         """--rdzv-endpoint as (host, port); ConfigError if malformed."""
         host, _, port = (self.rdzv_endpoint or "").rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        bracketed = host.startswith("[") and host.endswith("]")
+        if not host or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536 \
+                or (":" in host and not bracketed):
             raise ConfigError(f"--rdzv-endpoint {self.rdzv_endpoint!r} is invalid: give "
-                              f"HOST:PORT, e.g. node0:29400")
-        return host.strip("[]"), int(port)
+                              f"HOST:PORT, e.g. node0:29400 or [::1]:29400")
+        return (host[1:-1] if bracketed else host), int(port)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy (the head sends it to remote agents)."""
@@ -193,7 +212,7 @@ class LaunchConfig:
                 value = float(raw)
             except ValueError:
                 value = -1.0
-            if not value > 0:
+            if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--rdzv-conf {key}={raw!r} is invalid: give a positive "
                                   f"number of seconds")
             out[RDZV_KEYS[key]] = value
@@ -205,8 +224,12 @@ class LaunchConfig:
             raise ConfigError("--module and --no-python cannot be combined; choose one")
         if self.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is invalid: give at least 1")
-        if self.nnodes < 1:
-            raise ConfigError(f"--nnodes {self.nnodes} is invalid: give at least 1")
+        if self.nproc_per_node > MAX_SLOTS_PER_NODE:
+            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is more than the "
+                              f"{MAX_SLOTS_PER_NODE} workers one node may run; give a smaller number")
+        if not 1 <= self.nnodes <= MAX_NODES or (self.max_nodes or 1) > MAX_NODES:
+            raise ConfigError(f"--nnodes {self.nnodes if self.max_nodes is None else f'{self.nnodes}:{self.max_nodes}'} "
+                              f"is invalid: give 1 to {MAX_NODES} nodes")
         if not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"--node-rank {self.node_rank} is invalid with --nnodes "
                               f"{self.nnodes}: give a value from 0 to {self.nnodes - 1}")
@@ -222,18 +245,19 @@ class LaunchConfig:
             raise ConfigError(f"--nnodes {self.nnodes} needs --master-port (and --master-addr): "
                               f"node 0 hosts the rendezvous store there")
         self.rdzv_options()
-        if self.max_restarts < 0:
-            raise ConfigError(f"--max-restarts {self.max_restarts} is invalid: give 0 or more")
-        if self.stop_timeout < 0:
-            raise ConfigError(f"--stop-timeout {self.stop_timeout} is invalid: give 0 or more seconds")
-        if self.monitor_interval <= 0:
+        if not 0 <= self.max_restarts <= MAX_RESTARTS:
+            raise ConfigError(f"--max-restarts {self.max_restarts} is invalid: give 0 to {MAX_RESTARTS}")
+        if not (0 <= self.stop_timeout < math.inf):  # also refuses nan
+            raise ConfigError(f"--stop-timeout {self.stop_timeout} is invalid: give a finite "
+                              f"number of seconds, 0 or more")
+        if not (0 < self.monitor_interval < math.inf):
             raise ConfigError(f"--monitor-interval {self.monitor_interval} is invalid: "
                               f"give a positive number of seconds")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ConfigError(f"--master-port {self.master_port} is invalid: give 1..65535")
-        if not re.fullmatch(r"[A-Za-z0-9_.\-]+", self.run_id):
-            raise ConfigError(f"--run-id {self.run_id!r} is invalid: use letters, digits, "
-                              f"'.', '_' and '-' only")
+        if not RUN_ID_RE.fullmatch(self.run_id):
+            raise ConfigError(f"--run-id {self.run_id!r} is invalid: use up to 128 letters, "
+                              f"digits, '.', '_' and '-', starting with a letter, digit or '_'")
         from .topology import BIND_MODES
         if self.bind_to not in BIND_MODES:
             raise ConfigError(f"--bind-to {self.bind_to!r} is invalid: give one of {', '.join(BIND_MODES)}")

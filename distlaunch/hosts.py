@@ -29,8 +29,9 @@ import socket
 from dataclasses import dataclass, replace
 
 from .errors import ConfigError
+from .topology import MAX_SLOTS_PER_NODE
 
-__all__ = ["Host", "parse_host_list", "parse_hostfile", "resolve_slots", "filter_hosts",
+__all__ = ["Host", "parse_host_list", "parse_hostfile", "resolve_slots", "filter_hosts", "check_one_local",
            "is_local"]
 
 
@@ -66,10 +67,13 @@ def _count(value: str, what: str, where: str) -> int:
     if not _SLOTS_RE.match(value):
         raise ConfigError(f"{where}: {what}={value!r} is not a number; give a positive "
                           f"integer")
-    n = int(value)
+    n = int(value) if len(value) <= 12 else MAX_SLOTS_PER_NODE + 1  # int() of 5000 digits fails
     if n <= 0:
         raise ConfigError(f"{where}: {what}={n}; a host needs at least 1 slot "
                           f"(remove the host or give a positive count)")
+    if n > MAX_SLOTS_PER_NODE:
+        raise ConfigError(f"{where}: {what}={value} is more than the {MAX_SLOTS_PER_NODE} workers "
+                          f"one host may run; give a smaller count")
     return n
 
 
@@ -280,3 +284,15 @@ def is_local(host: Host) -> bool:
     if name not in _LOCAL_NAMES and name != socket.gethostname().lower():
         return False
     return host.user is None or host.user == getpass.getuser()
+
+
+def check_one_local(hosts: list[Host]) -> None:
+    """Head mode runs one in-process agent for this machine, so it may be listed once.
+    Raises ConfigError naming the entries (``localhost`` and ``127.0.0.1`` are the same
+    machine) and the merged entry to give instead."""
+    local = [h for h in hosts if is_local(h)]
+    if len(local) > 1:
+        names = ", ".join(h.name for h in local)
+        raise ConfigError(f"the host list names this machine {len(local)} times ({names}); "
+                          f"give it once with all its slots, e.g. {local[0].name}:"
+                          f"{sum(h.slots or 0 for h in local)}")

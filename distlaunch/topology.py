@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Upper bounds on what one job may ask for: far above any real machine or cluster, low
+# enough that a typo (an extra digit) is refused at once instead of exhausting memory.
+MAX_SLOTS_PER_NODE = 4096  # workers on one node (-H host:N, --nproc-per-node, slots=N)
+MAX_NODES = 65536          # nodes in one job (--nnodes, host lists)
+
 
 @dataclass(frozen=True)
 class WorkerSlot:

@@ -129,3 +129,56 @@ def test_head_mode_dry_run_per_host(marker_script):
     res = subprocess.run(dl_cmd("run", "-H", "nodeA:2", "-x", "DISTLAUNCH_STORE_TOKEN", "--dry-run",
                                 script), capture_output=True, text=True, env=env, timeout=60)
     check_usage_error(res, "DISTLAUNCH_STORE_TOKEN")
+
+
+# Issue 12, item 6: hostile numbers and names are refused at once (they used to spin
+# forever, hang, eat gigabytes, or write outside --log-dir).
+@pytest.mark.parametrize("args, needle", [
+    (["--stop-timeout", "nan"], "--stop-timeout nan"),
+    (["--stop-timeout", "inf"], "--stop-timeout inf"),
+    (["--monitor-interval", "nan"], "--monitor-interval nan"),
+    (["--rdzv-conf", "join_timeout=inf"], "join_timeout='inf'"),
+    (["--nproc-per-node", "99999999999999999999"], "99999999999999999999"),
+    (["--nproc-per-node", "9" * 5000], "--nproc-per-node"),
+    (["-H", "node1:10000000"], "10000000"),
+    (["--nnodes", "99999999999", "--master-port", "29500"], "99999999999"),
+    (["--max-restarts", str(10 ** 12)], str(10 ** 12)),
+    (["--run-id", ".."], "'..'"),
+    (["--run-id", "."], "'.'"),
+    (["--run-id", "-rf"], "'-rf'"),
+    (["--run-id", "a/b"], "'a/b'"),
+    (["--run-id", "x" * 200], "--run-id"),
+    (["--rdzv-endpoint", "::1:29400", "--nnodes", "1:2"], "'::1:29400'"),
+    (["-H", "localhost:2,127.0.0.1:2"], "localhost, 127.0.0.1"),
+])
+def test_hostile_values_exit_2_at_once(marker_script, tmp_path, args, needle):
+    script, marker = marker_script
+    res = dl("run", "--log-dir", tmp_path / "logs", *args, script, timeout=30)
+    check_usage_error(res, needle)
+    assert not marker.exists()
+    assert {p.name for p in tmp_path.iterdir()} <= {"w.py", "logs"}  # nothing written beside
+    assert not (tmp_path / "logs").exists() or not any((tmp_path / "logs").iterdir())
+
+
+def test_hostfile_slot_limit(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=10000000\n")
+    check_usage_error(dl("run", "--hostfile", hostfile, ROOT / "tests" / "workers" / "actor.py", timeout=30), "10000000", "4096")
+
+
+def test_ipv6_endpoint_is_accepted(tmp_path):
+    res = dl("run", "--nnodes", "1:2", "--rdzv-endpoint", "[::1]:29400", "--dry-run",
+             ROOT / "tests" / "workers" / "actor.py", timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert "store: [::1]:29400" in res.stdout
+
+
+@pytest.mark.parametrize("args, store", [
+    (["--nnodes", "2", "--master-addr", "10.1.2.3", "--master-port", "29511"], "10.1.2.3:29511"),
+    (["--nnodes", "1:2", "--rdzv-endpoint", "node7:29400"], "node7:29400"),
+    ([], "127.0.0.1:<port"),
+])
+def test_dry_run_names_the_real_store(args, store):
+    res = dl("run", *args, "--dry-run", ROOT / "tests" / "workers" / "actor.py", timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert f"store: {store}" in res.stdout, res.stdout
