@@ -20,7 +20,7 @@ from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worker_env
 from .config import LaunchConfig
 from .errors import ConfigError
-from .topology import WorkerSlot, assign_ranks
+from .topology import WorkerSlot, node_slots
 
 STORE_HOST = "127.0.0.1"
 
@@ -58,8 +58,8 @@ def make_plan(cfg: LaunchConfig) -> Plan:
     ``--master-port`` is taken on the node that must bind it."""
     if cfg.master_port is not None and cfg.node_rank == 0:
         _check_port_free(cfg.master_port, "--master-port")
-    nodes = assign_ranks([cfg.nproc_per_node] * cfg.nnodes)
-    return Plan(cfg, nodes[cfg.node_rank], worker_argv(cfg), cfg.master_addr or "localhost",
+    slots = node_slots([cfg.nproc_per_node] * cfg.nnodes, cfg.node_rank)
+    return Plan(cfg, slots, worker_argv(cfg), cfg.master_addr or "localhost",
                 cfg.master_port if cfg.nnodes == 1 else None)
 
 

@@ -34,15 +34,17 @@ def assign_ranks(slots_per_node: list[int]) -> list[list[WorkerSlot]]:
         raise ValueError("at least one node is needed")
     if any(n < 1 for n in slots_per_node):
         raise ValueError(f"every node needs at least one worker slot, got {slots_per_node}")
-    world_size = sum(slots_per_node)
-    nodes, first = [], 0
-    for node_rank, count in enumerate(slots_per_node):
-        nodes.append([
-            WorkerSlot(first + i, i, node_rank, world_size, count, len(slots_per_node))
-            for i in range(count)
-        ])
-        first += count
-    return nodes
+    return [node_slots(slots_per_node, k) for k in range(len(slots_per_node))]
+
+
+def node_slots(slots_per_node: list[int], node_rank: int) -> list[WorkerSlot]:
+    """The slots of node ``node_rank`` alone (as ``assign_ranks(...)[node_rank]``, without
+    building every node's: a large job's launcher holds only its own workers)."""
+    count = slots_per_node[node_rank]
+    first = sum(slots_per_node[:node_rank])
+    world_size = first + sum(slots_per_node[node_rank:])
+    return [WorkerSlot(first + i, i, node_rank, world_size, count, len(slots_per_node))
+            for i in range(count)]
 
 
 BIND_MODES = ("auto", "core", "none")
