@@ -8,6 +8,16 @@ on per-key waiter lists (woken by the write that creates the key, no polling) an
 deadline heap (the server answers TIMEOUT at the deadline, so the connection never gets
 out of step). Each connection has its own input buffer; a frame that breaks the protocol
 drops that connection only.
+
+Pipelining: a connection's frames are handled one at a time, in order. While its request
+is blocked or its reply is not fully sent, later frames are read (so a peer that goes away
+is noticed) and kept, not handled; more than one maximum frame kept that way closes the
+connection, so a connection's buffered input never exceeds one frame plus one ``recv``.
+Replies are sent in order; one that is only partly sent holds those behind it.
+
+Unauthenticated connections are kept in accept order (which is also auth-deadline
+order); past ``max_unauthenticated``, or when accept runs out of descriptors, the oldest
+one is closed, so idle sockets cannot lock out a client that authenticates promptly.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ __all__ = ["StoreServer", "serve_forever"]
 _IN = select.POLLIN
 _OUT = select.POLLOUT
 _BAD = select.POLLERR | select.POLLHUP | getattr(select, "POLLNVAL", 0)
+_MAX_QUEUED = HEADER_SIZE + P.MAX_FRAME_BYTES  # input kept behind a pending request
+_ACCEPT_BATCH = 64  # accepts per loop turn, so a connect flood cannot starve handshakes
 _RECV = 65536  # below glibc's mmap threshold: a bigger recv buffer costs 3 syscalls per call
 _INT64 = 1 << 64
 
@@ -70,15 +82,16 @@ class _Poller:
 
 
 class _Conn:
-    __slots__ = ("sock", "fd", "inbuf", "out", "outpos", "authed", "nonce", "waiter",
-                 "closed", "events", "peer")
+    __slots__ = ("sock", "fd", "inbuf", "out", "outpos", "outq", "authed", "nonce",
+                 "waiter", "closed", "events", "peer")
 
     def __init__(self, sock, peer):
         self.sock = sock
         self.fd = sock.fileno()
         self.inbuf = bytearray()
-        self.out = None      # the one pending reply (we stop reading while it is pending)
+        self.out = None      # the reply being sent (no frame is handled until it is)
         self.outpos = 0
+        self.outq = []       # replies queued behind ``out`` (in order; normally empty)
         self.authed = False
         self.nonce = os.urandom(P.NONCE_BYTES)
         self.waiter = None   # the blocked request, if any (requests are answered in order)
@@ -120,7 +133,8 @@ def _raise_nofile_limit() -> None:
 class StoreServer:
     """The key-value store server (c10d TCPStore semantics, token-authenticated).
 
-    ``StoreServer(host="127.0.0.1", port=0, token=None, backlog=4096)`` binds when
+    ``StoreServer(host="127.0.0.1", port=0, token=None, backlog=4096,
+    max_unauthenticated=4096)`` binds when
     ``start()`` is called (or on entering ``with``); ``port=0`` picks a free port, read it
     from ``.port``. ``token`` is the job's secret (str or bytes, non-empty); when None a
     random one is generated — read it from ``.token``. Every client must prove it knows
@@ -134,19 +148,30 @@ class StoreServer:
     On ``start()`` the soft RLIMIT_NOFILE is raised to the hard limit and the listen
     backlog is ``backlog`` (the kernel caps it at net.core.somaxconn).
 
-    The constructor raises TypeError for a token that is not str/bytes and ValueError for
-    an empty one. Nothing else is shared with other threads: ``port``, ``token``,
-    ``num_connections`` and ``stats`` (counters: accepted, auth_failures,
-    protocol_errors, closed, requests, internal_errors) may be read from any thread.
+    ``max_unauthenticated`` caps the connections open but not yet authenticated (each
+    has ``AUTH_TIMEOUT`` seconds): a new connection past the cap closes the oldest
+    pending one, as does accept running out of file descriptors, so a flood of idle
+    sockets cannot lock out a client that authenticates promptly.
+
+    The constructor raises TypeError for a token that is not str/bytes, ValueError for an
+    empty one or for ``max_unauthenticated`` < 1. Nothing else is shared with other
+    threads: ``port``, ``token``, ``num_connections`` and ``stats`` (counters: accepted,
+    auth_failures, unauthenticated_dropped, protocol_errors, closed, requests,
+    internal_errors) may be read from any thread.
     Semantics follow torch's c10d TCPStore; see docs/store.md.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, token=None, backlog: int = 4096):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token=None, backlog: int = 4096,
+                 max_unauthenticated: int = 4096):
         if token is None:
             token = os.urandom(32).hex()
         secret = P.secret_bytes(token)
         if not secret:
             raise ValueError("store token must not be empty")
+        if not isinstance(max_unauthenticated, int) or max_unauthenticated < 1:
+            raise ValueError(f"max_unauthenticated must be an int >= 1, got "
+                             f"{max_unauthenticated!r}")
+        self.max_unauthenticated = max_unauthenticated
         self.host = host
         self.token = token
         self._secret = secret
@@ -159,13 +184,15 @@ class StoreServer:
         self._stopped = False
         self._data: dict[bytes, bytes] = {}
         self._waiters: dict[bytes, dict] = {}
-        self._heap: list = []  # (deadline, seq, kind, obj): kind 0 = waiter, 1 = auth deadline
+        self._heap: list = []  # (deadline, seq, waiter)
         self._seq = 0
         self._conns: dict[int, _Conn] = {}
+        # Unauthenticated connections -> auth deadline, in accept (= deadline) order.
+        self._pending: dict[_Conn, float] = {}
         self._resume: list = []
         self._listen_paused_until = 0.0
-        self.stats = {"accepted": 0, "auth_failures": 0, "protocol_errors": 0,
-                      "closed": 0, "requests": 0, "internal_errors": 0}
+        self.stats = {"accepted": 0, "auth_failures": 0, "unauthenticated_dropped": 0,
+                      "protocol_errors": 0, "closed": 0, "requests": 0, "internal_errors": 0}
         self.last_internal_error: str | None = None
         self._handlers = {
             P.SET: self._h_set, P.GET: self._h_get, P.ADD: self._h_add,
@@ -279,11 +306,14 @@ class StoreServer:
         lfd = self._lsock.fileno()
         wfd = self._wake_r.fileno()
         heap = self._heap
+        pending = self._pending
         try:
             while not self._stopping:
                 timeout = None
-                if heap:
-                    timeout = max(0.0, heap[0][0] - time.monotonic())
+                if heap or pending:
+                    first = min(heap[0][0] if heap else math.inf,
+                                next(iter(pending.values())) if pending else math.inf)
+                    timeout = max(0.0, first - time.monotonic())
                 if self._listen_paused_until:
                     t = max(0.0, self._listen_paused_until - time.monotonic())
                     timeout = t if timeout is None else min(timeout, t)
@@ -321,7 +351,7 @@ class StoreServer:
                             self._process(c, c.inbuf, True)
                         except Exception as e:
                             self._internal_error(c, e)
-                if heap:
+                if heap or pending:
                     self._expire()
                 if self._listen_paused_until and time.monotonic() >= self._listen_paused_until:
                     self._listen_paused_until = 0.0
@@ -337,6 +367,7 @@ class StoreServer:
     def _shutdown(self) -> None:
         for c in list(self._conns.values()):
             self._close(c, count=False)
+        self._pending.clear()
         for s in (self._lsock, self._wake_r, self._wake_w):
             try:
                 s.close()
@@ -348,13 +379,17 @@ class StoreServer:
 
     def _accept(self) -> None:
         lsock = self._lsock
-        while True:
+        pending = self._pending
+        for _ in range(_ACCEPT_BATCH):  # the listener stays readable for the rest
             try:
                 sock, peer = lsock.accept()
             except BlockingIOError:
                 return
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if pending:  # idle unauthenticated sockets must not lock clients out
+                        self._drop_oldest_pending()
+                        continue
                     # Out of descriptors: stop accepting for a moment instead of spinning
                     # on a listener that stays readable.
                     self._poller.unregister(lsock.fileno())
@@ -368,12 +403,18 @@ class StoreServer:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            if len(pending) >= self.max_unauthenticated:
+                self._drop_oldest_pending()
             c = _Conn(sock, peer)
             self._conns[c.fd] = c
             self.stats["accepted"] += 1
             self._poller.register(c.fd, _IN)
-            self._push_deadline(time.monotonic() + P.AUTH_TIMEOUT, 1, c)
+            pending[c] = time.monotonic() + P.AUTH_TIMEOUT
             self._send(c, P.frame(P.HELLO, P.MAGIC + c.nonce))
+
+    def _drop_oldest_pending(self) -> None:
+        self.stats["unauthenticated_dropped"] += 1
+        self._close(next(iter(self._pending)))
 
     def _close(self, c: _Conn, count: bool = True) -> None:
         if c.closed:
@@ -382,6 +423,7 @@ class StoreServer:
         if count:
             self.stats["closed"] += 1
         self._conns.pop(c.fd, None)
+        self._pending.pop(c, None)
         try:
             self._poller.unregister(c.fd)
         except (OSError, ValueError, KeyError):
@@ -396,6 +438,7 @@ class StoreServer:
             c.waiter = None
         c.inbuf = bytearray()
         c.out = None
+        c.outq = []
 
     def _set_events(self, c: _Conn, events: int) -> None:
         if c.events != events:
@@ -403,7 +446,11 @@ class StoreServer:
             self._poller.modify(c.fd, events)
 
     def _send(self, c: _Conn, data: bytes) -> None:
-        """Send one reply; what the kernel does not take now waits in ``c.out``."""
+        """Send one reply; what the kernel does not take now waits in ``c.out`` (and no
+        further frame of the connection is handled until it is sent)."""
+        if c.out is not None:  # behind a reply still being sent: never interleave bytes
+            c.outq.append(data)
+            return
         try:
             n = c.sock.send(data)
         except (BlockingIOError, InterruptedError):
@@ -426,11 +473,21 @@ class StoreServer:
             return
         c.outpos += n
         if c.outpos >= len(c.out):
-            c.out = None
             c.outpos = 0
+            if c.outq:
+                c.out = c.outq.pop(0)
+                return
+            c.out = None
             self._set_events(c, _IN)
-            if c.inbuf:
+            if c.waiter is None and c.inbuf:
                 self._resume.append(c)
+
+    def _answer(self, c: _Conn, reply: bytes) -> None:
+        """Answer the connection's blocked request."""
+        c.waiter = None
+        self._send(c, reply)
+        if not c.closed and c.out is None and c.inbuf:
+            self._resume.append(c)  # its queued frames, after this loop turn's events
 
     def _on_readable(self, c: _Conn) -> None:
         try:
@@ -443,6 +500,13 @@ class StoreServer:
         if not data:
             self._close(c)
             return
+        if c.waiter is not None or c.out is not None:
+            # Busy: keep the frames, in order, for when the request is answered.
+            c.inbuf += data
+            if len(c.inbuf) > _MAX_QUEUED:  # more than any one frame: not pipelining
+                self.stats["protocol_errors"] += 1
+                self._close(c)
+            return
         if c.inbuf:
             c.inbuf += data
             self._process(c, c.inbuf, True)
@@ -450,8 +514,9 @@ class StoreServer:
             self._process(c, data, False)
 
     def _process(self, c: _Conn, buf, in_place: bool) -> None:
-        """Handle every complete frame in ``buf`` (stopping while a request is blocked or a
-        reply is pending, so replies stay in request order); keep the rest."""
+        """Handle the complete frames in ``buf`` one after another, stopping at one that
+        blocks or whose reply is not fully sent (replies stay in request order; later
+        frames wait until it is answered); keep the rest."""
         pos = 0
         n = len(buf)
         try:
@@ -509,10 +574,6 @@ class StoreServer:
                 pos = end
                 if c.waiter is not None or c.out is not None:
                     break
-            rest = n - pos
-            if rest > HEADER_SIZE + MAX_FRAME_BYTES:
-                # More than one whole frame queued behind a blocked request: not our client.
-                raise _Drop("protocol")
         except _Drop as d:
             self.stats["auth_failures" if d.args[0] == "auth" else "protocol_errors"] += 1
             self._close(c)
@@ -542,32 +603,28 @@ class StoreServer:
             self._close(c)
             return
         c.authed = True
+        del self._pending[c]
         self._send(c, P.frame(P.AUTH_OK, P.mac(self._secret, P.AUTH_LABEL_SERVER, c.nonce,
                                                client_nonce)))
 
     # --- waiters and deadlines ---------------------------------------------------------------
 
-    def _push_deadline(self, deadline: float, kind: int, obj) -> None:
-        self._seq += 1
-        heapq.heappush(self._heap, (deadline, self._seq, kind, obj))
-
     def _expire(self) -> None:
-        heap = self._heap
         now = time.monotonic()
+        pending = self._pending
+        while pending:
+            c, deadline = next(iter(pending.items()))
+            if deadline > now:
+                break
+            self.stats["auth_failures"] += 1
+            self._close(c)  # (removes it from pending)
+        heap = self._heap
         while heap and heap[0][0] <= now:
-            _, _, kind, obj = heapq.heappop(heap)
-            if kind == 1:
-                if not obj.authed and not obj.closed:
-                    self.stats["auth_failures"] += 1
-                    self._close(obj)
-            elif not obj.done:
-                c = obj.conn
-                missing = [k for k in obj.keys if k not in self._data]
-                self._retire(obj)
-                c.waiter = None
-                self._send(c, P.frame(P.TIMEOUT, P.enc_keys(missing)))
-                if not c.closed and c.inbuf:
-                    self._resume.append(c)
+            w = heapq.heappop(heap)[2]
+            if not w.done:
+                missing = [k for k in w.keys if k not in self._data]
+                self._retire(w)
+                self._answer(w.conn, P.frame(P.TIMEOUT, P.enc_keys(missing)))
 
     def _retire(self, w: _Waiter) -> None:
         w.done = True
@@ -587,7 +644,8 @@ class StoreServer:
                 w.registered.add(k)
                 self._waiters.setdefault(k, {})[w] = None
         if not math.isinf(timeout):
-            self._push_deadline(time.monotonic() + timeout, 0, w)
+            self._seq += 1
+            heapq.heappush(self._heap, (time.monotonic() + timeout, self._seq, w))
 
     def _wake(self, key: bytes) -> None:
         lst = self._waiters.pop(key, None)
@@ -607,11 +665,7 @@ class StoreServer:
                         self._waiters.setdefault(k, {})[w] = None
                 continue
             self._retire(w)
-            c = w.conn
-            c.waiter = None
-            self._send(c, self._reply_for(w))
-            if not c.closed and c.inbuf:
-                self._resume.append(c)
+            self._answer(w.conn, self._reply_for(w))
 
     def _reply_for(self, w: _Waiter) -> bytes:
         data = self._data
