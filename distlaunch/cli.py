@@ -325,16 +325,18 @@ def _print_head_plan(cfg, head) -> None:
     from .topology import assign_ranks
 
     env = shipped_env(os.environ, [], head.env_all)
+    cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}  # as head.run_hosts
     cmd = remote_command(head.remote_python or sys.executable, head.remote_cwd or os.getcwd(),
-                         ["-m", "distlaunch", "agent"], env)
+                         ["-m", "distlaunch", "agent"], cmd_env)
     nodes = assign_ranks([h.slots for h in head.hosts])
     click.echo(f"run id {cfg.run_id}: {sum(map(len, nodes))} workers on {len(nodes)} host(s), "
                f"max restarts {cfg.max_restarts}; the store secret goes over stdin (****)")
+    shipped = sorted(set(env) | {k for k, _ in cfg.env})
     for h, slots in zip(head.hosts, nodes):
         click.echo(f"node {slots[0].node_rank} {h.name}: ranks {slots[0].rank}..{slots[-1].rank}")
         click.echo(f"    agent: {cmd}")
-        for k, v in sorted({**env, **dict(cfg.env)}.items()):
-            click.echo(f"    {k}={'****' if k in SECRET_VARS else v}")
+        if shipped:  # values may be secrets: names only
+            click.echo(f"    shipped over stdin: {' '.join(shipped)}")
 
 
 BENCH_OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
@@ -444,8 +446,9 @@ def _print_plan(plan) -> None:
         changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
         click.echo(f"rank {slot.rank} (local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}): "
                    f"{shlex.join(plan.argv)}")
+        hidden = set(SECRET_VARS) | {k for k, _ in c.env}  # -x values may be secrets
         for k in sorted(changed):
-            click.echo(f"    {k}={'****' if k in SECRET_VARS else changed[k]}")
+            click.echo(f"    {k}={'****' if k in hidden else changed[k]}")
 
 
 def _print_root_cause(e: WorkerFailedError) -> None:

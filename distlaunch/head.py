@@ -299,9 +299,11 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         server = StoreServer(store_addr, 0, token=token)
         server.start()
         store = StoreAddress(store_addr, server.port, token)
-        # -x values reach workers through cfg.env, inside the spec on stdin; the command
-        # line (visible in the host's ps) carries only PYTHONPATH and --env-all.
+        # Every shipped value travels inside the spec on SSH stdin (-x values in cfg.env,
+        # --env-all in spec["env"]); the command line, which the host's ps and audit logs
+        # show, carries only PYTHONPATH, which the agent's interpreter needs to start.
         env = shipped_env(os.environ, [], head.env_all)
+        cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}
         client = StoreClient(store_addr, server.port, token=token, timeout=30)
 
         def node_options(k: int) -> NodeOptions:
@@ -318,9 +320,9 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         procs = {}
         for k in remote:
             spec = {"config": cfg.to_dict(), "store": [store_addr, server.port], "token": token,
-                    "node": dataclasses.asdict(node_options(k)),
+                    "node": dataclasses.asdict(node_options(k)), "env": env,
                     "master_addr": conns[k].peer_address}  # MASTER_ADDR if it is node 0
-            cmd = remote_command(python, cwd, ["-m", "distlaunch", "agent"], env)
+            cmd = remote_command(python, cwd, ["-m", "distlaunch", "agent"], cmd_env)
             procs[k] = conns[k].exec(cmd, stdin_data=(json.dumps(spec) + "\n").encode())
         on_event(f"started agents on {len(hosts)} host(s): "
                  + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
@@ -429,6 +431,7 @@ def run_agent(spec: dict) -> int:
     from .store import StoreClient
 
     cfg = LaunchConfig.from_dict(spec["config"])
+    os.environ.update(spec.get("env", {}))  # --env-all: the agent and its workers inherit them
     host, port = spec["store"]
     store = StoreAddress(host, port, spec["token"])
     guard = OrphanGuard()
@@ -440,6 +443,6 @@ def run_agent(spec: dict) -> int:
         try:
             # short: when the head (and its store) is gone, nobody is left to tell
             with StoreClient(host, port, token=store.token, timeout=5, connect_timeout=0.5) as c:
-                c.set(f"{cfg.run_id}/agent_exit/{spec['node']['node_rank']}", b"1")
+                c.set(f"{cfg.run_id}/agent_exit/{spec['node']['node_id']}", b"1")
         except Exception:  # the store is gone; the head (if alive) sees the channel close
             pass

@@ -113,8 +113,9 @@ def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout: float
         time.sleep(0.05)
 
 
-def start_sshd(base: Path) -> SSHDServer:
-    """Generate keys and configs under ``base`` and start sshd; see the module docstring."""
+def start_sshd(base: Path, extra: tuple[str, ...] = ()) -> SSHDServer:
+    """Generate keys and configs under ``base`` and start sshd; see the module docstring.
+    ``extra``: more sshd_config lines (e.g. a ForceCommand that records commands)."""
     base.mkdir(parents=True, exist_ok=True)
     host_key, user_key, other_key = base / "ssh_host_ed25519_key", base / "id_user", \
         base / "id_other"
@@ -141,6 +142,7 @@ def start_sshd(base: Path) -> SSHDServer:
         "AllowTcpForwarding yes",  # ProxyJump tests
         "PrintMotd no",
         "LogLevel INFO",
+        *extra,
         "",
     ]))
     host_pub = Path(f"{host_key}.pub").read_text().split()
