@@ -74,9 +74,9 @@ def launch(fn, args=(), kwargs=None, *, nproc_per_node: int = 1, hosts: str | No
             job.terminate()
             job.wait()
             raise
-        if code == 2:
-            raise ConfigError(f"distlaunch run rejected the options {cmd[3:]}")
         attempt = max((a for a in range(max_restarts + 1) if store.check([f"world/{a}"])), default=None)
+        if attempt is None and code == 2:  # usage error before any worker started
+            raise ConfigError(f"distlaunch run rejected the options {cmd[3:]}")
         if attempt is None:
             raise LaunchFailedError(f"no worker started (distlaunch run exited with {code})",
                                     None, None, code)

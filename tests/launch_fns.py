@@ -24,3 +24,11 @@ def die_by_signal():
     if os.environ["RANK"] == "0":
         os.kill(os.getpid(), signal.SIGKILL)
     return 0
+
+
+def argparse_error():
+    """A worker whose argument parsing fails: argparse exits with code 2."""
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("--needed", required=True)
+    p.parse_args([])

@@ -6,7 +6,7 @@ import pytest
 import distlaunch
 from conftest import ROOT
 from distlaunch.launch_api import LaunchFailedError
-from launch_fns import die_by_signal, fail_first_attempt, fail_on_rank_one, rank_info
+from launch_fns import argparse_error, die_by_signal, fail_first_attempt, fail_on_rank_one, rank_info
 
 
 
@@ -41,6 +41,14 @@ def test_death_without_traceback():
     with pytest.raises(LaunchFailedError) as e:
         distlaunch.launch(die_by_signal, nproc_per_node=2)
     assert e.value.exit_code == 137 and e.value.traceback is None
+
+
+def test_worker_exit_code_2_is_a_worker_failure_with_its_traceback():
+    # argparse's exit code 2 inside a worker is not a usage error of distlaunch run
+    with pytest.raises(LaunchFailedError) as e:
+        distlaunch.launch(argparse_error, nproc_per_node=1)
+    assert e.value.exit_code == 2 and e.value.rank == 0
+    assert "SystemExit: 2" in e.value.traceback
 
 
 def test_unpicklable_function():
