@@ -4,6 +4,13 @@ grace, then SIGKILL), as torchrun's agent does.
 
 Event-driven, no polling: one ``select`` over the workers' pipes, their pidfds and the
 signal wake-up fd, so a failure is seen (and the group restarted) within milliseconds.
+Only when the kernel gives no pidfd for a worker (before Linux 5.3, or out of file
+descriptors) is that worker polled (waitpid WNOHANG every POLL_SECONDS).
+
+Processes that left a worker's process group and session (setsid: daemonising tools) are
+not reached by the group signals; the agent adopts them when their parent exits (it is a
+child subreaper, see ``guard.py``), and kills them with their descendants once every
+worker has exited.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from .signals import SignalRelay
 # After every worker exited, how long to wait for pipes still held open by processes
 # that left the worker's process group (seconds).
 DRAIN_SECONDS = 2.0
+# How often a worker without a pidfd is checked for exit (seconds).
+POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,8 @@ class WorkerGroup:
                 os.set_blocking(w.popen.stderr.fileno(), False)
                 sel.register(w.popen.stdout, selectors.EVENT_READ, spec.stdout)
                 sel.register(w.popen.stderr, selectors.EVENT_READ, spec.stderr)
-                sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
+                if w.pidfd is not None:
+                    sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
             if self.on_started:
                 self.on_started([w.pid for w in self.workers])
             return self._loop(sel)
@@ -117,8 +127,14 @@ class WorkerGroup:
                 elif now >= drain_until:
                     break
             deadlines = [t for t in (kill_at, drain_until) if t is not None and t != float("inf")]
+            unwatched = [(w, spec) for w, spec in zip(self.workers, self.specs)
+                         if w.returncode is None and w.pidfd is None]
+            if unwatched:
+                deadlines.append(now + POLL_SECONDS)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
-            for key, _ in sel.select(timeout):
+            events = sel.select(timeout)
+            events += [(_Exited(target), None) for target in unwatched if target[0].poll()]
+            for key, _ in events:
                 target = key.data
                 if target is None:
                     self.relay.drain()
@@ -141,7 +157,8 @@ class WorkerGroup:
                         open_pipes -= 1
                 else:
                     w, spec = target
-                    sel.unregister(w.pidfd)
+                    if w.pidfd is not None:
+                        sel.unregister(w.pidfd)
                     # Exits after a stop was requested are its consequence, not a cause.
                     stopping = failure is not None or outside or self.relay.stop_signal is not None
                     if w.reap() != 0 and not stopping:
@@ -168,13 +185,24 @@ class WorkerGroup:
         return failure
 
     def _kill_leftovers(self) -> None:
-        # Processes a worker spawned into its own group outlive it: the group is the job's.
+        # Processes a worker spawned into its own group outlive it: the group is the job's;
+        # so are the processes that left it (and the worker's session) and were adopted.
         for w in self.workers:
             w.signal_group(signal.SIGKILL)
+        self.guard.kill_strays()
 
     def _kill_all_and_reap(self) -> None:
         for w in self.workers:
             if w.returncode is None:
                 w.signal_group(signal.SIGKILL)
                 w.reap()
+        self.guard.kill_strays()
+        for w in self.workers:
             self.guard.forget(w.pid)
+
+
+@dataclass(frozen=True)
+class _Exited:
+    """A selector-key stand-in for a worker found exited by polling (it has no pidfd)."""
+
+    data: tuple

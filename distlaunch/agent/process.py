@@ -1,9 +1,20 @@
 """One worker process: spawn in its own session, signal its process group, reap it, and
-describe how it ended."""
+describe how it ended.
+
+Workers get the user's soft RLIMIT_NOFILE back: the store, hosted in this process, raises
+it to the hard limit for its thousands of clients (``store.server``), and a worker would
+otherwise inherit that (select() breaks past fd 1024; some programs loop over every
+possible fd). The limit is read when this module is imported, which the launcher does
+before it starts a store, and set on the worker right after exec with prlimit(2) (no
+preexec_fn, unsafe with the agent's threads): the worker's first instructions run with
+the raised limit, its program's code (after the loader; Python's start-up) with the
+user's.
+"""
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -12,6 +23,20 @@ from dataclasses import dataclass
 
 from ..errors import SpawnError
 from ..topology import WorkerSlot
+
+
+# (soft, hard) RLIMIT_NOFILE before any store in this process raised the soft limit.
+USER_NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def _restore_nofile(pid: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == USER_NOFILE[0]:
+        return
+    try:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (USER_NOFILE[0], hard))
+    except (OSError, ValueError):  # the worker already exited (or the limit is invalid now)
+        pass
 
 
 @dataclass(frozen=True)
@@ -58,7 +83,12 @@ def _bind_thread(cpus: frozenset[int]) -> set[int] | None:
 
 class WorkerProcess:
     """A started worker: its own session and process group (pgid == pid), stdout and
-    stderr on pipes, stdin from /dev/null, and a pidfd that becomes readable at exit."""
+    stderr on pipes, stdin from /dev/null, and a pidfd that becomes readable at exit.
+
+    ``pidfd`` is None when the kernel gives none (ENOSYS before Linux 5.3; EMFILE or
+    ENFILE when out of file descriptors): the owner then learns of the exit from
+    ``poll()``. Raises SpawnError when the program cannot be started.
+    """
 
     def __init__(self, slot: WorkerSlot, argv: list[str], env: dict[str, str],
                  cwd: str | None = None, cpus: frozenset[int] | None = None):
@@ -78,9 +108,19 @@ class WorkerProcess:
             if restore is not None:
                 os.sched_setaffinity(0, restore)
         self.pid = self.popen.pid
-        self.pidfd = os.pidfd_open(self.pid)
         self.returncode: int | None = None
         self.exit_time: float | None = None
+        self.pidfd: int | None = None
+        try:
+            _restore_nofile(self.pid)
+            try:
+                self.pidfd = os.pidfd_open(self.pid)
+            except OSError:
+                pass  # poll() instead
+        except BaseException:  # never leave a started worker nobody supervises
+            self.signal_group(signal.SIGKILL)
+            self.popen.wait()
+            raise
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the worker's whole process group (also after the leader exited,
@@ -90,13 +130,21 @@ class WorkerProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
+    def poll(self) -> bool:
+        """True once the worker has exited (reaped then); never blocks (waitpid WNOHANG)."""
+        if self.returncode is None and self.popen.poll() is not None:
+            self.reap()
+        return self.returncode is not None
+
     def reap(self) -> int:
-        """Collect the exit status once the pidfd said the process ended (does not block
-        then). Returns the subprocess-style return code."""
+        """Collect the exit status; blocks until the worker exits, so call it once the
+        pidfd (or ``poll()``) said it did. Returns the subprocess-style return code."""
         if self.returncode is None:
             self.returncode = self.popen.wait()
             self.exit_time = time.time()
-            os.close(self.pidfd)
+            if self.pidfd is not None:
+                os.close(self.pidfd)
+                self.pidfd = None
         return self.returncode
 
     def failure(self, stderr_tail: str, error_file: str | None) -> WorkerFailure:
