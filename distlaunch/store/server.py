@@ -386,10 +386,11 @@ class StoreServer:
             except BlockingIOError:
                 return
             except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE) and pending:
+                    # Idle unauthenticated sockets must not lock clients out: free one.
+                    self._drop_oldest_pending()
+                    continue
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    if pending:  # idle unauthenticated sockets must not lock clients out
-                        self._drop_oldest_pending()
-                        continue
                     # Out of descriptors: stop accepting for a moment instead of spinning
                     # on a listener that stays readable.
                     self._poller.unregister(lsock.fileno())
