@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "collectives_workers"
 import launch  # noqa: E402
 
 from distlaunch.collectives.filestore import FileStore  # noqa: E402
+from distlaunch.collectives.wire import MAGIC  # noqa: E402
 
 # the header layout of wire.py, spelled out so the old-format attempts do not depend on it
 _HEADER = struct.Struct("<4sBBBBIIqIiQQ")
@@ -217,6 +218,64 @@ class _Recorder:
         self.listener.close()
 
 
+def test_wrong_proof_is_disconnected():
+    """An outsider that speaks the current handshake but cannot prove the secret gets a
+    nonce and the acceptor's proof (useless to it), then is disconnected."""
+    with World(2) as w:
+        with _connect(w.ready[0][1]) as s:
+            s.sendall(_HEADER.pack(MAGIC, _HELLO, 0, 0, 0, 1, 0, 0, 0, 0, 0, 16) + os.urandom(16))
+            s.settimeout(5)
+            reply = b""
+            while len(reply) < _HEADER.size + 48:
+                chunk = s.recv(4096)
+                assert chunk, f"closed after {reply!r}"
+                reply += chunk
+            # a forged proof, then a collective message riding on it
+            s.sendall(_HEADER.pack(MAGIC, _HELLO, 0, 0, 0, 1, 0, 0, 2, 0, 0, 32) + os.urandom(32)
+                      + _HEADER.pack(MAGIC, _COLL, 11, 4, 0, 1, 0, 1, 0, -1, 1, 8) + b"\0" * 8)
+            assert _read_until_closed(s, 5.0) == b""
+        w.expect_go()
+
+
+def test_connector_refuses_an_impostor_listener():
+    """A listener that does not know the secret (here: an address swapped in the store)
+    never sees the secret nor any data: the connecting rank checks the acceptor's proof
+    first and fails with PeerLostError."""
+    seen = bytearray()
+    impostor = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        try:
+            c, _ = impostor.accept()
+        except OSError:
+            return
+        with c:
+            c.settimeout(10)
+            try:
+                while len(seen) < _HEADER.size + 16:
+                    seen.extend(c.recv(4096) or b"x" * 1000)
+                c.sendall(_HEADER.pack(MAGIC, _HELLO, 0, 0, 0, 0, 0, 0, 1, 1, 0, 48) + os.urandom(48))
+                while chunk := c.recv(4096):
+                    seen.extend(chunk)
+            except OSError:
+                pass
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with World(2, env={"COLL_GROUP_TIMEOUT": "3"}) as w:
+            prefix, secret = w.ready[0][2], w.ready[0][3]
+            store = FileStore(w.store_path)
+            store.set(f"{prefix}addr/0", f"127.0.0.1:{impostor.getsockname()[1]}".encode())
+            store.close()
+            results = w.go()
+            assert results[1].startswith("FAIL PeerLostError") and "secret" in results[1], results
+            t.join(10)
+    finally:
+        impostor.close()
+    assert len(seen) == _HEADER.size + 16, f"the rank sent more than its hello: {bytes(seen)!r}"
+    assert secret.encode() not in seen
+
+
 def test_secret_never_crosses_the_wire():
     with World(2) as w:
         prefix, secret = w.ready[0][2], w.ready[0][3]
@@ -290,6 +349,7 @@ def test_out_of_descriptors_pauses_accepting_and_recovers():
             time.sleep(0.5)
             share = _cpu_share(w, 0)
             assert share < 0.3, f"rank 0 used {share:.0%} of a core while out of file descriptors"
+            w.expect_go()  # outsiders' connections make room for the ranks' own
         finally:
             for s in socks:
                 s.close()

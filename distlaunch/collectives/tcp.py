@@ -16,8 +16,9 @@
 - Unauthenticated incoming connections are bounded: any byte that is not the next
   expected handshake message closes the connection; one that has not authenticated
   within ``handshake_timeout`` seconds is closed; past ``max_pending`` of them the oldest
-  is closed. When accept() runs out of descriptors (EMFILE/ENFILE) the oldest pending
-  one is closed and accepting pauses for _ACCEPT_PAUSE seconds instead of spinning.
+  is closed. When accept() runs out of descriptors (EMFILE/ENFILE) the older half of the
+  pending ones is closed and accepting pauses for _ACCEPT_PAUSE seconds instead of
+  spinning.
   Only authentication is provided: data after the handshake is neither encrypted nor
   integrity-protected (use a trusted network).
 - One progress thread owns all reads: it reads a header, matches it against the posted
@@ -523,10 +524,11 @@ class TcpTransport(Transport):
         except OSError as e:
             if e.errno in _OUT_OF_FDS:
                 # the listen socket stays readable: stop watching it for a while (else
-                # select returns at once, forever) and free a descriptor for the ranks
+                # select returns at once, forever), and free descriptors for the ranks'
+                # own connections by closing the older half of the unauthenticated ones
                 with self._lock:
-                    if self._pending:
-                        self._close_conn_locked(next(iter(self._pending)))
+                    for conn in list(self._pending)[:(len(self._pending) + 1) // 2]:
+                        self._close_conn_locked(conn)
                     self._sel.unregister(self._listen)
                     self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
             return  # else e.g. ECONNABORTED: that client is gone
