@@ -241,13 +241,19 @@ class _HeadController:
     def _drop(self, node_id: int, why: str) -> None:
         self.events.emit({"event": "drop", "host": self.hosts[node_id].name, "why": why})
 
-    def pgids(self, client, node_id: int) -> list[int]:
-        """The agent pid and worker process groups a host recorded most recently."""
+    def pgids(self, client, node_id: int) -> list[tuple[int, int]]:
+        """The agent pid and worker process groups a host recorded most recently, as
+        validated ``(pid, start time)`` records (agent.kill); [] when none is valid."""
+        from .agent.kill import parse_records
+
         for rnd in range(self.rnd, -1, -1):
             members = self.plans.get(rnd, ([], 0))[0]
             key = self.rdzv.key(rnd, f"pgids/{members.index(node_id)}") if node_id in members else None
             if key and client.check([key]):
-                return json.loads(client.get(key))
+                try:
+                    return parse_records(client.get(key))
+                except ValueError:
+                    return []  # malformed or hostile: act on nothing
         return []
 
 
@@ -311,8 +317,10 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
                                prefix_host=head.prefix_host, **cfg.rdzv_options())
 
         def kill(k: int) -> None:
-            if k in conns and agents is not None and k in agents.running:
-                _kill_remote(conns[k], controller.pgids(client, k))
+            records = controller.pgids(client, k) if k in conns and agents is not None \
+                and k in agents.running else []
+            if records:
+                _kill_remote(conns[k], kill_command(python, cwd, cmd_env, records))
 
         from .events import EventLog
         controller = _HeadController(client.clone(), cfg, hosts, head.min_nodes or len(hosts),
@@ -343,7 +351,7 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
             finally:
                 relay.join(cfg.stop_timeout + 15)
         else:
-            _supervise_remote(agents, client, cfg, conns, controller, on_event)
+            _supervise_remote(agents, client, cfg, conns, controller, on_event, kill)
         controller.thread.join(5.0)  # it reports the last round's end
         rnd, cause = _outcome(client, cfg.run_id)
         if cause is not None:
@@ -369,7 +377,8 @@ def _pump_until_done(agents: _RemoteAgents) -> None:
 
 
 def _supervise_remote(agents: _RemoteAgents, client, cfg: LaunchConfig, conns: dict,
-                      controller: _HeadController, on_event: Callable[[str], None]) -> None:
+                      controller: _HeadController, on_event: Callable[[str], None],
+                      kill: Callable[[int], None]) -> None:
     """The head's loop when it runs no workers itself: relay output until every agent has
     ended; a stop signal stops every round; agents that do not end within the grace
     period (or at a second Ctrl-C) are killed over SSH by their recorded process groups."""
@@ -392,23 +401,29 @@ def _supervise_remote(agents: _RemoteAgents, client, cfg: LaunchConfig, conns: d
             if relay.kill_now or (deadline is not None and time.monotonic() >= deadline):
                 for k in agents.running:
                     on_event(f"agent on {conns[k].host.name} did not stop; killing its processes")
-                    _kill_remote(conns[k], controller.pgids(client, k))
+                    kill(k)
                     agents.procs[k].close()
                     agents.status[k] = -1
     finally:
         relay.restore()
 
 
-def _kill_remote(conn, pgids: list[int]) -> None:
-    """SIGKILL an agent's recorded pid and worker process groups (``pgids``: [agent pid,
-    worker pgids...]) over a fresh SSH exec, never a pattern kill."""
+def kill_command(python: str, cwd: str, env: dict[str, str], records: list[tuple[int, int]]) -> str:
+    """The command that kills a host's recorded processes (``agent.kill``; ``records``
+    validated by ``parse_records``), run like the agent: same interpreter, directory and
+    command-line environment. Pure."""
+    from .remote.command import remote_command
+
+    return remote_command(python, cwd, ["-m", "distlaunch.agent.kill",
+                                        *(f"{p}:{t}" for p, t in records)], env)
+
+
+def _kill_remote(conn, cmd: str) -> None:
+    """Run ``cmd`` (``python -m distlaunch.agent.kill``: SIGKILL an agent's recorded
+    processes) on ``conn``'s host, over a fresh SSH connection if that one is broken."""
     from .remote import RemoteError
     from .remote.ssh import SSHConnection
 
-    if not pgids:
-        return
-    agent, workers = pgids[0], pgids[1:]
-    cmd = "kill -KILL " + " ".join([str(agent)] + [f"-{g}" for g in workers]) + " 2>/dev/null; true"
     try:
         conn.run(cmd, timeout=10)
     except RemoteError:
