@@ -146,14 +146,19 @@ def _run_dynamic(cfg: LaunchConfig, on_event: Callable[[str], None]) -> int:
     token = _shared_token(cfg)
     guard = OrphanGuard()
     server = None
+    note = ""
     try:
         try:
             server = StoreServer(host, port, token=token)
             server.start()
-        except StoreError:  # already hosted (or not an address of this machine)
+        except StoreError as e:  # already hosted (or not an address of this machine)
             server = None
+            # said only if reaching the store there takes long (normally another launcher
+            # hosts it and this is no news)
+            note = f"this launcher could not host the store there either ({e})"
         opts = NodeOptions(min_nodes=cfg.nnodes, max_nodes=cfg.max_nodes or cfg.nnodes,
-                           hosts_store=server is not None, **cfg.rdzv_options())
+                           hosts_store=server is not None, endpoint_note=note,
+                           **cfg.rdzv_options())
         agent = NodeAgent(cfg, StoreAddress(host, port, token), opts, guard, on_event,
                           master_addr=_address_towards(host, port), events=_event_log(cfg, on_event))
         return agent.run()

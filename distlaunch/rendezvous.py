@@ -9,7 +9,8 @@ Keys live under ``<run_id>/`` (values are JSON):
     r<R>/stop         the first reason to stop round R (a compare_set: first writer wins):
                       {"kind": "failure", "failure": {...}} | {"kind": "signal", "signum"}
                       | {"kind": "lost", "node", "why"} | {"kind": "over"}
-    r<R>/pgids/<K>    [agent pid, worker process group ids...] of node K in round R
+    r<R>/pgids/<K>    [[agent pid, start], [worker pgid, start]...] of node K in round R
+                      (start: /proc start time, so the head never kills a reused pid)
     r<R>/done/<K>     node K's workers of round R have all exited
     r<R>/left         count of agents that read round R's outcome (node 0 keeps the store
                       up until everyone has)
@@ -29,7 +30,31 @@ import threading
 import time
 from dataclasses import dataclass
 
-from .errors import RendezvousError, StoreTimeoutError
+from .errors import LaunchInterrupted, RendezvousError, StoreTimeoutError
+
+# Blocking rendezvous waits go in slices this long (seconds) to look for a stop signal
+# recorded by another node, and to report a wait that lasts.
+SLICE = 1.0
+
+
+class WaitReport:
+    """Schedules progress lines for a wait that lasts: ``due()`` returns the seconds
+    waited when a line is due, else None. Lines fall due after ``first`` s, then each
+    time the wait has doubled, then every ``cap`` s (2, 4, 8, ... 64, 124, ... for
+    ``first`` = 2). Never blocks."""
+
+    def __init__(self, first: float, cap: float = 60.0):
+        self.start = time.monotonic()
+        self.cap = cap
+        self.next = self.start + first
+
+    def due(self) -> float | None:
+        now = time.monotonic()
+        if now < self.next:
+            return None
+        waited = now - self.start
+        self.next = now + min(waited, self.cap)
+        return waited
 
 
 class LateJoin(RendezvousError):
@@ -62,41 +87,63 @@ class Rendezvous:
 
     ``store`` is a StoreClient (or PrefixStore) used only from the agent's main thread;
     blocking calls honour ``join_timeout`` (seconds). Raises RendezvousError when nodes
-    do not arrive in time, naming them.
+    do not arrive in time, naming them, and LaunchInterrupted when another node recorded
+    a stop signal for the round being joined. ``on_wait(text)``, if given, hears what a
+    wait longer than a few seconds waits for, repeatedly (at growing intervals).
     """
 
     def __init__(self, store, run_id: str, node_rank: int, num_nodes: int,
-                 join_timeout: float = 600.0):
+                 join_timeout: float = 600.0, on_wait=None):
         self.store = store
         self.ns = f"{run_id}/"
         self.node_rank = node_rank
         self.num_nodes = num_nodes
         self.join_timeout = join_timeout
+        self.on_wait = on_wait
 
     def key(self, rnd: int, name: str) -> str:
         return f"{self.ns}r{rnd}/{name}"
 
-    def _wait_all(self, keys, what: str, timeout: float, abort=None) -> list[dict]:
-        """Block until every key exists (``timeout`` s). With ``abort``, wait in 1 s slices,
-        take ``keys`` as a callable re-read each slice (nodes found lost meanwhile drop
-        out), and raise RendezvousError as soon as ``abort()`` is true."""
+    def _wait_all(self, keys, what: str, timeout: float, abort=None, rnd: int | None = None,
+                  report: float = 5.0, awaited: str | None = None) -> list[dict]:
+        """Block until every key exists (``timeout`` s), waiting in SLICE-second slices;
+        ``keys`` may be a callable re-read each slice (nodes found lost meanwhile drop
+        out). Raises RendezvousError as soon as ``abort()`` is true, LaunchInterrupted
+        when round ``rnd`` (if given) was stopped by a signal. Says what it still waits
+        for (``awaited``, else the missing node ranks) through ``on_wait`` after
+        ``report`` s, then at growing intervals."""
         end = time.monotonic() + timeout
+        progress = WaitReport(report)
         current = keys() if callable(keys) else keys
         while True:
             left = end - time.monotonic()
             try:
-                self.store.wait(current, timeout=max(0.001, min(left, 1.0) if abort else left))
+                self.store.wait(current, timeout=max(0.001, min(left, SLICE)))
                 break
             except StoreTimeoutError:
                 if abort is not None and abort():
                     raise RendezvousError(f"{what}: the store stopped answering") from None
+                if rnd is not None:
+                    self.raise_if_signalled(rnd)
                 current = keys() if callable(keys) else keys
-                if time.monotonic() < end:
-                    continue
-                missing = [k.rsplit("/", 1)[1] for k, ok in zip(current, self._present(current)) if not ok]
-                raise RendezvousError(f"{what}: node(s) {', '.join(missing)} did not arrive "
-                                      f"within {timeout:g} s") from None
+                over = time.monotonic() >= end
+                if over or (self.on_wait is not None and (waited := progress.due()) is not None):
+                    missing = awaited or f"node(s) {', '.join(self._missing(current))}"
+                    if over:
+                        raise RendezvousError(f"{what}: gave up waiting for {missing} after "
+                                              f"{timeout:g} s") from None
+                    self.on_wait(f"{what}: waiting for {missing} ({waited:.0f} s of {timeout:g} s)")
         return [json.loads(v) for v in self.store.multi_get(current)]
+
+    def _missing(self, keys: list[str]) -> list[str]:
+        """The node ranks of the keys (``.../<K>``) that do not exist yet."""
+        return [k.rsplit("/", 1)[1] for k, ok in zip(keys, self._present(keys)) if not ok]
+
+    def raise_if_signalled(self, rnd: int) -> None:
+        """Raise LaunchInterrupted if a node recorded a stop signal for round ``rnd``."""
+        cause = self.stop_cause(rnd)
+        if cause is not None and cause["kind"] == "signal":
+            raise LaunchInterrupted(cause["signum"])
 
     def _present(self, keys: list[str]) -> list[bool]:
         return [self.store.check([k]) for k in keys]
@@ -112,7 +159,7 @@ class Rendezvous:
         """Every node of round ``rnd`` (``num_nodes`` of them), in node-rank order; blocks
         until all have joined, at most ``timeout`` s."""
         keys = [self.key(rnd, f"node/{k}") for k in range(self.num_nodes)]
-        infos = self._wait_all(keys, f"rendezvous round {rnd}", timeout)
+        infos = self._wait_all(keys, f"rendezvous round {rnd}", timeout, rnd=rnd)
         return [Member(k, i["slots"], i["host"], i["addr"]) for k, i in enumerate(infos)]
 
     def join_dynamic(self, rnd: int, min_nodes: int, max_nodes: int, last_call: float,
@@ -127,11 +174,21 @@ class Rendezvous:
         arrived = self.store.add(self.key(rnd, "joined"), 1)
         me = arrived - 1
         count = lambda: self.store.add(self.key(rnd, "joined"), 0)  # noqa: E731
-        end = time.monotonic() + self.join_timeout
+        progress = WaitReport(5.0)
+        checked = time.monotonic()
+        end = checked + self.join_timeout
         while (n := count()) < min_nodes:
-            if time.monotonic() >= end:
+            now = time.monotonic()
+            if now >= end:
                 raise RendezvousError(f"rendezvous round {rnd}: only {n} of at least {min_nodes} "
                                       f"nodes arrived within {self.join_timeout:g} s")
+            if now - checked >= SLICE:
+                checked = now
+                self.raise_if_signalled(rnd)
+                if self.on_wait is not None and (waited := progress.due()) is not None:
+                    self.on_wait(f"rendezvous round {rnd}: {n} of at least {min_nodes} nodes "
+                                 f"arrived; waiting for more ({waited:.0f} s of "
+                                 f"{self.join_timeout:g} s)")
             time.sleep(0.02)
         end = time.monotonic() + last_call
         while count() < max_nodes and time.monotonic() < end:
@@ -167,15 +224,18 @@ class Rendezvous:
                        json.dumps({"addr": addr, "port": port, "restarts": restarts}))
 
     def master(self, rnd: int) -> tuple[str, int, int]:
-        m = json.loads(self.store.get(self.key(rnd, "master"), timeout=self.join_timeout))
+        """Round ``rnd``'s MASTER_ADDR, MASTER_PORT and restart count; blocks until node 0
+        published them (``join_timeout`` s)."""
+        (m,) = self._wait_all([self.key(rnd, "master")], f"rendezvous round {rnd}",
+                              self.join_timeout, rnd=rnd, awaited="node 0 to publish MASTER_ADDR")
         return m["addr"], m["port"], m["restarts"]
 
     def wait_members_done(self, rnd: int, size: int, timeout: float) -> None:
         """Block until round ``rnd``'s ``size`` members passed their exit barrier."""
         self._wait_all([self.key(rnd, f"done/{k}") for k in range(size)],
-                       f"end of round {rnd}", timeout)
+                       f"end of round {rnd}", timeout, rnd=rnd)
 
-    def publish_pgids(self, rnd: int, pgids: list[int]) -> None:
+    def publish_pgids(self, rnd: int, pgids: list[list[int]]) -> None:
         """Record this node's agent pid and worker process groups (the head kills them over
         a fresh SSH exec if the agent stops answering)."""
         self.store.set(self.key(rnd, f"pgids/{self.node_rank}"), json.dumps(pgids))
@@ -197,19 +257,29 @@ class Rendezvous:
         self.store.set(self.key(rnd, f"done/{self.node_rank}"), b"1")
         keys = lambda: [self.key(rnd, f"done/{k}") for k in range(self.num_nodes)  # noqa: E731
                         if k not in lost()]
-        self._wait_all(keys, f"exit barrier of round {rnd}", timeout, abort or (lambda: False))
+        self._wait_all(keys, f"exit barrier of round {rnd}", timeout, abort or (lambda: False),
+                       report=10.0)
         cause = self.request_stop(rnd, {"kind": "over"})  # also releases every watcher
         return None if cause["kind"] == "over" else cause
 
     def leave(self, rnd: int) -> int:
         return self.store.add(self.key(rnd, "left"), 1)
 
-    def wait_left(self, rnd: int, count: int, timeout: float) -> None:
-        """Node 0 (the store's host in per-node mode): block until ``count`` agents read
-        the outcome, or ``timeout`` seconds."""
+    def wait_left(self, rnd: int, count: int, timeout: float, abort=lambda: False) -> None:
+        """The store's host: block until ``count`` agents read the outcome, ``timeout``
+        seconds pass, or ``abort()`` is true (polled every 10 ms)."""
         end = time.monotonic() + timeout
-        while self.store.add(self.key(rnd, "left"), 0) < count and time.monotonic() < end:
+        while self.store.add(self.key(rnd, "left"), 0) < count and time.monotonic() < end \
+                and not abort():
             time.sleep(0.01)
+
+    def arrived(self, rnd: int) -> int:
+        """How many nodes announced themselves in round ``rnd`` so far (with dynamic
+        membership, late ones included)."""
+        joined = self.key(rnd, "joined")
+        if self.store.check([joined]):
+            return self.store.add(joined, 0)
+        return sum(self._present([self.key(rnd, f"node/{k}") for k in range(self.num_nodes)]))
 
 
 class StopWatcher:

@@ -19,10 +19,12 @@ from typing import Callable
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, StoreError, WorkerFailedError
-from ..rendezvous import Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher
+from ..rendezvous import (SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous,
+                          StopWatcher, WaitReport)
 from ..topology import WorkerSlot, assign_ranks, cpu_sets
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
+from .kill import with_start_times
 from .output import StreamSink
 from .process import WorkerFailure
 from .signals import SignalRelay
@@ -51,6 +53,7 @@ class NodeOptions:
     max_nodes: int | None = None  # set: dynamic membership (--nnodes MIN:MAX)
     hosts_store: bool = False  # this process hosts the store: stay until all have left
     node_id: int | None = None  # head mode: membership follows the head's plan per round
+    endpoint_note: str = ""  # added to "waiting for the store" lines (e.g. why not hosted here)
 
 
 def worker_argv(cfg: LaunchConfig, python: str = sys.executable) -> list[str]:
@@ -111,6 +114,11 @@ class NodeAgent:
     first failed worker on any node), LaunchInterrupted (a stop signal, here or on
     another node), RendezvousError (a node or the store was lost, or did not arrive),
     SpawnError, StoreError.
+
+    A stop signal ends every phase: while workers run, they are stopped first (up to
+    ``stop_timeout``); while connecting, in rendezvous or at the exit barrier the agent
+    stops at once, recording the signal as the round's stop cause so the other nodes
+    stop too (the store's host waits briefly for them to read it).
     """
 
     def __init__(self, cfg: LaunchConfig, store: StoreAddress, opts: NodeOptions,
@@ -126,6 +134,11 @@ class NodeAgent:
         self.scratch: str | None = None
         self.log_root = os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
         self._lost: set[int] = set()  # nodes found lost in the last round
+        # The round a stop signal must reach while no workers run, and in which phase
+        # ("join" or "barrier"); None while workers run (the round handles it) or before
+        # this node takes part in a round.
+        self._signal_phase: tuple[int, str] | None = None
+        self._left: int | None = None  # the last round this node left at its end
 
     def run(self) -> int:
         import tempfile
@@ -133,24 +146,28 @@ class NodeAgent:
         from ..store import StoreClient
 
         o = self.opts
-        # Blocking rendezvous calls carry their own timeouts; every other call must not
-        # outwait a store that stopped answering by much.
-        client = StoreClient(self.store_addr.host, self.store_addr.port,
-                             token=self.store_addr.token, timeout=60.0,
-                             connect_timeout=o.join_timeout)
-        rdzv = Rendezvous(client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout)
+        group: WorkerGroup | None = None
+        relay = SignalRelay(lambda: group.live() if group else ())
+        rdzv = client = None
+        rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
+        cause = None
         self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
         self.guard.clean_up(self.scratch)
         self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
-        group: WorkerGroup | None = None
-        relay = SignalRelay(lambda: group.live() if group else ())
-        rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
-        cause = None
         try:
+            # Blocking rendezvous calls carry their own timeouts; every other call must
+            # not outwait a store that stopped answering by much.
+            with relay.interruptible():
+                client = StoreClient(self.store_addr.host, self.store_addr.port,
+                                     token=self.store_addr.token, timeout=60.0,
+                                     connect_timeout=o.join_timeout, on_retry=self._connect_report())
+            rdzv = Rendezvous(client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout,
+                              on_wait=self.on_event)
             while True:
                 if o.node_id is not None:  # head mode: the head decides each round
                     try:
-                        restarts = rdzv.follow_plan(rnd, o.node_id)
+                        with relay.interruptible():
+                            restarts = rdzv.follow_plan(rnd, o.node_id)
                     except PlanEnded:
                         raise_for_cause(cause)
                     except Dropped:
@@ -158,10 +175,12 @@ class NodeAgent:
                 try:
                     group, restarts = self._make_group(rdzv, rnd, restarts, relay)
                 except LateJoin as late:
-                    self._wait_for_next_round(rdzv, late)
+                    self._signal_phase = None  # not a member yet: leaving stops nobody
+                    with relay.interruptible():
+                        self._wait_for_next_round(rdzv, late)
                     rnd += 1
                     continue
-                cause = self._run_round(rdzv, group, rnd)
+                cause = self._run_round(rdzv, group, rnd, relay)
                 self._emit({"event": "round_end", "round": rnd, "cause": cause})
                 if cause is None:
                     return restarts
@@ -170,15 +189,58 @@ class NodeAgent:
                 elif cause["kind"] == "signal":
                     raise_for_cause(cause)
                 rnd += 1
+        except LaunchInterrupted as e:
+            if self._signal_phase is not None:
+                self._spread_signal(rdzv, e.signum, relay)
+            raise
         except StoreError as e:  # the agent's own calls: the store died or stopped answering
             raise RendezvousError(f"lost the store at {self.store_addr.host}:"
                                   f"{self.store_addr.port} ({e}); workers stopped") from e
         finally:
+            if o.hosts_store and rdzv is not None and rdzv.num_nodes > 1 and self._left == rnd:
+                self._let_others_leave(rdzv, rnd, relay)
             relay.restore()
-            if o.hosts_store and rdzv.num_nodes > 1:
-                self._let_others_leave(rdzv, rnd)
-            client.close()
+            if client is not None:
+                client.close()
             remove_matching(self.scratch)
+
+    def _connect_report(self):
+        """The store client's retry callback: says what is wrong with the store's endpoint
+        after 2 s, then at growing intervals (never silent for ``join_timeout``)."""
+        progress, a = WaitReport(2.0), self.store_addr
+        note = f"; {self.opts.endpoint_note}" if self.opts.endpoint_note else ""
+
+        def report(problem: str, waited: float) -> None:
+            if progress.due() is not None:
+                self.on_event(f"waiting for the store at {a.host}:{a.port} ({waited:.0f} s of "
+                              f"{self.opts.join_timeout:g} s): {problem}{note}")
+        return report
+
+    def _spread_signal(self, rdzv: Rendezvous | None, signum: int, relay: SignalRelay) -> None:
+        """A stop signal (here, or recorded by another node) ended a rendezvous phase:
+        record it as the round's stop cause (and the next round's, in case another cause
+        stood first and the others restart) so every node stops, leave the round, and, on
+        the store's host, give the others a moment to read it. Best effort, bounded: a
+        fresh connection (an interrupted call closed the agent's own)."""
+        from ..store import StoreClient
+
+        rnd, phase = self._signal_phase
+        a = self.store_addr
+        try:
+            with StoreClient(a.host, a.port, token=a.token, timeout=2.0, connect_timeout=1.0) as c:
+                r = Rendezvous(c, self.cfg.run_id, rdzv.node_rank, rdzv.num_nodes)
+                for k in (rnd, rnd + 1):
+                    r.request_stop(k, {"kind": "signal", "signum": signum})
+                r.leave(rnd)
+                if self.opts.hosts_store:
+                    if phase == "join":  # the others see it at their next slice
+                        count, grace = r.arrived(rnd), 2 * SLICE + 1.0
+                    else:  # the others stop their workers first
+                        count = rdzv.num_nodes - len(self._lost)
+                        grace = self.cfg.stop_timeout + 5.0
+                    r.wait_left(rnd, count, grace, abort=lambda: relay.kill_now)
+        except StoreError:
+            pass  # the store is gone: nobody is left to tell
 
     def _make_group(self, rdzv: Rendezvous, rnd: int, restarts: int,
                     relay: SignalRelay) -> tuple[WorkerGroup, int]:
@@ -187,18 +249,20 @@ class NodeAgent:
         o = self.opts
         me = (o.slots or self.cfg.nproc_per_node, o.host_label or socket.gethostname(),
               self.master_addr)
-        if o.max_nodes:  # dynamic membership: node ranks by arrival, every round anew
-            members = rdzv.join_dynamic(rnd, o.min_nodes, o.max_nodes, o.last_call_timeout, *me)
-        else:
-            members = rdzv.join(rnd, *me)
-        if rdzv.node_rank == 0:
-            rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv), restarts)
-        addr, port, restarts = rdzv.master(rnd)
+        self._signal_phase = (rnd, "join")
+        with relay.interruptible():
+            if o.max_nodes:  # dynamic membership: node ranks by arrival, every round anew
+                members = rdzv.join_dynamic(rnd, o.min_nodes, o.max_nodes, o.last_call_timeout, *me)
+            else:
+                members = rdzv.join(rnd, *me)
+            if rdzv.node_rank == 0:
+                rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv), restarts)
+            addr, port, restarts = rdzv.master(rnd)
         self._emit(round_event(rnd, restarts, members))
         slots = assign_ranks([m.slots for m in members])[rdzv.node_rank]
         group = WorkerGroup(self._specs(slots, rnd, (addr, port), restarts), relay, self.guard,
                             self.cfg.stop_timeout,
-                            on_started=lambda pids: rdzv.publish_pgids(rnd, [os.getpid(), *pids]),
+                            on_started=lambda pids: rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids])),
                             on_failure=lambda f: rdzv.request_stop(rnd, {
                                 "kind": "failure", "failure": failure_to_dict(self._labelled(f))}))
         return group, restarts
@@ -252,64 +316,82 @@ class NodeAgent:
             return self.cfg.master_port
         return free_port()
 
-    def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int) -> dict | None:
+    def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int,
+                   relay: SignalRelay) -> dict | None:
         """Run one round to its end; return the cause that stopped it (None: success)."""
+        import threading
+
         o = self.opts
         wake_r, wake_w = os.pipe()
         why = []
+        closing = threading.Lock()  # the watcher may wake after the pipe is closed
 
         def wake(reason: str) -> None:
             why.append(reason)
-            try:
-                os.write(wake_w, b"x")
-            except OSError:  # the round is already over
-                pass
+            with closing:
+                if wake_w >= 0:
+                    os.write(wake_w, b"x")
 
+        # A store we were just talking to accepts at once; one that does not is gone.
         heartbeat = None
         if rdzv.num_nodes > 1:
-            heartbeat = Heartbeat(rdzv.store.clone(), rdzv, rnd, o.heartbeat_interval,
-                                  o.heartbeat_timeout, lambda k, secs: rdzv.request_stop(
+            heartbeat = Heartbeat(rdzv.store.clone(connect_timeout=5.0), rdzv, rnd,
+                                  o.heartbeat_interval, o.heartbeat_timeout,
+                                  lambda k, secs: rdzv.request_stop(
                                       rnd, {"kind": "lost", "node": k,
                                             "why": f"no heartbeat for {secs:.0f} s"}),
                                   lambda: (wake("lost"), rdzv.store.close()))  # wakes its calls
-        watcher = StopWatcher(rdzv.store.clone(), rdzv, rnd, wake)
+        watcher = StopWatcher(rdzv.store.clone(connect_timeout=5.0), rdzv, rnd, wake)
         group.stop_fd = wake_r
         group.stop_signal = lambda: signal.SIGTERM if why[0] == "lost" else self._signal_for(rdzv, rnd)
         try:
+            with relay.interruptible():  # a signal since joining: do not start workers
+                pass
+            self._signal_phase = None  # from here the group relays signals to the workers
             try:
                 result = group.run()
             finally:  # every worker of the round is gone: so are their segments' users
                 remove_matching(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid(), rnd) + "*"))
             if result.stop_signal is not None:
+                relay.acted()
                 self._stop_everyone(rdzv, rnd, {"kind": "signal", "signum": result.stop_signal})
             if why and why[0] == "lost":
                 raise RendezvousError(f"lost the store at {self.store_addr.host}:"
                                       f"{self.store_addr.port} (its host stopped, or it stopped "
                                       f"answering); workers stopped")
-            if group.relay.kill_now:  # a second Ctrl-C: no exit barrier
+            if relay.kill_now:  # a second Ctrl-C: no exit barrier
                 raise LaunchInterrupted(result.stop_signal)
             lost = (lambda: heartbeat.lost) if heartbeat else set
             # Every round ends at the exit barrier, so no node leaves (or, on node 0, takes
-            # the store down) while another still needs it.
-            cause = rdzv.finish(rnd, self.opts.exit_barrier_timeout + self.cfg.stop_timeout, lost,
-                                abort=lambda: bool(why) and why[0] == "lost")
+            # the store down) while another still needs it. A (further) stop signal here
+            # leaves it at once: the workers are gone already.
+            self._signal_phase = (rnd, "barrier")
+            with relay.interruptible():
+                cause = rdzv.finish(rnd, self.opts.exit_barrier_timeout + self.cfg.stop_timeout,
+                                    lost, abort=lambda: bool(why) and why[0] == "lost")
+            self._signal_phase = None
             self._lost = set(lost())
             watcher.thread.join(5.0)  # finish() set the stop key, which releases it
         finally:
-            os.close(wake_w)
+            with closing:
+                os.close(wake_w)
+                wake_w = -1
             os.close(wake_r)
             if heartbeat:
                 heartbeat.stop()
-        watcher.client.close()
+            watcher.client.close()
         rdzv.leave(rnd)
+        self._left = rnd
         if result.stop_signal is not None:
             cause = {"kind": "signal", "signum": result.stop_signal}
         return cause
 
-    def _let_others_leave(self, rdzv: Rendezvous, rnd: int) -> None:
-        """The store's host keeps it up until every node has read how the job ended."""
+    def _let_others_leave(self, rdzv: Rendezvous, rnd: int, relay: SignalRelay) -> None:
+        """The store's host keeps it up until every node has read how the job ended (at
+        most 10 s; a new stop signal or a second Ctrl-C ends the wait)."""
         try:
-            rdzv.wait_left(rnd, rdzv.num_nodes - len(self._lost), 10.0)
+            rdzv.wait_left(rnd, rdzv.num_nodes - len(self._lost), 10.0,
+                           abort=lambda: relay.pending is not None or relay.kill_now)
         except StoreError:
             pass
 

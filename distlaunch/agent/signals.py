@@ -4,13 +4,21 @@ Workers live in their own sessions, so a terminal's Ctrl-C reaches only the laun
 relaying it keeps mpirun/torchrun's behaviour (the workers see the signal). SIGINT,
 SIGTERM, SIGHUP and SIGQUIT also mean "stop the job, no restart"; a second SIGINT
 escalates to SIGKILL at once. SIGUSR1/SIGUSR2 are only forwarded.
+
+While no workers run (connecting to the store, rendezvous, the exit barrier) the agent
+waits inside ``interruptible()``: there a stopping signal raises LaunchInterrupted in
+the main thread at once, whatever call it is blocked in (Python retries a system call
+a signal interrupted unless the handler raises, so a flag alone would wait out the call).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from typing import Callable, Iterable
+
+from ..errors import LaunchInterrupted
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
              signal.SIGUSR1, signal.SIGUSR2)
@@ -20,12 +28,19 @@ STOPPING = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQU
 class SignalRelay:
     """Installs handlers (main thread only) until ``restore()``. ``targets()`` returns the
     live WorkerProcess objects to forward to. ``wakeup_fd`` becomes readable on every
-    signal so an event loop in select() notices at once."""
+    signal so an event loop in select() notices at once.
+
+    ``stop_signal`` is the first stopping signal received (its number decides the exit
+    code, 128+N); ``pending`` is a stopping signal nobody has acted on yet (a worker
+    group acts on it by stopping its workers, then clears it with ``acted()``).
+    """
 
     def __init__(self, targets: Callable[[], Iterable]):
         self.targets = targets
         self.stop_signal: int | None = None
+        self.pending: int | None = None
         self.sigints = 0
+        self._raising = False
         self.wakeup_fd, self._w = os.pipe()
         os.set_blocking(self._w, False)
         os.set_blocking(self.wakeup_fd, False)
@@ -39,11 +54,34 @@ class SignalRelay:
     def _handle(self, signum: int, _frame) -> None:
         if signum == signal.SIGINT:
             self.sigints += 1
-        if signum in STOPPING and self.stop_signal is None:
-            self.stop_signal = signum
+        if signum in STOPPING:
+            if self.stop_signal is None:
+                self.stop_signal = signum
+            self.pending = signum
         sig = signal.SIGKILL if self.kill_now else signum
         for w in self.targets():
             w.signal_group(sig)
+        if self._raising and signum in STOPPING:
+            self._raising = False  # once: the code that handles it must not be interrupted
+            raise LaunchInterrupted(self.stop_signal)
+
+    def acted(self) -> None:
+        """The pending stopping signal has been handled (the workers were stopped)."""
+        self.pending = None
+
+    @contextlib.contextmanager
+    def interruptible(self):
+        """Run the block so that a stopping signal raises LaunchInterrupted (128 + the
+        first stopping signal) at once, wherever the main thread is in it; a signal still
+        pending on entry raises at entry. Only for code that may be abandoned at any
+        point (a store call so interrupted closes its connection). Main thread only."""
+        if self.pending is not None:
+            raise LaunchInterrupted(self.stop_signal)
+        self._raising = True
+        try:
+            yield
+        finally:
+            self._raising = False
 
     def drain(self) -> None:
         try:

@@ -34,6 +34,19 @@ _REPLY_GRACE = 10.0
 _SET_HEADER = struct.Struct("!IBH")  # frame header + the key's length prefix
 _RETRYABLE_CONNECT = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
                       errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EAGAIN}
+# Name lookups that may succeed later (a node's DNS entry appears after it starts).
+_RETRYABLE_LOOKUP = {socket.EAI_NONAME, socket.EAI_AGAIN} | (
+    {socket.EAI_NODATA} if hasattr(socket, "EAI_NODATA") else set())
+# A store greets at once; an accepting peer silent this long is not one (or is stuck).
+_GREETING_SECONDS = 3.0
+# One connection attempt at most this long (a host that drops SYNs), so the retry
+# callback hears about it periodically.
+_ATTEMPT_SECONDS = 10.0
+
+
+class _NoGreeting(StoreConnectionError):
+    """The peer accepted the connection but closed it or stayed silent instead of greeting
+    (retried while connecting: a store that is starting, or another program's port)."""
 
 
 def _key(key) -> bytes:
@@ -101,17 +114,27 @@ class StoreClient:
       TCPStore's client, so workers may start before the server); default ``timeout``.
     * ``ack_set``: make ``set`` wait for the server's acknowledgement (default False:
       like TCPStore, ``set`` returns once sent; see ``set``).
+    * ``on_retry``: called as ``on_retry(problem, waited)`` after each failed connection
+      attempt (``problem``: one line saying what is wrong with the endpoint; ``waited``:
+      seconds since connecting began), so a caller can report a long wait or stop it by
+      raising (the exception propagates from the constructor).
 
-    Connecting blocks. Raises StoreTimeoutError if the server is not reachable within
-    ``connect_timeout``, StoreAuthError if it rejects the token, StoreConnectionError for
-    other connection failures, StoreProtocolError if the peer is not a distlaunch store.
+    Connecting blocks. Refused or reset connections, unreachable hosts, host names that
+    do not resolve (yet), and peers that accept but close or send no greeting within
+    3 s are retried until ``connect_timeout``. Raises StoreTimeoutError if the server is
+    not reachable within ``connect_timeout`` (naming the last problem), StoreAuthError if
+    it rejects the token, StoreConnectionError for other connection failures,
+    StoreProtocolError if the peer is not a distlaunch store.
 
     Every method may raise StoreConnectionError when the connection is (or was) lost; the
-    client does not reconnect (use a new one). Thread-safe; see the module docstring.
+    client does not reconnect (use a new one). A call interrupted by an exception (e.g.
+    KeyboardInterrupt from a signal handler) closes the connection, whose reply would
+    otherwise answer the next call. Thread-safe; see the module docstring.
     """
 
     def __init__(self, host: str, port: int, token=None, timeout: float = 300.0,
-                 connect_timeout: float | None = None, ack_set: bool = False):
+                 connect_timeout: float | None = None, ack_set: bool = False,
+                 on_retry=None):
         self.host = host
         self.port = int(port)
         if token is None:
@@ -121,6 +144,7 @@ class StoreClient:
         self.timeout = _timeout(timeout)
         self._connect_timeout = self.timeout if connect_timeout is None else _timeout(connect_timeout)
         self._ack_set = bool(ack_set)
+        self._on_retry = on_retry
         self._unacked = False  # an unacknowledged set was sent since the last reply
         self._lock = threading.Lock()
         self._sock = None
@@ -132,44 +156,78 @@ class StoreClient:
     # --- connection -------------------------------------------------------------------------
 
     def _connect(self) -> None:
-        deadline = time.monotonic() + self._connect_timeout
+        start = time.monotonic()
+        deadline = start + self._connect_timeout
         delay = 0.01
-        last = None
+        problem = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise StoreTimeoutError(
                     f"could not connect to the store at {self.host}:{self.port} within "
-                    f"{self._connect_timeout:g} s (last error: {last})")
+                    f"{self._connect_timeout:g} s (last problem: {problem})")
             try:
                 sock = socket.create_connection((self.host, self.port),
-                                                timeout=min(remaining, 30.0))
-                break
+                                                timeout=min(remaining, _ATTEMPT_SECONDS))
             except OSError as e:
-                if isinstance(e, socket.timeout) or e.errno in _RETRYABLE_CONNECT:
-                    last = e
-                    time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                    delay = min(delay * 2, 0.5)
-                    continue
-                raise StoreConnectionError(
-                    f"cannot connect to the store at {self.host}:{self.port}: {e}") from e
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
-        try:
-            self._handshake(max(deadline - time.monotonic(), 1.0))
-        except BaseException:
-            self._drop("handshake failed")
-            raise
+                problem = self._connect_problem(e)
+                if problem is None:
+                    raise StoreConnectionError(
+                        f"cannot connect to the store at {self.host}:{self.port}: {e}") from e
+            else:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._sock = sock
+                try:
+                    self._handshake(max(deadline - time.monotonic(), 1.0))
+                    break
+                except _NoGreeting as e:
+                    self._drop("handshake failed")
+                    self._broken = None
+                    problem = str(e)
+                except BaseException:
+                    self._drop("handshake failed")
+                    raise
+            if self._on_retry is not None:
+                self._on_retry(problem, time.monotonic() - start)
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
         self._sock_limit = None
 
+    def _connect_problem(self, e: OSError) -> str | None:
+        """What a failed connection attempt says about the endpoint, in one line; None
+        when retrying cannot help."""
+        where = f"{self.host}:{self.port}"
+        if isinstance(e, socket.gaierror):
+            if e.errno in _RETRYABLE_LOOKUP:
+                return f"the host name {self.host!r} does not resolve ({e.strerror})"
+            return None
+        if isinstance(e, socket.timeout) or e.errno == errno.ETIMEDOUT:
+            return (f"connecting to {where} timed out (a wrong or unreachable address, or a "
+                    f"firewall dropping the packets)")
+        if e.errno == errno.ECONNREFUSED:
+            return (f"connection refused at {where} (nothing listens on that port yet; a "
+                    f"socket bound there without listening looks the same)")
+        if e.errno in _RETRYABLE_CONNECT:
+            return f"cannot reach {where} ({e.strerror or e})"
+        return None
+
     def _handshake(self, timeout: float) -> None:
-        self._sock.settimeout(timeout)
+        """Read the greeting (raises _NoGreeting when the peer closes or stays silent for
+        _GREETING_SECONDS) and authenticate within ``timeout`` s."""
+        greeting = min(timeout, _GREETING_SECONDS)
+        self._sock.settimeout(greeting)
         where = f"the store at {self.host}:{self.port}"
         try:
             mtype, body = self._read_frame()
+        except StoreTimeoutError:
+            raise _NoGreeting(f"the process listening at {self.host}:{self.port} accepted the "
+                              f"connection but sent no greeting within {greeting:g} s (another "
+                              f"program on that port, not a distlaunch store?)") from None
         except StoreConnectionError as e:
-            raise StoreConnectionError(f"{where} closed the connection before greeting "
-                                       f"(is it a distlaunch store?): {e}") from None
+            raise _NoGreeting(f"the process listening at {self.host}:{self.port} closed the "
+                              f"connection before greeting (another program on that port, not "
+                              f"a distlaunch store?): {e}") from None
+        self._sock.settimeout(timeout)
         if mtype != P.HELLO or len(body) != len(P.MAGIC) + P.NONCE_BYTES or \
                 not body.startswith(P.MAGIC):
             raise StoreProtocolError(f"{where} did not greet like a distlaunch store")
@@ -323,6 +381,9 @@ class StoreClient:
                 self._drop(str(e))
                 raise StoreConnectionError(f"store {_what(what)}: lost the connection to the "
                                            f"store at {self.host}:{self.port}: {e}") from e
+            except BaseException:  # e.g. KeyboardInterrupt mid-call: its reply is still due
+                self._drop(f"a {_what(what)} call was interrupted")
+                raise
         if rtype == P.ERROR:
             raise StoreError(f"store {_what(what)}: {body.decode('utf-8', 'replace')}")
         return rtype, body
@@ -378,6 +439,9 @@ class StoreClient:
                                             f"{self.port} is not reading requests") from None
                 raise StoreConnectionError(f"store set({key!r}): lost the connection to the "
                                            f"store at {self.host}:{self.port}: {e}") from e
+            except BaseException:  # interrupted: part of the frame may have been sent
+                self._drop("a set call was interrupted")
+                raise
 
     def get(self, key: str, timeout: float | None = None) -> bytes:
         """Return the value of ``key``, blocking until some client sets it.
@@ -499,10 +563,13 @@ class StoreClient:
         """A view that puts ``prefix + "/"`` before every key (torch ``PrefixStore``)."""
         return PrefixStore(prefix, self)
 
-    def clone(self) -> "StoreClient":
-        """A new, independent connection with the same address, token and timeout."""
+    def clone(self, connect_timeout: float | None = None) -> "StoreClient":
+        """A new, independent connection with the same address, token and timeout.
+        ``connect_timeout`` (seconds) bounds its connecting; default this client's.
+        Blocks and raises as the constructor."""
         return StoreClient(self.host, self.port, token=self._token, timeout=self.timeout,
-                           connect_timeout=self._connect_timeout, ack_set=self._ack_set)
+                           connect_timeout=connect_timeout or self._connect_timeout,
+                           ack_set=self._ack_set)
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise StoreConnectionError; a

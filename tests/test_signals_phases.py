@@ -1,0 +1,340 @@
+"""Stop signals end every phase of a launcher, not only the one where workers run:
+waiting for other nodes to join, for the store to come up, for the head's plan, and at
+the exit barrier. And a launcher that cannot reach its rendezvous endpoint says why
+within seconds, and keeps saying it, instead of waiting silently for join_timeout.
+
+Per-node launches run as real `distlaunch run --nnodes N --node-rank K` processes on
+this machine (each a separate node), against real sockets.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import WORKERS, dl_cmd, dl_popen
+from test_supervision import wait_for
+
+TOKEN = "signals-phases-secret"
+ENV = dict(os.environ, DISTLAUNCH_STORE_TOKEN=TOKEN)
+# How long a stopped launcher may take to exit: the target is 1 s; the machine is shared.
+PROMPT = 5.0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Launcher:
+    """A launcher process whose stderr is collected line by line as it comes."""
+
+    def __init__(self, *args):
+        self.proc = dl_popen(*args, env=ENV)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def said(self, *parts) -> list[str]:
+        return [ln for ln in self.lines if all(p in ln for p in parts)]
+
+    def signal(self, *sigs):
+        for s in sigs:
+            self.proc.send_signal(s)
+            time.sleep(0.1)
+
+    def exits_within(self, seconds: float) -> int:
+        """The exit code, which must come within ``seconds``."""
+        try:
+            self.proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"still running {seconds} s later; it said: {self.lines[-5:]}") from None
+        self._reader.join(5)
+        return self.proc.returncode
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+@pytest.fixture
+def launchers():
+    started = []
+
+    def start(*args):
+        started.append(Launcher(*args))
+        return started[-1]
+    yield start
+    for la in started:
+        la.kill()
+
+
+def node(start, rank, port, *worker_args, nnodes=2, run_id="sig", conf="join_timeout=60"):
+    return start("run", "--nnodes", nnodes, "--node-rank", rank, "--master-addr", "127.0.0.1",
+                 "--master-port", port, "--nproc-per-node", 1, "--run-id", run_id,
+                 "--stop-timeout", 2, "--rdzv-conf", conf,
+                 *(worker_args or (WORKERS / "actor.py",)))
+
+
+def accepts(port) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def joined(port, run_id, *ranks, rnd=0) -> bool:
+    from distlaunch.store import StoreClient
+    with StoreClient("127.0.0.1", port, token=TOKEN, timeout=5, connect_timeout=5) as c:
+        return c.check([f"{run_id}/r{rnd}/node/{k}" for k in ranks])
+
+
+def assert_stopped_by(la, signum, seconds=PROMPT):
+    rc = la.exits_within(seconds)
+    assert rc == 128 + signum, la.lines
+    assert la.said(f"stopped by signal {signum}"), la.lines
+
+
+# --- (a) waiting for other nodes to join -------------------------------------------------
+
+@pytest.mark.parametrize("sigs", [(signal.SIGTERM,), (signal.SIGINT,), (signal.SIGHUP,),
+                                  (signal.SIGINT, signal.SIGINT)],
+                         ids=["SIGTERM", "SIGINT", "SIGHUP", "SIGINT-twice"])
+def test_signal_while_waiting_for_a_node_to_join(launchers, sigs):
+    port = free_port()
+    n0 = node(launchers, 0, port)
+    assert wait_for(lambda: accepts(port) and joined(port, "sig", 0), 30), n0.lines
+    t0 = time.monotonic()
+    n0.signal(*sigs)
+    assert_stopped_by(n0, sigs[0])
+    assert time.monotonic() - t0 < PROMPT
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_signal_in_rendezvous_stops_the_other_waiting_nodes(launchers, victim):
+    """Nodes 0 and 1 of 3 wait for node 2; a signal to either stops both (the store's
+    host, node 0, waits for node 1 to read why)."""
+    port = free_port()
+    nodes = [node(launchers, k, port, nnodes=3) for k in range(2)]
+    assert wait_for(lambda: accepts(port) and joined(port, "sig", 0, 1), 30)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    nodes[victim].signal(signal.SIGTERM)
+    for n in nodes:
+        assert_stopped_by(n, signal.SIGTERM)
+    assert time.monotonic() - t0 < PROMPT + 2
+
+
+def test_signal_while_waiting_for_dynamic_members(launchers):
+    port = free_port()
+    la = launchers("run", "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                   "--rdzv-id", "dynsig", "--nproc-per-node", 1, WORKERS / "actor.py")
+    assert wait_for(lambda: accepts(port), 30)
+    time.sleep(0.5)
+    la.signal(signal.SIGTERM)
+    assert_stopped_by(la, signal.SIGTERM)
+
+
+# --- (b) an agent waiting for the head's plan ----------------------------------------------
+
+def test_signal_while_agent_waits_for_the_heads_plan():
+    import dataclasses
+
+    from distlaunch.agent.node import NodeOptions
+    from distlaunch.config import LaunchConfig
+    from distlaunch.store import StoreClient, StoreServer
+
+    with StoreServer("127.0.0.1", 0, token=TOKEN) as server:
+        cfg = LaunchConfig(entrypoint=str(WORKERS / "actor.py"), run_id="planwait")
+        spec = {"config": cfg.to_dict(), "store": ["127.0.0.1", server.port], "token": TOKEN,
+                "node": dataclasses.asdict(NodeOptions(node_id=0, node_rank=0, slots=1)),
+                "master_addr": "127.0.0.1", "env": {}}
+        agent = subprocess.Popen(dl_cmd("agent"), stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        try:
+            agent.stdin.write(json.dumps(spec) + "\n")
+            agent.stdin.flush()
+            # it connected: the store counts its connection (the head's plan never comes)
+            with StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=5) as probe:
+                assert wait_for(lambda: server_clients(server) >= 2 or agent.poll() is not None, 30)
+                time.sleep(0.5)
+                assert agent.poll() is None, agent.stderr.read()
+                assert not probe.check(["planwait/r0/plan"])
+            t0 = time.monotonic()
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(PROMPT)
+            assert time.monotonic() - t0 < PROMPT
+            assert agent.returncode == 128 + signal.SIGTERM, agent.stderr.read()
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait(10)
+            agent.stdin.close()
+            agent.stderr.close()
+
+
+def server_clients(server) -> int:
+    """Connections open on ``server`` (the agent's included), from the kernel's table."""
+    import psutil
+    return sum(1 for c in psutil.Process().net_connections("tcp")
+               if c.laddr and c.laddr.port == server.port and c.status == psutil.CONN_ESTABLISHED)
+
+
+# --- (c) the exit barrier ------------------------------------------------------------------
+
+BUSY_WORKER = """\
+import os, pathlib, sys, time
+marks, busy = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+node = int(os.environ["GROUP_RANK"])
+(marks / f"started.{node}").touch()
+if node == busy:
+    time.sleep(120)
+(marks / f"done.{node}").touch()
+"""
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_signal_at_the_exit_barrier(launchers, tmp_path, victim):
+    """The victim's worker finished and it waits at the exit barrier for the other
+    node's, which still runs: a SIGTERM ends the victim at once, and the other node
+    stops its worker and exits with the same code."""
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY_WORKER)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    port = free_port()
+    busy = 1 - victim
+    nodes = [node(launchers, k, port, script, marks, busy) for k in range(2)]
+    assert wait_for(lambda: (marks / f"done.{victim}").exists() and (marks / f"started.{busy}").exists(), 30), \
+        [n.lines for n in nodes]
+    time.sleep(0.5)  # the victim's worker has exited; its agent is at the barrier
+    assert all(n.proc.poll() is None for n in nodes)
+    t0 = time.monotonic()
+    nodes[victim].signal(signal.SIGTERM)
+    for n in (nodes[victim], nodes[busy]):  # the busy node has 2 s of --stop-timeout
+        assert_stopped_by(n, signal.SIGTERM, PROMPT + 2)
+    assert time.monotonic() - t0 < PROMPT + 2
+    assert not (marks / f"done.{busy}").exists()
+
+
+# --- (d) the store is not there (yet) --------------------------------------------------------
+
+def test_signal_while_waiting_for_the_store(launchers):
+    port = free_port()
+    n1 = node(launchers, 1, port)
+    assert wait_for(lambda: n1.said("waiting for the store", f"127.0.0.1:{port}"), 15), n1.lines
+    assert n1.said("connection refused")
+    n1.signal(signal.SIGTERM)
+    assert_stopped_by(n1, signal.SIGTERM)
+
+
+# --- the endpoint diagnostics -------------------------------------------------------------------
+
+def assert_keeps_saying(la, *parts, first=8.0, again=12.0):
+    """``la`` names the problem within ``first`` s and says it again later."""
+    assert wait_for(lambda: la.said(*parts), first), la.lines
+    assert wait_for(lambda: len(la.said(*parts)) >= 2, again), la.lines
+    assert la.proc.poll() is None, la.lines
+    la.signal(signal.SIGTERM)
+    assert_stopped_by(la, signal.SIGTERM)
+
+
+def test_port_bound_but_not_listening(launchers):
+    """A socket bound without listen() refuses connections (torchrun waits silently)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        n1 = node(launchers, 1, port)
+        assert_keeps_saying(n1, f"waiting for the store at 127.0.0.1:{port}", "connection refused")
+
+
+def test_dynamic_endpoint_bound_but_not_listening(launchers):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        la = launchers("run", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                       "--nproc-per-node", 1, WORKERS / "actor.py")
+        assert_keeps_saying(la, f"127.0.0.1:{port}", "connection refused",
+                            "could not host the store there either", "in use")
+
+
+def test_port_held_by_a_silent_listener(launchers):
+    with socket.create_server(("127.0.0.1", 0)) as other:  # accepts (backlog), says nothing
+        port = other.getsockname()[1]
+        n1 = node(launchers, 1, port)
+        assert_keeps_saying(n1, f"127.0.0.1:{port}", "sent no greeting", "not a distlaunch store")
+
+
+def test_port_held_by_a_listener_that_hangs_up(launchers):
+    with socket.create_server(("127.0.0.1", 0)) as other:
+        port = other.getsockname()[1]
+        done = threading.Event()
+
+        def hang_up():
+            other.settimeout(0.2)
+            while not done.is_set():
+                try:
+                    other.accept()[0].close()
+                except OSError:
+                    pass
+        t = threading.Thread(target=hang_up, daemon=True)
+        t.start()
+        try:
+            n1 = node(launchers, 1, port)
+            assert_keeps_saying(n1, f"127.0.0.1:{port}", "closed the connection before greeting")
+        finally:
+            done.set()
+            t.join(5)
+
+
+def test_host_that_does_not_resolve(launchers):
+    port = free_port()
+    la = launchers("run", "--nnodes", 2, "--node-rank", 1, "--master-addr", "no-such-host.invalid",
+                   "--master-port", port, "--nproc-per-node", 1, WORKERS / "actor.py")
+    assert_keeps_saying(la, f"no-such-host.invalid:{port}", "does not resolve")
+
+
+# --- the store client after an interrupted call ------------------------------------------------
+
+def test_interrupted_store_call_does_not_answer_the_next_one():
+    """A blocking call cut short by an exception from a signal handler (Ctrl-C) leaves its
+    reply due on the connection: the client must not hand it to the next call."""
+    from distlaunch.errors import StoreConnectionError
+    from distlaunch.store import StoreClient, StoreServer
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(*_):
+        raise Interrupted
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with StoreServer("127.0.0.1", 0, token=TOKEN) as server, \
+                StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=10) as c, \
+                StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=10) as other:
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            with pytest.raises(Interrupted):
+                c.get("late", timeout=5)
+            other.set("late", b"the interrupted call's value")
+            other.set("mine", b"mine")
+            other.ping()
+            with pytest.raises(StoreConnectionError, match="interrupted"):
+                c.get("mine")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
