@@ -109,8 +109,9 @@ class TcpTransport(Transport):
     rank's progress, answered to peers diagnosing a timeout; ``abort_handler(header,
     text)``: called on the progress thread when a peer aborts a group;
     ``handshake_timeout``: seconds an incoming connection may take to authenticate
-    (attribute, may be changed later; pass min(a few seconds, the group timeout)).
-    ``max_pending`` (attribute): unauthenticated incoming connections kept at once.
+    (pass min(a few seconds, the group timeout)); it and ``max_pending``, the number of
+    unauthenticated incoming connections kept at once, are attributes that apply to
+    connections accepted after a change.
     """
 
     def __init__(self, rank, world_size, store, prefix, host, secret: bytes,
