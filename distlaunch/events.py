@@ -52,7 +52,8 @@ def one_line(event: dict) -> str:
 
 class EventLog:
     """Thread-safe. ``emit(event)`` appends to the events file (if ``log_dir``) and shows
-    the one-line form through ``say`` when ``verbose(event)`` says so."""
+    the one-line form through ``say`` when ``verbose(event)`` says so. A file that cannot
+    be written is given up with one warning through ``say``; emit never raises."""
 
     def __init__(self, log_dir: str | None, run_id: str, say: Callable[[str], None] | None,
                  verbose: Callable[[dict], bool] = lambda e: True):
@@ -64,8 +65,14 @@ class EventLog:
         event = {**event, "time": round(time.time(), 3)}
         with self._lock:
             if self.path:
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                with open(self.path, "a") as f:
-                    f.write(json.dumps(event) + "\n")
+                try:
+                    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                    with open(self.path, "a") as f:
+                        f.write(json.dumps(event) + "\n")
+                except OSError as e:  # disk full, EIO ...: the job goes on without the file
+                    path, self.path = self.path, None
+                    if self.say:
+                        self.say(f"warning: cannot write {path} ({e.strerror}); events are "
+                                 f"no longer recorded there")
             if self.say and self.verbose(event):
                 self.say(one_line(event))

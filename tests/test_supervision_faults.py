@@ -177,3 +177,13 @@ def test_workers_get_the_users_nofile_limit():
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(line for line in res.stdout.splitlines() if "nofile" in line) == \
         ["[0]: nofile 1024", "[1]: nofile 1024"]
+
+
+def test_unwritable_events_file_warns_once_and_the_job_goes_on(tmp_path):
+    # events.jsonl cannot be opened (a directory stands in its place): one warning line
+    (tmp_path / "ev" / "events.jsonl").mkdir(parents=True)
+    res = dl("run", "--nproc-per-node", "2", "--log-dir", tmp_path, "--run-id", "ev",
+             "--max-restarts", "1", WORKERS / "actor.py", "--fail-rank", "0", "--fail-attempts", "1")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("events are no longer recorded") == 1, res.stderr
+    assert "Traceback" not in res.stderr
