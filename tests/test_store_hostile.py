@@ -249,3 +249,39 @@ def test_blocked_flooding_peer_that_goes_away_is_cleaned_up(server, client):
     assert eventually(lambda: server.num_connections == 1)
     client.set("gate", b"1")  # nobody is woken (the waiter was retired with its connection)
     assert client.get("gate") == b"1"
+
+
+FLOODER = """
+import collections, socket, sys
+held = collections.deque()
+port, hold = int(sys.argv[1]), int(sys.argv[2])
+print("flooding", flush=True)
+while True:
+    try:
+        held.append(socket.create_connection(("127.0.0.1", port)))
+    except OSError:
+        pass
+    if len(held) > hold:
+        held.popleft().close()
+"""
+
+
+def test_real_client_gets_in_during_a_connection_flood():
+    """Idle connections keep arriving (more than the cap) while a real client connects:
+    the oldest unauthenticated ones make room, and the client's handshake completes."""
+    cap = 1024
+    with StoreServer(token=TOKEN, max_unauthenticated=cap) as srv:
+        flooder = subprocess.Popen([sys.executable, "-c", FLOODER, str(srv.port), str(2 * cap)],
+                                   stdout=subprocess.PIPE, text=True)
+        try:
+            assert flooder.stdout.readline() == "flooding\n"
+            assert eventually(lambda: srv.stats["unauthenticated_dropped"] > cap, 20)
+            for _ in range(3):
+                with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10,
+                                 connect_timeout=10) as c:
+                    use(c)
+                    assert srv.num_connections <= cap + 1  # the cap, and this client
+            assert srv.stats["internal_errors"] == 0, srv.last_internal_error
+        finally:
+            flooder.kill()
+            flooder.wait(10)
