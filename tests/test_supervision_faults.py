@@ -10,28 +10,9 @@ import psutil
 import pytest
 
 from conftest import ROOT, WORKERS, dl, dl_cmd, dl_popen
+from test_supervision import survivors as alive, wait_for
 
 FAULTS = WORKERS / "faults.py"
-
-
-def wait_for(pred, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
-
-
-def alive(pids):
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def pids_in(d, prefix):
