@@ -24,22 +24,10 @@ import pytest
 
 from distlaunch.store import StoreClient, StoreServer
 from distlaunch.store import protocol as P
-from test_store import TOKEN, eventually, raw_connect, recv_frame, set_frame
+from test_store import (TOKEN, client, eventually, raw_connect, recv_frame,  # noqa: F401 (fixtures)
+                        server, set_frame)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-@pytest.fixture
-def server():
-    with StoreServer(token=TOKEN) as s:
-        yield s
-        assert s.stats["internal_errors"] == 0, s.last_internal_error
-
-
-@pytest.fixture
-def client(server):
-    with StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=10) as c:
-        yield c
 
 
 def get_frame(key: bytes, timeout: float) -> bytes:
