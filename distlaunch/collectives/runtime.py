@@ -40,7 +40,7 @@ from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError
 from .filestore import FileStore
 from .group import DEFAULT_TIMEOUT, ProcessGroup, to_seconds
 from .shm import available as shm_available
-from .tcp import TcpTransport
+from .tcp import HANDSHAKE_TIMEOUT, TcpTransport
 
 _BACKENDS = {None, "auto", "cpu", "gloo", "cpu:gloo"}
 
@@ -102,7 +102,8 @@ class Runtime:
         secret = self._init_wait([f"{ns}secret"], deadline, timeout)
         self.secret = secret.decode(errors="replace")
         self.transport = TcpTransport(rank, world_size, self.store, ns, host, secret,
-                                      self._status, self._abort)
+                                      self._status, self._abort,
+                                      handshake_timeout=min(HANDSHAKE_TIMEOUT, timeout))
         self.transport.late_handler = self._late
         try:
             self.store.set(f"{ns}node/{rank}", self._shm_node.encode())
