@@ -1,7 +1,7 @@
 """The chaos suite, long form: many random trials of 2 nodes x 2 workers with one fault
 each (see tests/chaos.py), with a summary of outcomes and the worst times.
 
-    python benchmarks/chaos.py --trials 100 [--seed 1] [--json results.jsonl]
+    python benchmarks/chaos.py --trials 100 [--seed 1] [--json results.jsonl] [--fault F ...]
 
 Head-mode trials use a real sshd on 127.0.0.2/127.0.0.3 (started here; needs root and
 openssh-server); without it they are skipped. Target: 0 hangs, 0 survivors, 0 files
@@ -29,6 +29,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="also write every trial's outcome as JSON lines here")
+    ap.add_argument("--fault", action="append", choices=sorted({f for fs in FAULTS.values() for f in fs}),
+                    help="only this fault (repeatable); default: every fault in every mode")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     sshd = proc = None
@@ -39,7 +41,8 @@ def main() -> None:
         proc = sshd.process
     except Exception as e:  # no sshd / not root: head mode is left out
         print(f"head mode skipped: {e}", file=sys.stderr)
-    cases = [(m, f) for m, fs in FAULTS.items() for f in fs if m != "head" or sshd]
+    cases = [(m, f) for m, fs in FAULTS.items() for f in fs
+             if (m != "head" or sshd) and (not args.fault or f in args.fault)]
     outcomes = []
     try:
         for i in range(args.trials):

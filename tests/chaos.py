@@ -7,7 +7,11 @@ Modes: ``head`` (distlaunch run -H node1:2,node2:2 through a real sshd), ``perno
 (two `distlaunch run --nnodes 2` launchers; node 0 hosts the store), ``dynamic`` (two
 launchers with --rdzv-endpoint on a standalone `distlaunch store`). Faults:
 kill_worker, stop_worker (SIGSTOP: its peers' collectives time out), kill_agent,
-kill_head, cut_store (SIGKILL the standalone store), freeze_store (SIGSTOP it).
+kill_head, cut_store (SIGKILL the standalone store), freeze_store (SIGSTOP it), and
+term_rendezvous: SIGTERM to a launcher (the head in head mode) while the job forms: the
+launchers start up to 2 s apart and the signal lands 0.3-2.5 s after the first start
+(at least 0.3 s after the victim's), in start-up, while connecting to the store, in
+rendezvous, or as the workers start.
 
 Every job process carries CHAOS_TRIAL=<id> in its initial environment (shipped to
 hosts with --env-all), which is how survivors are found. Used by tests/test_chaos.py
@@ -33,9 +37,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "workers" / "chaos_worker.py"
 FAULTS = {
-    "head": ("kill_worker", "stop_worker", "kill_agent", "kill_head"),
-    "pernode": ("kill_worker", "stop_worker", "kill_agent", "kill_head"),
-    "dynamic": ("kill_worker", "cut_store", "freeze_store"),
+    "head": ("kill_worker", "stop_worker", "kill_agent", "kill_head", "term_rendezvous"),
+    "pernode": ("kill_worker", "stop_worker", "kill_agent", "kill_head", "term_rendezvous"),
+    "dynamic": ("kill_worker", "cut_store", "freeze_store", "term_rendezvous"),
 }
 WORK_SECONDS = 3.0  # what the job computes when nothing goes wrong
 BOUND = 60.0  # a trial not over by then is a hang
@@ -93,29 +97,50 @@ def _workers(trial: str) -> list[psutil.Process]:
     return out
 
 
-def _launch(mode: str, trial: str, env: dict, sshd) -> tuple[list, subprocess.Popen | None]:
-    common = ["--max-restarts", "1", "--stop-timeout", "2", "--run-id", trial,
-              "--rdzv-conf", "heartbeat_timeout=3,heartbeat_interval=0.3,join_timeout=30"]
+def _launch(mode: str, trial: str, env: dict, sshd,
+            join_timeout: float = 30) -> tuple[list, subprocess.Popen | None]:
+    """The job's launcher command lines, and its store (started) in dynamic mode."""
+    common = ["--max-restarts", "1", "--stop-timeout", "2", "--run-id", trial, "--rdzv-conf",
+              f"heartbeat_timeout=3,heartbeat_interval=0.3,join_timeout={join_timeout:g}"]
     dl = [sys.executable, "-m", "distlaunch", "run"]
-    spawn = lambda args: subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,  # noqa: E731
-                                          stderr=subprocess.PIPE, text=True)
     work = [str(WORKER), str(WORK_SECONDS)]
     if mode == "head":
-        return [spawn(dl + ["--ssh-config", sshd.ssh_config, "-H", "node1:2,node2:2", "--env-all",
-                            *common, *work])], None
+        return [dl + ["--ssh-config", sshd.ssh_config, "-H", "node1:2,node2:2", "--env-all",
+                      *common, *work]], None
     port = _free_port()
-    store = None
     if mode == "dynamic":
         store = subprocess.Popen([sys.executable, "-m", "distlaunch", "store", "--port", str(port)],
                                  env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         store.stderr.readline()  # "listening": up before any launcher could bind the port
-        nodes = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-        procs = []
-        for _ in range(2):
-            procs.append(spawn(dl + nodes + ["--nproc-per-node", "2", *common, *work]))
-        return procs, store
-    return [spawn(dl + ["--nnodes", "2", "--node-rank", str(k), "--master-port", str(port),
-                        "--nproc-per-node", "2", *common, *work]) for k in range(2)], None
+        return [dl + ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                      "--nproc-per-node", "2", *common, *work] for _ in range(2)], store
+    return [dl + ["--nnodes", "2", "--node-rank", str(k), "--master-port", str(port),
+                  "--nproc-per-node", "2", *common, *work] for k in range(2)], None
+
+
+def _spawn(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _start_and_term(cmds: list, env: dict, rng, delay: float):
+    """term_rendezvous: start the launchers up to 2 s apart and SIGTERM one of them
+    ``delay`` s after the first start, or 0.3 s after its own start if that is later.
+    Returns (launchers, victim)."""
+    t0 = time.monotonic()
+    starts = [0.0] + [round(rng.uniform(0.0, 2.0), 2)] * (len(cmds) - 1)
+    pick = rng.randrange(len(cmds))
+    shoot = max(delay, starts[pick] + 0.3)
+    procs, victim = [], None
+    for at, what in sorted([(t, k) for k, t in enumerate(starts)] + [(shoot, "term")],
+                           key=lambda e: (e[0], e[1] == "term")):
+        time.sleep(max(0.0, t0 + at - time.monotonic()))
+        if what == "term":
+            victim = psutil.Process(procs[pick].pid)
+            victim.send_signal(signal.SIGTERM)
+        else:
+            procs.append(_spawn(cmds[what], env))
+    return procs, victim
 
 
 def _target(mode: str, fault: str, trial: str, procs: list, store, rng):
@@ -142,22 +167,31 @@ def _target(mode: str, fault: str, trial: str, procs: list, store, rng):
 
 def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
     trial = f"chaos{os.getpid()}x{rng.randrange(1 << 30)}"
-    delay = round(rng.uniform(0.3, WORK_SECONDS), 2)
+    forming = fault == "term_rendezvous"
+    delay = round(rng.uniform(0.3, 2.5) if forming else rng.uniform(0.3, WORK_SECONDS), 2)
     out = Outcome(mode, fault, delay)
     env = dict(os.environ, CHAOS_TRIAL=trial, PYTHONPATH=str(ROOT),
                DISTLAUNCH_STORE_TOKEN=f"secret-{trial}")  # shared by per-node launchers and store
     env.pop("OMP_NUM_THREADS", None)
-    procs, store = _launch(mode, trial, env, sshd)
+    # A node whose peer was stopped before it joined waits join_timeout for it.
+    cmds, store = _launch(mode, trial, env, sshd, join_timeout=10 if forming else 30)
+    procs = []
     frozen = []
     try:
-        started = time.monotonic()
-        while time.monotonic() - started < 30 and len(_workers(trial)) < 4:
-            time.sleep(0.05)
-        time.sleep(delay)
-        victim, sig = _target(mode, fault, trial, procs, store, rng)
-        t_fault = time.monotonic()
+        if forming:
+            procs, victim = _start_and_term(cmds, env, rng, delay)
+            t_fault, sig = time.monotonic(), None
+            out.delivered = True
+        else:
+            procs = [_spawn(c, env) for c in cmds]
+            started = time.monotonic()
+            while time.monotonic() - started < 30 and len(_workers(trial)) < 4:
+                time.sleep(0.05)
+            time.sleep(delay)
+            victim, sig = _target(mode, fault, trial, procs, store, rng)
+            t_fault = time.monotonic()
         before = set()
-        if victim is not None:
+        if victim is not None and sig is not None:
             try:
                 before = {p.pid for p in _workers(trial)} - {victim.pid}
                 victim.send_signal(sig)
@@ -232,11 +266,16 @@ def _judge(out: Outcome, errs: list[str]) -> None:
     for code, err in zip(out.codes, errs):
         if code == -signal.SIGKILL:  # the launcher we killed
             continue
+        if code == -signal.SIGTERM and out.fault == "term_rendezvous":
+            continue  # signalled before Python installed its handlers: nothing had started
         if code == 0:
             m = re.findall(r"succeeded after (\d+) restart", err or "")
             out.restarts = int(m[-1]) if m else 0
-        elif not re.search(r"root cause|was lost|lost the store|stopped by signal", err or ""):
+        elif not re.search(r"root cause|was lost|lost the store|stopped by signal|gave up waiting"
+                           r"|could not connect|nodes arrived within", err or ""):
             out.problems.append(f"exit {code} without a reason: {(err or '').strip()[-300:]}")
+    if out.fault == "term_rendezvous" and 0 in out.codes:
+        out.problems.append("a launcher completed the job although one was stopped while it formed")
     if out.fault in ("kill_worker", "stop_worker") and out.delivered:
         if out.codes and all(c == 0 for c in out.codes) and out.restarts != 1:
             # a fault that landed after the workers finished needs no restart

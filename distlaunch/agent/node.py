@@ -158,9 +158,13 @@ class NodeAgent:
             # Blocking rendezvous calls carry their own timeouts; every other call must
             # not outwait a store that stopped answering by much.
             with relay.interruptible():
-                client = StoreClient(self.store_addr.host, self.store_addr.port,
-                                     token=self.store_addr.token, timeout=60.0,
-                                     connect_timeout=o.join_timeout, on_retry=self._connect_report())
+                try:
+                    client = StoreClient(self.store_addr.host, self.store_addr.port,
+                                         token=self.store_addr.token, timeout=60.0,
+                                         connect_timeout=o.join_timeout,
+                                         on_retry=self._connect_report())
+                except StoreError as e:  # never reached: not "lost"
+                    raise RendezvousError(str(e)) from e
             rdzv = Rendezvous(client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout,
                               on_wait=self.on_event)
             while True:

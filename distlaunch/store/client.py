@@ -165,7 +165,7 @@ class StoreClient:
             if remaining <= 0:
                 raise StoreTimeoutError(
                     f"could not connect to the store at {self.host}:{self.port} within "
-                    f"{self._connect_timeout:g} s (last problem: {problem})")
+                    f"{self._connect_timeout:g} s: {problem}")
             try:
                 sock = socket.create_connection((self.host, self.port),
                                                 timeout=min(remaining, _ATTEMPT_SECONDS))
@@ -194,21 +194,20 @@ class StoreClient:
         self._sock_limit = None
 
     def _connect_problem(self, e: OSError) -> str | None:
-        """What a failed connection attempt says about the endpoint, in one line; None
-        when retrying cannot help."""
-        where = f"{self.host}:{self.port}"
+        """What a failed connection attempt says about the endpoint (which the caller
+        names), in one line; None when retrying cannot help."""
         if isinstance(e, socket.gaierror):
             if e.errno in _RETRYABLE_LOOKUP:
                 return f"the host name {self.host!r} does not resolve ({e.strerror})"
             return None
         if isinstance(e, socket.timeout) or e.errno == errno.ETIMEDOUT:
-            return (f"connecting to {where} timed out (a wrong or unreachable address, or a "
-                    f"firewall dropping the packets)")
+            return ("connecting timed out (a wrong or unreachable address, or a firewall "
+                    "dropping the packets)")
         if e.errno == errno.ECONNREFUSED:
-            return (f"connection refused at {where} (nothing listens on that port yet; a "
-                    f"socket bound there without listening looks the same)")
+            return ("connection refused (nothing listens on that port yet; a socket bound "
+                    "there without listening looks the same)")
         if e.errno in _RETRYABLE_CONNECT:
-            return f"cannot reach {where} ({e.strerror or e})"
+            return f"cannot reach it ({e.strerror or e})"
         return None
 
     def _handshake(self, timeout: float) -> None:
@@ -220,13 +219,13 @@ class StoreClient:
         try:
             mtype, body = self._read_frame()
         except StoreTimeoutError:
-            raise _NoGreeting(f"the process listening at {self.host}:{self.port} accepted the "
-                              f"connection but sent no greeting within {greeting:g} s (another "
-                              f"program on that port, not a distlaunch store?)") from None
+            raise _NoGreeting(f"the process listening there accepted the connection but sent "
+                              f"no greeting within {greeting:g} s (another program on that "
+                              f"port, not a distlaunch store?)") from None
         except StoreConnectionError as e:
-            raise _NoGreeting(f"the process listening at {self.host}:{self.port} closed the "
-                              f"connection before greeting (another program on that port, not "
-                              f"a distlaunch store?): {e}") from None
+            raise _NoGreeting("the process listening there closed the connection before "
+                              "greeting (another program on that port, not a distlaunch "
+                              "store?)") from None
         self._sock.settimeout(timeout)
         if mtype != P.HELLO or len(body) != len(P.MAGIC) + P.NONCE_BYTES or \
                 not body.startswith(P.MAGIC):
