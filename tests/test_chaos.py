@@ -1,6 +1,7 @@
 """The chaos suite, short form: every fault once in every mode (the benchmark script
 benchmarks/chaos.py runs 100 random trials)."""
 import random
+import signal
 
 import pytest
 
@@ -20,3 +21,5 @@ def test_fault_ends_cleanly(mode, fault, request):
         assert all(c == 0 for c in out.codes), out  # restarted and completed
     if fault in ("kill_agent", "cut_store", "freeze_store"):
         assert any(c not in (0, -9) for c in out.codes), out  # the survivors say why they stop
+    if fault == "term_rendezvous":  # the launcher told to stop says so (or died of it unset)
+        assert {128 + signal.SIGTERM, -signal.SIGTERM} & set(out.codes), out
