@@ -124,6 +124,14 @@ def test_signal_while_waiting_for_a_node_to_join(launchers, sigs):
     assert time.monotonic() - t0 < PROMPT
 
 
+def test_waiting_for_a_node_is_not_silent(launchers):
+    port = free_port()
+    n0 = node(launchers, 0, port)
+    assert wait_for(lambda: n0.said("rendezvous round 0: waiting for node(s) 1 (", "of 60 s)"), 15), n0.lines
+    n0.signal(signal.SIGTERM)
+    assert_stopped_by(n0, signal.SIGTERM)
+
+
 @pytest.mark.parametrize("victim", [0, 1])
 def test_signal_in_rendezvous_stops_the_other_waiting_nodes(launchers, victim):
     """Nodes 0 and 1 of 3 wait for node 2; a signal to either stops both (the store's
