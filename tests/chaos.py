@@ -13,9 +13,11 @@ launchers start up to 2 s apart and the signal lands 0.3-2.5 s after the first s
 (at least 0.3 s after the victim's), in start-up, while connecting to the store, in
 rendezvous, or as the workers start.
 
-Every job process carries CHAOS_TRIAL=<id> in its initial environment (shipped to
-hosts with --env-all), which is how survivors are found. Used by tests/test_chaos.py
-and benchmarks/chaos.py.
+Every job process carries the trial's id in its initial environment, which is how
+survivors are found: CHAOS_TRIAL=<id> (the workers get it through --env-all in head
+mode), and an entry naming it on PYTHONPATH, the one variable a head-mode agent gets on
+its SSH command line (the rest of its environment travels on stdin). Used by
+tests/test_chaos.py and benchmarks/chaos.py.
 """
 
 from __future__ import annotations
@@ -73,11 +75,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _marker(trial: str) -> str:
+    """A PYTHONPATH entry naming the trial (no such directory: Python skips it)."""
+    return str(ROOT / f".chaos-{trial}")
+
+
+def _leftovers(trial: str) -> list[str]:
+    return (glob.glob(os.path.join(tempfile.gettempdir(), f"distlaunch_{trial}_*"))
+            + glob.glob(f"/dev/shm/*{trial}*"))
+
+
 def job_processes(trial: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter():
         try:
-            if p.environ().get("CHAOS_TRIAL") == trial:
+            env = p.environ()
+            if env.get("CHAOS_TRIAL") == trial or _marker(trial) in env.get("PYTHONPATH", ""):
                 found.append(p)
         except psutil.Error:
             pass
@@ -170,7 +183,7 @@ def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
     forming = fault == "term_rendezvous"
     delay = round(rng.uniform(0.3, 2.5) if forming else rng.uniform(0.3, WORK_SECONDS), 2)
     out = Outcome(mode, fault, delay)
-    env = dict(os.environ, CHAOS_TRIAL=trial, PYTHONPATH=str(ROOT),
+    env = dict(os.environ, CHAOS_TRIAL=trial, PYTHONPATH=f"{ROOT}{os.pathsep}{_marker(trial)}",
                DISTLAUNCH_STORE_TOKEN=f"secret-{trial}")  # shared by per-node launchers and store
     env.pop("OMP_NUM_THREADS", None)
     # A node whose peer was stopped before it joined waits join_timeout for it.
@@ -226,8 +239,7 @@ def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
         if store is not None:
             store.kill()
             store.wait()
-        out.leftovers = (glob.glob(os.path.join(tempfile.gettempdir(), f"distlaunch_{trial}_*"))
-                         + glob.glob(f"/dev/shm/*{trial}*"))
+        out.leftovers = _leftovers(trial)
     if out.survivors:
         out.problems.append(f"{len(out.survivors)} survivor(s): {out.survivors[:3]}")
     if out.leftovers:
