@@ -9,10 +9,19 @@ Names, argument order and semantics follow torch.distributed; see docs/collectiv
 Importing this package loads only the standard library, numpy and distlaunch's
 errors/env modules (no torch, click, psutil, paramiko or yaml).
 
-Modules: ``runtime`` (init, groups), ``api`` (tensor ops), ``objects`` (object ops),
-``group`` (process groups, Work, failure handling), ``algorithms``, ``ops``
-(ReduceOp), ``buffers``, ``transport`` (interface) and ``tcp``, ``wire`` (message
-header), ``filestore``.
+Modules, lowest layer first (each imports only from its own or lower layers; checked
+by tests/test_collectives_layers.py):
+
+- ``errors``, ``wire`` (message header), ``ops`` (ReduceOp), ``buffers`` (user buffers
+  as numpy arrays), ``filestore``, ``transport`` (the point-to-point interface);
+- ``context`` (one running operation, a group's members), ``work`` (Work handles);
+- ``tcp`` (the TCP transport), ``shm`` (a group's shared-memory channel);
+- ``algorithms`` (over TCP), ``shm_algorithms`` (over the channel);
+- ``backend`` (one method per collective: TCP and shared-memory backends),
+  ``hierarchy`` (the backend of groups spanning nodes);
+- ``group`` (ProcessGroup: sequencing, backend choice, failure handling);
+- ``runtime`` (init_process_group, new_group, destroy);
+- ``api`` (tensor operations), ``objects`` (object operations); ``bench``.
 """
 
 from .api import (P2POp, all_gather, all_gather_into_tensor, all_gather_single, all_reduce, all_to_all,
@@ -21,13 +30,14 @@ from .api import (P2POp, all_gather, all_gather_into_tensor, all_gather_single, 
 from .errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError, CollectiveTimeoutError,
                      NotInitializedError, PeerLostError)
 from .filestore import FileStore
-from .group import ProcessGroup, Work
+from .group import ProcessGroup
 from .objects import (all_gather_object, broadcast_object_list, gather_object, recv_object_list,
                       scatter_object_list, send_object_list)
 from .ops import ReduceOp, reduce_op
 from .runtime import (GroupMember, destroy_process_group, get_backend, get_global_rank,
                       get_group_rank, get_process_group_ranks, get_rank, get_world_size, init_process_group,
                       is_available, is_initialized, new_group)
+from .work import Work
 
 __all__ = [
     # groups

@@ -35,6 +35,8 @@ import time
 
 import numpy as np
 
+import distlaunch.collectives as dist
+
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
@@ -190,7 +192,6 @@ def main(argv=None) -> int:
     except (ValueError, TypeError) as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2
-    import distlaunch.collectives as dist
     dist.init_process_group()
     rank, n = dist.get_rank(), dist.get_world_size()
     if args.plot and importlib.util.find_spec("matplotlib") is None:
@@ -201,7 +202,7 @@ def main(argv=None) -> int:
         return 2
     world = dist.GroupMember.WORLD
     dist.barrier()
-    transport = "shared memory" if world._shm is not None else "tcp"
+    transport = "shared memory" if world.backend == "shm" else "tcp"
     rows = []
     if rank == 0 and not args.json:
         print(f"# distlaunch.collectives {args.op}: {n} ranks, dtype {dtype}, transport {transport}, "

@@ -1,4 +1,13 @@
-"""Process groups, per-operation contexts, ``Work`` handles, and failure handling.
+"""Process groups: sequence numbers, the choice of backend, one method per collective,
+and failure handling.
+
+A :class:`ProcessGroup` method per collective (``all_reduce(arr, op, async_op)``, ...)
+takes flat, C-contiguous numpy arrays already checked by the caller (the public API in
+:mod:`.api`, or a torch ProcessGroup wrapper) and group ranks, and returns None or, with
+``async_op=True``, a :class:`~.work.Work`. The collective itself runs on the group's
+:class:`~.backend.Backend`, chosen once by the first collective (shared memory when
+every member is on this node, hierarchical when members span nodes and some share one,
+else TCP).
 
 Each collective call gets the group's next sequence number in the calling thread, so
 program order defines the order on every rank. Blocking calls run in the calling thread
@@ -20,286 +29,131 @@ Failure handling (see docs/collectives.md):
 
 from __future__ import annotations
 
-import datetime
-import queue
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, Callable
 
-from .errors import (CollectiveArgumentError, CollectiveError, CollectiveMismatchError,
-                     CollectiveTimeoutError, PeerLostError)
-from .ops import ReduceOp
-from .wire import ABORT, ABORT_MISMATCH, ABORT_PEER_LOST, COLL, DTYPE_NAMES, NO_REDOP, OP_CODES, OP_NAMES, Header
+import numpy as np
 
-DEFAULT_TIMEOUT = 1800.0
+from .backend import TCP, Backend, ShmBackend
+from .buffers import byte_view
+from .context import DEFAULT_TIMEOUT, Members, OpContext, OpTimeout, SmallCall, to_seconds
+from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
+from .hierarchy import HierarchicalBackend
+from .ops import ReduceOp, check_op
+from .shm import ShmChannel
+from .transport import Request
+from .wire import (ABORT, ABORT_MISMATCH, ABORT_OTHER, ABORT_PEER_LOST, DTYPE_CODES, DTYPE_NAMES, NO_REDOP,
+                   OP_CODES, OP_NAMES, P2P, Header)
+from .work import Executor, RequestWork, Work
+
+__all__ = ["ProcessGroup", "Work", "DEFAULT_TIMEOUT", "to_seconds"]
+
 _STATUS_WAIT = 2.0  # seconds to collect peers' status after a timeout
 _ABORT_GRACE = 0.25  # seconds a lost peer's ABORT may trail its connection's end
+_BARRIER = SmallCall("barrier", OP_CODES["barrier"], 0, 0)
+
+# body(backend, ctx) -> result: one collective on the group's backend
+Body = Callable[[Backend, OpContext], Any]
 
 
-def to_seconds(timeout, name: str = "timeout") -> float | None:
-    """float seconds from None, a number or a datetime.timedelta."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, datetime.timedelta):
-        timeout = timeout.total_seconds()
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise CollectiveArgumentError(f"{name} must be a positive number of seconds or a timedelta, not {timeout!r}")
-    return float(timeout)
+def _meta(arr: np.ndarray, count: int | None = None, root: int = -1, redop: ReduceOp | None = None) -> dict:
+    """Header fields of an operation on ``arr`` (checked against every peer's)."""
+    return dict(dtype=DTYPE_CODES[arr.dtype], count=arr.size if count is None else count, root=root, redop=redop)
 
 
-class _OpTimeout(Exception):
-    """Internal: a wait ran past the deadline; ``peers`` are the group ranks waited on."""
-
-    def __init__(self, peers):
-        super().__init__(peers)
-        self.peers = peers
-
-
-class Work:
-    """Handle of an operation started with ``async_op=True`` / ``isend`` / ``irecv``
-    (as ``torch.distributed.Work``).
-
-    ``wait(timeout=None)`` blocks until the operation finished (``timeout``: seconds or
-    timedelta, default the group timeout) and returns True; it re-raises the operation's
-    CollectiveError, or raises CollectiveTimeoutError if it is still running after
-    ``timeout`` (the operation itself keeps its own deadline). ``is_completed()`` never
-    blocks.
-    """
-
-    def __init__(self, name: str, timeout: float):
-        self._name = name
-        self._timeout = timeout
-        self._event = threading.Event()
-        self._error: BaseException | None = None
-        self._result = None
-
-    def _finish(self, result=None, error=None):
-        self._result, self._error = result, error
-        self._event.set()
-
-    def is_completed(self) -> bool:
-        return self._event.is_set()
-
-    def is_success(self) -> bool:
-        return self._event.is_set() and self._error is None
-
-    def exception(self):
-        return self._error
-
-    def wait(self, timeout=None) -> bool:
-        t = self._timeout if timeout is None else to_seconds(timeout)
-        if not self._event.wait(t):
-            raise CollectiveTimeoutError(f"{self._name} did not complete within {t:g} s")
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def result(self):
-        """Wait, then return the operation's result (the source rank for irecv)."""
-        self.wait()
-        return self._result
-
-
-class _RequestWork(Work):
-    """Work of one point-to-point request; completes with the transport request."""
-
-    def __init__(self, name, timeout, req, on_done):
-        super().__init__(name, timeout)
-        self._req = req
-        self._on_done = on_done  # (req, timed_out) -> result, raises on failure
-        self._lock = threading.Lock()
-
-    def is_completed(self) -> bool:
-        return self._req.done
-
-    def wait(self, timeout=None) -> bool:
-        t = self._timeout if timeout is None else to_seconds(timeout)
-        with self._lock:
-            if not self._event.is_set():
-                if not self._req.wait(t):
-                    raise CollectiveTimeoutError(self._on_done(self._req, True))
-                try:
-                    self._finish(self._on_done(self._req, False))
-                except CollectiveError as e:
-                    self._finish(error=e)
-        if self._error is not None:
-            raise self._error
-        return True
-
-
-class _Executor:
-    """Runs a group's async collectives in submission order on one daemon thread."""
-
-    def __init__(self, name):
-        self._name = name
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending = 0
-        self._cv = threading.Condition()
-        self._thread = None
-
-    def submit(self, fn, work: Work):
-        with self._cv:
-            self._pending += 1
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                self._thread.start()
-        self._queue.put((fn, work))
-
-    def stop(self):
-        """Let the thread exit once the queued jobs ran, and wait for it (up to 5 s) so
-        that no thread of ours still holds user buffers (e.g. torch tensors) when the
-        interpreter shuts down."""
-        if self._thread is not None:
-            self._queue.put(None)
-            if self._thread is not threading.current_thread():
-                self._thread.join(timeout=5)
-            self._thread = None
-
-    def _loop(self):
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            fn, work = job
-            try:
-                work._finish(fn())
-            except BaseException as e:  # delivered to whoever waits on the Work
-                work._finish(error=e)
-            del job, fn, work  # do not keep the last operation's buffers alive
-            with self._cv:
-                self._pending -= 1
-                self._cv.notify_all()
-
-    def drain(self):
-        """Block until every submitted job finished (each has its own deadline)."""
-        with self._cv:
-            self._cv.wait_for(lambda: self._pending == 0)
-
-
-class ProcessGroup:
+class ProcessGroup(Members):
     """A set of global ranks that run collectives together (torch's ProcessGroup).
 
     ``ranks``: sorted global ranks; ``rank``: this process's rank in the group;
-    ``size``; ``timeout``: seconds for every operation on the group.
+    ``size``; ``timeout``: seconds for every operation on the group. ``runtime``:
+    the :class:`~.runtime.Runtime` (its transport, rank, node keys and shared-memory
+    settings).
+
+    The collective methods take flat C-contiguous numpy arrays (views of the caller's
+    buffers: results are written in place) and group ranks; they block unless
+    ``async_op`` and raise as documented in :mod:`.api` (arguments are the caller's to
+    check: only the reduce op against the dtype is checked here).
     """
 
-    def __init__(self, runtime, gid: int, ranks: list, timeout: float, name: str):
-        self.runtime = runtime
-        self.gid = gid
-        self.ranks = list(ranks)
-        self.size = len(ranks)
-        self.rank = ranks.index(runtime.rank)
-        self.timeout = timeout
-        self.name = name
-        self._index = {g: i for i, g in enumerate(ranks)}
-        self._seq = 0
+    def __init__(self, runtime: Any, gid: int, ranks: list, timeout: float, name: str):
+        super().__init__(runtime, gid, ranks, timeout, name)
         self._current_op = 0
         self._seq_lock = threading.Lock()
-        self._executor = _Executor(f"distlaunch-coll-{name}")
-        self.broken: BaseException | None = None
+        self._executor = Executor(f"distlaunch-coll-{name}")
         self.completed = 0  # sequence number of the last finished collective
-        self._shm = None      # shm.ShmGroup when every member is on this node
-        self._hier = None     # hierarchy.Hierarchy when members span nodes, some shared
-        self._shm_decided = False
-        self.parent = None    # the group a node-local / leader sub-group serves
-        self._fast_ctx = None  # OpContext reused by run_small_shm
+        self._backend: Backend | None = None   # chosen by the first collective
+        self._fast: ShmBackend | None = None   # the backend when it has a small-op fast path
+        self._fast_ctx: OpContext | None = None  # reused by _run_small
 
-    def __repr__(self):
-        return f"ProcessGroup({self.name}, ranks={self.ranks})"
+    @property
+    def backend(self) -> str | None:
+        """"tcp", "shm" or "hierarchical" once the first collective chose it, else None."""
+        return None if self._backend is None else self._backend.kind
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         """Stop the group's async executor thread and unmap/unlink its shared memory
         (on destroy)."""
         self._executor.stop()
         self._fast_ctx = None  # its cached call may hold views of the segment
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
-        if self._hier is not None:
-            self._hier.shutdown()
+        self._fast = None
+        if self._backend is not None:
+            self._backend.close()
+            if self._backend.channel is not None:
+                self._backend = TCP
 
-    def shm_channel(self):
-        """The group's shared-memory channel, or None (members on several nodes, shared
-        memory disabled, or a single rank). Decided and created by the first collective
-        (every member decides alike, from the node ids all ranks published)."""
-        if not self._shm_decided:
-            self._shm_decided = True
-            name = self.runtime.shm_name(self)
-            if name is not None:
-                from .shm import ShmGroup
-                self._shm = ShmGroup(self, name)
-            elif self.parent is None and self.size > 2:
-                keys = self.runtime.node_keys(self)
-                shared = [k for k in set(keys) if k.startswith("L:") and keys.count(k) > 1]
-                if shared and len(set(keys)) > 1:
-                    from .hierarchy import Hierarchy
-                    self._hier = Hierarchy(self, keys)
-        return self._shm
-
-    # -- rank translation
-
-    def group_rank(self, global_rank: int, what: str = "rank") -> int:
-        try:
-            return self._index[global_rank]
-        except (KeyError, TypeError):
-            raise CollectiveArgumentError(f"{what}={global_rank!r} is not a rank of {self.name} "
-                                          f"(ranks {self.ranks})") from None
-
-    def check_group_rank(self, group_rank, what: str) -> int:
-        if isinstance(group_rank, bool) or not isinstance(group_rank, int) or not 0 <= group_rank < self.size:
-            raise CollectiveArgumentError(f"{what}={group_rank!r} is outside 0..{self.size - 1} of {self.name}")
-        return group_rank
+    def _choose_backend(self) -> Backend:
+        """Decided by the first collective, alike on every member (from the node ids all
+        ranks published): shared memory, hierarchical or TCP."""
+        rt = self.runtime
+        name = rt.shm_name(self)
+        backend: Backend = TCP
+        if name is not None:
+            backend = self._fast = ShmBackend(ShmChannel(self, name, rt.shm_config))
+        elif self.size > 2:
+            keys = rt.node_keys(self)
+            shared = [k for k in set(keys) if k.startswith("L:") and keys.count(k) > 1]
+            if shared and len(set(keys)) > 1:
+                backend = HierarchicalBackend(self, keys, rt.shm_name, rt.shm_config)
+        self._backend = backend
+        return backend
 
     # -- running operations
 
-    def status(self):
+    def status(self) -> tuple[int, int]:
         """(last sequence number called, its op code): answered to diagnosing peers."""
-        return self._seq, self._current_op
+        return self.seq, self._current_op
 
-    def check_usable(self):
+    def check_usable(self) -> None:
+        """Raise the first failure's class when the group is broken."""
         if self.broken is not None:
             raise _reraise(self.broken, f"{self.name} is unusable after an earlier failure "
                                         f"(destroy and re-initialise the process group)")
 
-    def run(self, name: str, body, async_op: bool, timeout: float | None = None, shm_body=None, hier_body=None,
-            **meta):
-        """Run collective ``body(ctx)`` as the group's next operation; blocking unless
-        ``async_op`` (then returns a Work). ``meta``: dtype/count/root/redop for the
-        header check. On a group with shared memory ``shm_body(ctx)`` runs instead, or,
-        when None, a shared-memory mismatch check (a barrier) and then ``body``. On a
-        group spanning nodes with shared memory inside them, ``hier_body(ctx,
-        hierarchy)`` runs if given (else ``body``, flat over TCP)."""
+    def run(self, name: str, body: Body, async_op: bool, timeout: float | None = None, **meta: Any) -> Any:
+        """Run collective ``body(backend, ctx)`` as the group's next operation; blocking
+        unless ``async_op`` (then returns a Work). ``meta``: dtype/count/root/redop for
+        the header check; ``timeout``: seconds for this call (default the group's)."""
         self.check_usable()
         with self._seq_lock:
-            self._seq += 1
-            seq = self._seq
+            self.seq += 1
+            seq = self.seq
             self._current_op = OP_CODES[name]
 
         def execute():
             ctx = OpContext(self, name, seq, timeout=timeout, **meta)
             try:
-                ctx.shm = self._shm if self._shm_decided else self.shm_channel()
-                if ctx.shm is None and self._hier is not None and hier_body is not None:
-                    result = hier_body(ctx, self._hier)
-                    self.completed = seq
-                    return result  # the sub-operations checked their own leftovers
-                if ctx.shm is None:
-                    result = body(ctx)
-                elif shm_body is not None:
-                    result = shm_body(ctx)
-                    self.completed = seq
-                    return result  # no TCP messages: nothing can be left over
-                else:
-                    from .shm import preamble
-                    preamble(ctx)
-                    result = body(ctx)
+                backend = self._backend or self._choose_backend()
+                ctx.shm = backend.channel
+                result = body(backend, ctx)
                 self.completed = seq
-                # every message of a correct collective is received inside it: one left
-                # over means its sender ran a different op/root/size
-                ctx.check_leftovers()
+                if name not in backend.native_ops:
+                    # every message of a correct collective is received inside it: one left
+                    # over means its sender ran a different op/root/size
+                    ctx.check_leftovers()
                 return result
             except BaseException as e:
-                raise self._failed(ctx, e) from (None if isinstance(e, _OpTimeout) else e)
+                raise self._failed(ctx, e) from (None if isinstance(e, OpTimeout) else e)
             finally:
                 ctx.cancel_pending()
 
@@ -307,13 +161,13 @@ class ProcessGroup:
             work = Work(f"{name} #{seq} on {self.name}", None)  # the op has its own deadline
             self._executor.submit(execute, work)
             return work
-        if self._executor._pending:  # only this thread submits: a stale 0 is impossible
+        if self._executor.pending:  # only this thread submits: a stale 0 is impossible
             self._executor.drain()
         return execute()
 
-    def run_small_shm(self, call, fn, *args):
+    def _run_small(self, call: SmallCall, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for a small operation on a shared-memory group
-        (the caller checked ``self._shm``): ``fn(ctx, *args)`` with a reused context, no
+        (the caller checked ``self._fast``): ``fn(ctx, *args)`` with a reused context, no
         closures, no TCP leftovers to check. ``call``: a SmallCall (or any object with
         its fields) describing the call for mismatch checks; reusing the same object for
         repeated calls skips copying it. Same sequence numbers, deadline and failure
@@ -321,15 +175,15 @@ class ProcessGroup:
         if self.broken is not None:
             self.check_usable()
         with self._seq_lock:
-            self._seq += 1
-            seq = self._seq
+            self.seq += 1
+            seq = self.seq
             self._current_op = call.op
-        if self._executor._pending:
+        if self._executor.pending:
             self._executor.drain()
         ctx = self._fast_ctx
         if ctx is None:
             ctx = self._fast_ctx = OpContext(self, call.name, seq)
-            ctx.shm = self._shm
+            ctx.shm = self._fast.channel
         if ctx.call is not call:
             ctx.call = call
             ctx.name, ctx.op, ctx.dtype, ctx.count = call.name, call.op, call.dtype, call.count
@@ -339,10 +193,142 @@ class ProcessGroup:
         try:
             fn(ctx, *args)
         except BaseException as e:
-            raise self._failed(ctx, e) from (None if isinstance(e, _OpTimeout) else e)
+            raise self._failed(ctx, e) from (None if isinstance(e, OpTimeout) else e)
         self.completed = seq
 
-    def _failed(self, ctx, e) -> BaseException:
+    # -- collectives (one method each; arrays flat and checked, roots group ranks)
+
+    def barrier(self, async_op: bool = False, timeout: float | None = None) -> Work | None:
+        """Until every member called barrier; ``timeout``: seconds for this call only."""
+        fast = self._fast
+        if fast is not None and not async_op and timeout is None:
+            return self._run_small(_BARRIER, fast.barrier)
+        return self.run("barrier", lambda b, ctx: b.barrier(ctx), async_op, dtype=0, count=0, timeout=timeout)
+
+    def broadcast(self, arr: np.ndarray, root: int, async_op: bool = False) -> Work | None:
+        """``arr`` of ``root`` into ``arr`` on every member (read-only on the root is fine)."""
+        fast = self._fast
+        if fast is not None and not async_op and arr.nbytes <= fast.small:
+            return self._run_small(SmallCall("broadcast", OP_CODES["broadcast"], DTYPE_CODES[arr.dtype], arr.size,
+                                             root), fast.broadcast, arr, root)
+        return self.run("broadcast", lambda b, ctx: b.broadcast(ctx, arr, root), async_op, **_meta(arr, root=root))
+
+    def all_reduce(self, arr: np.ndarray, op: ReduceOp, async_op: bool = False) -> Work | None:
+        """``arr`` reduced over the members with ``op``, bit-identical on every member.
+        CollectiveArgumentError when ``op`` is not defined for the dtype."""
+        fast = self._fast
+        if fast is not None and not async_op and arr.nbytes <= fast.small:
+            plan = fast.small_all_reduce_plan(arr, op)  # checks op against the dtype once
+            return self._run_small(plan, fast.small_all_reduce, arr, plan)
+        check_op(op, arr.dtype)
+        return self.run("all_reduce", lambda b, ctx: b.all_reduce(ctx, arr, op), async_op, **_meta(arr, redop=op))
+
+    def reduce(self, arr: np.ndarray, op: ReduceOp, root: int, async_op: bool = False) -> Work | None:
+        """The reduction into ``arr`` on ``root``; other members' ``arr`` is unchanged."""
+        check_op(op, arr.dtype)
+        return self.run("reduce", lambda b, ctx: b.reduce(ctx, arr, op, root), async_op,
+                        **_meta(arr, root=root, redop=op))
+
+    def all_gather(self, outs: list, inp: np.ndarray, async_op: bool = False) -> Work | None:
+        """``outs[i]`` (n arrays of ``inp``'s size and dtype) receives member i's ``inp``."""
+        return self.run("all_gather", lambda b, ctx: b.all_gather(ctx, outs, inp), async_op, **_meta(inp))
+
+    def all_gather_into_tensor(self, out: np.ndarray, inp: np.ndarray, async_op: bool = False) -> Work | None:
+        """``out`` (n times ``inp``'s size) receives the members' inputs concatenated."""
+        m = inp.size
+        outs = [out[i * m:(i + 1) * m] for i in range(self.size)]
+        return self.run("all_gather_into_tensor", lambda b, ctx: b.all_gather(ctx, outs, inp), async_op,
+                        **_meta(inp))
+
+    def reduce_scatter(self, out: np.ndarray, ins: list | np.ndarray, op: ReduceOp,
+                       async_op: bool = False) -> Work | None:
+        """``out`` on member i receives the reduction of block i of every member's input:
+        ``ins[i]`` of a list of n arrays, or the i-th of n equal blocks of one array
+        (``reduce_scatter_tensor``); inputs are not modified."""
+        check_op(op, out.dtype)
+        name = "reduce_scatter_tensor" if isinstance(ins, np.ndarray) else "reduce_scatter"
+        return self.run(name, lambda b, ctx: b.reduce_scatter(ctx, out, ins, op), async_op,
+                        **_meta(out, redop=op))
+
+    def scatter(self, out: np.ndarray, ins: list | None, root: int, async_op: bool = False) -> Work | None:
+        """``out`` on member i receives ``ins[i]`` of ``root`` (``ins`` None elsewhere)."""
+        return self.run("scatter", lambda b, ctx: b.scatter(ctx, out, ins, root), async_op,
+                        **_meta(out, root=root))
+
+    def gather(self, inp: np.ndarray, outs: list | None, root: int, async_op: bool = False) -> Work | None:
+        """``outs[i]`` on ``root`` receives member i's ``inp`` (``outs`` None elsewhere)."""
+        return self.run("gather", lambda b, ctx: b.gather(ctx, inp, outs, root), async_op,
+                        **_meta(inp, root=root))
+
+    def all_to_all(self, outs: list, ins: list, async_op: bool = False) -> Work | None:
+        """``ins[i]`` goes to member i, ``outs[i]`` comes from member i (one dtype; sizes
+        agree between sender and receiver)."""
+        return self.run("all_to_all", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op,
+                        **_meta(ins[0], count=0))
+
+    def all_to_all_single(self, out: np.ndarray, inp: np.ndarray, out_bounds: list, in_bounds: list,
+                          async_op: bool = False) -> Work | None:
+        """As all_to_all on the element ranges ``[(start, end)]`` of ``out`` and ``inp``."""
+        outs = [out[a:b] for a, b in out_bounds]
+        ins = [inp[a:b] for a, b in in_bounds]
+        return self.run("all_to_all_single", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op,
+                        **_meta(inp, count=0))
+
+    # -- point to point (over TCP on every backend; not sequenced)
+
+    def isend(self, arr: np.ndarray, peer: int, tag: int) -> RequestWork:
+        """Start sending ``arr`` (C-contiguous; unchanged until the Work completes) to member
+        ``peer``; the Work completes once the data was handed to the operating system."""
+        rt = self.runtime
+        hdr = Header(P2P, DTYPE_CODES[arr.dtype], OP_CODES["send"], NO_REDOP, rt.rank, self.gid, tag, 0, -1,
+                     arr.size, arr.nbytes)
+        what = f"send to rank {self.ranks[peer]} (tag {tag}, {arr.size} x {arr.dtype})"
+        try:
+            req = rt.transport.isend(self.ranks[peer], hdr, byte_view(arr), time.monotonic() + self.timeout,
+                                     owner=None)
+        except CollectiveError as e:
+            raise type(e)(f"{what}: {e}") from e
+
+        def done(r: Request, timed_out: bool):
+            if timed_out:
+                return f"{what} did not complete within the timeout (is rank {self.ranks[peer]} receiving?)"
+            if r.error is not None:
+                raise type(r.error)(f"{what}: {r.error}")
+        return RequestWork(what, self.timeout, req, rt.transport, done)
+
+    def irecv(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool = False) -> RequestWork:
+        """Start receiving into ``arr`` (C-contiguous) from member ``peer`` (None: any member);
+        the Work's result is the sender's rank (its group rank when ``group_src``). A
+        sender of another dtype or element count fails it with CollectiveMismatchError."""
+        rt = self.runtime
+        dtype = DTYPE_CODES[arr.dtype]
+        who = "any rank" if peer is None else f"rank {self.ranks[peer]}"
+        what = f"recv from {who} (tag {tag}, {arr.size} x {arr.dtype})"
+
+        def check(h: Header):
+            if h.dtype != dtype or h.count != arr.size:
+                return CollectiveMismatchError(
+                    f"rank {h.src} sent {h.count} x {DTYPE_NAMES.get(h.dtype, '?')} (tag {tag}) but rank "
+                    f"{rt.rank} receives {arr.size} x {arr.dtype}")
+            if not self.is_member(h.src):
+                return CollectiveMismatchError(f"rank {h.src} is not in {self.name}")
+            return None
+
+        req = rt.transport.irecv(None if peer is None else self.ranks[peer], (P2P, self.gid, tag), byte_view(arr),
+                                 check)
+
+        def done(r: Request, timed_out: bool):
+            if timed_out:
+                return f"{what} did not complete within the timeout"
+            if r.error is not None:
+                raise type(r.error)(f"{what}: {r.error}")
+            src_rank = r.header.src
+            return self.group_rank(src_rank) if group_src else src_rank
+        return RequestWork(what, self.timeout, req, rt.transport, done)
+
+    # -- failure handling
+
+    def _failed(self, ctx: OpContext, e: BaseException) -> BaseException:
         """Turn a failure inside an operation into the exception to raise, mark the group
         broken, and tell the other members when they could otherwise hang."""
         what = f"{ctx.name} #{ctx.seq} on {self.name} (rank {self.runtime.rank})"
@@ -358,7 +344,7 @@ class ProcessGroup:
             b = self.broken
             err = b if getattr(b, "seq", None) == ctx.seq else _reraise(
                 b, f"{what}: {self.name} is unusable after an earlier failure")
-        elif isinstance(e, _OpTimeout):
+        elif isinstance(e, OpTimeout):
             err = self._diagnose_timeout(ctx, what, e.peers)
         elif isinstance(e, CollectiveError) and getattr(e, "_from_abort", False):
             err = e
@@ -376,13 +362,10 @@ class ProcessGroup:
                 err.seq = ctx.seq
         return err
 
-    def _abort_members(self, seq, reason, text):
-        from . import shm
-        code = (shm.ABORT_MISMATCH if reason == ABORT_MISMATCH else
-                shm.ABORT_PEER_LOST if reason == ABORT_PEER_LOST else shm.ABORT_OTHER)
-        for g in [self] + (self._hier.children() if self._hier is not None else []):
-            if g._shm is not None:
-                g._shm.abort(code)
+    def _abort_members(self, seq: int, reason: int, text: str) -> None:
+        backend = self._backend
+        if backend is not None:
+            backend.abort(reason if reason in (ABORT_MISMATCH, ABORT_PEER_LOST) else ABORT_OTHER)
         deadline = time.monotonic() + _STATUS_WAIT
         hdr = Header(ABORT, 0, reason, NO_REDOP, self.runtime.rank, self.gid, seq, 0, -1, 0, 0)
         payload = text.encode()[:65536]
@@ -391,7 +374,7 @@ class ProcessGroup:
             if g != self.runtime.rank:
                 transport.send_control(g, hdr._replace(nbytes=len(payload)), payload, deadline)
 
-    def _diagnose_timeout(self, ctx, what, waiting_on) -> BaseException:
+    def _diagnose_timeout(self, ctx: OpContext, what: str, waiting_on: list) -> BaseException:
         others = [g for g in self.ranks if g != self.runtime.rank]
         status = self.runtime.transport.query_status(others, self.gid, time.monotonic() + _STATUS_WAIT)
         missing, notes, lost = [], [], []
@@ -418,7 +401,7 @@ class ProcessGroup:
         err.unreachable_ranks = lost
         return err
 
-    def on_late(self, hdr):
+    def on_late(self, hdr: Header) -> None:
         """Progress thread: rank ``hdr.src`` sent data for collective ``hdr.seq``, which this
         rank already finished without expecting it: the ranks disagreed (e.g. on the root).
         Break the group and tell the others (on a helper thread: never block progress)."""
@@ -434,7 +417,7 @@ class ProcessGroup:
         threading.Thread(target=self._abort_members, args=(hdr.seq, ABORT_MISMATCH, str(err)),
                          daemon=True).start()
 
-    def on_abort(self, hdr, text):
+    def on_abort(self, hdr: Header, text: str) -> None:
         """Progress thread: a peer aborted operation ``hdr.seq``; fail ours."""
         cls = {ABORT_MISMATCH: CollectiveMismatchError, ABORT_PEER_LOST: PeerLostError}.get(hdr.op, CollectiveError)
         err = cls(f"rank {hdr.src} aborted {self.name}: {text}")
@@ -443,20 +426,11 @@ class ProcessGroup:
         if self.broken is None:
             self.broken = err
         self.runtime.transport.fail_owner(self.gid, err)
-        for c in (self._hier.children() if self._hier is not None else []):
+        for c in (self._backend.children() if self._backend is not None else []):
             if c.broken is None:
                 c.broken = err
             self.runtime.transport.fail_owner(c.gid, err)
 
-
-class SmallCall(NamedTuple):
-    """A call as run_small_shm records it (the fields of OpContext it sets)."""
-    name: str
-    op: int
-    dtype: int
-    count: int
-    root: int = -1
-    redop: int = NO_REDOP
 
 
 def _reraise(cause: BaseException, message: str) -> BaseException:
@@ -466,98 +440,3 @@ def _reraise(cause: BaseException, message: str) -> BaseException:
     return err
 
 
-class OpContext:
-    """One running collective: posts its messages with the right header and expectation,
-    and waits for them against the operation's deadline."""
-
-    def __init__(self, group: ProcessGroup, name, seq, dtype=None, count=0, root=-1, redop=None,
-                 timeout=None):
-        self.group = group
-        self.name = name
-        self.seq = seq
-        self.op = OP_CODES[name]
-        self.dtype = dtype or 0
-        self.count = count
-        self.root = root
-        self.redop = NO_REDOP if redop is None else int(redop)
-        self.timeout = group.timeout if timeout is None else timeout
-        self.deadline = time.monotonic() + self.timeout
-        self._posted = []
-        self.shm = None  # the group's ShmGroup while the operation runs on shared memory
-        self.call = None  # the SmallCall a reused context (run_small_shm) describes
-        self._transport = group.runtime.transport
-        self._me = group.runtime.rank
-
-    def _header(self, step, nbytes):
-        return Header(COLL, self.dtype, self.op, self.redop, self._me, self.group.gid, self.seq,
-                      step, self.root, self.count, nbytes)
-
-    def _describe(self, op, dtype, count, root, redop):
-        parts = [f"dtype={DTYPE_NAMES.get(dtype, '?')}", f"count={count}"]
-        if root >= 0:
-            parts.append(f"root={self.group.ranks[root] if root < self.group.size else root}")
-        if redop != NO_REDOP:
-            parts.append(f"op={ReduceOp(redop).name if redop in ReduceOp._value2member_map_ else redop}")
-        return f"{OP_NAMES[op] if op < len(OP_NAMES) else op}({', '.join(parts)})"
-
-    def _check(self, step):
-        def check(h):
-            if (h.op, h.dtype, h.count, h.root, h.redop, h.step) == (
-                    self.op, self.dtype, self.count, self.root, self.redop, step):
-                return None
-            theirs = self._describe(h.op, h.dtype, h.count, h.root, h.redop)
-            mine = self._describe(self.op, self.dtype, self.count, self.root, self.redop)
-            if theirs == mine:
-                theirs += f" at protocol step {h.step}"
-                mine += f" at protocol step {step}"
-            return CollectiveMismatchError(f"rank {h.src} called {theirs} but rank {self._me} called {mine}")
-        return check
-
-    def send(self, peer: int, payload: memoryview, step: int = 0):
-        """Post ``payload`` (bytes view, kept unchanged until waited) to group rank ``peer``."""
-        try:
-            req = self._transport.isend(self.group.ranks[peer], self._header(step, len(payload)), payload,
-                                        self.deadline, owner=self.group.gid)
-        except CollectiveTimeoutError:
-            raise _OpTimeout([peer]) from None
-        req.grank = peer
-        self._posted.append(req)
-        self._check_broken()
-        return req
-
-    def recv(self, peer: int, buf: memoryview, step: int = 0):
-        """Post a receive from group rank ``peer`` into ``buf`` (bytes view)."""
-        req = self._transport.irecv(self.group.ranks[peer], (COLL, self.group.gid, self.seq), buf,
-                                    self._check(step), owner=self.group.gid)
-        req.grank = peer
-        self._posted.append(req)
-        self._check_broken()
-        return req
-
-    def _check_broken(self):
-        # an ABORT may have arrived before this request was posted
-        if self.group.broken is not None:
-            raise self.group.broken
-
-    def wait(self, *reqs):
-        """Wait for ``reqs``; raises their error, or _OpTimeout past the deadline."""
-        for r in reqs:
-            if not r.wait(max(0.0, self.deadline - time.monotonic())):
-                raise _OpTimeout(sorted({q.grank for q in reqs if not q.done}))
-            if r.error is not None:
-                raise r.error
-
-    def check_leftovers(self):
-        late = self._transport.take_leftovers((COLL, self.group.gid, self.seq))
-        if late:
-            h = late[0]
-            theirs = self._describe(h.op, h.dtype, h.count, h.root, h.redop)
-            mine = self._describe(self.op, self.dtype, self.count, self.root, self.redop)
-            raise CollectiveMismatchError(f"rank {h.src} sent data for {theirs} that this rank did not expect "
-                                          f"in {mine}")
-
-    def cancel_pending(self):
-        for r in self._posted:
-            if not r.done and not r.is_send:
-                self._transport.cancel(r)
-        self._posted.clear()

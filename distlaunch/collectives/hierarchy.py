@@ -17,8 +17,8 @@ per node (the node's lowest group rank), then within the node again.
   every other node broadcasts locally;
 - barrier: node-local barrier, leaders' barrier, node-local barrier.
 
-Other operations run flat over TCP. The node-local and leader sub-groups are internal
-ProcessGroups (ids with bit 31 / bit 30 set) that run inside the parent operation: its
+Other operations run flat over TCP. The node-local, leader and column sub-groups are
+internal :class:`~.context.Members` (ids with bit 31 / 30 / 29 set) that run inside the parent operation: its
 deadline, its sequence number for diagnosis; a failure in a sub-group fails the parent
 operation, whose ABORT (sent to every parent member) also breaks the sub-groups.
 
@@ -27,25 +27,38 @@ Reference: the two-level scheme of MPICH's SMP-aware collectives (MPIR_Allreduce
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 
 from . import algorithms as alg
-from . import shm
+from . import shm_algorithms as shm_alg
+from .backend import Backend
+from .context import Members, OpContext, OpTimeout
 from .ops import ReduceOp, finalize
+from .shm import ShmChannel, ShmConfig
 
 LOCAL_BIT, LEADER_BIT, COLUMN_BIT = 1 << 31, 1 << 30, 1 << 29
 # all_reduce across nodes: whole node sums per column up to here, the 2D scheme above
-# (every column then carries only its slice across nodes)
-SMALL_ACROSS = min(64 * 1024, shm.SLOT)
+# (every column then carries only its slice across nodes); at most one shared-memory slot
+SMALL_ACROSS_MAX = 64 * 1024
 
 
-class Hierarchy:
-    """Node-local and leader sub-groups of ``group`` (built on every member alike from
-    the node ids all ranks published)."""
+class HierarchicalBackend(Backend):
+    """Node-local, leader and column sub-groups of ``group`` (built on every member alike
+    from the node ids all ranks published: ``node_keys``, one per group rank).
+    ``shm_name(members)``: the segment name of the node-local sub-group."""
 
-    def __init__(self, group, node_keys: list):
-        from .group import ProcessGroup
+    kind = "hierarchical"
+    native_ops = frozenset({"barrier", "broadcast", "all_reduce"})
+
+    def __init__(self, group: Members, node_keys: list, shm_name: Callable[[Members], str | None],
+                 config: ShmConfig):
         self.group = group
+        self._shm_name = shm_name
+        self._config = config
+        self._local_channel: ShmChannel | None = None
+        self.small_across = min(SMALL_ACROSS_MAX, config.slot)
         by_node: dict = {}
         for grank, key in enumerate(node_keys):
             by_node.setdefault(key, []).append(grank)
@@ -58,103 +71,111 @@ class Hierarchy:
         rt = group.runtime
         self.local_pg = self.leader_pg = None
         if len(self.local) > 1:
-            self.local_pg = ProcessGroup(rt, LOCAL_BIT | group.gid, [group.ranks[g] for g in self.local],
-                                         group.timeout, f"{group.name} (node-local)")
+            self.local_pg = Members(rt, LOCAL_BIT | group.gid, [group.ranks[g] for g in self.local],
+                                    group.timeout, f"{group.name} (node-local)")
         if self.is_leader:
-            self.leader_pg = ProcessGroup(rt, LEADER_BIT | group.gid, [group.ranks[g] for g in self.leaders],
-                                          group.timeout, f"{group.name} (node leaders)")
+            self.leader_pg = Members(rt, LEADER_BIT | group.gid, [group.ranks[g] for g in self.leaders],
+                                     group.timeout, f"{group.name} (node leaders)")
         # equal node sizes: the ranks with the same index on every node form a "column"
         # that carries 1/(ranks per node) of a large all_reduce across nodes (2D scheme)
         self.column_pg = None
         if len(self.local) > 1 and len({len(m) for m in nodes}) == 1:
             i = self.local.index(me)
-            self.column_pg = ProcessGroup(rt, COLUMN_BIT | group.gid, [group.ranks[m[i]] for m in nodes],
-                                          group.timeout, f"{group.name} (column {i})")
-        for c in self.children():
-            c.parent = group
+            self.column_pg = Members(rt, COLUMN_BIT | group.gid, [group.ranks[m[i]] for m in nodes],
+                                     group.timeout, f"{group.name} (column {i})")
 
-    def children(self):
+    def children(self) -> list[Members]:
         return [c for c in (self.local_pg, self.leader_pg, self.column_pg) if c is not None]
 
-    def _sub(self, pg, ctx, root=-1):
+    def _local_shm(self) -> ShmChannel | None:
+        """The node-local sub-group's channel, created by its first operation."""
+        if self._local_channel is None:
+            name = self._shm_name(self.local_pg)
+            if name is not None:
+                self._local_channel = ShmChannel(self.local_pg, name, self._config)
+        return self._local_channel
+
+    def _sub(self, pg: Members, ctx: OpContext, root: int = -1) -> OpContext:
         """An OpContext of sub-group ``pg`` inside the parent operation ``ctx``."""
-        from .group import OpContext
-        pg._seq += 1
-        sub = OpContext(pg, ctx.name, pg._seq, dtype=ctx.dtype, count=ctx.count, root=root,
-                        redop=None if ctx.redop == 255 else ctx.redop, timeout=ctx.timeout)
+        sub = OpContext(pg, ctx.name, pg.next_seq(), dtype=ctx.dtype, count=ctx.count, root=root,
+                        redop=ctx.redop, timeout=ctx.timeout)
         sub.deadline = ctx.deadline
         if pg is self.local_pg:
-            sub.shm = pg.shm_channel()
+            sub.shm = self._local_shm()
         return sub
 
-    def _run(self, pg, ctx, fn, root=-1):
+    def _run(self, pg: Members, ctx: OpContext, fn: Callable[[OpContext], Any], root: int = -1) -> None:
         """Run ``fn(sub_ctx)`` on sub-group ``pg``; timeouts name parent group ranks."""
-        from .group import _OpTimeout
         sub = self._sub(pg, ctx, root)
         try:
             fn(sub)
             if sub.shm is None:
                 sub.check_leftovers()
-        except _OpTimeout as e:
+        except OpTimeout as e:
             if getattr(e, "mapped", False):   # from a nested sub-operation: already mapped
                 raise
-            err = _OpTimeout([self.group.group_rank(pg.ranks[p]) for p in e.peers])
+            err = OpTimeout([self.group.group_rank(pg.ranks[p]) for p in e.peers])
             err.mapped = True
             raise err from None
         finally:
             sub.cancel_pending()
 
-    def all_reduce(self, ctx, arr: np.ndarray, op: ReduceOp, root=None):
+    def all_reduce(self, ctx: OpContext, arr: np.ndarray, op: ReduceOp) -> None:
         opx = ReduceOp.SUM if op is ReduceOp.AVG else op  # divide once, by the whole group
         col = self.column_pg
-        if col is not None and arr.nbytes > SMALL_ACROSS:
+        if col is not None and arr.nbytes > self.small_across:
             # 2D: node-local reduce-scatter; each slice all-reduced across nodes by its
             # column, every column at once; node-local all-gather
             def across(piece):
                 self._run(col, ctx, lambda c: alg.all_reduce(c, piece, opx))
             # whole buffers per chunk: every chunk costs one TCP operation's latency
-            self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx, between=across, chunk=shm.SLOT))
+            self._run(self.local_pg, ctx, lambda c: shm_alg.all_reduce(c, arr, opx, between=across, chunk=c.shm.slot))
             finalize(arr, op, self.group.size)
             return
         if col is not None:
             # small: every rank holds the (bit-identical) node sum after the one-phase
             # node-local all_reduce; every column then combines the node sums in the
             # same order, so all ranks end with the same bits -- no leader, no broadcast
-            self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx))
+            self._run(self.local_pg, ctx, lambda c: shm_alg.all_reduce(c, arr, opx))
             self._run(col, ctx, lambda c: alg.all_reduce(c, arr, opx))
             finalize(arr, op, self.group.size)
             return
         if self.local_pg is not None:
-            self._run(self.local_pg, ctx, lambda c: shm.all_reduce(c, arr, opx, root=0))
+            self._run(self.local_pg, ctx, lambda c: shm_alg.all_reduce(c, arr, opx, root=0))
         if self.leader_pg is not None and self.leader_pg.size > 1:
             self._run(self.leader_pg, ctx, lambda c: alg.all_reduce(c, arr, opx))
         if self.local_pg is not None:
-            self._run(self.local_pg, ctx, lambda c: shm.broadcast(c, arr.view(np.uint8), 0), root=0)
+            self._run(self.local_pg, ctx, lambda c: shm_alg.broadcast(c, arr.view(np.uint8), 0), root=0)
         finalize(arr, op, self.group.size)
 
-    def broadcast(self, ctx, u8: np.ndarray, root: int):
-        """``root``: group rank."""
+    def broadcast(self, ctx: OpContext, arr: np.ndarray, root: int) -> None:
+        u8 = arr.view(np.uint8)
         node = self.node_of[root]
         mine = self.node_of[self.group.rank]
         root_leader = self.leaders[node]
         if mine == node and self.local_pg is not None and root != root_leader:
             lroot = self.local.index(root)
-            self._run(self.local_pg, ctx, lambda c: shm.broadcast(c, u8, lroot), root=lroot)
+            self._run(self.local_pg, ctx, lambda c: shm_alg.broadcast(c, u8, lroot), root=lroot)
         if self.leader_pg is not None and self.leader_pg.size > 1:
             self._run(self.leader_pg, ctx, lambda c: alg.broadcast(c, u8, node), root=node)
         if mine != node and self.local_pg is not None:
-            self._run(self.local_pg, ctx, lambda c: shm.broadcast(c, u8, 0), root=0)
+            self._run(self.local_pg, ctx, lambda c: shm_alg.broadcast(c, u8, 0), root=0)
         elif mine == node and self.local_pg is not None and root == root_leader:
-            self._run(self.local_pg, ctx, lambda c: shm.broadcast(c, u8, 0), root=0)
+            self._run(self.local_pg, ctx, lambda c: shm_alg.broadcast(c, u8, 0), root=0)
 
-    def barrier(self, ctx):
+    def barrier(self, ctx: OpContext) -> None:
         if self.local_pg is not None:
-            self._run(self.local_pg, ctx, shm.barrier)
+            self._run(self.local_pg, ctx, shm_alg.barrier)
         if self.leader_pg is not None and self.leader_pg.size > 1:
             self._run(self.leader_pg, ctx, alg.barrier)
         if self.local_pg is not None:
-            self._run(self.local_pg, ctx, shm.barrier)
+            self._run(self.local_pg, ctx, shm_alg.barrier)
 
-    def shutdown(self):
-        for c in self.children():
-            c.shutdown()
+    def abort(self, reason: int) -> None:
+        if self._local_channel is not None:
+            self._local_channel.abort(reason)
+
+    def close(self) -> None:
+        if self._local_channel is not None:
+            self._local_channel.close()
+            self._local_channel = None

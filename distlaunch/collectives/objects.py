@@ -29,10 +29,10 @@ def _load(arr: np.ndarray):
 def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None) -> None:
     """Replace the elements of ``object_list`` on every rank by those of ``src``'s list
     (all ranks pass a list of the same length). Blocking."""
-    g = api._group(group)
+    g = api.resolve_group(group)
     if g is None:
         return
-    root = api._root(g, src, group_src, "src")
+    root = api.root_of(g, src, group_src, "src")
     if g.rank == root:
         data = _dump(list(object_list))
         size = np.array([data.size], np.int64)
@@ -61,7 +61,7 @@ def _padded_all_gather(g, group, data):
 
 def all_gather_object(object_list, obj, group=None) -> None:
     """``object_list[i]`` (a list of group-size elements) becomes rank i's ``obj``."""
-    g = api._group(group)
+    g = api.resolve_group(group)
     if g is None:
         return
     if len(object_list) != g.size:
@@ -75,10 +75,10 @@ def all_gather_object(object_list, obj, group=None) -> None:
 
 def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None) -> None:
     """On ``dst``, ``object_gather_list[i]`` (group-size list) becomes rank i's ``obj``."""
-    g = api._group(group)
+    g = api.resolve_group(group)
     if g is None:
         return
-    root = api._root(g, dst, group_dst, "dst")
+    root = api.root_of(g, dst, group_dst, "dst")
     if g.rank == root and (object_gather_list is None or len(object_gather_list) != g.size):
         raise CollectiveArgumentError(f"object_gather_list must be a list of {g.size} elements on the destination")
     sizes, width, mine = _padded_all_gather(g, group, _dump(obj))
@@ -93,10 +93,10 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
                         group_src=None) -> None:
     """``scatter_object_output_list[0]`` on rank i becomes element i of ``src``'s
     ``scatter_object_input_list`` (group-size list, only needed on ``src``)."""
-    g = api._group(group)
+    g = api.resolve_group(group)
     if g is None:
         return
-    root = api._root(g, src, group_src, "src")
+    root = api.root_of(g, src, group_src, "src")
     if not isinstance(scatter_object_output_list, list) or not scatter_object_output_list:
         raise CollectiveArgumentError("scatter_object_output_list must be a non-empty list")
     sizes = np.zeros(g.size, np.int64)

@@ -83,6 +83,11 @@ def check_op(op: ReduceOp, dtype: np.dtype, name: str = "tensor") -> None:
         raise CollectiveArgumentError(f"ReduceOp.{op.name} is not defined for complex dtype {dtype}")
 
 
+def ufunc(op: ReduceOp) -> np.ufunc:
+    """The numpy ufunc that combines two operands for ``op`` (AVG: addition)."""
+    return _UFUNCS[op]
+
+
 def combine(first: np.ndarray, second: np.ndarray, out: np.ndarray, op: ReduceOp) -> None:
     """``out[:] = first (op) second`` elementwise, in place. ``out`` may alias either
     operand; all three are flat arrays of one dtype and length."""

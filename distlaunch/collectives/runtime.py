@@ -28,17 +28,21 @@ address that routes to the store host (127.0.0.1 for a loopback store or a file 
 
 from __future__ import annotations
 
+import datetime
 import os
 import secrets
 import socket
 import threading
 import time
+from typing import Any, Iterable
 from urllib.parse import parse_qs, urlparse
 
 from ..secret import shared_token
 from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
 from .filestore import FileStore
-from .group import DEFAULT_TIMEOUT, ProcessGroup, to_seconds
+from .context import DEFAULT_TIMEOUT, Members, to_seconds
+from .group import ProcessGroup
+from .shm import ShmConfig
 from .shm import available as shm_available
 from .tcp import HANDSHAKE_TIMEOUT, TcpTransport
 
@@ -78,13 +82,17 @@ class _LockedStore:
 class Runtime:
     """Everything one initialised process group owns: store, transport, groups."""
 
-    def __init__(self, rank, world_size, store, prefix, timeout, host, owned=(), node_id=None):
+    def __init__(self, rank: int, world_size: int, store: Any, prefix: str, timeout: float, host: str,
+                 owned: Iterable[Any] = (), node_id: str | None = None):
         self.rank = rank
         # which ranks may share memory: only the launcher's node id says so (never a host
         # name: loopback multi-node jobs must use TCP); published as <ns>node/<rank>
         launcher_node = node_id or os.environ.get("DISTLAUNCH_NODE_ID")
         self.node_id = launcher_node or socket.gethostname()
-        self._shm_node = f"L:{launcher_node}" if launcher_node and shm_available() else f"N:{rank}"
+        use_shm = bool(launcher_node) and shm_available()
+        self._shm_node = f"L:{launcher_node}" if use_shm else f"N:{rank}"
+        # read once here, not at import: the sizes every shared-memory channel uses
+        self.shm_config = ShmConfig.from_env()
         self._node_ids = None
         self.world_size = world_size
         self.timeout = timeout
@@ -150,7 +158,7 @@ class Runtime:
         if g is not None:
             g.on_late(hdr)
 
-    def new_group(self, ranks, timeout):
+    def new_group(self, ranks: list, timeout: float) -> ProcessGroup | _NonGroupMember:
         self._next_gid += 1
         gid = self._next_gid
         if self.rank not in ranks:
@@ -166,12 +174,12 @@ class Runtime:
             self._node_ids = [self.store.get(f"{self.prefix}node/{r}").decode() for r in range(self.world_size)]
         return self._node_ids
 
-    def node_keys(self, group) -> list:
+    def node_keys(self, group: Members) -> list:
         """Node key of each member of ``group`` (in group-rank order)."""
         ids = self.node_ids()
         return [ids[g] for g in group.ranks]
 
-    def shm_name(self, group):
+    def shm_name(self, group: Members) -> str | None:
         """Name of ``group``'s shared-memory segment, or None when its members cannot
         share memory. Names start with DISTLAUNCH_SHM_PREFIX (the launcher removes such
         segments after crashes) and carry this initialisation's random secret."""
@@ -183,7 +191,8 @@ class Runtime:
         prefix = os.environ.get("DISTLAUNCH_SHM_PREFIX") or f"distlaunch-{os.getuid()}-"
         return f"{prefix}coll-{self.secret[:16]}-{group.gid}"
 
-    def close(self):
+    def close(self) -> None:
+        """Close the transport, every group (threads, shared memory) and owned stores."""
         self.transport.close()
         for g in self.groups.values():
             g.shutdown()
@@ -238,6 +247,7 @@ def _local_host_towards(host: str) -> str:
 def _tcp_store(host, port, rank, token, timeout, deadline):
     """StoreClient to host:port (retrying until the deadline: rank 0's server may start
     later); rank 0 first starts the StoreServer there."""
+    # lazy: only env:// / tcp:// need the store package (the server side is not light)
     from ..errors import StoreError
     from ..store import StoreClient, StoreServer
     if rank == 0 and (host, port) not in _servers:
@@ -257,8 +267,10 @@ def _tcp_store(host, port, rank, token, timeout, deadline):
         raise ConfigError(f"cannot use the store at {host}:{port}: {e}") from e
 
 
-def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,
-                       group_name="", pg_options=None, device_id=None) -> None:
+def init_process_group(backend: str | None = None, init_method: str | None = None,
+                       timeout: float | datetime.timedelta | None = None, world_size: int = -1, rank: int = -1,
+                       store: Any = None, group_name: str = "", pg_options: Any = None,
+                       device_id: Any = None) -> None:
     """Initialise the default process group (``torch.distributed.init_process_group``).
 
     ``backend``: None, "auto", "cpu" or "gloo" (all the same CPU runtime); anything else
@@ -286,7 +298,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         r, n = _int_arg(rank, "RANK", "rank"), _int_arg(world_size, "WORLD_SIZE", "world_size")
         prefix, host = "distlaunch/coll/", _local_host_towards(getattr(store, "host", "127.0.0.1"))
     elif init_method is None and os.environ.get("DISTLAUNCH_STORE_PORT"):
-        from ..env import read_worker_env
+        from ..env import read_worker_env  # lazy: only under `distlaunch run`
         ident = read_worker_env()
         r, n = ident.rank, ident.world_size
         for given, actual, what in ((rank, r, "rank"), (world_size, n, "world_size")):
@@ -340,7 +352,7 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     GroupMember.WORLD = _runtime.world
 
 
-def destroy_process_group(group=None) -> None:
+def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Destroy ``group``, or (None / WORLD) the whole runtime: pending operations fail
     with CollectiveError, connections close, helper threads are joined (blocks up to a
     few seconds). A store server hosted by this process for env:// keeps running until
@@ -362,8 +374,10 @@ def destroy_process_group(group=None) -> None:
         raise CollectiveArgumentError(f"{group!r} is not a live group of this runtime")
 
 
-def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
-              group_desc=None, device_id=None, sort_ranks=True):
+def new_group(ranks: Iterable[int] | None = None, timeout: float | datetime.timedelta | None = None,
+              backend: str | None = None, pg_options: Any = None, use_local_synchronization: bool = False,
+              group_desc: str | None = None, device_id: Any = None,
+              sort_ranks: bool = True) -> ProcessGroup | _NonGroupMember:
     """Create a group of the global ``ranks`` (None: all). Every rank must call
     new_group, in the same order, with the same ranks (as torch.distributed). Returns the
     ProcessGroup on members and ``GroupMember.NON_GROUP_MEMBER`` elsewhere. Does not
@@ -383,7 +397,7 @@ def new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local
     return rt.new_group(members, to_seconds(timeout) or rt.timeout)
 
 
-def _resolve(group):
+def _resolve(group: Any) -> ProcessGroup | None:
     rt = current_runtime()
     if group is None or group is GroupMember.WORLD:
         return rt.world
@@ -392,33 +406,33 @@ def _resolve(group):
     return group
 
 
-def get_rank(group=None) -> int:
+def get_rank(group: ProcessGroup | None = None) -> int:
     """This process's rank in ``group`` (default: global rank); -1 on a non-member.
     Raises NotInitializedError."""
     g = _resolve(group)
     return -1 if g is None else g.rank
 
 
-def get_world_size(group=None) -> int:
+def get_world_size(group: ProcessGroup | None = None) -> int:
     """Number of ranks in ``group`` (default: the world); -1 on a non-member.
     Raises NotInitializedError."""
     g = _resolve(group)
     return -1 if g is None else g.size
 
 
-def get_backend(group=None) -> str:
+def get_backend(group: ProcessGroup | None = None) -> str:
     """Always "cpu" (the only backend)."""
     current_runtime()
     return "cpu"
 
 
-def get_process_group_ranks(group) -> list:
+def get_process_group_ranks(group: ProcessGroup | None) -> list:
     """Global ranks of ``group``."""
     g = _resolve(group)
     return [] if g is None else list(g.ranks)
 
 
-def get_global_rank(group, group_rank: int) -> int:
+def get_global_rank(group: ProcessGroup | None, group_rank: int) -> int:
     """Global rank of ``group_rank`` in ``group`` (CollectiveArgumentError if outside)."""
     g = _resolve(group)
     if g is None:
@@ -426,7 +440,7 @@ def get_global_rank(group, group_rank: int) -> int:
     return g.ranks[g.check_group_rank(group_rank, "group_rank")]
 
 
-def get_group_rank(group, global_rank: int) -> int:
+def get_group_rank(group: ProcessGroup | None, global_rank: int) -> int:
     """Rank of ``global_rank`` inside ``group`` (CollectiveArgumentError if not a member)."""
     g = _resolve(group)
     if g is None:

@@ -43,9 +43,10 @@ import selectors
 import socket
 import threading
 import time
+from typing import Any, Callable
 
 from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
-from .transport import Request, Transport
+from .transport import Check, Request, Transport
 from .wire import (COLL, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, DTYPE_NAMES, Header,
                    unpack_header)
 
@@ -114,8 +115,9 @@ class TcpTransport(Transport):
     connections accepted after a change.
     """
 
-    def __init__(self, rank, world_size, store, prefix, host, secret: bytes,
-                 status_provider, abort_handler, handshake_timeout: float = HANDSHAKE_TIMEOUT):
+    def __init__(self, rank: int, world_size: int, store: Any, prefix: str, host: str, secret: bytes,
+                 status_provider: Callable[[int], tuple], abort_handler: Callable[[Header, str], None],
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT):
         self.rank = rank
         self.world_size = world_size
         self._store = store
@@ -263,7 +265,7 @@ class TcpTransport(Transport):
 
     # ---------------------------------------------------------------- sending
 
-    def isend(self, peer, header, payload, deadline, owner=None) -> Request:
+    def isend(self, peer: int, header: Header, payload: memoryview, deadline: float, owner: Any = None) -> Request:
         req = Request(True, peer, None, payload, owner=owner)
         conn = self._connection(peer, deadline)
         bufs = [memoryview(header.pack())]
@@ -311,7 +313,7 @@ class TcpTransport(Transport):
             if req is not None:
                 req.complete()
 
-    def send_control(self, peer, header, payload, deadline) -> bool:
+    def send_control(self, peer: int, header: Header, payload: bytes, deadline: float) -> bool:
         try:
             req = self.isend(peer, header, memoryview(payload), deadline)
         except CollectiveError:
@@ -320,7 +322,8 @@ class TcpTransport(Transport):
 
     # ---------------------------------------------------------------- receiving
 
-    def irecv(self, peer, key, buf, check=None, owner=None) -> Request:
+    def irecv(self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None,
+              owner: Any = None) -> Request:
         req = Request(False, peer, key, buf, check, owner)
         with self._lock:
             item = self._take_unexpected(key, peer)
@@ -380,14 +383,14 @@ class TcpTransport(Transport):
                 f"where this rank expected {len(req.buf)} bytes")
         return err
 
-    def take_leftovers(self, key) -> list:
+    def take_leftovers(self, key: tuple) -> list:
         """Remove and return the headers of unexpected messages matching ``key`` (any
         source): messages of a finished collective that no receive will ever take."""
         with self._lock:
             found = [k for k in self._unexpected if k[0] == key]
             return [hdr for k in found for hdr, _ in self._unexpected.pop(k)]
 
-    def cancel(self, req):
+    def cancel(self, req: Request) -> None:
         with self._lock:
             for table, k in ((self._posted, (req.key, req.peer)), (self._posted_any, req.key)):
                 q = table.get(k)
@@ -396,7 +399,7 @@ class TcpTransport(Transport):
                     if not q:
                         del table[k]
 
-    def fail_owner(self, owner, error):
+    def fail_owner(self, owner: Any, error: BaseException) -> None:
         victims = []
         with self._lock:
             for table in (self._posted, self._posted_any):
@@ -416,7 +419,7 @@ class TcpTransport(Transport):
 
     # ---------------------------------------------------------------- status queries
 
-    def query_status(self, peers, group, deadline):
+    def query_status(self, peers: list, group: int, deadline: float) -> dict:
         with self._lock:
             for p in peers:
                 self._status.pop((group, p), None)

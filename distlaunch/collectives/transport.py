@@ -7,16 +7,17 @@ in order per (sender, receiver) pair. Receives are *posted* with a match key
 an arriving message goes straight into the buffer of the first matching posted
 receive, or is kept as an "unexpected" message (one copy) until a receive is posted.
 
-TCP (:mod:`.tcp`) implements this today; a shared-memory transport for ranks of one
-node can implement the same interface, and the algorithms, which only see
-:class:`Transport`, need no change.
+TCP (:mod:`.tcp`) is the one implementation; the TCP algorithms (:mod:`.algorithms`)
+use it through :class:`~.context.OpContext`. Shared memory is not a Transport: it is a
+phase-synchronised segment per group (:mod:`.shm`) with its own algorithms, and the
+choice between them is made per group by a :class:`~.backend.Backend`.
 """
 
 from __future__ import annotations
 
 import abc
 import threading
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .wire import Header
 
@@ -31,7 +32,8 @@ class Request:
 
     __slots__ = ("is_send", "peer", "key", "buf", "check", "header", "error", "_event", "owner", "grank")
 
-    def __init__(self, is_send: bool, peer, key, buf, check: Check | None = None, owner=None):
+    def __init__(self, is_send: bool, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None,
+                 owner: Any = None):
         self.is_send = is_send
         self.peer = peer          # global rank, or None for an any-source receive
         self.key = key            # (kind, group, seq)
@@ -65,20 +67,20 @@ class Transport(abc.ABC):
     world_size: int
 
     @abc.abstractmethod
-    def isend(self, peer: int, header: Header, payload: memoryview, deadline: float) -> Request:
+    def isend(self, peer: int, header: Header, payload: memoryview, deadline: float, owner: Any = None) -> Request:
         """Queue ``header`` + ``payload`` for ``peer``. ``payload`` must stay unchanged
         until the request completes (no copy is made). May block up to ``deadline``
         (``time.monotonic()`` seconds) to establish the connection."""
 
     @abc.abstractmethod
     def irecv(self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None,
-              owner=None) -> Request:
+              owner: Any = None) -> Request:
         """Post a receive of the next message from ``peer`` (None: any source) matching
         ``key`` into ``buf``. A message whose payload length differs from ``len(buf)``
         or that ``check`` rejects fails the request (the payload is discarded)."""
 
     @abc.abstractmethod
-    def take_leftovers(self, key) -> list:
+    def take_leftovers(self, key: tuple) -> list:
         """Remove and return the headers of unmatched messages with ``key``."""
 
     @abc.abstractmethod
@@ -86,7 +88,7 @@ class Transport(abc.ABC):
         """Withdraw a posted receive that has not started to match."""
 
     @abc.abstractmethod
-    def fail_owner(self, owner, error: BaseException) -> None:
+    def fail_owner(self, owner: Any, error: BaseException) -> None:
         """Fail every pending request of ``owner`` with ``error`` (group abort)."""
 
     @abc.abstractmethod

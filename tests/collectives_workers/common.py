@@ -79,7 +79,7 @@ class Failures:
 
     def exit(self):
         if os.environ.get("COLL_EXPECT_SHM") and dist.is_initialized() and dist.get_world_size() > 1 \
-                and dist.GroupMember.WORLD._shm is None:
+                and dist.GroupMember.WORLD.backend != "shm":
             self.items.append("COLL_EXPECT_SHM is set but the world group did not use shared memory")
         if self.items:
             print(f"rank {self.rank}: {len(self.items)} of {self.count} checks FAILED", file=sys.stderr)

@@ -229,9 +229,10 @@ elif mode == "objects":
             F.check("recv_object_list", (src, same(lst[0], obj(0)), lst[1]), (0, True, "tail"))
 
 elif mode == "large":
-    from distlaunch.collectives import shm
+    from distlaunch.collectives.shm import ShmConfig
+    small = ShmConfig.from_env().small
     # bytes of float32, around the TCP and shared-memory algorithm switches
-    sizes = [8, 4096, 65535, 65536, 65537, shm.SMALL - 4, shm.SMALL, shm.SMALL + 4, 1 << 20, 16 << 20]
+    sizes = [8, 4096, 65535, 65536, 65537, small - 4, small, small + 4, 1 << 20, 16 << 20]
     for nbytes in sizes:
         size = nbytes // 4
         ins = [data(r, "float32", size, nbytes) for r in range(n)]

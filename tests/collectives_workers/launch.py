@@ -1,8 +1,8 @@
 """Start a world of worker processes for the collectives tests.
 
 ``launch(script, n, ...)`` runs ``python -m distlaunch run --nproc-per-node n script``
-when the launcher is usable, else (``COLL_TEST_SPAWNER=popen`` or no launcher) one
-subprocess per rank with the torchrun environment and a ``file://`` init method in
+(the test fails when `distlaunch run` is broken), or, with ``COLL_TEST_SPAWNER=popen``,
+one subprocess per rank with the torchrun environment and a ``file://`` init method in
 ``COLL_INIT_METHOD``. Returns (exit code, stdout, stderr) with every line of worker
 output (the launcher prefixes ``[<rank>]: ``; the fallback does the same).
 """
@@ -49,9 +49,9 @@ def use_transport(monkeypatch, mode):
 
 
 def _launcher_available() -> bool:
-    """Use `distlaunch run` unless COLL_TEST_SPAWNER=popen, or the launcher is absent or
-    broken (probed once with a trivial script; then a warning says so and the tests fall
-    back to one subprocess per rank)."""
+    """Use `distlaunch run` unless COLL_TEST_SPAWNER=popen. The launcher is probed once
+    with a trivial script; when it is broken every test that needs it fails (with the
+    probe's output) instead of quietly testing something else."""
     global _probe
     if os.environ.get("COLL_TEST_SPAWNER") == "popen":
         return False
@@ -59,14 +59,14 @@ def _launcher_available() -> bool:
         cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "1", os.path.join(WORKERS, "probe.py")]
         try:
             p = subprocess.run(cmd, env=_base_env(None), capture_output=True, text=True, timeout=60, cwd=REPO)
-            _probe = p.returncode == 0 and "probe ok" in p.stdout
-            why = p.stderr[-2000:]
+            ok = p.returncode == 0 and "probe ok" in p.stdout
+            why = f"exit code {p.returncode}\n--- stdout ---\n{p.stdout[-2000:]}\n--- stderr ---\n{p.stderr[-2000:]}"
         except (OSError, subprocess.TimeoutExpired) as e:
-            _probe, why = False, str(e)
-        if not _probe:
-            import warnings
-            warnings.warn(f"`distlaunch run` is not usable, falling back to the subprocess spawner: {why}")
-    return _probe
+            ok, why = False, str(e)
+        _probe = True if ok else f"`{' '.join(cmd)}` does not work ({why})"
+    if _probe is not True:
+        raise AssertionError(f"{_probe}; set COLL_TEST_SPAWNER=popen to test without the launcher")
+    return True
 
 
 def launch(script, n, args=(), env=None, timeout=120, spawner=None, launcher_args=()):

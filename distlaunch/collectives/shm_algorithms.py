@@ -1,0 +1,181 @@
+"""Collective algorithms on a group's shared-memory channel (:class:`~.shm.ShmChannel`,
+``ctx.shm``): every function runs one operation of the calling rank.
+
+Algorithms (n ranks, all reductions in the fixed order rank 0, 1, ..., n-1, so every
+rank gets bit-identical results):
+
+- all_reduce <= ``config.small`` bytes (256 KiB): one phase -- every rank publishes its buffer, then every
+  rank reduces all n buffers itself (one barrier in total);
+- all_reduce larger: per ``config.chunk`` bytes, two phases -- publish inputs; rank r reduces slice r
+  of the chunk from all inputs into its own buffer (reduce-scatter); then every rank
+  copies the n reduced slices (all-gather). This is the shared-memory form of
+  Rabenseifner's algorithm (Thakur, Rabenseifner & Gropp, IJHPCA 2005);
+- reduce: as all_reduce, the root alone copies the result out;
+- broadcast / all_gather: the root / every rank publishes slot-sized chunks, readers
+  copy them out; the root writes chunk p + 1 while readers copy chunk p;
+- reduce_scatter: every rank publishes matching pieces of its n input blocks; rank r
+  reduces piece r of every rank directly into its output;
+- barrier: the first phase alone. Other operations (scatter, gather, all_to_all) run
+  that barrier phase (mismatch check) and then go over TCP.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .algorithms import block_bounds
+from .context import OpContext
+from .ops import ReduceOp, finalize, ufunc
+from .shm import PHASE_HALF as _H
+from .shm import PHASE_MASK as _M
+from .shm import SmallAllReduce
+
+
+def barrier(ctx: OpContext) -> None:
+    """The first phase alone (which compares the ranks' calls)."""
+    ctx.shm.begin(ctx)
+
+
+def preamble(ctx: OpContext) -> None:
+    """Mismatch check (and barrier) before an operation that runs over TCP."""
+    ctx.shm.begin(ctx)
+
+
+def _reduce_into(uf, srcs, out):
+    uf(srcs[0], srcs[1], out=out)
+    for s in srcs[2:]:
+        uf(out, s, out=out)
+
+
+def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> None:
+    """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
+    reduces all n itself), with the constant work done once in ``plan``."""
+    s = ctx.shm
+    p = s.phase + 1
+    if (s.all_at - p + 1) & _M >= _H:  # our buffer of this parity may still be read
+        s.need_all(p - 1, ctx)
+    views = plan.views[p & 1]
+    views[s.r][:] = arr
+    s.exchange_calls(ctx, p, plan.record)
+    _reduce_into(plan.uf, views, arr)
+    if plan.avg:  # skip the call otherwise: this path is all per-call overhead
+        finalize(arr, ReduceOp.AVG, s.n)
+
+
+def all_reduce(ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int | None = None,
+               between: Callable[[np.ndarray], None] | None = None, chunk: int | None = None) -> None:
+    """In place on ``arr`` (flat, C-contiguous). ``root``: None for all_reduce, else the
+    only group rank whose ``arr`` receives the result (reduce). ``between(slice)``: run
+    on this rank's reduced slice of every chunk before the others copy it (hierarchical
+    all_reduce: the slice is all-reduced across nodes there); forces the chunked
+    algorithm. ``chunk``: bytes per chunk (default ``config.chunk``, at most the slot)."""
+    s = ctx.shm
+    n, r = s.n, s.r
+    dt, nb = arr.dtype, arr.nbytes
+    uf = ufunc(op)
+    u8 = arr.view(np.uint8)
+    if nb <= s.config.small and between is None:
+        p = s.begin(ctx, u8)
+        if root is None or root == r:
+            _reduce_into(uf, s.views(p, dt, arr.size), arr)
+    else:
+        per = max(n, (min(chunk or s.config.chunk, s.slot) // dt.itemsize) // n * n)  # elements per chunk
+        for a in range(0, arr.size, per):
+            m = min(per, arr.size - a)
+            bounds = block_bounds(m, n)
+            lo, hi = bounds[r]
+
+            def publish(buf, a=a, m=m, bounds=bounds):
+                # our own slice never leaves this process: we reduce it ourselves
+                dst = buf[:m * dt.itemsize].view(dt)
+                for j, (jl, jh) in enumerate(bounds):
+                    if j != r:
+                        dst[jl:jh] = arr[a + jl:a + jh]
+            p1 = s.step(ctx, publish, first=a == 0)
+            p2 = p1 + 1
+            mine = s.view(r, p2, dt, m)[lo:hi]
+            if hi > lo:
+                own = arr[a + lo:a + hi]
+                srcs = [own if j == r else s.view(j, p1, dt, m)[lo:hi] for j in range(n)]
+                # not in place: the own slice is an operand after the output's first write
+                _reduce_into(uf, srcs, mine)
+                if between is not None:
+                    between(mine)
+            s.signal(p2)
+            s.need_all(p2, ctx)
+            if root is None or root == r:
+                for j, (jl, jh) in enumerate(bounds):
+                    arr[a + jl:a + jh] = s.view(j, p2, dt, m)[jl:jh]
+    if root is None or root == r:
+        finalize(arr, op, n)
+
+
+def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
+    """``u8``: the buffer as flat uint8 (written on non-roots)."""
+    s = ctx.shm
+    r = s.r
+    nb = len(u8)
+    slot = s.slot
+    starts = range(0, max(nb, 1), slot)
+    for i, a in enumerate(starts):
+        b = min(a + slot, nb)
+        if i == 0:
+            p = s.begin(ctx, u8[a:b] if r == root else None)
+        else:
+            p = s.phase + 1
+            if r == root:
+                s.need_all(p - 1, ctx)
+                s.bufs[r][p & 1][:b - a] = u8[a:b]
+                s.signal(p)
+                continue
+            s.signal(p)
+            s.need(root, p, ctx)
+        if r != root:
+            u8[a:b] = s.bufs[root][p & 1][:b - a]
+
+
+def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
+    """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input."""
+    s = ctx.shm
+    n = s.n
+    nb = len(inp)
+    slot = s.slot
+    for i, a in enumerate(range(0, max(nb, 1), slot)):
+        b = min(a + slot, nb)
+        if i == 0:
+            p = s.begin(ctx, inp[a:b])
+        else:
+            p = s.phase + 1
+            s.need_all(p - 1, ctx)
+            s.bufs[s.r][p & 1][:b - a] = inp[a:b]
+            s.signal(p)
+            s.need_all(p, ctx)
+        for j in range(n):
+            outs[j][a:b] = s.bufs[j][p & 1][:b - a]
+
+
+def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceOp) -> None:
+    """``out``: m elements; ``inp``: n*m elements (not modified), both flat."""
+    s = ctx.shm
+    n, r = s.n, s.r
+    dt, m = out.dtype, out.size
+    uf = ufunc(op)
+    per = max(1, s.slot // (n * dt.itemsize))
+    blocks = inp.reshape(n, m) if m else None
+    for i, a in enumerate(range(0, max(m, 1), per)):
+        b = min(a + per, m)
+        L = b - a
+
+        def write(buf, a=a, b=b, L=L):  # pieces [a, b) of the n blocks, contiguous
+            if L:
+                buf[:n * L * dt.itemsize].view(dt).reshape(n, L)[:] = blocks[:, a:b]
+        p = s.step(ctx, write, first=i == 0)
+        if L:
+            srcs = [s.view(j, p, dt, L, r * L * dt.itemsize) for j in range(n)]
+            if n == 1:
+                out[a:b] = srcs[0]
+            else:
+                _reduce_into(uf, srcs, out[a:b])
+    finalize(out, op, n)
