@@ -1,4 +1,4 @@
-"""Collective algorithms, written against :class:`~.group.OpContext` (post send/recv of
+"""Collective algorithms over TCP messages, written against :class:`~.context.OpContext` (post send/recv of
 byte views to group ranks, wait). All buffers here are flat (1-D) C-contiguous numpy
 arrays; ``r`` is this rank's group rank and ``n`` the group size.
 
@@ -27,9 +27,12 @@ to the others, so every rank gets bit-identical floats.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from .buffers import byte_view
+from .context import OpContext
 from .ops import ReduceOp, combine, finalize
 
 RING_THRESHOLD = 64 * 1024
@@ -63,7 +66,7 @@ def _pieces(length: int, unit: int) -> list:
 
 # --------------------------------------------------------------------- barrier
 
-def barrier(ctx) -> None:
+def barrier(ctx: OpContext) -> None:
     """Dissemination barrier: in round k, send to r + 2^k and receive from r - 2^k."""
     n, r = ctx.group.size, ctx.group.rank
     k, rnd = 1, 0
@@ -75,7 +78,7 @@ def barrier(ctx) -> None:
 
 # --------------------------------------------------------------------- broadcast
 
-def broadcast(ctx, buf: np.ndarray, root: int) -> None:
+def broadcast(ctx: OpContext, buf: np.ndarray, root: int) -> None:
     n = ctx.group.size
     if n == 1:
         return
@@ -86,7 +89,7 @@ def broadcast(ctx, buf: np.ndarray, root: int) -> None:
         _chain_broadcast(ctx, mv, root)
 
 
-def _binomial_broadcast(ctx, mv, root):
+def _binomial_broadcast(ctx: OpContext, mv, root):
     n, r = ctx.group.size, ctx.group.rank
     vr = (r - root) % n
     mask = 1
@@ -104,7 +107,7 @@ def _binomial_broadcast(ctx, mv, root):
     ctx.wait(*sends)
 
 
-def _chain_broadcast(ctx, mv, root):
+def _chain_broadcast(ctx: OpContext, mv, root):
     n, r = ctx.group.size, ctx.group.rank
     vr = (r - root) % n
     pieces = _pieces(len(mv), 1)
@@ -123,8 +126,8 @@ def _chain_broadcast(ctx, mv, root):
 
 # --------------------------------------------------------------------- ring building blocks
 
-def ring_reduce_scatter(ctx, work: np.ndarray, bounds: list, op: ReduceOp, phase0: int = 0,
-                        after_step=None) -> None:
+def ring_reduce_scatter(ctx: OpContext, work: np.ndarray, bounds: list, op: ReduceOp, phase0: int = 0,
+                        after_step: Callable[[int], None] | None = None) -> None:
     """In place on ``work``: afterwards block ``bounds[r]`` of ``work`` holds the
     reduction of that block over all ranks (other blocks hold partial results).
 
@@ -159,12 +162,12 @@ def ring_reduce_scatter(ctx, work: np.ndarray, bounds: list, op: ReduceOp, phase
             after_step(s)
 
 
-def _all_gather_recv(ctx, views, t, phase0):
+def _all_gather_recv(ctx: OpContext, views, t, phase0):
     n, r = ctx.group.size, ctx.group.rank
     return ctx.recv((r - 1) % n, views[(r - t - 1) % n], _step(phase0 + t))
 
 
-def ring_all_gather(ctx, views: list, phase0: int = 0, recvs=None) -> None:
+def ring_all_gather(ctx: OpContext, views: list, phase0: int = 0, recvs: list | None = None) -> None:
     """``views[i]`` (byte memoryviews, one per group rank) hold rank i's block on rank i;
     afterwards every rank has every block. Step t: send block r-t right, receive block
     r-t-1 from the left directly into its place (all receives posted up front -- or
@@ -184,7 +187,7 @@ def ring_all_gather(ctx, views: list, phase0: int = 0, recvs=None) -> None:
 
 # --------------------------------------------------------------------- reductions
 
-def all_reduce(ctx, buf: np.ndarray, op: ReduceOp) -> None:
+def all_reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
     n = ctx.group.size
     if n > 1:
         if buf.nbytes < RING_THRESHOLD or buf.size < n:
@@ -201,7 +204,7 @@ def all_reduce(ctx, buf: np.ndarray, op: ReduceOp) -> None:
     finalize(buf, op, n)
 
 
-def _recursive_doubling(ctx, buf, op):
+def _recursive_doubling(ctx: OpContext, buf, op):
     n, r = ctx.group.size, ctx.group.rank
     p2 = 1 << (n.bit_length() - 1)
     rem = n - p2
@@ -238,7 +241,7 @@ def _recursive_doubling(ctx, buf, op):
             ctx.wait(ctx.recv(r + 1, mv, 1 << 20))
 
 
-def reduce(ctx, buf: np.ndarray, op: ReduceOp, root: int) -> None:
+def reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp, root: int) -> None:
     """Result in ``buf`` on ``root``; other ranks' ``buf`` is left unchanged."""
     n, r = ctx.group.size, ctx.group.rank
     if n > 1:
@@ -257,7 +260,7 @@ def reduce(ctx, buf: np.ndarray, op: ReduceOp, root: int) -> None:
         finalize(buf, op, n)
 
 
-def _binomial_reduce(ctx, buf, op, root):
+def _binomial_reduce(ctx: OpContext, buf, op, root):
     n, r = ctx.group.size, ctx.group.rank
     vr = (r - root) % n
     acc = buf if vr == 0 else None   # non-roots accumulate in a copy: their input stays intact
@@ -275,7 +278,7 @@ def _binomial_reduce(ctx, buf, op, root):
         mask <<= 1
 
 
-def reduce_scatter(ctx, out: np.ndarray, work: np.ndarray, op: ReduceOp) -> None:
+def reduce_scatter(ctx: OpContext, out: np.ndarray, work: np.ndarray, op: ReduceOp) -> None:
     """``work``: a scratch copy of the concatenated inputs (n equal blocks of
     ``out.size``); ``out`` receives block r of the reduction."""
     n, r = ctx.group.size, ctx.group.rank
@@ -289,7 +292,7 @@ def reduce_scatter(ctx, out: np.ndarray, work: np.ndarray, op: ReduceOp) -> None
 
 # --------------------------------------------------------------------- data movement
 
-def all_gather(ctx, views: list) -> None:
+def all_gather(ctx: OpContext, views: list) -> None:
     """``views``: byte views of the n (equal-sized) output blocks; block r already holds
     our input. Bruck's algorithm below RING_THRESHOLD bytes in total (ceil(log2 n)
     steps), the ring above (n-1 steps, bandwidth-optimal)."""
@@ -300,7 +303,7 @@ def all_gather(ctx, views: list) -> None:
         ring_all_gather(ctx, views)
 
 
-def _bruck_all_gather(ctx, views):
+def _bruck_all_gather(ctx: OpContext, views):
     """Bruck et al., "Efficient algorithms for all-to-all communications in multiport
     message-passing systems" (IEEE TPDS 1997): a scratch buffer holds the blocks of ranks
     r, r+1, ...; in step k (k = 1, 2, 4, ...) send the first min(k, n - have) blocks to
@@ -321,7 +324,7 @@ def _bruck_all_gather(ctx, views):
         views[(r + j) % n][:] = tmp[j * b:(j + 1) * b]
 
 
-def scatter(ctx, out_mv, in_mvs, root) -> None:
+def scatter(ctx: OpContext, out_mv: memoryview, in_mvs: list | None, root: int) -> None:
     r = ctx.group.rank
     if r == root:
         sends = [ctx.send(i, mv) for i, mv in enumerate(in_mvs) if i != r]
@@ -331,7 +334,7 @@ def scatter(ctx, out_mv, in_mvs, root) -> None:
         ctx.wait(ctx.recv(root, out_mv))
 
 
-def gather(ctx, in_mv, out_mvs, root) -> None:
+def gather(ctx: OpContext, in_mv: memoryview, out_mvs: list | None, root: int) -> None:
     r = ctx.group.rank
     if r == root:
         recvs = [ctx.recv(i, mv) for i, mv in enumerate(out_mvs) if i != r]
@@ -341,7 +344,7 @@ def gather(ctx, in_mv, out_mvs, root) -> None:
         ctx.wait(ctx.send(root, in_mv))
 
 
-def all_to_all(ctx, out_mvs, in_mvs) -> None:
+def all_to_all(ctx: OpContext, out_mvs: list, in_mvs: list) -> None:
     """Block i of ``in_mvs`` goes to rank i, block i of ``out_mvs`` comes from rank i."""
     n, r = ctx.group.size, ctx.group.rank
     recvs = [ctx.recv(i, out_mvs[i]) for i in range(n) if i != r]

@@ -9,6 +9,8 @@ native byte order, and writable when results are written into them.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .errors import CollectiveArgumentError
@@ -32,7 +34,7 @@ def _from_torch(t, name: str) -> np.ndarray:
         raise CollectiveArgumentError(f"{name} (dtype {t.dtype}) cannot be viewed as a numpy array: {e}") from e
 
 
-def as_array(obj, name: str, writable: bool = True) -> np.ndarray:
+def as_array(obj: Any, name: str, writable: bool = True) -> np.ndarray:
     """Return an ndarray sharing ``obj``'s memory.
 
     ``name`` is the argument name used in error messages. Raises CollectiveArgumentError
@@ -63,7 +65,7 @@ def as_array(obj, name: str, writable: bool = True) -> np.ndarray:
     return arr
 
 
-def as_array_list(objs, name: str, length: int | None = None, writable: bool = True) -> list:
+def as_array_list(objs: Any, name: str, length: int | None = None, writable: bool = True) -> list:
     """``as_array`` on every element of a list; checks its length when given."""
     if objs is None or isinstance(objs, (str, bytes)) or not hasattr(objs, "__len__"):
         raise CollectiveArgumentError(f"{name} must be a list of buffers, not {type(objs).__name__}")

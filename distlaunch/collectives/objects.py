@@ -11,22 +11,25 @@ pickling errors from the caller's objects.
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 
 from . import api
+from .api import Group
 from .errors import CollectiveArgumentError
 
 
-def _dump(obj) -> np.ndarray:
+def _dump(obj: Any) -> np.ndarray:
     return np.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), np.uint8)
 
 
-def _load(arr: np.ndarray):
+def _load(arr: np.ndarray) -> Any:
     return pickle.loads(arr.tobytes())
 
 
-def broadcast_object_list(object_list, src=None, group=None, device=None, group_src=None) -> None:
+def broadcast_object_list(object_list: list, src: int | None = None, group: Group = None, device: Any = None,
+                          group_src: int | None = None) -> None:
     """Replace the elements of ``object_list`` on every rank by those of ``src``'s list
     (all ranks pass a list of the same length). Blocking."""
     g = api.resolve_group(group)
@@ -59,7 +62,7 @@ def _padded_all_gather(g, group, data):
     return sizes, width, mine
 
 
-def all_gather_object(object_list, obj, group=None) -> None:
+def all_gather_object(object_list: list, obj: Any, group: Group = None) -> None:
     """``object_list[i]`` (a list of group-size elements) becomes rank i's ``obj``."""
     g = api.resolve_group(group)
     if g is None:
@@ -73,7 +76,8 @@ def all_gather_object(object_list, obj, group=None) -> None:
         object_list[i] = _load(out[i * width:i * width + int(sizes[i])])
 
 
-def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=None) -> None:
+def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None, group: Group = None,
+                  group_dst: int | None = None) -> None:
     """On ``dst``, ``object_gather_list[i]`` (group-size list) becomes rank i's ``obj``."""
     g = api.resolve_group(group)
     if g is None:
@@ -89,8 +93,8 @@ def gather_object(obj, object_gather_list=None, dst=None, group=None, group_dst=
             object_gather_list[i] = _load(outs[i][:int(sizes[i])])
 
 
-def scatter_object_list(scatter_object_output_list, scatter_object_input_list=None, src=None, group=None,
-                        group_src=None) -> None:
+def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
+                        src: int | None = None, group: Group = None, group_src: int | None = None) -> None:
     """``scatter_object_output_list[0]`` on rank i becomes element i of ``src``'s
     ``scatter_object_input_list`` (group-size list, only needed on ``src``)."""
     g = api.resolve_group(group)
@@ -117,14 +121,16 @@ def scatter_object_list(scatter_object_output_list, scatter_object_input_list=No
     scatter_object_output_list[0] = _load(mine[:int(sizes[g.rank])])
 
 
-def send_object_list(object_list, dst=None, group=None, device=None, group_dst=None, use_batch=False) -> None:
+def send_object_list(object_list: list, dst: int | None = None, group: Group = None, device: Any = None,
+                     group_dst: int | None = None, use_batch: bool = False) -> None:
     """Send the objects of ``object_list`` to ``dst`` (size first, then the pickle)."""
     data = _dump(list(object_list))
     api.send(np.array([data.size], np.int64), dst, group, 0, group_dst)
     api.send(data, dst, group, 0, group_dst)
 
 
-def recv_object_list(object_list, src=None, group=None, device=None, group_src=None, use_batch=False) -> int:
+def recv_object_list(object_list: list, src: int | None = None, group: Group = None, device: Any = None,
+                     group_src: int | None = None, use_batch: bool = False) -> int:
     """Fill ``object_list`` (of the sender's length) with the objects sent by ``src``
     (None: any source); returns the sender's rank."""
     size = np.zeros(1, np.int64)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ _UFUNCS = {
 _BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
 
 
-def as_reduce_op(op) -> ReduceOp:
+def as_reduce_op(op: Any) -> ReduceOp:
     """Normalise ``op`` (a ReduceOp, its int value or name, or a torch ReduceOp) to
     :class:`ReduceOp`; raises CollectiveArgumentError for anything else."""
     if isinstance(op, ReduceOp):
