@@ -30,7 +30,7 @@ Sleeps last at most 50 ms; between slices the waiter checks the abort word, the 
 broken flag (set by a TCP ABORT), the deadline (-> the group names the missing ranks
 over TCP) and whether the awaited peer's pid still exists (-> PeerLostError). Stores
 become visible in program order on x86 (TSO), which the protocol relies on: the
-transport is only enabled on x86-64.
+channel is only enabled on x86-64.
 
 Sizes (``ShmConfig``, read from the environment by init_process_group, not at import):
 SLOT bytes per data buffer (DISTLAUNCH_SHM_SLOT, default 4 MiB), all_reduce CHUNK
