@@ -66,6 +66,24 @@ DISTLAUNCH_VARS = {
                              "prefix* when the round ends and after a crash",
 }
 
+# Settings the user may give workers; read once by init_process_group
+# (distlaunch.collectives), never set by the launcher.
+COLLECTIVES_VARS = {
+    "DISTLAUNCH_SHM": "0 disables the shared-memory collectives (TCP only)",
+    "DISTLAUNCH_SHM_SLOT": "bytes per shared-memory data buffer (default 4 MiB)",
+    "DISTLAUNCH_SHM_CHUNK": "bytes per chunk of a large shared-memory all_reduce (default 2 MiB)",
+    "DISTLAUNCH_SHM_SPIN": "counter checks before a shared-memory waiter sleeps (default 400)",
+    "DISTLAUNCH_SHM_YIELD": "0: spin without sched_yield while waiting on shared memory",
+    "DISTLAUNCH_COLL_HOST": "address the collectives transport listens on (default: the one "
+                            "routing to the store)",
+}
+
+# Read by per-node launchers and by env:// / tcp:// init (distlaunch.secret).
+SECRET_VARS = {
+    "DISTLAUNCH_STORE_TOKEN_FILE": "a file (yours, mode 600) holding the store secret",
+    "XDG_CONFIG_HOME": "where the per-user secret file lives (distlaunch/secret below it)",
+}
+
 # Inherited variables from other launchers / schedulers that would be wrong in a worker.
 STALE_VARS = (
     "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
