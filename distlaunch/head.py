@@ -8,17 +8,20 @@ kills what remains when the job ends. ``run_agent`` is the remote side.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress, raise_for_cause
+from .agent.signals import SignalRelay
 from .config import LaunchConfig
-from .errors import ConfigError, DistlaunchError
+from .errors import ConfigError, DistlaunchError, LaunchInterrupted
 from .launcher import STORE_HOST
 
 
@@ -276,16 +279,21 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
     remote = [k for k, h in enumerate(hosts) if not is_local(h)]
     local = [k for k, h in enumerate(hosts) if is_local(h)]
     guard = OrphanGuard() if local else None  # forked before any thread exists
-    if on_progress:
-        on_progress(f"connecting to {len(remote)} host(s)", False)
-    try:
-        conns = dict(zip(remote, connect_all([hosts[k] for k in remote], head.ssh)))
-    except RemoteError as e:
-        if guard:
-            guard.close()
-        raise ConfigError(str(e).replace("\n", "; ")) from e
+    # Until the agents run, a stop signal ends the head at once (exit 128+N), wherever
+    # it waits (SSH connect, preflight, agent start); then the agents' stop path takes over.
+    relay: SignalRelay | None = SignalRelay(lambda: ())
+    startup = contextlib.ExitStack()
+    startup.enter_context(relay.interruptible())
     server = agents = controller = None
+    conns: dict = {}
+    procs: dict = {}
     try:
+        if on_progress:
+            on_progress(f"connecting to {len(remote)} host(s)", False)
+        try:
+            conns = dict(zip(remote, connect_all([hosts[k] for k in remote], head.ssh)))
+        except RemoteError as e:
+            raise ConfigError(str(e).replace("\n", "; ")) from e
         python = head.remote_python or sys.executable
         cwd = head.remote_cwd or os.getcwd()
         if on_progress:
@@ -325,7 +333,6 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         from .events import EventLog
         controller = _HeadController(client.clone(), cfg, hosts, head.min_nodes or len(hosts),
                                      EventLog(cfg.log_dir, cfg.run_id, on_event), on_progress, kill)
-        procs = {}
         for k in remote:
             spec = {"config": cfg.to_dict(), "store": [store_addr, server.port], "token": token,
                     "node": dataclasses.asdict(node_options(k)), "env": env,
@@ -334,6 +341,9 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
             procs[k] = conns[k].exec(cmd, stdin_data=(json.dumps(spec) + "\n").encode())
         on_event(f"started agents on {len(hosts)} host(s): "
                  + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
+        startup.close()
+        relay.restore()
+        relay = None
 
         def lost(k: int, status: int | None) -> None:
             if not client.check([f"{cfg.run_id}/agent_exit/{k}"]):  # ended before the job
@@ -357,7 +367,18 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         if cause is not None:
             raise_for_cause(cause)
         return rnd
+    except LaunchInterrupted as e:
+        if relay is not None and procs:  # stopped while starting agents: stop those started
+            controller.rdzv.request_stop(0, {"kind": "signal", "signum": e.signum})
+            agents = _RemoteAgents(procs, lambda k, status: None)
+            end = time.monotonic() + cfg.stop_timeout + 5
+            while agents.running and time.monotonic() < end:
+                agents.pump(0.5)
+        raise
     finally:
+        startup.close()
+        if relay is not None:
+            relay.restore()
         if controller is not None:
             controller.stop()
         if agents is not None:
@@ -382,10 +403,6 @@ def _supervise_remote(agents: _RemoteAgents, client, cfg: LaunchConfig, conns: d
     """The head's loop when it runs no workers itself: relay output until every agent has
     ended; a stop signal stops every round; agents that do not end within the grace
     period (or at a second Ctrl-C) are killed over SSH by their recorded process groups."""
-    import time
-
-    from .agent.signals import SignalRelay
-
     relay = SignalRelay(lambda: ())
     deadline = None
     try:

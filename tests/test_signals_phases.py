@@ -346,3 +346,20 @@ def test_interrupted_store_call_does_not_answer_the_next_one():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+# --- (e) the head while it connects to its hosts ------------------------------------------
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_signal_while_the_head_connects_to_its_hosts(launchers, sshd_hosts, signum):
+    # an "sshd" that accepts and never speaks: the head waits for its banner
+    with socket.create_server(("127.0.0.5", 0)) as silent:
+        la = launchers("run", "--ssh-config", sshd_hosts.ssh_config, "-H", "127.0.0.5:1",
+                       "--ssh-port", silent.getsockname()[1], WORKERS / "actor.py")
+        time.sleep(1.0)
+        assert la.proc.poll() is None, la.lines
+        la.signal(signum)
+        assert_stopped_by(la, signum)
+
+
+from sshd import sshd_hosts  # noqa: E402,F401  (session fixture)
