@@ -168,3 +168,14 @@ def test_unwritable_events_file_warns_once_and_the_job_goes_on(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("events are no longer recorded") == 1, res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_uncreatable_attempt_dir_warns_once_and_the_job_goes_on(tmp_path):
+    # attempt_0 exists as a file, so no worker's log directory can be made under it
+    (tmp_path / "ad").mkdir()
+    (tmp_path / "ad" / "attempt_0").write_text("")
+    res = dl("run", "--nproc-per-node", "2", "--log-dir", tmp_path, "--run-id", "ad",
+             WORKERS / "actor.py", "--lines", "3")
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("worker logs there are dropped") == 1, res.stderr
+    assert "Traceback" not in res.stderr

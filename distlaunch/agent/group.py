@@ -94,6 +94,9 @@ class WorkerGroup:
                 sel.register(w.popen.stderr, selectors.EVENT_READ, spec.stderr)
                 if w.pidfd is not None:
                     sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
+            if self.relay.stop_signal is not None:  # it came during the spawns: reach every worker
+                for w in self.workers:
+                    w.signal_group(self.relay.stop_signal)
             if self.on_started:
                 self.on_started([w.pid for w in self.workers])
             return self._loop(sel)

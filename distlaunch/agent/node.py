@@ -25,7 +25,7 @@ from ..topology import WorkerSlot, assign_ranks, cpu_sets
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
-from .output import StreamSink
+from .output import StreamSink, warn_once
 from .process import WorkerFailure
 from .signals import SignalRelay
 
@@ -421,7 +421,12 @@ class NodeAgent:
             attempt_dir = None
             if self.log_root:
                 attempt_dir = os.path.join(self.log_root, f"attempt_{rnd}", str(slot.rank))
-                os.makedirs(attempt_dir, exist_ok=True)
+                try:
+                    os.makedirs(attempt_dir, exist_ok=True)
+                except OSError as e:  # disk full, EIO ...: this worker runs without log files
+                    warn_once("logs", f"cannot create {attempt_dir} ({e.strerror}); "
+                                      f"worker logs there are dropped, the job goes on")
+                    attempt_dir = None
             error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
             env = worker_env(self.cfg, slot, self.base_env, restarts, master, self.store_addr,
                              error_file, shm_prefix(self.cfg.run_id, os.getpid(), rnd))
