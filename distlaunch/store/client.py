@@ -222,7 +222,7 @@ class StoreClient:
             raise _NoGreeting(f"the process listening there accepted the connection but sent "
                               f"no greeting within {greeting:g} s (another program on that "
                               f"port, not a distlaunch store?)") from None
-        except StoreConnectionError as e:
+        except StoreConnectionError:
             raise _NoGreeting("the process listening there closed the connection before "
                               "greeting (another program on that port, not a distlaunch "
                               "store?)") from None
@@ -239,8 +239,11 @@ class StoreClient:
         try:
             mtype, body = self._read_frame()
         except StoreConnectionError:
-            raise StoreAuthError(f"{where} closed the connection during authentication: "
-                                 f"{hint}") from None
+            # No AUTH_FAIL: not a token mismatch (the server always says so first) but, e.g.,
+            # a store that dropped this pending connection under a flood of unauthenticated
+            # ones: retried like a missing greeting.
+            raise _NoGreeting(f"{where} closed the connection during authentication without "
+                              f"rejecting the token (a busy store?)") from None
         if mtype == P.AUTH_FAIL:
             raise StoreAuthError(f"{where} rejected the secret token: {hint}")
         if mtype != P.AUTH_OK or len(body) != P.MAC_BYTES:
