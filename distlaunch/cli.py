@@ -1,5 +1,7 @@
-"""The command line: the only module that prints for the user and maps errors to exit
-codes (0 success; the first failed worker's code, signal N -> 128+N; 2 bad usage)."""
+"""The command line: parses, dispatches, and is the only module that prints for the user.
+Exit codes come from the errors themselves (``exit_code``: 0 success; the first failed
+worker's code, signal N -> 128+N; 2 bad usage). `run` resolves its options into a launch
+mode (``modes.py``) and hands it to ``launcher`` or ``head``."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import time
 import click
 
 from . import __version__
-from .errors import ConfigError, DistlaunchError, LaunchInterrupted, WorkerFailedError
+from .errors import ConfigError, DistlaunchError
 
 SECRET_VARS = ("DISTLAUNCH_STORE_TOKEN",)
 
@@ -33,14 +35,44 @@ class _TtyStatus:
             self.last = text
 
 
-def option(*names: str, **kw):
-    """A click option accepting both torchrun spellings: --nproc-per-node and --nproc_per_node."""
-    spelled = []
-    for n in names:
-        spelled.append(n)
-        if n.startswith("--") and "-" in n[2:]:
-            spelled.append("--" + n[2:].replace("-", "_"))
-    return click.option(*spelled, **kw)
+def _dashes(name: str) -> str:
+    """torchrun's underscore spellings (--nproc_per_node) are the dashed options."""
+    return name.replace("_", "-")
+
+
+# `distlaunch run --help` sections, in order; options without one are listed first.
+WORKERS, NODES, HOSTS, OUTPUT, SUPERVISION = (
+    "Workers", "Nodes and rendezvous", "Hosts and SSH", "Output", "Supervision")
+
+
+class _GroupedOption(click.Option):
+    """An option that names its --help section."""
+
+    def __init__(self, *args, group: str | None = None, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.group = group
+
+
+class _GroupedCommand(click.Command):
+    """Lists its options in --help by section (``_GroupedOption.group``)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str | None, list[tuple[str, str]]] = {None: []}
+        for group in (WORKERS, NODES, HOSTS, OUTPUT, SUPERVISION):
+            sections[group] = []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and isinstance(param, click.Option):
+                sections.setdefault(getattr(param, "group", None), []).append(record)
+        for group, records in sections.items():
+            if records:
+                with formatter.section(group or "Options"):
+                    formatter.write_dl(records)
+
+
+def option(*names: str, group: str | None = None, **kw):
+    """A click option of `run` listed under ``group`` in --help."""
+    return click.option(*names, cls=_GroupedOption, group=group, **kw)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -95,104 +127,105 @@ def _env_entries(value, where: str) -> list[str]:
     raise ConfigError(f"{where}: give a mapping NAME: value, or a list of names to ship")
 
 
-@cli.command(context_settings={"allow_interspersed_args": False})
+@cli.command(cls=_GroupedCommand,
+             context_settings={"allow_interspersed_args": False, "token_normalize_func": _dashes})
 @click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_config,
               help="Read options (and script, args, env, hosts) from a YAML job file; "
                    "options given here override it.")
 @option("--print-config", is_flag=True, help="Print the merged options as YAML and exit.")
-@option("--nproc-per-node", default="1", show_default=True, metavar="N|auto|cpu|gpu",
+@option("--nproc-per-node", group=WORKERS, default="1", show_default=True, metavar="N|auto|cpu|gpu",
         help="Workers on this node: a number, or auto (GPUs if any, else CPUs), cpu, gpu.")
-@option("--nnodes", default="1", show_default=True, metavar="N|MIN:MAX",
+@option("--nnodes", group=NODES, default="1", show_default=True, metavar="N|MIN:MAX",
         help="Number of nodes in a per-node launch; MIN:MAX admits a varying number "
              "(with --rdzv-endpoint).")
-@option("--node-rank", default=0, show_default=True, type=int,
+@option("--node-rank", group=NODES, default=0, show_default=True, type=int,
         help="Rank of this node, 0..nnodes-1.")
-@option("--master-addr", default=None, metavar="HOST",
+@option("--master-addr", group=NODES, default=None, metavar="HOST",
         help="Address of rank 0's node, exported as MASTER_ADDR (default: localhost).")
-@option("--master-port", default=None, type=int, metavar="PORT",
+@option("--master-port", group=NODES, default=None, type=int, metavar="PORT",
         help="Port exported as MASTER_PORT for the program's own rendezvous "
              "(default: a free port). Must be free.")
-@option("--max-restarts", default=0, show_default=True, type=int,
+@option("--max-restarts", group=SUPERVISION, default=0, show_default=True, type=int,
         help="Restart the whole worker group this many times after a worker fails.")
-@option("--monitor-interval", default=0.1, show_default=True, type=float, metavar="SECONDS",
+@option("--monitor-interval", group=SUPERVISION, default=0.1, show_default=True, type=float, metavar="SECONDS",
         help="Accepted for torchrun compatibility; distlaunch is event-driven and sees "
              "exits at once.")
-@option("-m", "--module", is_flag=True,
+@option("-m", "--module", group=WORKERS, is_flag=True,
         help="Run SCRIPT as a Python module (python -m SCRIPT).")
-@option("--no-python", is_flag=True,
+@option("--no-python", group=WORKERS, is_flag=True,
         help="Run SCRIPT as a program, without the Python interpreter.")
-@option("--role", default="default", show_default=True, help="Role name (ROLE_NAME).")
-@option("--run-id", default=None, help="Id of the job (default: random). Namespaces store "
+@option("--role", group=WORKERS, default="default", show_default=True, help="Role name (ROLE_NAME).")
+@option("--run-id", group=NODES, default=None, help="Id of the job (default: random). Namespaces store "
         "keys and logs.")
-@option("--log-dir", default=None, type=click.Path(file_okay=False),
+@option("--log-dir", group=OUTPUT, default=None, type=click.Path(file_okay=False),
         help="Also write each worker's stdout/stderr to LOG_DIR/RUN_ID/attempt_K/RANK/.")
-@option("-r", "--redirects", default="0", show_default=True, metavar="STD",
+@option("-r", "--redirects", group=OUTPUT, default="0", show_default=True, metavar="STD",
         help="Send streams to log files only, not the console: 0 none, 1 stdout, "
              "2 stderr, 3 both, or per local rank like 0:3,1:2.")
-@option("-t", "--tee", default="0", show_default=True, metavar="STD",
+@option("-t", "--tee", group=OUTPUT, default="0", show_default=True, metavar="STD",
         help="Send streams to the console and to log files (values as --redirects).")
-@option("--local-ranks-filter", default=None, metavar="RANKS",
+@option("--local-ranks-filter", group=OUTPUT, default=None, metavar="RANKS",
         help="Show only these local ranks' output on the console, e.g. 0 or 0,1.")
-@option("--standalone", is_flag=True,
+@option("--standalone", group=NODES, is_flag=True,
         help="Single-node job with its own local rendezvous (implies --nnodes 1).")
-@option("--stop-timeout", default=30.0, show_default=True, type=float, metavar="SECONDS",
+@option("--stop-timeout", group=SUPERVISION, default=30.0, show_default=True, type=float, metavar="SECONDS",
         help="Grace between SIGTERM and SIGKILL when stopping workers.")
-@option("-H", "--hosts", default=None, metavar="HOST[:N],...",
+@option("-H", "--hosts", group=HOSTS, default=None, metavar="HOST[:N],...",
         help="Start the job on these hosts over SSH from here, N workers each (default "
              "--nproc-per-node), e.g. node1:4,user@node2:4.")
-@option("--hostfile", default=None, type=click.Path(dir_okay=False),
+@option("--hostfile", group=HOSTS, default=None, type=click.Path(dir_okay=False),
         help="Hosts from a file: OpenMPI 'host slots=N', DeepSpeed 'host slots=N', MPICH "
              "'host:N', one per line; # comments.")
-@option("--include", default=None, metavar="HOSTS", help="Use only these hosts of the list.")
-@option("--exclude", default=None, metavar="HOSTS", help="Leave these hosts of the list out.")
-@option("--store-addr", default=None, metavar="ADDR",
+@option("--include", group=HOSTS, default=None, metavar="HOSTS", help="Use only these hosts of the list.")
+@option("--exclude", group=HOSTS, default=None, metavar="HOSTS", help="Leave these hosts of the list out.")
+@option("--store-addr", group=HOSTS, default=None, metavar="ADDR",
         help="Address the head's store binds and announces (default: the address this "
              "machine uses to reach the first host).")
-@option("--remote-python", default=None, metavar="PATH",
+@option("--remote-python", group=HOSTS, default=None, metavar="PATH",
         help="Interpreter on the hosts (default: the head's sys.executable).")
-@option("--remote-cwd", default=None, metavar="DIR",
+@option("--remote-cwd", group=HOSTS, default=None, metavar="DIR",
         help="Working directory on the hosts (default: the head's).")
-@option("--ssh-port", default=None, type=int, help="SSH port (overrides ~/.ssh/config).")
-@option("--ssh-user", default=None, help="SSH user (overrides ~/.ssh/config).")
-@option("--ssh-key", default=None, type=click.Path(dir_okay=False),
+@option("--ssh-port", group=HOSTS, default=None, type=int, help="SSH port (overrides ~/.ssh/config).")
+@option("--ssh-user", group=HOSTS, default=None, help="SSH user (overrides ~/.ssh/config).")
+@option("--ssh-key", group=HOSTS, default=None, type=click.Path(dir_okay=False),
         help="SSH private key file (overrides ~/.ssh/config).")
-@option("--ssh-config", default=None, type=click.Path(dir_okay=False),
+@option("--ssh-config", group=HOSTS, default=None, type=click.Path(dir_okay=False),
         help="OpenSSH client config to read instead of ~/.ssh/config (like ssh -F).")
-@option("--ssh-accept-new-host-keys", is_flag=True,
+@option("--ssh-accept-new-host-keys", group=HOSTS, is_flag=True,
         help="Accept and remember host keys not yet in known_hosts (changed keys are "
              "still refused).")
-@option("-x", "--env", "env_names", multiple=True, metavar="NAME[=VALUE]",
+@option("-x", "--env", "env_names", group=WORKERS, multiple=True, metavar="NAME[=VALUE]",
         help="Ship this variable to the hosts (repeatable; mpirun's -x).")
-@option("--env-all", is_flag=True,
+@option("--env-all", group=HOSTS, is_flag=True,
         help="Ship the whole environment except host-specific variables (SSH_*, DISPLAY, "
              "HOSTNAME, PWD, TERM, ...).")
-@option("--prefix-host", is_flag=True, help="Prefix output lines with [host:rank]: .")
-@option("--min-nodes", default=None, type=click.IntRange(min=1), metavar="N",
+@option("--prefix-host", group=OUTPUT, is_flag=True, help="Prefix output lines with [host:rank]: .")
+@option("--min-nodes", group=SUPERVISION, default=None, type=click.IntRange(min=1), metavar="N",
         help="With -H/--hostfile: drop a host whose agent is lost or whose workers fail in "
              "two consecutive rounds, and go on while N hosts remain (default: all).")
-@option("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+@option("--rdzv-endpoint", group=NODES, default=None, metavar="HOST:PORT",
         help="Rendezvous store for per-node launches; node ranks are assigned by arrival. "
              "The launcher that can bind it hosts it, or run `distlaunch store` there.")
-@option("--rdzv-id", default=None, metavar="ID",
+@option("--rdzv-id", group=NODES, default=None, metavar="ID",
         help="Job id shared by every node's launcher (the run id).")
-@option("--rdzv-backend", default="c10d", show_default=True,
+@option("--rdzv-backend", group=NODES, default="c10d", show_default=True,
         type=click.Choice(["c10d", "static"]),
         help="Accepted for torchrun compatibility: c10d (dynamic, with --rdzv-endpoint) or "
              "static (--master-addr/--master-port and --node-rank).")
-@option("--rdzv-conf", default=None, metavar="K=V,...",
+@option("--rdzv-conf", group=NODES, default=None, metavar="K=V,...",
         help="Rendezvous settings in seconds: join_timeout (600), last_call_timeout (3), "
              "heartbeat_timeout (15), heartbeat_interval (1), exit_barrier_timeout (300).")
-@option("--store-token-file", default=None, type=click.Path(dir_okay=False), metavar="FILE",
+@option("--store-token-file", group=NODES, default=None, type=click.Path(dir_okay=False), metavar="FILE",
         help="Per-node launches: read the store secret from FILE (yours, mode 600; the same "
              "on every node). Default: DISTLAUNCH_STORE_TOKEN, else DISTLAUNCH_STORE_TOKEN_FILE, "
              "else ~/.config/distlaunch/secret, created on first use.")
-@option("--bind-to", default="auto", show_default=True, type=click.Choice(["auto", "core", "none"]),
+@option("--bind-to", group=WORKERS, default="auto", show_default=True, type=click.Choice(["auto", "core", "none"]),
         help="CPU affinity of the workers: auto splits this node's CPUs into one block per "
              "worker (round robin when there are more workers than CPUs), core gives each "
              "worker one CPU (several launchers on one host then share the lowest CPUs), "
              "none leaves affinity alone (torchrun's behaviour).")
-@option("--no-prefix", is_flag=True, help="Do not prefix worker output lines with [rank]: .")
+@option("--no-prefix", group=OUTPUT, is_flag=True, help="Do not prefix worker output lines with [rank]: .")
 @option("--dry-run", is_flag=True,
         help="Print the plan (ranks, command lines, environment) and start nothing.")
 @click.argument("script", required=False)
@@ -201,6 +234,8 @@ def _env_entries(value, where: str) -> list[str]:
 def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **o) -> None:
     """Start SCRIPT on every worker and supervise it. Everything after SCRIPT goes to the
     script untouched."""
+    from .modes import HeadNodes, resolve
+
     job = ctx.meta.get("job_file", {})
     if script is None:  # a command-line script replaces the job file's script and args
         script, script_args = job.get("script"), tuple(job.get("args", ()))
@@ -209,71 +244,27 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     if o.pop("print_config"):
         _print_config(script, script_args, o)
         return
-    cfg = _config_from_options(script, script_args, o)
-    if o["hosts"] or o["hostfile"]:
-        head = _head_options(o, cfg)
-        if cfg.dry_run:
-            _print_head_plan(cfg, head)
+    dry_run = o.pop("dry_run")
+    mode = resolve(script, script_args, o)
+    if isinstance(mode, HeadNodes):
+        if dry_run:
+            _print_head_plan(mode)
             return
         from .head import run_hosts
 
-        restarts = run_hosts(cfg, head, say, _TtyStatus() if sys.stderr.isatty() else None)
+        restarts = run_hosts(mode.job, mode.head, say, _TtyStatus() if sys.stderr.isatty() else None)
         if restarts:
             say(f"all workers succeeded after {restarts} restart(s)")
         return
     from . import launcher
 
-    plan = launcher.make_plan(cfg)
-    if cfg.dry_run:
+    plan = launcher.make_plan(mode)
+    if dry_run:
         _print_plan(plan)
         return
-    restarts = launcher.run(cfg, say, plan)
+    restarts = launcher.run(mode, say, plan)
     if restarts:
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
-
-
-def _config_from_options(script: str, script_args: tuple[str, ...], o: dict):
-    """The validated LaunchConfig of `run`'s options (ConfigError for bad values)."""
-    from .config import (LaunchConfig, parse_nproc_per_node, parse_ranks_filter,
-                         parse_rdzv_conf, parse_std, run_id_from)
-
-    nnodes, max_nodes = _parse_nnodes(o["nnodes"])
-    if o["standalone"]:
-        nnodes = 1
-    kw = dict(
-        entrypoint=script, args=script_args, nproc_per_node=parse_nproc_per_node(o["nproc_per_node"]),
-        nnodes=nnodes, node_rank=o["node_rank"], master_addr=o["master_addr"],
-        master_port=o["master_port"], max_restarts=o["max_restarts"],
-        monitor_interval=o["monitor_interval"], module=o["module"], no_python=o["no_python"],
-        role=o["role"], log_dir=o["log_dir"], redirects=parse_std(o["redirects"], "--redirects"),
-        tee=parse_std(o["tee"], "--tee"),
-        local_ranks_filter=parse_ranks_filter(o["local_ranks_filter"]),
-        standalone=o["standalone"], stop_timeout=o["stop_timeout"], prefix=not o["no_prefix"],
-        dry_run=o["dry_run"], rdzv_conf=parse_rdzv_conf(o["rdzv_conf"]),
-        max_nodes=max_nodes, rdzv_endpoint=o["rdzv_endpoint"], env=_worker_env(o["env_names"]),
-        bind_to=o["bind_to"], store_token_file=o["store_token_file"])
-    if o["rdzv_endpoint"]:
-        kw["run_id"] = run_id_from(f"job-{o['rdzv_endpoint']}")
-        if max_nodes is None and nnodes > 1:  # fixed N through a rendezvous endpoint
-            kw["max_nodes"] = nnodes
-    elif nnodes > 1:
-        # Per-node mode (torchrun's static rendezvous): node 0 hosts the store at
-        # --master-addr:--master-port; every node must use the same run id.
-        kw["master_addr"] = kw["master_addr"] or "127.0.0.1"
-        kw["master_port"] = kw["master_port"] or 29500
-        kw["run_id"] = f"job{kw['master_port']}"
-    if o["run_id"] or o["rdzv_id"]:
-        kw["run_id"] = o["rdzv_id"] or o["run_id"]
-    return LaunchConfig(**kw).validate()
-
-
-def _worker_env(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """-x NAME / NAME=VALUE (mpirun): variables set for every worker on every node."""
-    import os
-
-    from .remote.command import shipped_env  # no paramiko: remote/__init__ is light
-
-    return tuple(sorted(shipped_env(os.environ, list(names), False).items()))
 
 
 def _print_config(script: str, args: tuple[str, ...], o: dict) -> None:
@@ -285,45 +276,14 @@ def _print_config(script: str, args: tuple[str, ...], o: dict) -> None:
                               sort_keys=False).rstrip())
 
 
-def _parse_nnodes(text: str) -> tuple[int, int | None]:
-    lo, sep, hi = text.partition(":")
-    try:
-        return (int(lo), int(hi)) if sep else (int(lo), None)
-    except ValueError:
-        raise ConfigError(f"--nnodes {text!r} is invalid: give a number of nodes N or a "
-                          f"range MIN:MAX") from None
-
-
-def _head_options(o: dict, cfg):
-    from .hosts import check_one_local, filter_hosts, parse_host_list, parse_hostfile, resolve_slots
-    from .head import HeadOptions
-    from .remote.ssh import SSHOptions
-
-    if o["hosts"] and o["hostfile"]:
-        raise ConfigError("give either -H/--hosts or --hostfile, not both")
-    if cfg.nnodes > 1:
-        raise ConfigError(f"--nnodes {cfg.nnodes} is for per-node launches; with -H/--hostfile "
-                          f"the host list sets the nodes")
-    hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
-    hosts = resolve_slots(filter_hosts(hosts, o["include"], o["exclude"]), cfg.nproc_per_node)
-    check_one_local(hosts)
-    ssh = SSHOptions(port=o["ssh_port"], user=o["ssh_user"], key_file=o["ssh_key"],
-                     accept_new_host_keys=o["ssh_accept_new_host_keys"],
-                     config_file=o["ssh_config"])
-    if o["min_nodes"] is not None and o["min_nodes"] > len(hosts):
-        raise ConfigError(f"--min-nodes {o['min_nodes']} is more than the {len(hosts)} host(s) "
-                          f"listed; give at most {len(hosts)}")
-    return HeadOptions(tuple(hosts), ssh, o["store_addr"], o["remote_python"], o["remote_cwd"],
-                       o["env_all"], o["prefix_host"], o["min_nodes"])
-
-
-def _print_head_plan(cfg, head) -> None:
+def _print_head_plan(mode) -> None:
     import os
     import sys
 
     from .remote.command import remote_command, shipped_env
     from .topology import assign_ranks
 
+    cfg, head = mode.job, mode.head
     env = shipped_env(os.environ, [], head.env_all)
     cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}  # as head.run_hosts
     cmd = remote_command(head.remote_python or sys.executable, head.remote_cwd or os.getcwd(),
@@ -344,16 +304,16 @@ BENCH_OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_
 
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.argument("op", type=click.Choice(BENCH_OPS), default="all_reduce")
-@option("--nproc-per-node", default="2", show_default=True, metavar="N",
+@click.option("--nproc-per-node", "--nproc_per_node", default="2", show_default=True, metavar="N",
         help="Workers on this node (or on each host without a slot count).")
-@option("-H", "--hosts", default=None, metavar="HOST[:N],...",
+@click.option("-H", "--hosts", default=None, metavar="HOST[:N],...",
         help="Measure across these hosts (started over SSH, as distlaunch run -H).")
-@option("--sizes", default="8B..64MiB", show_default=True, metavar="MIN..MAX",
+@click.option("--sizes", default="8B..64MiB", show_default=True, metavar="MIN..MAX",
         help="Message sizes in bytes per rank, doubling from MIN to MAX (B, KiB, MiB, GiB).")
-@option("--dtype", default="float32", show_default=True, help="Element type.")
-@option("--iters", default=None, type=int, help="Timed iterations per size (default: by size).")
-@option("--json", "as_json", is_flag=True, help="Print JSON lines instead of the table.")
-@option("--plot", default=None, type=click.Path(dir_okay=False),
+@click.option("--dtype", default="float32", show_default=True, help="Element type.")
+@click.option("--iters", default=None, type=int, help="Timed iterations per size (default: by size).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of the table.")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False),
         help="Also draw bandwidth against size to this PNG (needs matplotlib).")
 @click.argument("run_options", nargs=-1, type=click.UNPROCESSED)
 def bench(op: str, nproc_per_node: str, hosts: str | None, sizes: str, dtype: str,
@@ -389,20 +349,19 @@ def agent() -> None:
     the store's secret) from one line of stdin."""
     import json
 
+    from .errors import LaunchInterrupted, WorkerFailedError
     from .head import run_agent
 
     try:
         run_agent(json.loads(sys.stdin.readline()))
-    except WorkerFailedError as e:  # the head prints the root cause
-        sys.exit(e.exit_code)
-    except LaunchInterrupted as e:
+    except (WorkerFailedError, LaunchInterrupted) as e:  # the head reports these
         sys.exit(e.exit_code)
 
 
 @cli.command()
-@option("--host", default="127.0.0.1", show_default=True,
+@click.option("--host", default="127.0.0.1", show_default=True,
         help="Address to listen on (0.0.0.0 for every interface).")
-@option("--port", default=29400, show_default=True, type=click.IntRange(0, 65535),
+@click.option("--port", default=29400, show_default=True, type=click.IntRange(0, 65535),
         help="Port to listen on (0: any free port, printed at start).")
 def store(host: str, port: int) -> None:
     """Run a standalone rendezvous store until Ctrl-C or SIGTERM.
@@ -430,16 +389,10 @@ def _print_plan(plan) -> None:
 
     from .topology import cpu_sets, format_cpus
 
-    c = plan.cfg
-    click.echo(f"run id {c.run_id}: {len(plan.slots)} workers on node {c.node_rank} of "
-               f"{c.nnodes}, max restarts {c.max_restarts}")
-    if c.rdzv_endpoint:
-        store = f"{c.rdzv_endpoint} (hosted by the launcher that binds it first)"
-    elif c.nnodes > 1:
-        store = f"{c.master_addr}:{c.master_port} (hosted by node 0)"
-    else:
-        store = "127.0.0.1:<port chosen at start>"
-    click.echo(f"store: {store}, token DISTLAUNCH_STORE_TOKEN=****")
+    c, mode = plan.cfg, plan.mode
+    click.echo(f"run id {c.run_id}: {len(plan.slots)} workers on node {mode.node_rank} of "
+               f"{mode.nnodes}, max restarts {c.max_restarts}")
+    click.echo(f"store: {mode.store_text()}, token DISTLAUNCH_STORE_TOKEN=****")
     cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
     for slot in plan.slots:
         env = plan.worker_env(slot)
@@ -451,7 +404,25 @@ def _print_plan(plan) -> None:
             click.echo(f"    {k}={'****' if k in hidden else changed[k]}")
 
 
-def _print_root_cause(e: WorkerFailedError) -> None:
+def _report(e: DistlaunchError) -> None:
+    """The user's view of the error that ends the launcher: a worker failure's root
+    cause, a stop signal, or one line."""
+    if getattr(e, "failure", None) is not None:
+        _print_root_cause(e)
+    elif getattr(e, "signum", None) is not None:
+        say(f"stopped by signal {e.signum}; workers stopped")
+    else:
+        say(f"error: {_one_line(str(e))}")
+
+
+def _one_line(text: str) -> str:
+    """A multi-line message (e.g. one line per unreachable host) as one line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " ".join(ln if ln.endswith(":") or i == len(lines) - 1 else ln + ";"
+                    for i, ln in enumerate(lines))
+
+
+def _print_root_cause(e: DistlaunchError) -> None:
     f = e.failure
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.timestamp))
     say("=" * 24 + " root cause (first failed worker) " + "=" * 24)
@@ -490,16 +461,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except click.Abort:
         sys.exit(130)
-    except ConfigError as e:
-        say(f"error: {e}")
-        sys.exit(2)
-    except WorkerFailedError as e:
-        _print_root_cause(e)
-        sys.exit(e.exit_code)
-    except LaunchInterrupted as e:
-        say(f"stopped by signal {e.signum}; workers stopped")
-        sys.exit(e.exit_code)
     except DistlaunchError as e:
-        say(f"error: {e}")
-        sys.exit(1)
+        _report(e)
+        sys.exit(e.exit_code)
     sys.exit(0)

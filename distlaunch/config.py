@@ -1,4 +1,6 @@
-"""LaunchConfig: the validated description of one `distlaunch run`.
+"""LaunchConfig: the validated job every node's agent runs (program, workers per node,
+supervision, output), whatever the launch mode; the mode and its nodes are decided in
+``modes.py``.
 
 Option meanings follow torchrun (``torch.distributed.run``); checks that need no I/O
 beyond the file system happen here, so every bad value is reported before anything
@@ -14,7 +16,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
-from .topology import MAX_NODES, MAX_SLOTS_PER_NODE
+from .topology import MAX_SLOTS_PER_NODE
 
 # torchrun's Std values: which of a worker's streams an option applies to.
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
@@ -37,6 +39,7 @@ class StdSpec:
 
 
 def parse_std(value: str | int | None, option: str) -> StdSpec:
+    """torchrun's ``--redirects``/``--tee`` value; ConfigError naming ``option``."""
     if value is None or value == "":
         return StdSpec()
     text = str(value).strip()
@@ -125,6 +128,7 @@ def parse_nproc_per_node(value: str | int) -> int:
 
 
 def parse_ranks_filter(value: str | None) -> frozenset[int] | None:
+    """``--local-ranks-filter 0,1``; None (no filter) when empty."""
     if not value:
         return None
     try:
@@ -139,14 +143,13 @@ def parse_ranks_filter(value: str | None) -> frozenset[int] | None:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Everything one `distlaunch run` needs. Build with ``LaunchConfig(...)`` and call
-    ``validate()``; all durations are float seconds."""
+    """The job every node's agent runs (the head sends it to remote agents as JSON).
+    Build with ``LaunchConfig(...)`` and call ``validate()``; all durations are float
+    seconds."""
 
     entrypoint: str
     args: tuple[str, ...] = ()
     nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
     max_restarts: int = 0
@@ -159,26 +162,11 @@ class LaunchConfig:
     redirects: StdSpec = StdSpec()
     tee: StdSpec = StdSpec()
     local_ranks_filter: frozenset[int] | None = None
-    standalone: bool = False
     stop_timeout: float = 30.0
     prefix: bool = True
-    dry_run: bool = False
     rdzv_conf: tuple[tuple[str, str], ...] = ()
-    max_nodes: int | None = None  # --nnodes MIN:MAX: dynamic membership (nnodes is MIN)
-    rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous store
     env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
     bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
-    store_token_file: str | None = None  # per-node launches: the store secret's file (secret.py)
-
-    def endpoint(self) -> tuple[str, int]:
-        """--rdzv-endpoint as (host, port); ConfigError if malformed."""
-        host, _, port = (self.rdzv_endpoint or "").rpartition(":")
-        bracketed = host.startswith("[") and host.endswith("]")
-        if not host or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536 \
-                or (":" in host and not bracketed):
-            raise ConfigError(f"--rdzv-endpoint {self.rdzv_endpoint!r} is invalid: give "
-                              f"HOST:PORT, e.g. node0:29400 or [::1]:29400")
-        return (host[1:-1] if bracketed else host), int(port)
 
     def to_dict(self) -> dict:
         """A JSON-ready copy (the head sends it to remote agents)."""
@@ -227,23 +215,6 @@ class LaunchConfig:
         if self.nproc_per_node > MAX_SLOTS_PER_NODE:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is more than the "
                               f"{MAX_SLOTS_PER_NODE} workers one node may run; give a smaller number")
-        if not 1 <= self.nnodes <= MAX_NODES or (self.max_nodes or 1) > MAX_NODES:
-            raise ConfigError(f"--nnodes {self.nnodes if self.max_nodes is None else f'{self.nnodes}:{self.max_nodes}'} "
-                              f"is invalid: give 1 to {MAX_NODES} nodes")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise ConfigError(f"--node-rank {self.node_rank} is invalid with --nnodes "
-                              f"{self.nnodes}: give a value from 0 to {self.nnodes - 1}")
-        if self.max_nodes is not None and self.max_nodes < self.nnodes:
-            raise ConfigError(f"--nnodes {self.nnodes}:{self.max_nodes} is invalid: MAX must be "
-                              f"at least MIN")
-        if self.rdzv_endpoint is not None:
-            self.endpoint()
-        elif self.max_nodes is not None:
-            raise ConfigError(f"--nnodes {self.nnodes}:{self.max_nodes} needs --rdzv-endpoint "
-                              f"HOST:PORT (a `distlaunch store`, or the first launcher there)")
-        elif self.nnodes > 1 and not self.master_port:
-            raise ConfigError(f"--nnodes {self.nnodes} needs --master-port (and --master-addr): "
-                              f"node 0 hosts the rendezvous store there")
         self.rdzv_options()
         if not 0 <= self.max_restarts <= MAX_RESTARTS:
             raise ConfigError(f"--max-restarts {self.max_restarts} is invalid: give 0 to {MAX_RESTARTS}")

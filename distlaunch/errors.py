@@ -1,18 +1,25 @@
 """The one exception hierarchy of distlaunch (a leaf module: imports nothing of ours).
 
-Library code raises these; only ``distlaunch.cli`` turns them into messages and exit
-codes. Third-party errors are wrapped with ``raise ... from``.
+Library code raises these; only ``distlaunch.cli`` turns them into messages. Each error
+carries the exit code the launcher ends with (``exit_code``, as click's exceptions do), so
+the CLI maps an error by that attribute, never by its type or text. Third-party errors are
+wrapped with ``raise ... from``.
 """
 
 from __future__ import annotations
 
 
 class DistlaunchError(Exception):
-    """Root of every error distlaunch raises on purpose."""
+    """Root of every error distlaunch raises on purpose; ``exit_code`` is what the
+    launcher exits with when this error ends it (1 unless a subclass says otherwise)."""
+
+    exit_code: int = 1
 
 
 class ConfigError(DistlaunchError, ValueError):
     """Bad usage or configuration, found before anything starts (exit code 2)."""
+
+    exit_code = 2
 
 
 # --- store -------------------------------------------------------------------------------
@@ -54,7 +61,7 @@ class WorkerFailedError(DistlaunchError):
     ``exit_code`` is what the launcher should exit with (signal N gives 128+N).
     """
 
-    def __init__(self, message: str, failure=None, exit_code: int = 1):
+    def __init__(self, message: str, failure=None, exit_code: int = 1) -> None:
         super().__init__(message)
         self.failure = failure
         self.exit_code = exit_code
@@ -63,7 +70,7 @@ class WorkerFailedError(DistlaunchError):
 class LaunchInterrupted(DistlaunchError):
     """The launcher was told to stop by a signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by signal {signum}")
         self.signum = signum
         self.exit_code = 128 + signum

@@ -1,6 +1,7 @@
-"""The launcher of one node: plans the job, hosts the store (single node; node 0 of a
-per-node launch), runs this node's agent and reports the result. Head mode (-H) is in
-``head.py``.
+"""The launcher of one node: plans its part of a resolved single-node or per-node launch
+(``modes.py``), hosts the store where the mode says (single node; node 0 of a static
+launch; the launcher that binds a dynamic endpoint), runs this node's agent and returns
+the result. Head mode (-H) is in ``head.py``.
 
 Start-up order matters: the orphan guard is forked before the store's thread starts
 (forking a threaded process is unsafe).
@@ -20,20 +21,25 @@ from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worker_env
 from .config import LaunchConfig
 from .errors import ConfigError
+from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
 from .topology import WorkerSlot, node_slots
 
-STORE_HOST = "127.0.0.1"
+__all__ = ["Plan", "make_plan", "run", "STORE_HOST"]
 
 
 @dataclass(frozen=True)
 class Plan:
     """The resolved job as far as it is known before start: this node's workers."""
 
-    cfg: LaunchConfig
+    mode: NodeMode
     slots: list[WorkerSlot]
     argv: list[str]
     master_addr: str
     master_port: int | None  # None: chosen at start
+
+    @property
+    def cfg(self) -> LaunchConfig:
+        return self.mode.job
 
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
         """The environment a worker will get (store fields filled in at start)."""
@@ -53,27 +59,27 @@ def _check_port_free(port: int, option: str) -> None:
             raise ConfigError(f"{option} {port} cannot be bound ({e.strerror})") from None
 
 
-def make_plan(cfg: LaunchConfig) -> Plan:
+def make_plan(mode: NodeMode) -> Plan:
     """Resolve this node's ranks and the worker command line. Raises ConfigError when
     ``--master-port`` is taken on the node that must bind it."""
-    if cfg.master_port is not None and cfg.node_rank == 0:
+    cfg = mode.job
+    if cfg.master_port is not None and mode.node_rank == 0:
         _check_port_free(cfg.master_port, "--master-port")
-    slots = node_slots([cfg.nproc_per_node] * cfg.nnodes, cfg.node_rank)
-    return Plan(cfg, slots, worker_argv(cfg), cfg.master_addr or "localhost",
-                cfg.master_port if cfg.nnodes == 1 else None)
+    slots = node_slots([cfg.nproc_per_node] * mode.nnodes, mode.node_rank)
+    return Plan(mode, slots, worker_argv(cfg), cfg.master_addr or "localhost",
+                cfg.master_port if mode.nnodes == 1 else None)
 
 
-def run(cfg: LaunchConfig, on_event: Callable[[str], None], plan: Plan | None = None) -> int:
+def run(mode: NodeMode, on_event: Callable[[str], None], plan: Plan | None = None) -> int:
     """Run this node's part of the job to the end; return the restarts it took.
 
-    Single node: host the store on loopback and run the agent. Per-node mode (``--nnodes
-    N``): node 0 hosts the store on ``--master-port`` for all nodes; every node runs its
-    agent against it. Blocks. Raises WorkerFailedError, LaunchInterrupted,
-    RendezvousError, SpawnError, StoreError, ConfigError.
+    Single node: host the store on loopback and run the agent. Static per-node launch:
+    node 0 hosts the store on ``--master-port`` for all nodes; every node runs its agent
+    against it. Dynamic: see ``_run_dynamic``. Blocks. Raises WorkerFailedError,
+    LaunchInterrupted, RendezvousError, SpawnError, StoreError, ConfigError.
     """
-    from .store import StoreServer  # not needed by --dry-run
-
-    plan = plan or make_plan(cfg)
+    plan = plan or make_plan(mode)
+    cfg = mode.job
     if (cfg.redirects.any or cfg.tee.any) and not cfg.log_dir:
         log_dir = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
         on_event(f"worker logs go to {log_dir}/{cfg.run_id}")
@@ -81,24 +87,32 @@ def run(cfg: LaunchConfig, on_event: Callable[[str], None], plan: Plan | None = 
     if cfg.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
         on_event(f"setting OMP_NUM_THREADS=1 for each of the {cfg.nproc_per_node} workers "
                  f"on this node; set it yourself to choose another value")
-    if cfg.rdzv_endpoint:
-        return _run_dynamic(cfg, on_event)
-    if cfg.nnodes == 1:
-        token = os.urandom(16).hex()
-        store_host, store_port = STORE_HOST, 0
-    else:
-        token = _shared_token(cfg)
-        store_host, store_port = cfg.master_addr, cfg.master_port
+    if isinstance(mode, DynamicNodes):
+        return _run_dynamic(mode, cfg, on_event)
+    if isinstance(mode, StaticNodes):
+        store = StoreAddress(cfg.master_addr, cfg.master_port,
+                             _shared_token(cfg, mode.store_token_file))
+        return _run_fixed(cfg, mode, store, "0.0.0.0", plan, on_event)
+    assert isinstance(mode, SingleNode)
+    store = StoreAddress(STORE_HOST, 0, os.urandom(16).hex())
+    return _run_fixed(cfg, mode, store, STORE_HOST, plan, on_event)
+
+
+def _run_fixed(cfg: LaunchConfig, mode: SingleNode | StaticNodes, store: StoreAddress,
+               bind: str, plan: Plan, on_event: Callable[[str], None]) -> int:
+    """A fixed set of nodes whose node 0 hosts the store at ``store`` (bound on ``bind``;
+    port 0: any free port)."""
+    from .store import StoreServer  # not needed by --dry-run
+
     guard = OrphanGuard()
     server = None
     try:
-        if cfg.node_rank == 0:
-            server = StoreServer("0.0.0.0" if cfg.nnodes > 1 else STORE_HOST, store_port,
-                                 token=token)
+        if mode.node_rank == 0:
+            server = StoreServer(bind, store.port, token=store.token)
             server.start()
-            store_port = server.port
-        agent = NodeAgent(cfg, StoreAddress(store_host, store_port, token),
-                          NodeOptions(node_rank=cfg.node_rank, num_nodes=cfg.nnodes,
+            store = dataclasses.replace(store, port=server.port)
+        agent = NodeAgent(cfg, store,
+                          NodeOptions(node_rank=mode.node_rank, num_nodes=mode.nnodes,
                                       hosts_store=server is not None, **cfg.rdzv_options()),
                           guard, on_event, master_addr=plan.master_addr,
                           events=_event_log(cfg, on_event))
@@ -118,12 +132,12 @@ def _event_log(cfg: LaunchConfig, on_event: Callable[[str], None]):
                     lambda e: e["event"] == "round" and (e["round"] > 0 or len(e["members"]) > 1))
 
 
-def _shared_token(cfg: LaunchConfig) -> str:
+def _shared_token(cfg: LaunchConfig, token_file: str | None) -> str:
     # Per-node launches share no channel for a secret: each node reads the same one
     # (secret.py: the environment, a token file, or the per-user secret file).
     from .secret import shared_token
 
-    return shared_token(cfg.run_id, cfg.store_token_file)
+    return shared_token(cfg.run_id, token_file)
 
 
 def _address_towards(host: str, port: int) -> str:
@@ -136,14 +150,14 @@ def _address_towards(host: str, port: int) -> str:
             return socket.gethostname()
 
 
-def _run_dynamic(cfg: LaunchConfig, on_event: Callable[[str], None]) -> int:
-    """Per-node launch with dynamic membership through the store at --rdzv-endpoint; the
+def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig, on_event: Callable[[str], None]) -> int:
+    """Per-node launch with dynamic membership through the store at the endpoint; the
     launcher that can bind that address hosts the store (torchrun's c10d backend)."""
     from .errors import StoreError
     from .store import StoreServer
 
-    host, port = cfg.endpoint()
-    token = _shared_token(cfg)
+    host, port = mode.host, mode.port
+    token = _shared_token(cfg, mode.store_token_file)
     guard = OrphanGuard()
     server = None
     note = ""
@@ -156,7 +170,7 @@ def _run_dynamic(cfg: LaunchConfig, on_event: Callable[[str], None]) -> int:
             # said only if reaching the store there takes long (normally another launcher
             # hosts it and this is no news)
             note = f"this launcher could not host the store there either ({e})"
-        opts = NodeOptions(min_nodes=cfg.nnodes, max_nodes=cfg.max_nodes or cfg.nnodes,
+        opts = NodeOptions(min_nodes=mode.nnodes, max_nodes=mode.max_nodes,
                            hosts_store=server is not None, endpoint_note=note,
                            **cfg.rdzv_options())
         agent = NodeAgent(cfg, StoreAddress(host, port, token), opts, guard, on_event,

@@ -1,0 +1,222 @@
+"""Which launch mode a `distlaunch run` is, decided once from its options.
+
+``resolve`` turns the parsed options of `run` into one mode description, and nothing
+after it looks at flag combinations again:
+
+| description | options | who hosts the store |
+|---|---|---|
+| ``SingleNode`` | neither of the below | this launcher, on loopback |
+| ``StaticNodes`` | ``--nnodes N`` (N > 1) | node 0, on ``--master-addr:--master-port`` |
+| ``DynamicNodes`` | ``--rdzv-endpoint HOST:PORT`` | the launcher that binds it first |
+| ``HeadNodes`` | ``-H`` / ``--hostfile`` | this head, for agents started over SSH |
+
+Each carries ``job``, the validated :class:`~distlaunch.config.LaunchConfig` every node's
+agent runs, plus what only that mode needs. Every bad value or combination raises
+:class:`~distlaunch.errors.ConfigError` here, before anything starts. Option values that
+come from elsewhere than the command line (a job file, the environment of a scheduler)
+are merged into the options before ``resolve``, which therefore sees one mapping.
+
+Pure apart from ``LaunchConfig.validate`` (file checks) and, for head mode only, reading
+a hostfile; head mode's modules are imported only when it is chosen.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Union
+
+from .config import (LaunchConfig, parse_nproc_per_node, parse_ranks_filter, parse_rdzv_conf,
+                     parse_std, run_id_from)
+from .errors import ConfigError
+from .topology import MAX_NODES
+
+if TYPE_CHECKING:
+    from .head import HeadOptions
+
+STORE_HOST = "127.0.0.1"
+STATIC_MASTER_ADDR, STATIC_MASTER_PORT = "127.0.0.1", 29500  # torchrun's static defaults
+
+
+@dataclass(frozen=True)
+class SingleNode:
+    """One node: the launcher hosts the store on loopback (random port and secret)."""
+
+    job: LaunchConfig
+    nnodes: ClassVar[int] = 1
+    node_rank: ClassVar[int] = 0
+
+    def store_text(self) -> str:
+        """Where the store will be, for --dry-run."""
+        return f"{STORE_HOST}:<port chosen at start>"
+
+
+@dataclass(frozen=True)
+class StaticNodes:
+    """Per-node launch with fixed membership (torchrun's static rendezvous): node 0
+    hosts the store at ``job.master_addr:job.master_port``; every node reads the same
+    secret (``store_token_file``, see secret.py)."""
+
+    job: LaunchConfig
+    nnodes: int
+    node_rank: int
+    store_token_file: str | None = None
+
+    def store_text(self) -> str:
+        return f"{self.job.master_addr}:{self.job.master_port} (hosted by node 0)"
+
+
+@dataclass(frozen=True)
+class DynamicNodes:
+    """Per-node launch through the store at ``endpoint`` (torchrun's c10d backend):
+    ``nnodes`` to ``max_nodes`` nodes, node ranks by arrival. ``node_rank`` only places
+    this node in a --dry-run's rank guess."""
+
+    job: LaunchConfig
+    endpoint: str  # as given, e.g. "[::1]:29400"
+    host: str  # brackets removed
+    port: int
+    nnodes: int
+    max_nodes: int
+    node_rank: int = 0
+    store_token_file: str | None = None
+
+    def store_text(self) -> str:
+        return f"{self.endpoint} (hosted by the launcher that binds it first)"
+
+
+@dataclass(frozen=True)
+class HeadNodes:
+    """Head mode: this machine starts an agent per host over SSH and hosts the store."""
+
+    job: LaunchConfig
+    head: HeadOptions
+
+
+NodeMode = Union[SingleNode, StaticNodes, DynamicNodes]  # run by launcher.py
+Mode = Union[SingleNode, StaticNodes, DynamicNodes, HeadNodes]
+
+# `run` options that become a LaunchConfig field of the same name after this parser.
+_PARSERS = {
+    "nproc_per_node": parse_nproc_per_node,
+    "redirects": lambda v: parse_std(v, "--redirects"),
+    "tee": lambda v: parse_std(v, "--tee"),
+    "local_ranks_filter": parse_ranks_filter,
+    "rdzv_conf": parse_rdzv_conf,
+}
+# --ssh-* options -> remote.ssh.SSHOptions fields.
+_SSH_FIELDS = {"ssh_port": "port", "ssh_user": "user", "ssh_key": "key_file",
+               "ssh_accept_new_host_keys": "accept_new_host_keys", "ssh_config": "config_file"}
+
+
+def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any]) -> Mode:
+    """The mode description of `distlaunch run SCRIPT SCRIPT_ARGS` with ``options`` (the
+    `run` command's parameters by name, as click passes them). Raises ConfigError for
+    any bad value or combination."""
+    o = options
+    nnodes, max_nodes = parse_nnodes(o["nnodes"])
+    if o["standalone"]:
+        nnodes = 1
+    kw: dict[str, Any] = {f.name: o[f.name] for f in fields(LaunchConfig)
+                          if f.name in o and f.name != "run_id"}
+    for name, parse in _PARSERS.items():
+        kw[name] = parse(kw[name])
+    kw.update(entrypoint=script, args=tuple(script_args), prefix=not o["no_prefix"],
+              env=worker_env(o["env_names"]))
+    endpoint = o["rdzv_endpoint"]
+    static = endpoint is None and nnodes > 1
+    if static:
+        kw["master_addr"] = kw["master_addr"] or STATIC_MASTER_ADDR
+        kw["master_port"] = kw["master_port"] or STATIC_MASTER_PORT
+    run_id = o["rdzv_id"] or o["run_id"] or _default_run_id(endpoint, static, kw["master_port"])
+    if run_id:
+        kw["run_id"] = run_id
+    _check_nodes(o["nnodes"], nnodes, max_nodes, o["node_rank"], endpoint)
+    job = LaunchConfig(**kw).validate()
+    if o["hosts"] or o["hostfile"]:
+        return HeadNodes(job, _head_options(o, nnodes, job.nproc_per_node))
+    if endpoint is not None:
+        host, port = parse_endpoint(endpoint)
+        return DynamicNodes(job, endpoint, host, port, nnodes, max_nodes or nnodes,
+                            o["node_rank"], o["store_token_file"])
+    if static:
+        return StaticNodes(job, nnodes, o["node_rank"], o["store_token_file"])
+    return SingleNode(job)
+
+
+def _default_run_id(endpoint: str | None, static: bool, master_port: int | None) -> str | None:
+    """Per-node launches need the same run id on every node without being told one: it
+    comes from the shared endpoint or port. None: a random one (LaunchConfig's default)."""
+    if endpoint is not None:
+        return run_id_from(f"job-{endpoint}")
+    if static:
+        return f"job{master_port}"
+    return None
+
+
+def parse_nnodes(text: str) -> tuple[int, int | None]:
+    """torchrun's ``--nnodes``: ``N`` -> (N, None), ``MIN:MAX`` -> (MIN, MAX)."""
+    lo, sep, hi = text.partition(":")
+    try:
+        return (int(lo), int(hi)) if sep else (int(lo), None)
+    except ValueError:
+        raise ConfigError(f"--nnodes {text!r} is invalid: give a number of nodes N or a "
+                          f"range MIN:MAX") from None
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``--rdzv-endpoint HOST:PORT`` (IPv6 in brackets) as (host, port); ConfigError if
+    malformed."""
+    host, _, port = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if not host or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536 \
+            or (":" in host and not bracketed):
+        raise ConfigError(f"--rdzv-endpoint {text!r} is invalid: give HOST:PORT, e.g. "
+                          f"node0:29400 or [::1]:29400")
+    return (host[1:-1] if bracketed else host), int(port)
+
+
+def _check_nodes(text: str, nnodes: int, max_nodes: int | None, node_rank: int,
+                 endpoint: str | None) -> None:
+    """The node count, this node's rank and the rendezvous fit together."""
+    if not 1 <= nnodes <= MAX_NODES or (max_nodes or 1) > MAX_NODES:
+        raise ConfigError(f"--nnodes {text} is invalid: give 1 to {MAX_NODES} nodes")
+    if not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--node-rank {node_rank} is invalid with --nnodes {nnodes}: give a "
+                          f"value from 0 to {nnodes - 1}")
+    if max_nodes is not None and max_nodes < nnodes:
+        raise ConfigError(f"--nnodes {text} is invalid: MAX must be at least MIN")
+    if endpoint is not None:
+        parse_endpoint(endpoint)
+    elif max_nodes is not None:
+        raise ConfigError(f"--nnodes {text} needs --rdzv-endpoint HOST:PORT (a `distlaunch "
+                          f"store`, or the first launcher there)")
+
+
+def worker_env(names: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
+    """-x NAME / NAME=VALUE (mpirun): variables set for every worker on every node."""
+    from .remote.command import shipped_env  # no paramiko: remote/__init__ is light
+
+    return tuple(sorted(shipped_env(os.environ, list(names), False).items()))
+
+
+def _head_options(o: Mapping[str, Any], nnodes: int, nproc_per_node: int) -> HeadOptions:
+    from .head import HeadOptions
+    from .hosts import check_one_local, filter_hosts, parse_host_list, parse_hostfile, resolve_slots
+    from .remote.ssh import SSHOptions
+
+    if o["hosts"] and o["hostfile"]:
+        raise ConfigError("give either -H/--hosts or --hostfile, not both")
+    if nnodes > 1:
+        raise ConfigError(f"--nnodes {nnodes} is for per-node launches; with -H/--hostfile "
+                          f"the host list sets the nodes")
+    hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
+    hosts = resolve_slots(filter_hosts(hosts, o["include"], o["exclude"]), nproc_per_node)
+    check_one_local(hosts)
+    if o["min_nodes"] is not None and o["min_nodes"] > len(hosts):
+        raise ConfigError(f"--min-nodes {o['min_nodes']} is more than the {len(hosts)} host(s) "
+                          f"listed; give at most {len(hosts)}")
+    ssh = SSHOptions(**{field: o[name] for name, field in _SSH_FIELDS.items()})
+    same_named = {f.name: o[f.name] for f in fields(HeadOptions)
+                  if f.name in o and f.name not in ("hosts", "ssh")}
+    return HeadOptions(tuple(hosts), ssh, **same_named)
