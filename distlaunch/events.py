@@ -5,6 +5,7 @@ Event records (``time`` is Unix seconds):
 
     {"event": "round", "round": R, "restart_count": N, "members": [{"node", "host", "workers"}]}
     {"event": "round_end", "round": R, "cause": null | {"kind": "failure" | "join" | "lost" | "signal", ...}}
+                                                    (the cause as rounds.cause_to_dict writes it)
     {"event": "drop", "host": H, "why": ...}        head mode: a host left out from now on
     {"event": "end", "why": ...}                    head mode: too few hosts left
 """
@@ -16,26 +17,39 @@ import os
 import signal
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
+
+from .rounds import Cause, Failure, Join, Lost, Signal, cause_from_dict, cause_to_dict
 
 
-def describe_cause(cause: dict | None) -> str:
+def round_event(rnd: int, restarts: int, members: Iterable) -> dict:
+    """A round started with ``members`` (rendezvous.Member) and restart count ``restarts``."""
+    return {"event": "round", "round": rnd, "restart_count": restarts,
+            "members": [{"node": m.node_rank, "host": m.host, "workers": m.slots} for m in members]}
+
+
+def round_end_event(rnd: int, cause: Cause | None) -> dict:
+    """Round ``rnd`` ended for ``cause`` (None: every worker succeeded)."""
+    return {"event": "round_end", "round": rnd,
+            "cause": None if cause is None else cause_to_dict(cause)}
+
+
+def describe_cause(cause: Cause | None) -> str:
     if cause is None:
         return "every worker succeeded"
-    kind = cause["kind"]
-    if kind == "failure":
-        f = cause["failure"]
-        rc = f["returncode"]
+    if isinstance(cause, Failure):
+        f = cause.failure
+        rc = f.returncode
         how = (f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
                else f"exit code {rc}")
-        return f"rank {f['rank']} (local rank {f['local_rank']}) on node {f['node_rank']} ({f['host']}) {how}"
-    if kind == "join":
+        return f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}) {how}"
+    if isinstance(cause, Join):
         return "a node joined"
-    if kind == "lost":
-        return f"node {cause['node']} lost ({cause['why']})"
-    if kind == "signal":
-        return f"stopped by {signal.Signals(cause['signum']).name}"
-    return kind
+    if isinstance(cause, Lost):
+        return f"node {cause.node} lost ({cause.why})"
+    if isinstance(cause, Signal):
+        return f"stopped by {signal.Signals(cause.signum).name}"
+    return type(cause).__name__.lower()
 
 
 def one_line(event: dict) -> str:
@@ -47,7 +61,9 @@ def one_line(event: dict) -> str:
         members = ", ".join(f"{m['host']}:{m['workers']}" for m in event["members"])
         return (f"round {event['round']}: {len(event['members'])} node(s) [{members}], "
                 f"restart count {event['restart_count']}")
-    return f"round {event['round']} ended: {describe_cause(event['cause'])}"
+    cause = event["cause"]
+    return (f"round {event['round']} ended: "
+            f"{describe_cause(None if cause is None else cause_from_dict(cause))}")
 
 
 class EventLog:

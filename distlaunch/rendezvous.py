@@ -1,22 +1,8 @@
 """Rendezvous rounds between node agents, built only on the store client.
 
-One round = one attempt of the job (round R runs with TORCHELASTIC_RESTART_COUNT=R).
-Keys live under ``<run_id>/`` (values are JSON):
-
-    r<R>/plan         head mode: {"members": [node ids], "restarts": N} or {"end": true}
-    r<R>/node/<K>     node K joined round R: {"slots", "host", "addr"}
-    r<R>/master       {"addr", "port"}: MASTER_ADDR/MASTER_PORT for round R (node 0 picks)
-    r<R>/stop         the first reason to stop round R (a compare_set: first writer wins):
-                      {"kind": "failure", "failure": {...}} | {"kind": "signal", "signum"}
-                      | {"kind": "lost", "node", "why"} | {"kind": "over"}
-    r<R>/pgids/<K>    [[agent pid, start], [worker pgid, start]...] of node K in round R
-                      (start: /proc start time, so the head never kills a reused pid)
-    r<R>/done/<K>     node K's workers of round R have all exited
-    r<R>/left         count of agents that read round R's outcome (node 0 keeps the store
-                      up until everyone has)
-    r<R>/hb/<K>       node K's heartbeat counter in round R
-    r<R>/joined       dynamic membership: arrival counter (arrival order = node rank)
-    r<R>/closed       dynamic membership: the number of nodes admitted to round R
+One round = one attempt to run every node's workers together; the keys and stop causes
+of a round are defined in ``rounds.py``, and what follows a round in ``policy.py``. This
+module is the only one that reads or writes those keys.
 
 Ranks are contiguous per node in node-rank order (topology.assign_ranks), as torchrun's
 static rendezvous assigns them.
@@ -31,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 from .errors import LaunchInterrupted, RendezvousError, StoreTimeoutError
+from .rounds import Cause, Lost, Over, RoundKeys, Signal, agent_exit_key, decode_cause, encode_cause
 
 # Blocking rendezvous waits go in slices this long (seconds) to look for a stop signal
 # recorded by another node, and to report a wait that lasts.
@@ -95,14 +82,14 @@ class Rendezvous:
     def __init__(self, store, run_id: str, node_rank: int, num_nodes: int,
                  join_timeout: float = 600.0, on_wait=None):
         self.store = store
-        self.ns = f"{run_id}/"
+        self.run_id = run_id
         self.node_rank = node_rank
         self.num_nodes = num_nodes
         self.join_timeout = join_timeout
         self.on_wait = on_wait
 
-    def key(self, rnd: int, name: str) -> str:
-        return f"{self.ns}r{rnd}/{name}"
+    def keys(self, rnd: int) -> RoundKeys:
+        return RoundKeys(self.run_id, rnd)
 
     def _wait_all(self, keys, what: str, timeout: float, abort=None, rnd: int | None = None,
                   report: float = 5.0, awaited: str | None = None) -> list[dict]:
@@ -142,8 +129,8 @@ class Rendezvous:
     def raise_if_signalled(self, rnd: int) -> None:
         """Raise LaunchInterrupted if a node recorded a stop signal for round ``rnd``."""
         cause = self.stop_cause(rnd)
-        if cause is not None and cause["kind"] == "signal":
-            raise LaunchInterrupted(cause["signum"])
+        if isinstance(cause, Signal):
+            raise LaunchInterrupted(cause.signum)
 
     def _present(self, keys: list[str]) -> list[bool]:
         return [self.store.check([k]) for k in keys]
@@ -151,14 +138,14 @@ class Rendezvous:
     def join(self, rnd: int, slots: int, host: str, addr: str) -> list[Member]:
         """Publish this node's slots for round ``rnd`` and block until every node has;
         returns all members in node-rank order."""
-        self.store.set(self.key(rnd, f"node/{self.node_rank}"),
+        self.store.set(self.keys(rnd).node(self.node_rank),
                        json.dumps({"slots": slots, "host": host, "addr": addr}))
         return self.members(rnd, self.join_timeout)
 
     def members(self, rnd: int, timeout: float) -> list[Member]:
         """Every node of round ``rnd`` (``num_nodes`` of them), in node-rank order; blocks
         until all have joined, at most ``timeout`` s."""
-        keys = [self.key(rnd, f"node/{k}") for k in range(self.num_nodes)]
+        keys = [self.keys(rnd).node(k) for k in range(self.num_nodes)]
         infos = self._wait_all(keys, f"rendezvous round {rnd}", timeout, rnd=rnd)
         return [Member(k, i["slots"], i["host"], i["addr"]) for k, i in enumerate(infos)]
 
@@ -171,9 +158,10 @@ class Rendezvous:
         ``node_rank`` and ``num_nodes`` for this round and returns the members. Polls the
         counter every 20 ms (rendezvous is not a hot path). Raises RendezvousError when
         too few nodes arrive, LateJoin when this node came after the round closed."""
-        arrived = self.store.add(self.key(rnd, "joined"), 1)
+        joined = self.keys(rnd).joined
+        arrived = self.store.add(joined, 1)
         me = arrived - 1
-        count = lambda: self.store.add(self.key(rnd, "joined"), 0)  # noqa: E731
+        count = lambda: self.store.add(joined, 0)  # noqa: E731
         progress = WaitReport(5.0)
         checked = time.monotonic()
         end = checked + self.join_timeout
@@ -194,7 +182,7 @@ class Rendezvous:
         while count() < max_nodes and time.monotonic() < end:
             time.sleep(0.02)
         size = min(count(), max_nodes)
-        size = int(self.store.compare_set(self.key(rnd, "closed"), b"", str(size)))
+        size = int(self.store.compare_set(self.keys(rnd).closed, b"", str(size)))
         if me >= size:
             raise LateJoin(rnd, size)
         self.node_rank, self.num_nodes = me, size
@@ -204,12 +192,12 @@ class Rendezvous:
         """Head mode: who takes part in round ``rnd`` (node ids: the host's index in the
         host list), or, with ``members=None``, that the job ends."""
         plan = {"end": True} if members is None else {"members": members, "restarts": restarts}
-        self.store.set(self.key(rnd, "plan"), json.dumps(plan))
+        self.store.set(self.keys(rnd).plan, json.dumps(plan))
 
     def follow_plan(self, rnd: int, node_id: int) -> int:
         """Head mode: block until the head's plan for round ``rnd``; take this node's rank
         from it and return the restart count. Raises Dropped or PlanEnded."""
-        plan = json.loads(self.store.get(self.key(rnd, "plan"), timeout=self.join_timeout))
+        plan = json.loads(self.store.get(self.keys(rnd).plan, timeout=self.join_timeout))
         if plan.get("end"):
             raise PlanEnded(f"the head ended the job after round {rnd - 1}")
         if node_id not in plan["members"]:
@@ -220,66 +208,114 @@ class Rendezvous:
     def publish_master(self, rnd: int, addr: str, port: int, restarts: int) -> None:
         """Node 0: MASTER_ADDR/MASTER_PORT of round ``rnd`` and the job's restart count (a
         node that joined late learns it here)."""
-        self.store.set(self.key(rnd, "master"),
+        self.store.set(self.keys(rnd).master,
                        json.dumps({"addr": addr, "port": port, "restarts": restarts}))
 
     def master(self, rnd: int) -> tuple[str, int, int]:
         """Round ``rnd``'s MASTER_ADDR, MASTER_PORT and restart count; blocks until node 0
         published them (``join_timeout`` s)."""
-        (m,) = self._wait_all([self.key(rnd, "master")], f"rendezvous round {rnd}",
+        (m,) = self._wait_all([self.keys(rnd).master], f"rendezvous round {rnd}",
                               self.join_timeout, rnd=rnd, awaited="node 0 to publish MASTER_ADDR")
         return m["addr"], m["port"], m["restarts"]
 
     def wait_members_done(self, rnd: int, size: int, timeout: float) -> None:
         """Block until round ``rnd``'s ``size`` members passed their exit barrier."""
-        self._wait_all([self.key(rnd, f"done/{k}") for k in range(size)],
+        self._wait_all([self.keys(rnd).done(k) for k in range(size)],
                        f"end of round {rnd}", timeout, rnd=rnd)
 
     def publish_pgids(self, rnd: int, pgids: list[list[int]]) -> None:
         """Record this node's agent pid and worker process groups (the head kills them over
         a fresh SSH exec if the agent stops answering)."""
-        self.store.set(self.key(rnd, f"pgids/{self.node_rank}"), json.dumps(pgids))
+        self.store.set(self.keys(rnd).pgids(self.node_rank), json.dumps(pgids))
 
-    def request_stop(self, rnd: int, cause: dict) -> dict:
+    def pgids(self, rnd: int, node_rank: int) -> bytes | None:
+        """Head mode: what node ``node_rank`` of round ``rnd`` recorded with
+        :meth:`publish_pgids` (raw: the reader validates it), None if nothing."""
+        key = self.keys(rnd).pgids(node_rank)
+        return self.store.get(key) if self.store.check([key]) else None
+
+    def request_stop(self, rnd: int, cause: Cause) -> Cause:
         """Stop round ``rnd`` for ``cause`` unless another cause came first; returns the
         cause that stands."""
-        return json.loads(self.store.compare_set(self.key(rnd, "stop"), b"", json.dumps(cause)))
+        return decode_cause(self.store.compare_set(self.keys(rnd).stop, b"", encode_cause(cause)))
 
-    def stop_cause(self, rnd: int) -> dict | None:
-        k = self.key(rnd, "stop")
-        return json.loads(self.store.get(k)) if self.store.check([k]) else None
+    def stop_rounds(self, first: int, end: int, cause: Cause) -> None:
+        """Head mode: stop rounds ``first`` to ``end - 1`` for ``cause``: the one running
+        and any the head may still plan."""
+        raw = encode_cause(cause)
+        for rnd in range(first, end):
+            self.store.compare_set(self.keys(rnd).stop, b"", raw)
 
-    def finish(self, rnd: int, timeout: float, lost=frozenset, abort=None) -> dict | None:
+    def stop_cause(self, rnd: int) -> Cause | None:
+        k = self.keys(rnd).stop
+        return decode_cause(self.store.get(k)) if self.store.check([k]) else None
+
+    def stand_in(self, rnd: int, node_rank: int, slots: int, host: str) -> None:
+        """Head mode: node ``node_rank``'s agent is gone; fill in its part of round
+        ``rnd``'s join (unless it joined) and of its exit barrier, so the others go on."""
+        k = self.keys(rnd)
+        self.store.compare_set(k.node(node_rank), b"", json.dumps(
+            {"slots": slots, "host": host, "addr": ""}))
+        self.store.set(k.done(node_rank), b"1")
+
+    def recorded(self, rnd: int, node_ranks: list[int]) -> set[int]:
+        """Those of ``node_ranks`` that recorded their processes in round ``rnd`` (their
+        workers started)."""
+        return {k for k in node_ranks if self.store.check([self.keys(rnd).pgids(k)])}
+
+    def outcome(self) -> tuple[int, Cause | None]:
+        """Head mode: the restart count of the last round that was stopped and its cause
+        (None: success). Before any round stopped: (0, a Lost cause saying no agent
+        joined)."""
+        rnd, last = 0, Lost(0, "no agent joined the job")
+        while (cause := self.stop_cause(rnd)) is not None:
+            last = None if isinstance(cause, Over) else cause
+            rnd += 1
+        plan = self.keys(max(rnd - 1, 0)).plan
+        restarts = json.loads(self.store.get(plan)).get("restarts", 0) \
+            if self.store.check([plan]) else 0
+        return restarts, last
+
+    def record_agent_exit(self, node_id: int) -> None:
+        """Head mode: this agent (host ``node_id``) ends normally."""
+        self.store.set(agent_exit_key(self.run_id, node_id), b"1")
+
+    def agent_exited(self, node_id: int) -> bool:
+        """Head mode: whether host ``node_id``'s agent recorded a normal end."""
+        return self.store.check([agent_exit_key(self.run_id, node_id)])
+
+    def finish(self, rnd: int, timeout: float, lost=frozenset, abort=None) -> Cause | None:
         """Exit barrier: say this node's workers are done, wait (up to ``timeout`` s, or
         until ``abort()``) for every node not in ``lost()`` (re-read while waiting: a node
         can be found lost meanwhile), and return the cause that stopped the round (None:
         every worker succeeded)."""
-        self.store.set(self.key(rnd, f"done/{self.node_rank}"), b"1")
-        keys = lambda: [self.key(rnd, f"done/{k}") for k in range(self.num_nodes)  # noqa: E731
-                        if k not in lost()]
+        k = self.keys(rnd)
+        self.store.set(k.done(self.node_rank), b"1")
+        keys = lambda: [k.done(n) for n in range(self.num_nodes)  # noqa: E731
+                        if n not in lost()]
         self._wait_all(keys, f"exit barrier of round {rnd}", timeout, abort or (lambda: False),
                        report=10.0)
-        cause = self.request_stop(rnd, {"kind": "over"})  # also releases every watcher
-        return None if cause["kind"] == "over" else cause
+        cause = self.request_stop(rnd, Over())  # also releases every watcher
+        return None if isinstance(cause, Over) else cause
 
     def leave(self, rnd: int) -> int:
-        return self.store.add(self.key(rnd, "left"), 1)
+        return self.store.add(self.keys(rnd).left, 1)
 
     def wait_left(self, rnd: int, count: int, timeout: float, abort=lambda: False) -> None:
         """The store's host: block until ``count`` agents read the outcome, ``timeout``
         seconds pass, or ``abort()`` is true (polled every 10 ms)."""
         end = time.monotonic() + timeout
-        while self.store.add(self.key(rnd, "left"), 0) < count and time.monotonic() < end \
+        while self.store.add(self.keys(rnd).left, 0) < count and time.monotonic() < end \
                 and not abort():
             time.sleep(0.01)
 
     def arrived(self, rnd: int) -> int:
         """How many nodes announced themselves in round ``rnd`` so far (with dynamic
         membership, late ones included)."""
-        joined = self.key(rnd, "joined")
+        joined = self.keys(rnd).joined
         if self.store.check([joined]):
             return self.store.add(joined, 0)
-        return sum(self._present([self.key(rnd, f"node/{k}") for k in range(self.num_nodes)]))
+        return sum(self._present([self.keys(rnd).node(k) for k in range(self.num_nodes)]))
 
 
 class StopWatcher:
@@ -289,7 +325,7 @@ class StopWatcher:
 
     def __init__(self, client, rdzv: Rendezvous, rnd: int, wake):
         self.client = client
-        self.key = rdzv.key(rnd, "stop")
+        self.key = rdzv.keys(rnd).stop
         self.wake = wake
         self.thread = threading.Thread(target=self._run, name=f"stop-watcher-r{rnd}", daemon=True)
         self.thread.start()
@@ -327,7 +363,7 @@ class Heartbeat:
         from .errors import StoreError
 
         r = self.rdzv
-        keys = [r.key(self.rnd, f"hb/{k}") for k in range(r.num_nodes)]
+        keys = [r.keys(self.rnd).hb(k) for k in range(r.num_nodes)]
         last: dict[int, tuple[int, float]] = {}
         try:
             while not self._stop.wait(self.interval):

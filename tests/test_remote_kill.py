@@ -8,7 +8,7 @@ import time
 import pytest
 
 from distlaunch.agent.kill import parse_records, start_time, with_start_times
-from distlaunch.head import _kill_remote, kill_command
+from distlaunch.engine.ssh import kill_command, kill_remote as _kill_remote
 from distlaunch.hosts import Host
 from sshd import sshd_hosts  # noqa: F401  (session fixture)
 from test_supervision import wait_for

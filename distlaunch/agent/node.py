@@ -1,6 +1,7 @@
 """One node's agent: for each rendezvous round, agree on ranks through the store, start
 this node's workers, stop them when any node fails, and restart while restarts remain
-(torchrun's elastic agent, with static membership).
+(torchrun's elastic agent). What follows a round is decided by ``policy.py``; this
+module executes it.
 
 The same code serves every mode: the single-node launcher and per-node launches run it
 in-process; ``distlaunch agent`` runs it on nodes the head started over SSH.
@@ -18,9 +19,12 @@ from typing import Callable
 
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
-from ..errors import LaunchInterrupted, RendezvousError, StoreError, WorkerFailedError
+from ..errors import LaunchInterrupted, RendezvousError, StoreError
+from ..events import round_end_event, round_event
+from ..policy import DynamicMembership, End, FixedSize, History, error_for
 from ..rendezvous import (SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous,
                           StopWatcher, WaitReport)
+from ..rounds import Cause, Failure, Join, Lost, Over, Signal
 from ..topology import WorkerSlot, assign_ranks, cpu_sets
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
@@ -98,14 +102,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def failure_to_dict(f: WorkerFailure) -> dict:
-    return dataclasses.asdict(f)
-
-
-def failure_from_dict(d: dict) -> WorkerFailure:
-    return WorkerFailure(**d)
-
-
 class NodeAgent:
     """Runs this node's share of the job until it ends.
 
@@ -139,6 +135,8 @@ class NodeAgent:
         # this node takes part in a round.
         self._signal_phase: tuple[int, str] | None = None
         self._left: int | None = None  # the last round this node left at its end
+        self.policy = (DynamicMembership(cfg.max_restarts, opts.min_nodes) if opts.max_nodes
+                       else FixedSize(cfg.max_restarts, opts.heartbeat_timeout))
 
     def run(self) -> int:
         import tempfile
@@ -173,7 +171,7 @@ class NodeAgent:
                         with relay.interruptible():
                             restarts = rdzv.follow_plan(rnd, o.node_id)
                     except PlanEnded:
-                        raise_for_cause(cause)
+                        raise error_for(cause) from None
                     except Dropped:
                         return restarts
                 try:
@@ -185,13 +183,13 @@ class NodeAgent:
                     rnd += 1
                     continue
                 cause = self._run_round(rdzv, group, rnd, relay)
-                self._emit({"event": "round_end", "round": rnd, "cause": cause})
+                self._emit(round_end_event(rnd, cause))
                 if cause is None:
                     return restarts
                 if o.node_id is None:
                     restarts = self._next_round(rdzv, cause, rnd, restarts)
-                elif cause["kind"] == "signal":
-                    raise_for_cause(cause)
+                elif isinstance(cause, Signal):  # else the head's plan says what follows
+                    raise error_for(cause)
                 rnd += 1
         except LaunchInterrupted as e:
             if self._signal_phase is not None:
@@ -234,7 +232,7 @@ class NodeAgent:
             with StoreClient(a.host, a.port, token=a.token, timeout=2.0, connect_timeout=1.0) as c:
                 r = Rendezvous(c, self.cfg.run_id, rdzv.node_rank, rdzv.num_nodes)
                 for k in (rnd, rnd + 1):
-                    r.request_stop(k, {"kind": "signal", "signum": signum})
+                    r.request_stop(k, Signal(signum))
                 r.leave(rnd)
                 if self.opts.hosts_store:
                     if phase == "join":  # the others see it at their next slice
@@ -267,41 +265,24 @@ class NodeAgent:
         group = WorkerGroup(self._specs(slots, rnd, (addr, port), restarts), relay, self.guard,
                             self.cfg.stop_timeout,
                             on_started=lambda pids: rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids])),
-                            on_failure=lambda f: rdzv.request_stop(rnd, {
-                                "kind": "failure", "failure": failure_to_dict(self._labelled(f))}))
+                            on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))))
         return group, restarts
 
-    def _next_round(self, rdzv: Rendezvous, cause: dict, rnd: int, restarts: int) -> int:
+    def _next_round(self, rdzv: Rendezvous, cause: Cause, rnd: int, restarts: int) -> int:
         """After round ``rnd`` stopped for ``cause``: return the restart count of the next
-        round, or raise when the job ends here."""
-        kind, o = cause["kind"], self.opts
-        if self._lost and not o.max_nodes and kind != "signal":
-            # Static membership cannot go on without a node, whatever stopped the round.
-            raise RendezvousError(
-                f"node {', '.join(map(str, sorted(self._lost)))} was lost (no heartbeat for "
-                f"{o.heartbeat_timeout:g} s); a fixed --nnodes job cannot continue without it")
-        if kind == "failure" and restarts < self.cfg.max_restarts:
-            self.on_event(f"worker group failed ({describe(failure_from_dict(cause['failure']))}); "
-                          f"restarting (restart {restarts + 1} of {self.cfg.max_restarts})")
-            return restarts + 1
-        if kind == "join":
-            self.on_event(f"a node joined: new rendezvous round {rnd + 1} (not a restart)")
-            return restarts
-        if kind == "lost" and o.max_nodes:
-            remaining = rdzv.num_nodes - len(self._lost)
-            if remaining >= o.min_nodes:
-                self.on_event(f"node {cause['node']} was lost ({cause['why']}); continuing with "
-                              f"{remaining} node(s) in round {rnd + 1} (not a restart)")
-                return restarts
-            raise RendezvousError(f"node {cause['node']} was lost ({cause['why']}); {remaining} "
-                                  f"node(s) remain, fewer than the minimum {o.min_nodes}")
-        raise_for_cause(cause)
+        round, or raise when the job ends here (the policy decides)."""
+        decision = self.policy.decide(History(rnd, restarts, rdzv.num_nodes,
+                                              frozenset(self._lost)), cause)
+        if isinstance(decision, End):
+            raise decision.error
+        self.on_event(decision.note)
+        return decision.restarts
 
     def _wait_for_next_round(self, rdzv: Rendezvous, late: LateJoin) -> None:
         """A late node: ask the running members to start a new round that includes it,
         and wait until they have all left the current one."""
-        cause = rdzv.request_stop(late.rnd, {"kind": "join"})
-        if cause["kind"] == "over":
+        cause = rdzv.request_stop(late.rnd, Join())
+        if isinstance(cause, Over):
             raise RendezvousError("the job finished before this node could join")
         rdzv.wait_members_done(late.rnd, late.size,
                                self.opts.exit_barrier_timeout + self.cfg.stop_timeout)
@@ -321,7 +302,7 @@ class NodeAgent:
         return free_port()
 
     def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int,
-                   relay: SignalRelay) -> dict | None:
+                   relay: SignalRelay) -> Cause | None:
         """Run one round to its end; return the cause that stopped it (None: success)."""
         import threading
 
@@ -342,8 +323,7 @@ class NodeAgent:
             heartbeat = Heartbeat(rdzv.store.clone(connect_timeout=5.0), rdzv, rnd,
                                   o.heartbeat_interval, o.heartbeat_timeout,
                                   lambda k, secs: rdzv.request_stop(
-                                      rnd, {"kind": "lost", "node": k,
-                                            "why": f"no heartbeat for {secs:.0f} s"}),
+                                      rnd, Lost(k, f"no heartbeat for {secs:.0f} s")),
                                   lambda: (wake("lost"), rdzv.store.close()))  # wakes its calls
         watcher = StopWatcher(rdzv.store.clone(connect_timeout=5.0), rdzv, rnd, wake)
         group.stop_fd = wake_r
@@ -358,7 +338,7 @@ class NodeAgent:
                 remove_matching(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid(), rnd) + "*"))
             if result.stop_signal is not None:
                 relay.acted()
-                self._stop_everyone(rdzv, rnd, {"kind": "signal", "signum": result.stop_signal})
+                self._stop_everyone(rdzv, rnd, Signal(result.stop_signal))
             if why and why[0] == "lost":
                 raise RendezvousError(f"lost the store at {self.store_addr.host}:"
                                       f"{self.store_addr.port} (its host stopped, or it stopped "
@@ -387,7 +367,7 @@ class NodeAgent:
         rdzv.leave(rnd)
         self._left = rnd
         if result.stop_signal is not None:
-            cause = {"kind": "signal", "signum": result.stop_signal}
+            cause = Signal(result.stop_signal)
         return cause
 
     def _let_others_leave(self, rdzv: Rendezvous, rnd: int, relay: SignalRelay) -> None:
@@ -405,9 +385,9 @@ class NodeAgent:
             cause = rdzv.stop_cause(rnd)
         except StoreError:
             return signal.SIGTERM
-        return cause["signum"] if cause and cause["kind"] == "signal" else signal.SIGTERM
+        return cause.signum if isinstance(cause, Signal) else signal.SIGTERM
 
-    def _stop_everyone(self, rdzv: Rendezvous, rnd: int, cause: dict) -> None:
+    def _stop_everyone(self, rdzv: Rendezvous, rnd: int, cause: Cause) -> None:
         try:
             rdzv.request_stop(rnd, cause)
         except Exception:  # the store may be gone; stopping here matters more
@@ -419,8 +399,8 @@ class NodeAgent:
         cpus = cpu_sets(self.cfg.bind_to, len(slots), os.sched_getaffinity(0))
         for slot in slots:
             attempt_dir = None
-            if self.log_root:
-                attempt_dir = os.path.join(self.log_root, f"attempt_{rnd}", str(slot.rank))
+            if self.log_root:  # torchrun's layout: attempt_<restart count>/<rank>
+                attempt_dir = os.path.join(self.log_root, f"attempt_{restarts}", str(slot.rank))
                 try:
                     os.makedirs(attempt_dir, exist_ok=True)
                 except OSError as e:  # disk full, EIO ...: this worker runs without log files
@@ -447,25 +427,3 @@ class NodeAgent:
             log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
             sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2))
         return sinks[0], sinks[1]
-
-
-def round_event(rnd: int, restarts: int, members) -> dict:
-    return {"event": "round", "round": rnd, "restart_count": restarts,
-            "members": [{"node": m.node_rank, "host": m.host, "workers": m.slots} for m in members]}
-
-
-def raise_for_cause(cause: dict):
-    """Turn the cause that ended the job (a stop-key value) into the exception the CLI
-    maps to an exit code and a summary."""
-    kind = cause["kind"]
-    if kind == "signal":
-        raise LaunchInterrupted(cause["signum"])
-    if kind == "lost":
-        raise RendezvousError(f"node {cause['node']} was lost ({cause['why']}); "
-                              f"workers stopped on every other node")
-    f = failure_from_dict(cause["failure"])
-    raise WorkerFailedError(describe(f), f, f.exit_code)
-
-
-def describe(f: WorkerFailure) -> str:
-    return f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}) {f.how}"

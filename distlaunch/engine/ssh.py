@@ -1,0 +1,116 @@
+"""The SSH engine: one SSH connection per host (``remote.ssh``), checked before anything
+starts (``remote.preflight``), one exec per agent with its spec on the channel's stdin,
+and remote kills run over the same connection (or a fresh one if it broke).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Mapping, Sequence
+
+from ..errors import ConfigError
+from ..hosts import Host
+from ..remote import RemoteError
+from ..remote.command import remote_command
+from ..remote.preflight import preflight
+from ..remote.ssh import SSHConnection, SSHOptions, connect_all
+from . import OnEnd
+from .relay import AgentRelay
+
+AGENT_ARGV = ["-m", "distlaunch", "agent"]
+
+
+class SSHEngine:
+    """Agents on ``hosts`` (node id -> Host) over SSH, run as ``python`` in ``cwd`` with
+    ``cmd_env`` on the command line (nothing secret: see remote.command). See
+    ``engine.AgentEngine`` for the methods."""
+
+    def __init__(self, conns: Mapping[int, SSHConnection], python: str, cwd: str,
+                 cmd_env: Mapping[str, str]):
+        self.conns = dict(conns)
+        self.python, self.cwd, self.cmd_env = python, cwd, dict(cmd_env)
+        self.relay = AgentRelay()
+
+    @classmethod
+    def connect(cls, hosts: Mapping[int, Host], ssh: SSHOptions, python: str, cwd: str,
+                cmd_env: Mapping[str, str], version: str, on_event: Callable[[str], None],
+                on_progress: Callable[[str, bool], None] | None = None) -> "SSHEngine":
+        """Connect to every host and preflight it (each report goes to ``on_event``).
+        Blocks. Raises ConfigError when a host cannot be reached or fails its check
+        (nothing was started)."""
+        if on_progress:
+            on_progress(f"connecting to {len(hosts)} host(s)", False)
+        try:
+            conns = dict(zip(hosts, connect_all(list(hosts.values()), ssh)))
+        except RemoteError as e:
+            raise ConfigError(str(e).replace("\n", "; ")) from e
+        engine = cls(conns, python, cwd, cmd_env)
+        try:
+            if on_progress:
+                on_progress(f"checking {len(conns)} host(s)", False)
+            reports = preflight(list(conns.values()), python, cwd, version)
+            for r in reports:
+                on_event(f"preflight {r.host.name}: {'ok' if r.ok else r.problem}")
+            bad = [r for r in reports if not r.ok]
+            if bad:
+                raise ConfigError(f"preflight failed on {len(bad)} of {len(reports)} host(s) "
+                                  f"({', '.join(r.host.name for r in bad)}); nothing was started")
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
+    def store_address(self) -> str | None:
+        first = next(iter(self.conns.values()), None)
+        return first.local_address if first is not None else None
+
+    def master_address(self, node_id: int) -> str:
+        return self.conns[node_id].peer_address
+
+    def start(self, specs: Mapping[int, dict]) -> None:
+        cmd = remote_command(self.python, self.cwd, AGENT_ARGV, self.cmd_env)
+        for k, spec in specs.items():
+            self.relay.add(k, self.conns[k].exec(cmd, stdin_data=(json.dumps(spec) + "\n").encode()))
+
+    @property
+    def running(self) -> list[int]:
+        return self.relay.running
+
+    def pump(self, timeout: float | None, extra_fds: Sequence[int] = (),
+             on_end: OnEnd | None = None) -> list[int]:
+        return self.relay.pump(timeout, extra_fds, on_end)
+
+    def abandon(self, node_id: int) -> None:
+        self.relay.abandon(node_id)
+
+    def kill(self, node_id: int, records: list[tuple[int, int]]) -> None:
+        if records and node_id in self.conns:
+            kill_remote(self.conns[node_id],
+                        kill_command(self.python, self.cwd, self.cmd_env, records))
+
+    def close(self) -> None:
+        self.relay.close()
+        for c in self.conns.values():
+            c.close()
+
+
+def kill_command(python: str, cwd: str, env: Mapping[str, str],
+                 records: list[tuple[int, int]]) -> str:
+    """The command that kills a host's recorded processes (``agent.kill``; ``records``
+    validated by ``parse_records``), run like the agent: same interpreter, directory and
+    command-line environment. Pure."""
+    return remote_command(python, cwd, ["-m", "distlaunch.agent.kill",
+                                        *(f"{p}:{t}" for p, t in records)], env)
+
+
+def kill_remote(conn: SSHConnection, cmd: str) -> None:
+    """Run ``cmd`` (``python -m distlaunch.agent.kill``: SIGKILL an agent's recorded
+    processes) on ``conn``'s host, over a fresh SSH connection if that one is broken."""
+    try:
+        conn.run(cmd, timeout=10)
+    except RemoteError:
+        try:
+            with SSHConnection(conn.host, conn.opts) as fresh:
+                fresh.run(cmd, timeout=10)
+        except RemoteError:
+            pass  # the host is unreachable: nothing more can be done from here

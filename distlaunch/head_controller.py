@@ -1,0 +1,146 @@
+"""The head's side of every round (head mode): it shows the start-up status, reports
+each round and its end (events), and executes the head-planned policy
+(``policy.HeadPlanned``): publishes each next round's plan, reports drops, and has a lost
+host's processes killed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from typing import Callable
+
+from .config import LaunchConfig
+from .errors import DistlaunchError, StoreTimeoutError
+from .events import EventLog, round_end_event, round_event
+from .policy import End, HeadHistory, HeadPlanned
+from .rendezvous import Rendezvous
+from .rounds import Lost, Over
+
+
+class HeadController:
+    """Runs on its own thread and store connection (``client``, closed at its end).
+
+    Start-up status: "starting W workers on N hosts: k/W ready" through
+    ``on_progress(text, final)`` (None: not shown). ``kill(host id)`` is called (on this
+    thread) for a host whose agent was lost.
+
+    ``agent_gone(id, status)`` (any thread): an agent ended before the job; its round is
+    stopped and its part of the round's barriers is filled in, so the others go on.
+    """
+
+    def __init__(self, client, cfg: LaunchConfig, hosts: list, min_nodes: int,
+                 events: EventLog, on_progress: Callable[[str, bool], None] | None,
+                 kill: Callable[[int], None]):
+        self.client, self.hosts = client, hosts
+        self.events, self.on_progress, self.kill = events, on_progress, kill
+        self.policy = HeadPlanned(cfg.max_restarts, min_nodes)
+        self.rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
+        self.rnd = 0
+        self.history = HeadHistory(tuple(range(len(hosts))))
+        self.plans = {0: self.history.members}  # round -> member ids
+        self.rdzv.publish_plan(0, list(self.history.members), 0)
+        self._gone: queue.SimpleQueue = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="head-controller", daemon=True)
+        self.thread.start()
+
+    def agent_gone(self, node_id: int, status: int | None) -> None:
+        self._gone.put((node_id, status))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.thread.join(2.0)
+
+    def _wait(self, key: str) -> bool:
+        while not self._stop.is_set():
+            self._handle_gone()
+            try:
+                self.client.wait([key], timeout=0.1)
+                return True
+            except StoreTimeoutError:
+                pass
+        return False
+
+    def _handle_gone(self) -> None:
+        while True:
+            try:
+                node_id, status = self._gone.get_nowait()
+            except queue.Empty:
+                return
+            h = self.history
+            self.history = dataclasses.replace(h, dead=h.dead | {node_id})
+            if node_id in h.members:
+                rank, host = h.members.index(node_id), self.hosts[node_id]
+                self.rdzv.request_stop(self.rnd, Lost(rank, (
+                    f"agent on {host.name} ended with status {status}")))
+                self.rdzv.stand_in(self.rnd, rank, host.slots, host.name)
+
+    def _startup(self) -> None:
+        total = sum(h.slots for h in self.hosts)
+        ready: set[int] = set()
+        while not self._stop.is_set():
+            ready |= self.rdzv.recorded(0, [k for k in range(len(self.hosts)) if k not in ready])
+            done = len(ready) == len(self.hosts)
+            self.on_progress(f"starting {total} workers on {len(self.hosts)} hosts: "
+                             f"{sum(self.hosts[k].slots for k in ready)}/{total} ready", done)
+            if done:
+                return
+            self._stop.wait(0.1)
+            self._handle_gone()
+
+    def _run(self) -> None:
+        r = self.rdzv
+        try:
+            if self.on_progress:
+                self._startup()
+            while self._wait(r.keys(self.rnd).master):
+                r.num_nodes = len(self.history.members)
+                _, _, restarts = r.master(self.rnd)
+                self.events.emit(round_event(self.rnd, restarts, r.members(self.rnd, 30.0)))
+                if not self._wait(r.keys(self.rnd).stop):
+                    return
+                cause = r.stop_cause(self.rnd)
+                cause = None if isinstance(cause, Over) else cause
+                self.events.emit(round_end_event(self.rnd, cause))
+                if cause is None or not self._plan_next(cause):
+                    return
+        except DistlaunchError:
+            pass  # the store went away: the job is over
+        finally:
+            self.client.close()
+
+    def _plan_next(self, cause) -> bool:
+        """Decide and publish the next round after ``cause``; False when the job ends."""
+        step = self.policy.decide(self.history, cause)
+        if step.kill is not None:
+            self.kill(step.kill)  # it may still run (e.g. stopped, or cut off from the store)
+        for node_id, why in step.drops:
+            self.events.emit({"event": "drop", "host": self.hosts[node_id].name, "why": why})
+        if isinstance(step.decision, End):
+            if step.decision.note:
+                self.events.emit({"event": "end", "why": step.decision.note})
+            self.rdzv.publish_plan(self.rnd + 1, None)
+            return False
+        self.history = step.history
+        self.rnd += 1
+        self.plans[self.rnd] = step.history.members
+        self.rdzv.publish_plan(self.rnd, list(step.history.members), step.history.restarts)
+        return True
+
+    def pgids(self, rdzv: Rendezvous, node_id: int) -> list[tuple[int, int]]:
+        """The agent pid and worker process groups a host recorded most recently, read
+        through ``rdzv`` (the caller's connection), as validated ``(pid, start time)``
+        records (agent.kill); [] when none is valid."""
+        from .agent.kill import parse_records
+
+        for rnd in range(self.rnd, -1, -1):
+            members = self.plans.get(rnd, ())
+            raw = rdzv.pgids(rnd, members.index(node_id)) if node_id in members else None
+            if raw is not None:
+                try:
+                    return parse_records(raw)
+                except ValueError:
+                    return []  # malformed or hostile: act on nothing
+        return []

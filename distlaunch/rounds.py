@@ -1,0 +1,152 @@
+"""The vocabulary of the round protocol: every store key a job uses, and the typed causes
+that stop a round with their JSON codec. Pure: no store, no processes.
+
+Keys live under ``<run_id>/`` (values are JSON):
+
+    r<R>/plan         head mode: {"members": [node ids], "restarts": N} or {"end": true}
+    r<R>/node/<K>     node K joined round R: {"slots", "host", "addr"}
+    r<R>/master       {"addr", "port", "restarts"}: MASTER_ADDR/MASTER_PORT for round R
+                      (node 0 picks) and the job's restart count
+    r<R>/stop         the first cause that stopped round R (a compare_set: first writer
+                      wins), as encoded by :func:`encode_cause`
+    r<R>/pgids/<K>    [[agent pid, start], [worker pgid, start]...] of node K in round R
+                      (start: /proc start time, so the head never kills a reused pid)
+    r<R>/done/<K>     node K's workers of round R have all exited
+    r<R>/left         count of agents that read round R's outcome (the store's host keeps
+                      the store up until everyone has)
+    r<R>/hb/<K>       node K's heartbeat counter in round R
+    r<R>/joined       dynamic membership: arrival counter (arrival order = node rank)
+    r<R>/closed       dynamic membership: the number of nodes admitted to round R
+    agent_exit/<I>    head mode: the agent of host I (its index in the host list) ended
+                      normally; an agent whose channel closes without it was lost
+
+R is the round number; the restart count (TORCHELASTIC_RESTART_COUNT, torchrun's
+"attempt", the log directory's ``attempt_N``) counts only the rounds that followed a
+worker failure. Rounds that follow a membership change (a node joined, a node was lost
+and dropped) keep the restart count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Union
+
+from .agent.process import WorkerFailure
+
+
+@dataclass(frozen=True)
+class RoundKeys:
+    """The key names of round ``rnd`` of job ``run_id`` (see the module docstring)."""
+
+    run_id: str
+    rnd: int
+
+    def _k(self, name: str) -> str:
+        return f"{self.run_id}/r{self.rnd}/{name}"
+
+    @property
+    def plan(self) -> str:
+        return self._k("plan")
+
+    @property
+    def master(self) -> str:
+        return self._k("master")
+
+    @property
+    def stop(self) -> str:
+        return self._k("stop")
+
+    @property
+    def left(self) -> str:
+        return self._k("left")
+
+    @property
+    def joined(self) -> str:
+        return self._k("joined")
+
+    @property
+    def closed(self) -> str:
+        return self._k("closed")
+
+    def node(self, k: int) -> str:
+        return self._k(f"node/{k}")
+
+    def pgids(self, k: int) -> str:
+        return self._k(f"pgids/{k}")
+
+    def done(self, k: int) -> str:
+        return self._k(f"done/{k}")
+
+    def hb(self, k: int) -> str:
+        return self._k(f"hb/{k}")
+
+
+def agent_exit_key(run_id: str, node_id: int) -> str:
+    """Head mode: set by the agent of host ``node_id`` when it ends normally."""
+    return f"{run_id}/agent_exit/{node_id}"
+
+
+# --- stop causes --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Failure:
+    """A worker exited non-zero or died by a signal (the root-cause record)."""
+
+    failure: WorkerFailure
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A launcher (or the head) was told to stop by signal ``signum``."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Node rank ``node`` of the round stopped answering (``why`` says how it was seen)."""
+
+    node: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Join:
+    """Dynamic membership: a node arrived after the round closed."""
+
+
+@dataclass(frozen=True)
+class Over:
+    """The exit barrier passed with nothing else recorded: every worker succeeded."""
+
+
+Cause = Union[Failure, Signal, Lost, Join, Over]
+
+_KINDS = {"failure": Failure, "signal": Signal, "lost": Lost, "join": Join, "over": Over}
+_NAMES = {cls: kind for kind, cls in _KINDS.items()}
+
+
+def cause_to_dict(cause: Cause) -> dict:
+    """The JSON form: ``{"kind": ..., <fields>}``; a failure's record is under
+    ``"failure"``. Used for the stop key and for events.jsonl."""
+    if isinstance(cause, Failure):
+        return {"kind": "failure", "failure": dataclasses.asdict(cause.failure)}
+    return {"kind": _NAMES[type(cause)], **dataclasses.asdict(cause)}
+
+
+def cause_from_dict(d: dict) -> Cause:
+    """Inverse of :func:`cause_to_dict`. Raises KeyError/TypeError for a malformed value."""
+    cls = _KINDS[d["kind"]]
+    if cls is Failure:
+        return Failure(WorkerFailure(**d["failure"]))
+    return cls(**{k: v for k, v in d.items() if k != "kind"})
+
+
+def encode_cause(cause: Cause) -> str:
+    return json.dumps(cause_to_dict(cause))
+
+
+def decode_cause(raw: bytes | str) -> Cause:
+    return cause_from_dict(json.loads(raw))
