@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import click
 
 from . import __version__
 from .errors import ConfigError, DistlaunchError
 
+if TYPE_CHECKING:
+    from .modes import HeadNodes
+
 SECRET_VARS = ("DISTLAUNCH_STORE_TOKEN",)
+F = TypeVar("F", bound=Callable)
 
 
 def say(msg: str) -> None:
@@ -70,7 +75,7 @@ class _GroupedCommand(click.Command):
                     formatter.write_dl(records)
 
 
-def option(*names: str, group: str | None = None, **kw):
+def option(*names: str, group: str | None = None, **kw) -> Callable[[F], F]:
     """A click option of `run` listed under ``group`` in --help."""
     return click.option(*names, cls=_GroupedOption, group=group, **kw)
 
@@ -148,15 +153,18 @@ def _env_entries(value, where: str) -> list[str]:
              "(default: a free port). Must be free.")
 @option("--max-restarts", group=SUPERVISION, default=0, show_default=True, type=int,
         help="Restart the whole worker group this many times after a worker fails.")
-@option("--monitor-interval", group=SUPERVISION, default=0.1, show_default=True, type=float, metavar="SECONDS",
+@option("--monitor-interval", group=SUPERVISION, default=0.1, show_default=True, type=float,
+        metavar="SECONDS",
         help="Accepted for torchrun compatibility; distlaunch is event-driven and sees "
              "exits at once.")
 @option("-m", "--module", group=WORKERS, is_flag=True,
         help="Run SCRIPT as a Python module (python -m SCRIPT).")
 @option("--no-python", group=WORKERS, is_flag=True,
         help="Run SCRIPT as a program, without the Python interpreter.")
-@option("--role", group=WORKERS, default="default", show_default=True, help="Role name (ROLE_NAME).")
-@option("--run-id", group=NODES, default=None, help="Id of the job (default: random). Namespaces store "
+@option("--role", group=WORKERS, default="default", show_default=True,
+        help="Role name (ROLE_NAME).")
+@option("--run-id", group=NODES, default=None,
+        help="Id of the job (default: random). Namespaces store "
         "keys and logs.")
 @option("--log-dir", group=OUTPUT, default=None, type=click.Path(file_okay=False),
         help="Also write each worker's stdout/stderr to LOG_DIR/RUN_ID/attempt_K/RANK/.")
@@ -169,7 +177,8 @@ def _env_entries(value, where: str) -> list[str]:
         help="Show only these local ranks' output on the console, e.g. 0 or 0,1.")
 @option("--standalone", group=NODES, is_flag=True,
         help="Single-node job with its own local rendezvous (implies --nnodes 1).")
-@option("--stop-timeout", group=SUPERVISION, default=30.0, show_default=True, type=float, metavar="SECONDS",
+@option("--stop-timeout", group=SUPERVISION, default=30.0, show_default=True, type=float,
+        metavar="SECONDS",
         help="Grace between SIGTERM and SIGKILL when stopping workers.")
 @option("-H", "--hosts", group=HOSTS, default=None, metavar="HOST[:N],...",
         help="Start the job on these hosts over SSH from here, N workers each (default "
@@ -177,8 +186,10 @@ def _env_entries(value, where: str) -> list[str]:
 @option("--hostfile", group=HOSTS, default=None, type=click.Path(dir_okay=False),
         help="Hosts from a file: OpenMPI 'host slots=N', DeepSpeed 'host slots=N', MPICH "
              "'host:N', one per line; # comments.")
-@option("--include", group=HOSTS, default=None, metavar="HOSTS", help="Use only these hosts of the list.")
-@option("--exclude", group=HOSTS, default=None, metavar="HOSTS", help="Leave these hosts of the list out.")
+@option("--include", group=HOSTS, default=None, metavar="HOSTS",
+        help="Use only these hosts of the list.")
+@option("--exclude", group=HOSTS, default=None, metavar="HOSTS",
+        help="Leave these hosts of the list out.")
 @option("--store-addr", group=HOSTS, default=None, metavar="ADDR",
         help="Address the head's store binds and announces (default: the address this "
              "machine uses to reach the first host).")
@@ -186,7 +197,8 @@ def _env_entries(value, where: str) -> list[str]:
         help="Interpreter on the hosts (default: the head's sys.executable).")
 @option("--remote-cwd", group=HOSTS, default=None, metavar="DIR",
         help="Working directory on the hosts (default: the head's).")
-@option("--ssh-port", group=HOSTS, default=None, type=int, help="SSH port (overrides ~/.ssh/config).")
+@option("--ssh-port", group=HOSTS, default=None, type=int,
+        help="SSH port (overrides ~/.ssh/config).")
 @option("--ssh-user", group=HOSTS, default=None, help="SSH user (overrides ~/.ssh/config).")
 @option("--ssh-key", group=HOSTS, default=None, type=click.Path(dir_okay=False),
         help="SSH private key file (overrides ~/.ssh/config).")
@@ -216,16 +228,19 @@ def _env_entries(value, where: str) -> list[str]:
 @option("--rdzv-conf", group=NODES, default=None, metavar="K=V,...",
         help="Rendezvous settings in seconds: join_timeout (600), last_call_timeout (3), "
              "heartbeat_timeout (15), heartbeat_interval (1), exit_barrier_timeout (300).")
-@option("--store-token-file", group=NODES, default=None, type=click.Path(dir_okay=False), metavar="FILE",
+@option("--store-token-file", group=NODES, default=None, type=click.Path(dir_okay=False),
+        metavar="FILE",
         help="Per-node launches: read the store secret from FILE (yours, mode 600; the same "
              "on every node). Default: DISTLAUNCH_STORE_TOKEN, else DISTLAUNCH_STORE_TOKEN_FILE, "
              "else ~/.config/distlaunch/secret, created on first use.")
-@option("--bind-to", group=WORKERS, default="auto", show_default=True, type=click.Choice(["auto", "core", "none"]),
+@option("--bind-to", group=WORKERS, default="auto", show_default=True, type=click.Choice(["auto",
+        "core", "none"]),
         help="CPU affinity of the workers: auto splits this node's CPUs into one block per "
              "worker (round robin when there are more workers than CPUs), core gives each "
              "worker one CPU (several launchers on one host then share the lowest CPUs), "
              "none leaves affinity alone (torchrun's behaviour).")
-@option("--no-prefix", group=OUTPUT, is_flag=True, help="Do not prefix worker output lines with [rank]: .")
+@option("--no-prefix", group=OUTPUT, is_flag=True,
+        help="Do not prefix worker output lines with [rank]: .")
 @option("--dry-run", is_flag=True,
         help="Print the plan (ranks, command lines, environment) and start nothing.")
 @click.argument("script", required=False)
@@ -252,7 +267,8 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
             return
         from .head import run_hosts
 
-        restarts = run_hosts(mode.job, mode.head, say, _TtyStatus() if sys.stderr.isatty() else None)
+        status = _TtyStatus() if sys.stderr.isatty() else None
+        restarts = run_hosts(mode.job, mode.head, say, status)
         if restarts:
             say(f"all workers succeeded after {restarts} restart(s)")
         return
@@ -276,7 +292,7 @@ def _print_config(script: str, args: tuple[str, ...], o: dict) -> None:
                               sort_keys=False).rstrip())
 
 
-def _print_head_plan(mode) -> None:
+def _print_head_plan(mode: HeadNodes) -> None:
     import os
     import sys
 
