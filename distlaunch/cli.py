@@ -365,8 +365,8 @@ def agent() -> None:
     the store's secret) from one line of stdin."""
     import json
 
+    from .agent.entry import run_agent
     from .errors import LaunchInterrupted, WorkerFailedError
-    from .head import run_agent
 
     try:
         run_agent(json.loads(sys.stdin.readline()))
