@@ -74,6 +74,8 @@ def launch(fn, args=(), kwargs=None, *, nproc_per_node: int = 1, hosts: str | No
             job.terminate()
             job.wait()
             raise
+        # attempt = the restart count (TORCHELASTIC_RESTART_COUNT), as in the log
+        # directory's attempt_N; a round that is not a restart rewrites its keys
         attempt = max((a for a in range(max_restarts + 1) if store.check([f"world/{a}"])), default=None)
         if attempt is None and code == 2:  # usage error before any worker started
             raise ConfigError(f"distlaunch run rejected the options {cmd[3:]}")

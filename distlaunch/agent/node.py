@@ -21,7 +21,6 @@ from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import round_end_event, round_event
-from ..policy import DynamicMembership, End, FixedSize, History, error_for
 from ..rendezvous import (SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous,
                           StopWatcher, WaitReport)
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal
@@ -135,8 +134,6 @@ class NodeAgent:
         # this node takes part in a round.
         self._signal_phase: tuple[int, str] | None = None
         self._left: int | None = None  # the last round this node left at its end
-        self.policy = (DynamicMembership(cfg.max_restarts, opts.min_nodes) if opts.max_nodes
-                       else FixedSize(cfg.max_restarts, opts.heartbeat_timeout))
 
     def run(self) -> int:
         import tempfile
@@ -171,7 +168,7 @@ class NodeAgent:
                         with relay.interruptible():
                             restarts = rdzv.follow_plan(rnd, o.node_id)
                     except PlanEnded:
-                        raise error_for(cause) from None
+                        raise _error_for(cause) from None
                     except Dropped:
                         return restarts
                 try:
@@ -189,7 +186,7 @@ class NodeAgent:
                 if o.node_id is None:
                     restarts = self._next_round(rdzv, cause, rnd, restarts)
                 elif isinstance(cause, Signal):  # else the head's plan says what follows
-                    raise error_for(cause)
+                    raise _error_for(cause)
                 rnd += 1
         except LaunchInterrupted as e:
             if self._signal_phase is not None:
@@ -271,8 +268,14 @@ class NodeAgent:
     def _next_round(self, rdzv: Rendezvous, cause: Cause, rnd: int, restarts: int) -> int:
         """After round ``rnd`` stopped for ``cause``: return the restart count of the next
         round, or raise when the job ends here (the policy decides)."""
-        decision = self.policy.decide(History(rnd, restarts, rdzv.num_nodes,
-                                              frozenset(self._lost)), cause)
+        # Only after a round that did not succeed: not on a job's start-up path.
+        from ..policy import DynamicMembership, End, FixedSize, History
+
+        o = self.opts
+        policy = (DynamicMembership(self.cfg.max_restarts, o.min_nodes) if o.max_nodes
+                  else FixedSize(self.cfg.max_restarts, o.heartbeat_timeout))
+        decision = policy.decide(History(rnd, restarts, rdzv.num_nodes, frozenset(self._lost)),
+                                 cause)
         if isinstance(decision, End):
             raise decision.error
         self.on_event(decision.note)
@@ -427,3 +430,9 @@ class NodeAgent:
             log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
             sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2))
         return sinks[0], sinks[1]
+
+
+def _error_for(cause: Cause) -> Exception:
+    from ..policy import error_for  # only when the job ends with an error
+
+    return error_for(cause)
