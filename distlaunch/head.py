@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .agent.entry import quiet, run_agent  # noqa: F401  (run_agent: `distlaunch agent`)
+from .agent.entry import quiet
 from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress
 from .agent.signals import SignalRelay

@@ -89,6 +89,7 @@ class Rendezvous:
         self.on_wait = on_wait
 
     def keys(self, rnd: int) -> RoundKeys:
+        """The key names of round ``rnd`` of this job."""
         return RoundKeys(self.run_id, rnd)
 
     def _wait_all(self, keys, what: str, timeout: float, abort=None, rnd: int | None = None,
