@@ -1,7 +1,8 @@
 """distlaunch.collectives next to torch.distributed (gloo) and MPICH (mpi4py), same sizes,
 same timing, one node.
 
-    python benchmarks/bench_collectives.py [--worlds 2,4] [--ops all_reduce,broadcast,all_gather,reduce_scatter]
+    python benchmarks/bench_collectives.py [--worlds 2,4]
+        [--ops all_reduce,broadcast,all_gather,reduce_scatter]
         [--sizes 8,1MiB,16MiB,64MiB] [--libs distlaunch,gloo,mpich] [--rounds 2]
 
 The driver starts, for each world size and library, one job of workers running this file
@@ -27,6 +28,7 @@ A worker can also be run by hand, e.g.::
 
     distlaunch run --nproc-per-node 4 benchmarks/bench_collectives.py --worker distlaunch --sizes 1MiB
 """
+
 import argparse
 import json
 import os
@@ -52,21 +54,25 @@ def _iters(nbytes):
 
 # --------------------------------------------------------------------- workers
 
+
 class _Lib:
     def __init__(self, name):
         self.name = name
         if name == "mpich":
             from mpi4py import MPI
+
             self.MPI, self.comm = MPI, MPI.COMM_WORLD
             self.rank, self.n = self.comm.Get_rank(), self.comm.Get_size()
         elif name == "gloo":
             import torch
             import torch.distributed as tdist
+
             self.torch, self.d = torch, tdist
             tdist.init_process_group("gloo", init_method="env://")
             self.rank, self.n = tdist.get_rank(), tdist.get_world_size()
         else:
             import distlaunch.collectives as dist
+
             self.d = dist
             dist.init_process_group()
             self.rank, self.n = dist.get_rank(), dist.get_world_size()
@@ -83,20 +89,24 @@ class _Lib:
         big = np.ones(per * n, np.float32)
         if self.name == "mpich":
             c, MPI = self.comm, self.MPI
-            return {"all_reduce": lambda: c.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
-                    "broadcast": lambda: c.Bcast(x, root=0),
-                    "all_gather": lambda: c.Allgather(x, big),
-                    "reduce_scatter": lambda: c.Reduce_scatter_block(big, x, op=MPI.SUM)}[op]
+            return {
+                "all_reduce": lambda: c.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM),
+                "broadcast": lambda: c.Bcast(x, root=0),
+                "all_gather": lambda: c.Allgather(x, big),
+                "reduce_scatter": lambda: c.Reduce_scatter_block(big, x, op=MPI.SUM),
+            }[op]
         d, tx, tbig = self.d, self.wrap(x), self.wrap(big)
         if self.name == "gloo":
-            ag = getattr(d, "all_gather_into_tensor")
-            rs = getattr(d, "reduce_scatter_tensor")
+            ag = d.all_gather_into_tensor
+            rs = d.reduce_scatter_tensor
         else:
             ag, rs = d.all_gather_into_tensor, d.reduce_scatter_tensor
-        return {"all_reduce": lambda: d.all_reduce(tx),
-                "broadcast": lambda: d.broadcast(tx, src=0),
-                "all_gather": lambda: ag(tbig, tx),
-                "reduce_scatter": lambda: rs(tx, tbig)}[op]
+        return {
+            "all_reduce": lambda: d.all_reduce(tx),
+            "broadcast": lambda: d.broadcast(tx, src=0),
+            "all_gather": lambda: ag(tbig, tx),
+            "reduce_scatter": lambda: rs(tx, tbig),
+        }[op]
 
     def barrier(self):
         (self.comm.Barrier if self.name == "mpich" else self.d.barrier)()
@@ -132,15 +142,28 @@ def worker(lib_name, ops, sizes):
                 times[k] = (time.perf_counter() - t) / iters
             lib.max(times)
             if lib.rank == 0:
-                print("RESULT " + json.dumps(dict(lib=lib_name, n=lib.n, op=op, size=nbytes,
-                                                  us=statistics.median(times.tolist()) * 1e6)), flush=True)
+                print(
+                    "RESULT "
+                    + json.dumps(
+                        dict(
+                            lib=lib_name,
+                            n=lib.n,
+                            op=op,
+                            size=nbytes,
+                            us=statistics.median(times.tolist()) * 1e6,
+                        )
+                    ),
+                    flush=True,
+                )
     lib.close()
 
 
 # --------------------------------------------------------------------- driver
 
+
 def _free_port():
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -151,23 +174,57 @@ def _launch(lib, n, ops, sizes, nodes=1):
     bind = ["--bind-to", "none"] if lib == "distlaunch-unbound" else []
     worker = "distlaunch" if lib.startswith("distlaunch") else lib
     args = ["--worker", worker, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1"
+    )
     if nodes > 1:  # loopback "nodes": one launcher per node, TCP between them
         port = _free_port()
-        procs = [subprocess.Popen([sys.executable, "-m", "distlaunch", "run", "--nnodes", str(nodes), "--node-rank",
-                                   str(k), "--master-port", str(port), "--nproc-per-node", str(n // nodes),
-                                   *bind, __file__, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=env) for k in range(nodes)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "distlaunch",
+                    "run",
+                    "--nnodes",
+                    str(nodes),
+                    "--node-rank",
+                    str(k),
+                    "--master-port",
+                    str(port),
+                    "--nproc-per-node",
+                    str(n // nodes),
+                    *bind,
+                    __file__,
+                    *args,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for k in range(nodes)
+        ]
         outs = [p.communicate(timeout=1800) for p in procs]
-        rows = [json.loads(line.split("RESULT ", 1)[1]) for out, _ in outs for line in out.splitlines()
-                if "RESULT " in line]
+        rows = [
+            json.loads(line.split("RESULT ", 1)[1])
+            for out, _ in outs
+            for line in out.splitlines()
+            if "RESULT " in line
+        ]
         if not rows:
             print(f"# {lib} {nodes} nodes failed: {outs[0][1][-800:]}", file=sys.stderr)
         return rows
     if lib == "mpich":
         mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-        cmd = [mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec"), "-n", str(n),
-               sys.executable, __file__, *args]
+        cmd = [
+            mpiexec if os.path.exists(mpiexec) else shutil.which("mpiexec"),
+            "-n",
+            str(n),
+            sys.executable,
+            __file__,
+            *args,
+        ]
     else:
         cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(n), *bind, __file__, *args]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
@@ -196,13 +253,17 @@ def driver(args):
     results = {}
     for n in map(int, args.worlds.split(",")):
         for rnd in range(args.rounds):
-            for lib in (libs if rnd % 2 == 0 else libs[::-1]):
+            for lib in libs if rnd % 2 == 0 else libs[::-1]:
                 if args.nodes > 1 and lib == "mpich":
                     continue
                 for row in _launch(lib, n, ops, sizes, args.nodes):
                     results.setdefault((row["n"], row["op"], row["size"], lib), []).append(row["us"])
     med = {k: statistics.median(v) for k, v in results.items()}
-    head = ["op", "n", "size"] + [f"{lib}" for lib in libs] + [f"ours/{lib}" for lib in libs if lib != "distlaunch"]
+    head = (
+        ["op", "n", "size"]
+        + [f"{lib}" for lib in libs]
+        + [f"ours/{lib}" for lib in libs if lib != "distlaunch"]
+    )
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for op in ops:
@@ -211,7 +272,9 @@ def driver(args):
                 t = {lib: med.get((n, op, s, lib)) for lib in libs}
                 cells = [op, str(n), _fmt_size(s)] + [_fmt_us(t[lib]) if t[lib] else "-" for lib in libs]
                 ours = t.get("distlaunch")
-                cells += [f"{ours / t[lib]:.2f}" if ours and t[lib] else "-" for lib in libs if lib != "distlaunch"]
+                cells += [
+                    f"{ours / t[lib]:.2f}" if ours and t[lib] else "-" for lib in libs if lib != "distlaunch"
+                ]
                 print("| " + " | ".join(cells) + " |", flush=True)
 
 
@@ -221,11 +284,18 @@ def main():
     p.add_argument("--worlds", default="2,4")
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", default="8,1MiB,16MiB,64MiB")
-    p.add_argument("--libs", default="distlaunch,gloo,mpich",
-                   help="any of distlaunch, distlaunch-unbound (under --bind-to none), gloo, mpich")
+    p.add_argument(
+        "--libs",
+        default="distlaunch,gloo,mpich",
+        help="any of distlaunch, distlaunch-unbound (under --bind-to none), gloo, mpich",
+    )
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--nodes", type=int, default=1,
-                   help="loopback nodes (one distlaunch launcher each, TCP between them; no MPICH)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="loopback nodes (one distlaunch launcher each, TCP between them; no MPICH)",
+    )
     args = p.parse_args()
     if args.worker:
         with np.errstate(all="ignore"):  # repeated in-place sums overflow to inf, harmlessly

@@ -22,9 +22,11 @@ import time
 
 BIN = os.path.dirname(sys.executable)
 NOOP = "pass\n"
-FAIL_ONCE = ("import os, sys\n"
-             "if os.environ.get('RANK') == '0' and os.environ.get('TORCHELASTIC_RESTART_COUNT') == '0':\n"
-             "    sys.exit(1)\n")
+FAIL_ONCE = (
+    "import os, sys\n"
+    "if os.environ.get('RANK') == '0' and os.environ.get('TORCHELASTIC_RESTART_COUNT') == '0':\n"
+    "    sys.exit(1)\n"
+)
 
 
 def peak_rss_kib(pid: int) -> int:
@@ -53,16 +55,34 @@ def timed(cmd: list[str]) -> tuple[float, int]:
 
 
 def launchers(nproc: int) -> dict[str, callable]:
-    found = {"distlaunch": lambda script, restarts=0: [
-        os.path.join(BIN, "distlaunch"), "run", "--nproc-per-node", str(nproc),
-        "--max-restarts", str(restarts), script]}
+    found = {
+        "distlaunch": lambda script, restarts=0: [
+            os.path.join(BIN, "distlaunch"),
+            "run",
+            "--nproc-per-node",
+            str(nproc),
+            "--max-restarts",
+            str(restarts),
+            script,
+        ]
+    }
     if os.path.exists(os.path.join(BIN, "mpiexec")):
         found["mpiexec"] = lambda script, restarts=0: [
-            os.path.join(BIN, "mpiexec"), "-n", str(nproc), sys.executable, script]
+            os.path.join(BIN, "mpiexec"),
+            "-n",
+            str(nproc),
+            sys.executable,
+            script,
+        ]
     if os.path.exists(os.path.join(BIN, "torchrun")):
         found["torchrun"] = lambda script, restarts=0: [
-            os.path.join(BIN, "torchrun"), "--nproc-per-node", str(nproc),
-            "--max-restarts", str(restarts), script]
+            os.path.join(BIN, "torchrun"),
+            "--nproc-per-node",
+            str(nproc),
+            "--max-restarts",
+            str(restarts),
+            script,
+        ]
     return found
 
 
@@ -74,6 +94,7 @@ def main() -> None:
     # An installed package has bytecode; a checkout run with PYTHONDONTWRITEBYTECODE would
     # recompile distlaunch in every launch and measure the compiler instead.
     import compileall
+
     compileall.compile_dir(os.path.join(os.path.dirname(__file__), "..", "distlaunch"), quiet=1)
     tmp = tempfile.mkdtemp()
     noop, fail_once = os.path.join(tmp, "noop.py"), os.path.join(tmp, "fail_once.py")
@@ -91,8 +112,10 @@ def main() -> None:
             rss[name].append(r)
             if name in restart:
                 restart[name].append(timed(cmd(fail_once, restarts=1))[0] - w)
-    print(f"{args.nproc} no-op Python workers, {args.reps} interleaved runs each, medians "
-          f"(cores: {os.cpu_count()}, OMP_NUM_THREADS={env_note})")
+    print(
+        f"{args.nproc} no-op Python workers, {args.reps} interleaved runs each, medians "
+        f"(cores: {os.cpu_count()}, OMP_NUM_THREADS={env_note})"
+    )
     print(f"{'launcher':<12}{'wall s':>10}{'peak RSS MiB':>15}{'restart s':>12}")
     med = {k: statistics.median(v) for k, v in wall.items()}
     mem = {k: max(v) / 1024 for k, v in rss.items()}
@@ -104,7 +127,7 @@ def main() -> None:
     for peer in found:
         if peer == "distlaunch":
             continue
-        line = f"  vs {peer:<9} wall {med['distlaunch'] / med[peer]:.2f}x  RSS {mem['distlaunch'] / mem[peer]:.2f}x"
+        line = f"  vs {peer:<9} wall {med['distlaunch'] / med[peer]:.2f}x  RSS {mem['distlaunch'] / mem[peer]:.2f}x"  # noqa: E501
         if peer in rst:
             line += f"  restart {rst['distlaunch'] / rst[peer]:.2f}x"
         print(line)

@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 from store_worker import arrive_all  # noqa: E402  (the barrier the store tests use too)
+
 TOKEN = "bench-secret"
 VALUE = b"v" * 64
 BARRIER_PROCS = 4
@@ -39,24 +40,27 @@ BARRIER_CONNECT_TIMEOUT = 30.0
 def connect(impl: str, host: str, port: int, timeout: float = 120.0):
     if impl == "ours":
         from distlaunch.store import StoreClient
+
         return StoreClient(host, port, token=TOKEN, timeout=timeout)
     import torch.distributed as td
-    return td.TCPStore(host, port, None, False, timeout=timedelta(seconds=timeout),
-                       wait_for_workers=False)
+
+    return td.TCPStore(host, port, None, False, timeout=timedelta(seconds=timeout), wait_for_workers=False)
 
 
 # --- processes --------------------------------------------------------------------------------
+
 
 def role_server(impl: str) -> None:
     """Run a server, print its port, serve until stdin closes."""
     if impl == "ours":
         from distlaunch.store import StoreServer
+
         srv = StoreServer("127.0.0.1", 0, token=TOKEN).start()
         port = srv.port
     else:
         import torch.distributed as td
-        srv = td.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=300),
-                          wait_for_workers=False)
+
+        srv = td.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=300), wait_for_workers=False)
         port = srv.port
     print(port, flush=True)
     sys.stdin.read()
@@ -112,14 +116,14 @@ def role_barrier(impl: str, port: int, threads: int, world: int) -> None:
 
 # --- driver -----------------------------------------------------------------------------------
 
+
 def spawn(*args: str, **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, __file__, *args], env=env, **kw)
 
 
 def start_server(impl: str):
-    p = spawn("--role", "server", "--impl", impl, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-              text=True)
+    p = spawn("--role", "server", "--impl", impl, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     port = int(p.stdout.readline())
     return p, port
 
@@ -137,8 +141,7 @@ def wait_count(s, key: str, n: int, timeout: float = 120.0) -> None:
     deadline = time.time() + timeout
     while s.add(key, 0) < n:
         if time.time() > deadline:
-            raise RuntimeError(f"only {s.add(key, 0)} of {n} clients arrived within "
-                               f"{timeout:g} s")
+            raise RuntimeError(f"only {s.add(key, 0)} of {n} clients arrived within {timeout:g} s")
         time.sleep(0.005)
 
 
@@ -151,9 +154,23 @@ def throughput(impls: list, nclients: int, duration: float, rounds: int) -> dict
         for impl in impls:
             servers[impl], port = start_server(impl)
             mains[impl] = connect(impl, "127.0.0.1", port)
-            procs += [spawn("--role", "client", "--impl", impl, "--port", str(port),
-                            "--rank", str(r), "--duration", str(duration),
-                            "--rounds", str(rounds)) for r in range(nclients)]
+            procs += [
+                spawn(
+                    "--role",
+                    "client",
+                    "--impl",
+                    impl,
+                    "--port",
+                    str(port),
+                    "--rank",
+                    str(r),
+                    "--duration",
+                    str(duration),
+                    "--rounds",
+                    str(rounds),
+                )
+                for r in range(nclients)
+            ]
         for impl in impls:
             wait_count(mains[impl], "ready", nclients)
         best = {impl: 0.0 for impl in impls}
@@ -187,8 +204,21 @@ def barrier(impl: str, world: int) -> float:
     try:
         main = connect(impl, "127.0.0.1", port)
         per = [world // BARRIER_PROCS + (i < world % BARRIER_PROCS) for i in range(BARRIER_PROCS)]
-        procs = [spawn("--role", "barrier", "--impl", impl, "--port", str(port),
-                       "--threads", str(n), "--world", str(world)) for n in per]
+        procs = [
+            spawn(
+                "--role",
+                "barrier",
+                "--impl",
+                impl,
+                "--port",
+                str(port),
+                "--threads",
+                str(n),
+                "--world",
+                str(world),
+            )
+            for n in per
+        ]
         try:
             wait_count(main, "connected", world, timeout=BARRIER_CONNECT_TIMEOUT + 10)
         except RuntimeError as e:
@@ -230,15 +260,20 @@ def main() -> None:
 
     try:
         import torch  # noqa: F401
+
         impls = ["ours", "torch"]
         torch_version = torch.__version__
     except ImportError:
         impls = ["ours"]
         torch_version = None
-    print(f"store benchmark on {os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
-          f"torch {torch_version or 'not installed (TCPStore half skipped)'}")
-    print(f"set+get of 64-byte values; aggregate ops/s, best of {a.rounds} alternating "
-          f"{a.duration:g}-s rounds; higher is better; ratio = ours/TCPStore (>1: ours faster)")
+    print(
+        f"store benchmark on {os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
+        f"torch {torch_version or 'not installed (TCPStore half skipped)'}"
+    )
+    print(
+        f"set+get of 64-byte values; aggregate ops/s, best of {a.rounds} alternating "
+        f"{a.duration:g}-s rounds; higher is better; ratio = ours/TCPStore (>1: ours faster)"
+    )
     print(f"{'clients':>8} {'ours ops/s':>12} {'TCPStore ops/s':>15} {'ratio':>7}")
     t_start = time.time()
     for n in [int(x) for x in a.clients.split(",") if x]:
@@ -248,8 +283,10 @@ def main() -> None:
         ratio = f"{r['ours'] / theirs:.2f}x" if theirs else "-"
         print(f"{n:>8} {r['ours']:>12,.0f} {t_col:>15} {ratio:>7}", flush=True)
     if a.barrier:
-        print(f"store barrier: {a.barrier} clients (threads over {BARRIER_PROCS} processes) "
-              f"add() then wait(); seconds from start signal to all returned, lower is better")
+        print(
+            f"store barrier: {a.barrier} clients (threads over {BARRIER_PROCS} processes) "
+            f"add() then wait(); seconds from start signal to all returned, lower is better"
+        )
         b = {}
         for impl in impls:
             try:
@@ -259,8 +296,10 @@ def main() -> None:
         if "ours" in b:
             line = f"  ours {b['ours']:.3f} s"
             if "torch" in b:
-                line += (f", TCPStore {b['torch']:.3f} s, ratio (TCPStore time / ours) "
-                         f"{b['torch'] / b['ours']:.2f}x (>1: ours faster)")
+                line += (
+                    f", TCPStore {b['torch']:.3f} s, ratio (TCPStore time / ours) "
+                    f"{b['torch'] / b['ours']:.2f}x (>1: ours faster)"
+                )
             print(line, flush=True)
     print(f"(benchmark took {time.time() - t_start:.0f} s)")
 

@@ -29,8 +29,12 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="also write every trial's outcome as JSON lines here")
-    ap.add_argument("--fault", action="append", choices=sorted({f for fs in FAULTS.values() for f in fs}),
-                    help="only this fault (repeatable); default: every fault in every mode")
+    ap.add_argument(
+        "--fault",
+        action="append",
+        choices=sorted({f for fs in FAULTS.values() for f in fs}),
+        help="only this fault (repeatable); default: every fault in every mode",
+    )
     args = ap.parse_args()
     rng = random.Random(args.seed)
     sshd = proc = None
@@ -41,8 +45,12 @@ def main() -> None:
         proc = sshd.process
     except Exception as e:  # no sshd / not root: head mode is left out
         print(f"head mode skipped: {e}", file=sys.stderr)
-    cases = [(m, f) for m, fs in FAULTS.items() for f in fs
-             if (m != "head" or sshd) and (not args.fault or f in args.fault)]
+    cases = [
+        (m, f)
+        for m, fs in FAULTS.items()
+        for f in fs
+        if (m != "head" or sshd) and (not args.fault or f in args.fault)
+    ]
     outcomes = []
     try:
         for i in range(args.trials):
@@ -50,8 +58,11 @@ def main() -> None:
             out = run_trial(mode, fault, rng, sshd)
             outcomes.append(out)
             status = "ok" if out.ok else "PROBLEM " + "; ".join(out.problems)
-            print(f"{i + 1:3d} {mode:8s} {fault:13s} at {out.delay:4.2f}s codes {out.codes} "
-                  f"end {out.end_s}s  {status}", flush=True)
+            print(
+                f"{i + 1:3d} {mode:8s} {fault:13s} at {out.delay:4.2f}s codes {out.codes} "
+                f"end {out.end_s}s  {status}",
+                flush=True,
+            )
     finally:
         if proc is not None:
             _stop(proc)
@@ -70,19 +81,25 @@ def summarize(outcomes) -> None:
     by = collections.defaultdict(list)
     for o in outcomes:
         by[(o.mode, o.fault)].append(o)
-    print(f"\n{'mode':8s} {'fault':13s} {'trials':>6s} {'completed':>9s} {'failed+why':>10s} "
-          f"{'hangs':>5s} {'survivors':>9s} {'leftovers':>9s} {'detect s':>8s} {'recover s':>9s} "
-          f"{'clean s':>7s}")
+    print(
+        f"\n{'mode':8s} {'fault':13s} {'trials':>6s} {'completed':>9s} {'failed+why':>10s} "
+        f"{'hangs':>5s} {'survivors':>9s} {'leftovers':>9s} {'detect s':>8s} {'recover s':>9s} "
+        f"{'clean s':>7s}"
+    )
     for (mode, fault), os_ in sorted(by.items()):
         done = sum(1 for o in os_ if o.ok and all(c == 0 for c in o.codes))
-        print(f"{mode:8s} {fault:13s} {len(os_):6d} {done:9d} {sum(o.ok for o in os_) - done:10d} "
-              f"{sum(o.hung for o in os_):5d} {sum(bool(o.survivors) for o in os_):9d} "
-              f"{sum(bool(o.leftovers) for o in os_):9d} {worst(os_, 'detect_s'):>8s} "
-              f"{worst(os_, 'recover_s'):>9s} {worst(os_, 'clean_s'):>7s}")
+        print(
+            f"{mode:8s} {fault:13s} {len(os_):6d} {done:9d} {sum(o.ok for o in os_) - done:10d} "
+            f"{sum(o.hung for o in os_):5d} {sum(bool(o.survivors) for o in os_):9d} "
+            f"{sum(bool(o.leftovers) for o in os_):9d} {worst(os_, 'detect_s'):>8s} "
+            f"{worst(os_, 'recover_s'):>9s} {worst(os_, 'clean_s'):>7s}"
+        )
     bad = [o for o in outcomes if not o.ok]
-    print(f"\n{len(outcomes)} trials: {len(outcomes) - len(bad)} ended well, {len(bad)} with problems; "
-          f"hangs {sum(o.hung for o in outcomes)}, survivors {sum(bool(o.survivors) for o in outcomes)}, "
-          f"leftovers {sum(bool(o.leftovers) for o in outcomes)} (worst times in seconds after the fault)")
+    print(
+        f"\n{len(outcomes)} trials: {len(outcomes) - len(bad)} ended well, {len(bad)} with problems; "
+        f"hangs {sum(o.hung for o in outcomes)}, survivors {sum(bool(o.survivors) for o in outcomes)}, "
+        f"leftovers {sum(bool(o.leftovers) for o in outcomes)} (worst times in seconds after the fault)"
+    )
 
 
 if __name__ == "__main__":

@@ -10,5 +10,6 @@ __version__ = "0.1.0"
 def __getattr__(name):
     if name == "launch":
         from .launch_api import launch
+
         return launch
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -47,7 +48,12 @@ def _dashes(name: str) -> str:
 
 # `distlaunch run --help` sections, in order; options without one are listed first.
 WORKERS, NODES, HOSTS, OUTPUT, SUPERVISION = (
-    "Workers", "Nodes and rendezvous", "Hosts and SSH", "Output", "Supervision")
+    "Workers",
+    "Nodes and rendezvous",
+    "Hosts and SSH",
+    "Output",
+    "Supervision",
+)
 
 
 class _GroupedOption(click.Option):
@@ -99,7 +105,9 @@ def _load_config(ctx: click.Context, _param, path: str | None):
         name = key.replace("-", "_")
         where = f"{path}:{line}: {key}"
         if name in ("script", "args"):
-            if name == "args" and not (isinstance(value, list) and all(isinstance(a, (str, int, float)) for a in value)):
+            if name == "args" and not (
+                isinstance(value, list) and all(isinstance(a, (str, int, float)) for a in value)
+            ):
                 raise ConfigError(f"{where}: give a list of arguments")
             if name == "script" and not isinstance(value, str):
                 raise ConfigError(f"{where}: give the script's path as a string")
@@ -111,8 +119,9 @@ def _load_config(ctx: click.Context, _param, path: str | None):
             value = ",".join(map(str, value))
         param = params.get(name)
         if param is None or name in ("config", "print_config") or not isinstance(param, click.Option):
-            raise ConfigError(f"{where}: unknown option; see 'distlaunch run --help' for the "
-                              f"names (dashes or underscores)")
+            raise ConfigError(
+                f"{where}: unknown option; see 'distlaunch run --help' for the names (dashes or underscores)"
+            )
         try:
             defaults[name] = param.type_cast_value(ctx, value)
         except click.BadParameter as e:
@@ -132,117 +141,280 @@ def _env_entries(value, where: str) -> list[str]:
     raise ConfigError(f"{where}: give a mapping NAME: value, or a list of names to ship")
 
 
-@cli.command(cls=_GroupedCommand,
-             context_settings={"allow_interspersed_args": False, "token_normalize_func": _dashes})
-@click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
-              callback=_load_config,
-              help="Read options (and script, args, env, hosts) from a YAML job file; "
-                   "options given here override it.")
+@cli.command(
+    cls=_GroupedCommand, context_settings={"allow_interspersed_args": False, "token_normalize_func": _dashes}
+)
+@click.option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    is_eager=True,
+    expose_value=False,
+    callback=_load_config,
+    help="Read options (and script, args, env, hosts) from a YAML job file; options given here override it.",
+)
 @option("--print-config", is_flag=True, help="Print the merged options as YAML and exit.")
-@option("--nproc-per-node", group=WORKERS, default="1", show_default=True, metavar="N|auto|cpu|gpu",
-        help="Workers on this node: a number, or auto (GPUs if any, else CPUs), cpu, gpu.")
-@option("--nnodes", group=NODES, default="1", show_default=True, metavar="N|MIN:MAX",
-        help="Number of nodes in a per-node launch; MIN:MAX admits a varying number "
-             "(with --rdzv-endpoint).")
-@option("--node-rank", group=NODES, default=0, show_default=True, type=int,
-        help="Rank of this node, 0..nnodes-1.")
-@option("--master-addr", group=NODES, default=None, metavar="HOST",
-        help="Address of rank 0's node, exported as MASTER_ADDR (default: localhost).")
-@option("--master-port", group=NODES, default=None, type=int, metavar="PORT",
-        help="Port exported as MASTER_PORT for the program's own rendezvous "
-             "(default: a free port). Must be free.")
-@option("--max-restarts", group=SUPERVISION, default=0, show_default=True, type=int,
-        help="Restart the whole worker group this many times after a worker fails.")
-@option("--monitor-interval", group=SUPERVISION, default=0.1, show_default=True, type=float,
-        metavar="SECONDS",
-        help="Accepted for torchrun compatibility; distlaunch is event-driven and sees "
-             "exits at once.")
-@option("-m", "--module", group=WORKERS, is_flag=True,
-        help="Run SCRIPT as a Python module (python -m SCRIPT).")
-@option("--no-python", group=WORKERS, is_flag=True,
-        help="Run SCRIPT as a program, without the Python interpreter.")
-@option("--role", group=WORKERS, default="default", show_default=True,
-        help="Role name (ROLE_NAME).")
-@option("--run-id", group=NODES, default=None,
-        help="Id of the job (default: random). Namespaces store "
-        "keys and logs.")
-@option("--log-dir", group=OUTPUT, default=None, type=click.Path(file_okay=False),
-        help="Also write each worker's stdout/stderr to LOG_DIR/RUN_ID/attempt_K/RANK/.")
-@option("-r", "--redirects", group=OUTPUT, default="0", show_default=True, metavar="STD",
-        help="Send streams to log files only, not the console: 0 none, 1 stdout, "
-             "2 stderr, 3 both, or per local rank like 0:3,1:2.")
-@option("-t", "--tee", group=OUTPUT, default="0", show_default=True, metavar="STD",
-        help="Send streams to the console and to log files (values as --redirects).")
-@option("--local-ranks-filter", group=OUTPUT, default=None, metavar="RANKS",
-        help="Show only these local ranks' output on the console, e.g. 0 or 0,1.")
-@option("--standalone", group=NODES, is_flag=True,
-        help="Single-node job with its own local rendezvous (implies --nnodes 1).")
-@option("--stop-timeout", group=SUPERVISION, default=30.0, show_default=True, type=float,
-        metavar="SECONDS",
-        help="Grace between SIGTERM and SIGKILL when stopping workers.")
-@option("-H", "--hosts", group=HOSTS, default=None, metavar="HOST[:N],...",
-        help="Start the job on these hosts over SSH from here, N workers each (default "
-             "--nproc-per-node), e.g. node1:4,user@node2:4.")
-@option("--hostfile", group=HOSTS, default=None, type=click.Path(dir_okay=False),
-        help="Hosts from a file: OpenMPI 'host slots=N', DeepSpeed 'host slots=N', MPICH "
-             "'host:N', one per line; # comments.")
-@option("--include", group=HOSTS, default=None, metavar="HOSTS",
-        help="Use only these hosts of the list.")
-@option("--exclude", group=HOSTS, default=None, metavar="HOSTS",
-        help="Leave these hosts of the list out.")
-@option("--store-addr", group=HOSTS, default=None, metavar="ADDR",
-        help="Address the head's store binds and announces (default: the address this "
-             "machine uses to reach the first host).")
-@option("--remote-python", group=HOSTS, default=None, metavar="PATH",
-        help="Interpreter on the hosts (default: the head's sys.executable).")
-@option("--remote-cwd", group=HOSTS, default=None, metavar="DIR",
-        help="Working directory on the hosts (default: the head's).")
-@option("--ssh-port", group=HOSTS, default=None, type=int,
-        help="SSH port (overrides ~/.ssh/config).")
+@option(
+    "--nproc-per-node",
+    group=WORKERS,
+    default="1",
+    show_default=True,
+    metavar="N|auto|cpu|gpu",
+    help="Workers on this node: a number, or auto (GPUs if any, else CPUs), cpu, gpu.",
+)
+@option(
+    "--nnodes",
+    group=NODES,
+    default="1",
+    show_default=True,
+    metavar="N|MIN:MAX",
+    help="Number of nodes in a per-node launch; MIN:MAX admits a varying number (with --rdzv-endpoint).",
+)
+@option(
+    "--node-rank", group=NODES, default=0, show_default=True, type=int, help="Rank of this node, 0..nnodes-1."
+)
+@option(
+    "--master-addr",
+    group=NODES,
+    default=None,
+    metavar="HOST",
+    help="Address of rank 0's node, exported as MASTER_ADDR (default: localhost).",
+)
+@option(
+    "--master-port",
+    group=NODES,
+    default=None,
+    type=int,
+    metavar="PORT",
+    help="Port exported as MASTER_PORT for the program's own rendezvous "
+    "(default: a free port). Must be free.",
+)
+@option(
+    "--max-restarts",
+    group=SUPERVISION,
+    default=0,
+    show_default=True,
+    type=int,
+    help="Restart the whole worker group this many times after a worker fails.",
+)
+@option(
+    "--monitor-interval",
+    group=SUPERVISION,
+    default=0.1,
+    show_default=True,
+    type=float,
+    metavar="SECONDS",
+    help="Accepted for torchrun compatibility; distlaunch is event-driven and sees exits at once.",
+)
+@option(
+    "-m", "--module", group=WORKERS, is_flag=True, help="Run SCRIPT as a Python module (python -m SCRIPT)."
+)
+@option(
+    "--no-python",
+    group=WORKERS,
+    is_flag=True,
+    help="Run SCRIPT as a program, without the Python interpreter.",
+)
+@option("--role", group=WORKERS, default="default", show_default=True, help="Role name (ROLE_NAME).")
+@option(
+    "--run-id",
+    group=NODES,
+    default=None,
+    help="Id of the job (default: random). Namespaces store keys and logs.",
+)
+@option(
+    "--log-dir",
+    group=OUTPUT,
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Also write each worker's stdout/stderr to LOG_DIR/RUN_ID/attempt_K/RANK/.",
+)
+@option(
+    "-r",
+    "--redirects",
+    group=OUTPUT,
+    default="0",
+    show_default=True,
+    metavar="STD",
+    help="Send streams to log files only, not the console: 0 none, 1 stdout, "
+    "2 stderr, 3 both, or per local rank like 0:3,1:2.",
+)
+@option(
+    "-t",
+    "--tee",
+    group=OUTPUT,
+    default="0",
+    show_default=True,
+    metavar="STD",
+    help="Send streams to the console and to log files (values as --redirects).",
+)
+@option(
+    "--local-ranks-filter",
+    group=OUTPUT,
+    default=None,
+    metavar="RANKS",
+    help="Show only these local ranks' output on the console, e.g. 0 or 0,1.",
+)
+@option(
+    "--standalone",
+    group=NODES,
+    is_flag=True,
+    help="Single-node job with its own local rendezvous (implies --nnodes 1).",
+)
+@option(
+    "--stop-timeout",
+    group=SUPERVISION,
+    default=30.0,
+    show_default=True,
+    type=float,
+    metavar="SECONDS",
+    help="Grace between SIGTERM and SIGKILL when stopping workers.",
+)
+@option(
+    "-H",
+    "--hosts",
+    group=HOSTS,
+    default=None,
+    metavar="HOST[:N],...",
+    help="Start the job on these hosts over SSH from here, N workers each (default "
+    "--nproc-per-node), e.g. node1:4,user@node2:4.",
+)
+@option(
+    "--hostfile",
+    group=HOSTS,
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Hosts from a file: OpenMPI 'host slots=N', DeepSpeed 'host slots=N', MPICH "
+    "'host:N', one per line; # comments.",
+)
+@option("--include", group=HOSTS, default=None, metavar="HOSTS", help="Use only these hosts of the list.")
+@option("--exclude", group=HOSTS, default=None, metavar="HOSTS", help="Leave these hosts of the list out.")
+@option(
+    "--store-addr",
+    group=HOSTS,
+    default=None,
+    metavar="ADDR",
+    help="Address the head's store binds and announces (default: the address this "
+    "machine uses to reach the first host).",
+)
+@option(
+    "--remote-python",
+    group=HOSTS,
+    default=None,
+    metavar="PATH",
+    help="Interpreter on the hosts (default: the head's sys.executable).",
+)
+@option(
+    "--remote-cwd",
+    group=HOSTS,
+    default=None,
+    metavar="DIR",
+    help="Working directory on the hosts (default: the head's).",
+)
+@option("--ssh-port", group=HOSTS, default=None, type=int, help="SSH port (overrides ~/.ssh/config).")
 @option("--ssh-user", group=HOSTS, default=None, help="SSH user (overrides ~/.ssh/config).")
-@option("--ssh-key", group=HOSTS, default=None, type=click.Path(dir_okay=False),
-        help="SSH private key file (overrides ~/.ssh/config).")
-@option("--ssh-config", group=HOSTS, default=None, type=click.Path(dir_okay=False),
-        help="OpenSSH client config to read instead of ~/.ssh/config (like ssh -F).")
-@option("--ssh-accept-new-host-keys", group=HOSTS, is_flag=True,
-        help="Accept and remember host keys not yet in known_hosts (changed keys are "
-             "still refused).")
-@option("-x", "--env", "env_names", group=WORKERS, multiple=True, metavar="NAME[=VALUE]",
-        help="Ship this variable to the hosts (repeatable; mpirun's -x).")
-@option("--env-all", group=HOSTS, is_flag=True,
-        help="Ship the whole environment except host-specific variables (SSH_*, DISPLAY, "
-             "HOSTNAME, PWD, TERM, ...).")
+@option(
+    "--ssh-key",
+    group=HOSTS,
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="SSH private key file (overrides ~/.ssh/config).",
+)
+@option(
+    "--ssh-config",
+    group=HOSTS,
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="OpenSSH client config to read instead of ~/.ssh/config (like ssh -F).",
+)
+@option(
+    "--ssh-accept-new-host-keys",
+    group=HOSTS,
+    is_flag=True,
+    help="Accept and remember host keys not yet in known_hosts (changed keys are still refused).",
+)
+@option(
+    "-x",
+    "--env",
+    "env_names",
+    group=WORKERS,
+    multiple=True,
+    metavar="NAME[=VALUE]",
+    help="Ship this variable to the hosts (repeatable; mpirun's -x).",
+)
+@option(
+    "--env-all",
+    group=HOSTS,
+    is_flag=True,
+    help="Ship the whole environment except host-specific variables (SSH_*, DISPLAY, "
+    "HOSTNAME, PWD, TERM, ...).",
+)
 @option("--prefix-host", group=OUTPUT, is_flag=True, help="Prefix output lines with [host:rank]: .")
-@option("--min-nodes", group=SUPERVISION, default=None, type=click.IntRange(min=1), metavar="N",
-        help="With -H/--hostfile: drop a host whose agent is lost or whose workers fail in "
-             "two consecutive rounds, and go on while N hosts remain (default: all).")
-@option("--rdzv-endpoint", group=NODES, default=None, metavar="HOST:PORT",
-        help="Rendezvous store for per-node launches; node ranks are assigned by arrival. "
-             "The launcher that can bind it hosts it, or run `distlaunch store` there.")
-@option("--rdzv-id", group=NODES, default=None, metavar="ID",
-        help="Job id shared by every node's launcher (the run id).")
-@option("--rdzv-backend", group=NODES, default="c10d", show_default=True,
-        type=click.Choice(["c10d", "static"]),
-        help="Accepted for torchrun compatibility: c10d (dynamic, with --rdzv-endpoint) or "
-             "static (--master-addr/--master-port and --node-rank).")
-@option("--rdzv-conf", group=NODES, default=None, metavar="K=V,...",
-        help="Rendezvous settings in seconds: join_timeout (600), last_call_timeout (3), "
-             "heartbeat_timeout (15), heartbeat_interval (1), exit_barrier_timeout (300).")
-@option("--store-token-file", group=NODES, default=None, type=click.Path(dir_okay=False),
-        metavar="FILE",
-        help="Per-node launches: read the store secret from FILE (yours, mode 600; the same "
-             "on every node). Default: DISTLAUNCH_STORE_TOKEN, else DISTLAUNCH_STORE_TOKEN_FILE, "
-             "else ~/.config/distlaunch/secret, created on first use.")
-@option("--bind-to", group=WORKERS, default="auto", show_default=True, type=click.Choice(["auto",
-        "core", "none"]),
-        help="CPU affinity of the workers: auto splits this node's CPUs into one block per "
-             "worker (round robin when there are more workers than CPUs), core gives each "
-             "worker one CPU (several launchers on one host then share the lowest CPUs), "
-             "none leaves affinity alone (torchrun's behaviour).")
-@option("--no-prefix", group=OUTPUT, is_flag=True,
-        help="Do not prefix worker output lines with [rank]: .")
-@option("--dry-run", is_flag=True,
-        help="Print the plan (ranks, command lines, environment) and start nothing.")
+@option(
+    "--min-nodes",
+    group=SUPERVISION,
+    default=None,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="With -H/--hostfile: drop a host whose agent is lost or whose workers fail in "
+    "two consecutive rounds, and go on while N hosts remain (default: all).",
+)
+@option(
+    "--rdzv-endpoint",
+    group=NODES,
+    default=None,
+    metavar="HOST:PORT",
+    help="Rendezvous store for per-node launches; node ranks are assigned by arrival. "
+    "The launcher that can bind it hosts it, or run `distlaunch store` there.",
+)
+@option(
+    "--rdzv-id",
+    group=NODES,
+    default=None,
+    metavar="ID",
+    help="Job id shared by every node's launcher (the run id).",
+)
+@option(
+    "--rdzv-backend",
+    group=NODES,
+    default="c10d",
+    show_default=True,
+    type=click.Choice(["c10d", "static"]),
+    help="Accepted for torchrun compatibility: c10d (dynamic, with --rdzv-endpoint) or "
+    "static (--master-addr/--master-port and --node-rank).",
+)
+@option(
+    "--rdzv-conf",
+    group=NODES,
+    default=None,
+    metavar="K=V,...",
+    help="Rendezvous settings in seconds: join_timeout (600), last_call_timeout (3), "
+    "heartbeat_timeout (15), heartbeat_interval (1), exit_barrier_timeout (300).",
+)
+@option(
+    "--store-token-file",
+    group=NODES,
+    default=None,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Per-node launches: read the store secret from FILE (yours, mode 600; the same "
+    "on every node). Default: DISTLAUNCH_STORE_TOKEN, else DISTLAUNCH_STORE_TOKEN_FILE, "
+    "else ~/.config/distlaunch/secret, created on first use.",
+)
+@option(
+    "--bind-to",
+    group=WORKERS,
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "core", "none"]),
+    help="CPU affinity of the workers: auto splits this node's CPUs into one block per "
+    "worker (round robin when there are more workers than CPUs), core gives each "
+    "worker one CPU (several launchers on one host then share the lowest CPUs), "
+    "none leaves affinity alone (torchrun's behaviour).",
+)
+@option("--no-prefix", group=OUTPUT, is_flag=True, help="Do not prefix worker output lines with [rank]: .")
+@option(
+    "--dry-run", is_flag=True, help="Print the plan (ranks, command lines, environment) and start nothing."
+)
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -288,8 +460,7 @@ def _print_config(script: str, args: tuple[str, ...], o: dict) -> None:
 
     merged = {k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items()}
     merged["env"] = merged.pop("env_names")
-    click.echo(yaml.safe_dump({**merged, "script": script, "args": list(args)},
-                              sort_keys=False).rstrip())
+    click.echo(yaml.safe_dump({**merged, "script": script, "args": list(args)}, sort_keys=False).rstrip())
 
 
 def _print_head_plan(mode: HeadNodes) -> None:
@@ -302,11 +473,17 @@ def _print_head_plan(mode: HeadNodes) -> None:
     cfg, head = mode.job, mode.head
     env = shipped_env(os.environ, [], head.env_all)
     cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}  # as head.run_hosts
-    cmd = remote_command(head.remote_python or sys.executable, head.remote_cwd or os.getcwd(),
-                         ["-m", "distlaunch", "agent"], cmd_env)
+    cmd = remote_command(
+        head.remote_python or sys.executable,
+        head.remote_cwd or os.getcwd(),
+        ["-m", "distlaunch", "agent"],
+        cmd_env,
+    )
     nodes = assign_ranks([h.slots for h in head.hosts])
-    click.echo(f"run id {cfg.run_id}: {sum(map(len, nodes))} workers on {len(nodes)} host(s), "
-               f"max restarts {cfg.max_restarts}; the store secret goes over stdin (****)")
+    click.echo(
+        f"run id {cfg.run_id}: {sum(map(len, nodes))} workers on {len(nodes)} host(s), "
+        f"max restarts {cfg.max_restarts}; the store secret goes over stdin (****)"
+    )
     shipped = sorted(set(env) | {k for k, _ in cfg.env})
     for h, slots in zip(head.hosts, nodes):
         click.echo(f"node {slots[0].node_rank} {h.name}: ranks {slots[0].rank}..{slots[-1].rank}")
@@ -320,27 +497,70 @@ BENCH_OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_
 
 @cli.command(context_settings={"ignore_unknown_options": True})
 @click.argument("op", type=click.Choice(BENCH_OPS), default="all_reduce")
-@click.option("--nproc-per-node", "--nproc_per_node", default="2", show_default=True, metavar="N",
-        help="Workers on this node (or on each host without a slot count).")
-@click.option("-H", "--hosts", default=None, metavar="HOST[:N],...",
-        help="Measure across these hosts (started over SSH, as distlaunch run -H).")
-@click.option("--sizes", default="8B..64MiB", show_default=True, metavar="MIN..MAX",
-        help="Message sizes in bytes per rank, doubling from MIN to MAX (B, KiB, MiB, GiB).")
+@click.option(
+    "--nproc-per-node",
+    "--nproc_per_node",
+    default="2",
+    show_default=True,
+    metavar="N",
+    help="Workers on this node (or on each host without a slot count).",
+)
+@click.option(
+    "-H",
+    "--hosts",
+    default=None,
+    metavar="HOST[:N],...",
+    help="Measure across these hosts (started over SSH, as distlaunch run -H).",
+)
+@click.option(
+    "--sizes",
+    default="8B..64MiB",
+    show_default=True,
+    metavar="MIN..MAX",
+    help="Message sizes in bytes per rank, doubling from MIN to MAX (B, KiB, MiB, GiB).",
+)
 @click.option("--dtype", default="float32", show_default=True, help="Element type.")
 @click.option("--iters", default=None, type=int, help="Timed iterations per size (default: by size).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of the table.")
-@click.option("--plot", default=None, type=click.Path(dir_okay=False),
-        help="Also draw bandwidth against size to this PNG (needs matplotlib).")
+@click.option(
+    "--plot",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Also draw bandwidth against size to this PNG (needs matplotlib).",
+)
 @click.argument("run_options", nargs=-1, type=click.UNPROCESSED)
-def bench(op: str, nproc_per_node: str, hosts: str | None, sizes: str, dtype: str,
-          iters: int | None, as_json: bool, plot: str | None, run_options: tuple[str, ...]) -> None:
+def bench(
+    op: str,
+    nproc_per_node: str,
+    hosts: str | None,
+    sizes: str,
+    dtype: str,
+    iters: int | None,
+    as_json: bool,
+    plot: str | None,
+    run_options: tuple[str, ...],
+) -> None:
     """Measure a collective, nccl-tests style: rank 0 prints size, count, dtype, time,
     algbw, busbw and a correctness check per size. Extra options go to distlaunch run
     (e.g. --ssh-config)."""
-    args = ["--nproc-per-node", nproc_per_node, *(["-H", hosts] if hosts else []), *run_options,
-            "-m", "distlaunch.collectives.bench", op, "--sizes", sizes, "--dtype", dtype]
-    args += [*(["--iters", str(iters)] if iters else []), *(["--json"] if as_json else []),
-             *(["--plot", plot] if plot else [])]
+    args = [
+        "--nproc-per-node",
+        nproc_per_node,
+        *(["-H", hosts] if hosts else []),
+        *run_options,
+        "-m",
+        "distlaunch.collectives.bench",
+        op,
+        "--sizes",
+        sizes,
+        "--dtype",
+        dtype,
+    ]
+    args += [
+        *(["--iters", str(iters)] if iters else []),
+        *(["--json"] if as_json else []),
+        *(["--plot", plot] if plot else []),
+    ]
     # errors propagate to main(), which maps them to messages and exit codes
     run.main(args=["--no-prefix", *args], prog_name="distlaunch run", standalone_mode=False)
 
@@ -375,10 +595,19 @@ def agent() -> None:
 
 
 @cli.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
-        help="Address to listen on (0.0.0.0 for every interface).")
-@click.option("--port", default=29400, show_default=True, type=click.IntRange(0, 65535),
-        help="Port to listen on (0: any free port, printed at start).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0 for every interface).",
+)
+@click.option(
+    "--port",
+    default=29400,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port to listen on (0: any free port, printed at start).",
+)
 def store(host: str, port: int) -> None:
     """Run a standalone rendezvous store until Ctrl-C or SIGTERM.
 
@@ -406,15 +635,19 @@ def _print_plan(plan) -> None:
     from .topology import cpu_sets, format_cpus
 
     c, mode = plan.cfg, plan.mode
-    click.echo(f"run id {c.run_id}: {len(plan.slots)} workers on node {mode.node_rank} of "
-               f"{mode.nnodes}, max restarts {c.max_restarts}")
+    click.echo(
+        f"run id {c.run_id}: {len(plan.slots)} workers on node {mode.node_rank} of "
+        f"{mode.nnodes}, max restarts {c.max_restarts}"
+    )
     click.echo(f"store: {mode.store_text()}, token DISTLAUNCH_STORE_TOKEN=****")
     cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
     for slot in plan.slots:
         env = plan.worker_env(slot)
         changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
-        click.echo(f"rank {slot.rank} (local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}): "
-                   f"{shlex.join(plan.argv)}")
+        click.echo(
+            f"rank {slot.rank} (local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}): "
+            f"{shlex.join(plan.argv)}"
+        )
         hidden = set(SECRET_VARS) | {k for k, _ in c.env}  # -x values may be secrets
         for k in sorted(changed):
             click.echo(f"    {k}={'****' if k in hidden else changed[k]}")
@@ -434,16 +667,17 @@ def _report(e: DistlaunchError) -> None:
 def _one_line(text: str) -> str:
     """A multi-line message (e.g. one line per unreachable host) as one line."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return " ".join(ln if ln.endswith(":") or i == len(lines) - 1 else ln + ";"
-                    for i, ln in enumerate(lines))
+    return " ".join(ln if ln.endswith(":") or i == len(lines) - 1 else ln + ";" for i, ln in enumerate(lines))
 
 
 def _print_root_cause(e: DistlaunchError) -> None:
     f = e.failure
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.timestamp))
     say("=" * 24 + " root cause (first failed worker) " + "=" * 24)
-    say(f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}), "
-        f"pid {f.pid}: {f.how} at {when}")
+    say(
+        f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}), "
+        f"pid {f.pid}: {f.how} at {when}"
+    )
     trace = _error_file_trace(f.error_file_text) or f.stderr_tail
     if trace:
         say("last lines of its stderr:" if trace is f.stderr_tail else "its recorded error:")

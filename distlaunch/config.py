@@ -43,8 +43,10 @@ def parse_std(value: str | int | None, option: str) -> StdSpec:
     if value is None or value == "":
         return StdSpec()
     text = str(value).strip()
-    bad = ConfigError(f"{option} {text!r} is invalid: use 0 (none), 1 (stdout), 2 (stderr), "
-                      f"3 (both), or per local rank like '0:3,1:2'")
+    bad = ConfigError(
+        f"{option} {text!r} is invalid: use 0 (none), 1 (stdout), 2 (stderr), "
+        f"3 (both), or per local rank like '0:3,1:2'"
+    )
     if re.fullmatch(r"[0-3]", text):
         return StdSpec(int(text))
     pairs = []
@@ -86,8 +88,9 @@ def parse_rdzv_conf(text: str | None) -> tuple[tuple[str, str], ...]:
     for item in text.split(","):
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            raise ConfigError(f"--rdzv-conf item {item!r} is invalid: use key=value pairs "
-                              f"separated by commas")
+            raise ConfigError(
+                f"--rdzv-conf item {item!r} is invalid: use key=value pairs separated by commas"
+            )
         pairs.append((key.strip(), value.strip()))
     return tuple(pairs)
 
@@ -109,21 +112,23 @@ def parse_nproc_per_node(value: str | int) -> int:
     if text == "gpu":
         n = _gpu_count()
         if n == 0:
-            raise ConfigError("--nproc-per-node gpu: no GPU found on this node; "
-                              "give a number or 'cpu'")
+            raise ConfigError("--nproc-per-node gpu: no GPU found on this node; give a number or 'cpu'")
         return n
     if text == "auto":
         return _gpu_count() or os.cpu_count() or 1
     try:
         n = int(text) if len(text) <= 12 else MAX_SLOTS_PER_NODE + 1  # int() of 5000 digits fails
     except ValueError:
-        raise ConfigError(f"--nproc-per-node {value!r} is not a number; give a positive "
-                          f"integer or one of auto, cpu, gpu") from None
+        raise ConfigError(
+            f"--nproc-per-node {value!r} is not a number; give a positive integer or one of auto, cpu, gpu"
+        ) from None
     if n < 1:
         raise ConfigError(f"--nproc-per-node {n} is invalid: give at least 1")
     if n > MAX_SLOTS_PER_NODE:
-        raise ConfigError(f"--nproc-per-node {text} is more than the {MAX_SLOTS_PER_NODE} workers "
-                          f"one node may run; give a smaller number")
+        raise ConfigError(
+            f"--nproc-per-node {text} is more than the {MAX_SLOTS_PER_NODE} workers "
+            f"one node may run; give a smaller number"
+        )
     return n
 
 
@@ -134,8 +139,9 @@ def parse_ranks_filter(value: str | None) -> frozenset[int] | None:
     try:
         ranks = frozenset(int(x) for x in str(value).split(",") if x.strip())
     except ValueError:
-        raise ConfigError(f"--local-ranks-filter {value!r} is invalid: give local ranks "
-                          f"separated by commas, like '0,1'") from None
+        raise ConfigError(
+            f"--local-ranks-filter {value!r} is invalid: give local ranks separated by commas, like '0,1'"
+        ) from None
     if any(r < 0 for r in ranks):
         raise ConfigError(f"--local-ranks-filter {value!r} has a negative rank")
     return ranks
@@ -177,7 +183,7 @@ class LaunchConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LaunchConfig":
+    def from_dict(cls, d: dict) -> LaunchConfig:
         d = dict(d)
         d["args"] = tuple(d["args"])
         d["redirects"] = StdSpec(d["redirects"]["default"], tuple(map(tuple, d["redirects"]["per_rank"])))
@@ -194,42 +200,47 @@ class LaunchConfig:
         out = {}
         for key, raw in self.rdzv_conf:
             if key not in RDZV_KEYS:
-                raise ConfigError(f"--rdzv-conf key {key!r} is unknown; use "
-                                  f"{', '.join(sorted(RDZV_KEYS))}")
+                raise ConfigError(f"--rdzv-conf key {key!r} is unknown; use {', '.join(sorted(RDZV_KEYS))}")
             try:
                 value = float(raw)
             except ValueError:
                 value = -1.0
             if not (value > 0 and math.isfinite(value)):
-                raise ConfigError(f"--rdzv-conf {key}={raw!r} is invalid: give a positive "
-                                  f"number of seconds")
+                raise ConfigError(f"--rdzv-conf {key}={raw!r} is invalid: give a positive number of seconds")
             out[RDZV_KEYS[key]] = value
         return out
 
-    def validate(self) -> "LaunchConfig":
+    def validate(self) -> LaunchConfig:
         """Raise ConfigError (one line naming the bad value and the fix) or return self."""
         if self.module and self.no_python:
             raise ConfigError("--module and --no-python cannot be combined; choose one")
         if self.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is invalid: give at least 1")
         if self.nproc_per_node > MAX_SLOTS_PER_NODE:
-            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is more than the "
-                              f"{MAX_SLOTS_PER_NODE} workers one node may run; give a smaller number")
+            raise ConfigError(
+                f"--nproc-per-node {self.nproc_per_node} is more than the "
+                f"{MAX_SLOTS_PER_NODE} workers one node may run; give a smaller number"
+            )
         self.rdzv_options()
         if not 0 <= self.max_restarts <= MAX_RESTARTS:
             raise ConfigError(f"--max-restarts {self.max_restarts} is invalid: give 0 to {MAX_RESTARTS}")
         if not (0 <= self.stop_timeout < math.inf):  # also refuses nan
-            raise ConfigError(f"--stop-timeout {self.stop_timeout} is invalid: give a finite "
-                              f"number of seconds, 0 or more")
+            raise ConfigError(
+                f"--stop-timeout {self.stop_timeout} is invalid: give a finite number of seconds, 0 or more"
+            )
         if not (0 < self.monitor_interval < math.inf):
-            raise ConfigError(f"--monitor-interval {self.monitor_interval} is invalid: "
-                              f"give a positive number of seconds")
+            raise ConfigError(
+                f"--monitor-interval {self.monitor_interval} is invalid: give a positive number of seconds"
+            )
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise ConfigError(f"--master-port {self.master_port} is invalid: give 1..65535")
         if not RUN_ID_RE.fullmatch(self.run_id):
-            raise ConfigError(f"--run-id {self.run_id!r} is invalid: use up to 128 letters, "
-                              f"digits, '.', '_' and '-', starting with a letter, digit or '_'")
+            raise ConfigError(
+                f"--run-id {self.run_id!r} is invalid: use up to 128 letters, "
+                f"digits, '.', '_' and '-', starting with a letter, digit or '_'"
+            )
         from .topology import BIND_MODES
+
         if self.bind_to not in BIND_MODES:
             raise ConfigError(f"--bind-to {self.bind_to!r} is invalid: give one of {', '.join(BIND_MODES)}")
         self._check_entrypoint()
@@ -243,21 +254,24 @@ class LaunchConfig:
                 raise ConfigError(f"--module {self.entrypoint!r} is not a module name")
         elif self.no_python:
             if shutil.which(self.entrypoint) is None:
-                raise ConfigError(f"--no-python: program {self.entrypoint!r} not found on PATH "
-                                  f"or not executable")
+                raise ConfigError(
+                    f"--no-python: program {self.entrypoint!r} not found on PATH or not executable"
+                )
         elif not os.path.isfile(self.entrypoint):
-            raise ConfigError(f"script {self.entrypoint!r} not found; check the path "
-                              f"(use -m for a module, --no-python for a program)")
+            raise ConfigError(
+                f"script {self.entrypoint!r} not found; check the path "
+                f"(use -m for a module, --no-python for a program)"
+            )
 
     def _check_log_dir(self) -> None:
         try:
             os.makedirs(self.log_dir, exist_ok=True)
         except OSError as e:
-            raise ConfigError(f"--log-dir {self.log_dir!r} cannot be created ({e.strerror}); "
-                              f"choose a writable directory") from None
+            raise ConfigError(
+                f"--log-dir {self.log_dir!r} cannot be created ({e.strerror}); choose a writable directory"
+            ) from None
         if not os.access(self.log_dir, os.W_OK | os.X_OK):
-            raise ConfigError(f"--log-dir {self.log_dir!r} is not writable; choose a "
-                              f"writable directory")
+            raise ConfigError(f"--log-dir {self.log_dir!r} is not writable; choose a writable directory")
 
 
 def load_job_file(path: str) -> list[tuple[str, object, int]]:
@@ -278,8 +292,10 @@ def load_job_file(path: str) -> list[tuple[str, object, int]]:
             if node is None:
                 return []
             if not isinstance(node, yaml.MappingNode):
-                raise ConfigError(f"{path}:{node.start_mark.line + 1}: the job file must be a "
-                                  f"mapping of option names to values")
+                raise ConfigError(
+                    f"{path}:{node.start_mark.line + 1}: the job file must be a "
+                    f"mapping of option names to values"
+                )
             out = []
             for key_node, value_node in node.value:
                 line = key_node.start_mark.line + 1

@@ -14,8 +14,8 @@ library.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .errors import ConfigError
 
@@ -62,8 +62,8 @@ DISTLAUNCH_VARS = {
     "DISTLAUNCH_RUN_ID": "the run id; namespaces store keys and shared-memory names",
     "DISTLAUNCH_NODE_ID": "identity of this node as assigned by the launcher (not a hostname)",
     "DISTLAUNCH_SHM_PREFIX": "name prefix (under /dev/shm) for every shared-memory segment the "
-                             "workers of this node create in this round; the launcher removes "
-                             "prefix* when the round ends and after a crash",
+    "workers of this node create in this round; the launcher removes "
+    "prefix* when the round ends and after a crash",
 }
 
 # Settings the user may give workers; read once by init_process_group
@@ -75,7 +75,7 @@ COLLECTIVES_VARS = {
     "DISTLAUNCH_SHM_SPIN": "counter checks before a shared-memory waiter sleeps (default 400)",
     "DISTLAUNCH_SHM_YIELD": "0: spin without sched_yield while waiting on shared memory",
     "DISTLAUNCH_COLL_HOST": "address the collectives transport listens on (default: the one "
-                            "routing to the store)",
+    "routing to the store)",
 }
 
 # Read by per-node launchers and by env:// / tcp:// init (distlaunch.secret).
@@ -86,12 +86,31 @@ SECRET_VARS = {
 
 # Inherited variables from other launchers / schedulers that would be wrong in a worker.
 STALE_VARS = (
-    "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "SLURM_NPROCS",
-    "PMI_FD", "PMI_PORT", "PMI_ID", "PMIX_RANK", "PMIX_NAMESPACE", "PMIX_SERVER_URI2",
-    "PMIX_SERVER_URI3", "PMIX_SERVER_URI4", "PMIX_SERVER_URI21", "PMIX_SECURITY_MODE",
-    "PRTE_LAUNCHED", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_NODE_RANK",
-    "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE", "HOROVOD_RANK", "HOROVOD_SIZE",
-    "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "PMI_FD",
+    "PMI_PORT",
+    "PMI_ID",
+    "PMIX_RANK",
+    "PMIX_NAMESPACE",
+    "PMIX_SERVER_URI2",
+    "PMIX_SERVER_URI3",
+    "PMIX_SERVER_URI4",
+    "PMIX_SERVER_URI21",
+    "PMIX_SECURITY_MODE",
+    "PRTE_LAUNCHED",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_NODE_RANK",
+    "LOCAL_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
 )
 
 
@@ -179,8 +198,9 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
     raw = environ.get(name)
     if raw is None:
         if default is None:
-            raise ConfigError(f"environment variable {name} is not set; start the program with "
-                              f"'distlaunch run' or set it")
+            raise ConfigError(
+                f"environment variable {name} is not set; start the program with 'distlaunch run' or set it"
+            )
         return default
     try:
         return int(raw)

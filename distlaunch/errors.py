@@ -24,6 +24,7 @@ class ConfigError(DistlaunchError, ValueError):
 
 # --- store -------------------------------------------------------------------------------
 
+
 class StoreError(DistlaunchError):
     """The key-value store failed a request."""
 
@@ -45,6 +46,7 @@ class StoreProtocolError(StoreError):
 
 
 # --- launching -----------------------------------------------------------------------------
+
 
 class RendezvousError(DistlaunchError):
     """Agents could not agree on a rendezvous round (membership, ranks)."""
@@ -77,6 +79,7 @@ class LaunchInterrupted(DistlaunchError):
 
 
 # --- collectives ---------------------------------------------------------------------------
+
 
 class CollectiveError(DistlaunchError):
     """A collective or point-to-point operation failed."""

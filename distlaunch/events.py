@@ -17,21 +17,24 @@ import os
 import signal
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from .rounds import Cause, Failure, Join, Lost, Signal, cause_from_dict, cause_to_dict
 
 
 def round_event(rnd: int, restarts: int, members: Iterable) -> dict:
     """A round started with ``members`` (rendezvous.Member) and restart count ``restarts``."""
-    return {"event": "round", "round": rnd, "restart_count": restarts,
-            "members": [{"node": m.node_rank, "host": m.host, "workers": m.slots} for m in members]}
+    return {
+        "event": "round",
+        "round": rnd,
+        "restart_count": restarts,
+        "members": [{"node": m.node_rank, "host": m.host, "workers": m.slots} for m in members],
+    }
 
 
 def round_end_event(rnd: int, cause: Cause | None) -> dict:
     """Round ``rnd`` ended for ``cause`` (None: every worker succeeded)."""
-    return {"event": "round_end", "round": rnd,
-            "cause": None if cause is None else cause_to_dict(cause)}
+    return {"event": "round_end", "round": rnd, "cause": None if cause is None else cause_to_dict(cause)}
 
 
 def describe_cause(cause: Cause | None) -> str:
@@ -40,8 +43,11 @@ def describe_cause(cause: Cause | None) -> str:
     if isinstance(cause, Failure):
         f = cause.failure
         rc = f.returncode
-        how = (f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
-               else f"exit code {rc}")
+        how = (
+            f"killed by {signal.Signals(-rc).name}"
+            if rc < 0 and -rc in signal.valid_signals()
+            else f"exit code {rc}"
+        )
         return f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}) {how}"
     if isinstance(cause, Join):
         return "a node joined"
@@ -59,11 +65,14 @@ def one_line(event: dict) -> str:
         return f"ending the job: {event['why']}"
     if event["event"] == "round":
         members = ", ".join(f"{m['host']}:{m['workers']}" for m in event["members"])
-        return (f"round {event['round']}: {len(event['members'])} node(s) [{members}], "
-                f"restart count {event['restart_count']}")
+        return (
+            f"round {event['round']}: {len(event['members'])} node(s) [{members}], "
+            f"restart count {event['restart_count']}"
+        )
     cause = event["cause"]
-    return (f"round {event['round']} ended: "
-            f"{describe_cause(None if cause is None else cause_from_dict(cause))}")
+    return (
+        f"round {event['round']} ended: {describe_cause(None if cause is None else cause_from_dict(cause))}"
+    )
 
 
 class EventLog:
@@ -71,8 +80,13 @@ class EventLog:
     the one-line form through ``say`` when ``verbose(event)`` says so. A file that cannot
     be written is given up with one warning through ``say``; emit never raises."""
 
-    def __init__(self, log_dir: str | None, run_id: str, say: Callable[[str], None] | None,
-                 verbose: Callable[[dict], bool] = lambda e: True):
+    def __init__(
+        self,
+        log_dir: str | None,
+        run_id: str,
+        say: Callable[[str], None] | None,
+        verbose: Callable[[dict], bool] = lambda e: True,
+    ):
         self.path = os.path.join(log_dir, run_id, "events.jsonl") if log_dir else None
         self.say, self.verbose = say, verbose
         self._lock = threading.Lock()
@@ -88,7 +102,9 @@ class EventLog:
                 except OSError as e:  # disk full, EIO ...: the job goes on without the file
                     path, self.path = self.path, None
                     if self.say:
-                        self.say(f"warning: cannot write {path} ({e.strerror}); events are "
-                                 f"no longer recorded there")
+                        self.say(
+                            f"warning: cannot write {path} ({e.strerror}); events are "
+                            f"no longer recorded there"
+                        )
             if self.say and self.verbose(event):
                 self.say(one_line(event))

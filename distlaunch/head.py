@@ -13,8 +13,8 @@ import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .agent.entry import quiet
 from .agent.guard import OrphanGuard
@@ -41,8 +41,12 @@ class HeadOptions:
     min_nodes: int | None = None  # drop failing/lost hosts while this many remain
 
 
-def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], None],
-              on_progress: Callable[[str, bool], None] | None = None) -> int:
+def run_hosts(
+    cfg: LaunchConfig,
+    head: HeadOptions,
+    on_event: Callable[[str], None],
+    on_progress: Callable[[str, bool], None] | None = None,
+) -> int:
     """Head mode: connect to every host, preflight them, host the store, start one agent
     per host (in-process for this machine), relay output, and return the restarts the
     job took. Blocks. Raises ConfigError (unreachable host, failed preflight: nothing was
@@ -75,12 +79,15 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         # audit logs show, carries only PYTHONPATH, which the agent's interpreter needs.
         env = shipped_env(os.environ, [], head.env_all)
         cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}
-        engine = SSHEngine.connect({k: hosts[k] for k in remote}, head.ssh, python, cwd,
-                                   cmd_env, __version__, on_event, on_progress)
+        engine = SSHEngine.connect(
+            {k: hosts[k] for k in remote}, head.ssh, python, cwd, cmd_env, __version__, on_event, on_progress
+        )
         store_addr = head.store_addr or (engine.store_address() if remote else STORE_HOST)
         if store_addr is None:
-            raise ConfigError(f"cannot tell which address {hosts[remote[0]].name} reaches this "
-                              f"machine at (SSH goes through a proxy); give --store-addr")
+            raise ConfigError(
+                f"cannot tell which address {hosts[remote[0]].name} reaches this "
+                f"machine at (SSH goes through a proxy); give --store-addr"
+            )
         token = os.urandom(16).hex()
         server = StoreServer(store_addr, 0, token=token)
         server.start()
@@ -89,21 +96,43 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
         rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
 
         def node_options(k: int) -> NodeOptions:
-            return NodeOptions(node_id=k, slots=hosts[k].slots, host_label=hosts[k].name,
-                               prefix_host=head.prefix_host, **cfg.rdzv_options())
+            return NodeOptions(
+                node_id=k,
+                slots=hosts[k].slots,
+                host_label=hosts[k].name,
+                prefix_host=head.prefix_host,
+                **cfg.rdzv_options(),
+            )
 
         def kill(k: int) -> None:
             if k in engine.running:
                 engine.kill(k, controller.pgids(rdzv, k))
 
-        controller = HeadController(client.clone(), cfg, hosts, head.min_nodes or len(hosts),
-                                    EventLog(cfg.log_dir, cfg.run_id, on_event), on_progress, kill)
-        engine.start({k: {"config": cfg.to_dict(), "store": [store_addr, server.port],
-                          "token": token, "node": dataclasses.asdict(node_options(k)),
-                          "env": env, "master_addr": engine.master_address(k)}
-                      for k in remote})
-        on_event(f"started agents on {len(hosts)} host(s): "
-                 + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
+        controller = HeadController(
+            client.clone(),
+            cfg,
+            hosts,
+            head.min_nodes or len(hosts),
+            EventLog(cfg.log_dir, cfg.run_id, on_event),
+            on_progress,
+            kill,
+        )
+        engine.start(
+            {
+                k: {
+                    "config": cfg.to_dict(),
+                    "store": [store_addr, server.port],
+                    "token": token,
+                    "node": dataclasses.asdict(node_options(k)),
+                    "env": env,
+                    "master_addr": engine.master_address(k),
+                }
+                for k in remote
+            }
+        )
+        on_event(
+            f"started agents on {len(hosts)} host(s): " + ", ".join(f"{h.name}:{h.slots}" for h in hosts)
+        )
         startup.close()
         relay.restore()
         relay = None
@@ -118,8 +147,7 @@ def run_hosts(cfg: LaunchConfig, head: HeadOptions, on_event: Callable[[str], No
             pump = threading.Thread(target=lambda: _pump_until_done(engine, ended), daemon=True)
             pump.start()
             try:
-                NodeAgent(cfg, store, node_options(local[0]), guard, quiet,
-                          master_addr=store_addr).run()
+                NodeAgent(cfg, store, node_options(local[0]), guard, quiet, master_addr=store_addr).run()
             finally:
                 pump.join(cfg.stop_timeout + 15)
         else:
@@ -156,8 +184,16 @@ def _pump_until_done(engine, on_end) -> None:
         engine.pump(1.0, on_end=on_end)
 
 
-def _supervise_remote(engine, on_end, rdzv, cfg: LaunchConfig, hosts: list, controller,
-                      on_event: Callable[[str], None], kill: Callable[[int], None]) -> None:
+def _supervise_remote(
+    engine,
+    on_end,
+    rdzv,
+    cfg: LaunchConfig,
+    hosts: list,
+    controller,
+    on_event: Callable[[str], None],
+    kill: Callable[[int], None],
+) -> None:
     """The head's loop when it runs no workers itself: relay output until every agent has
     ended; a stop signal stops every round; agents that do not end within the grace
     period (or at a second Ctrl-C) are killed by their recorded process groups."""
@@ -170,8 +206,9 @@ def _supervise_remote(engine, on_end, rdzv, cfg: LaunchConfig, hosts: list, cont
                 relay.drain()
             if relay.stop_signal is not None and deadline is None:
                 # the round running and any the controller may still plan
-                rdzv.stop_rounds(controller.rnd, controller.policy.max_rounds(len(hosts)),
-                                 Signal(relay.stop_signal))
+                rdzv.stop_rounds(
+                    controller.rnd, controller.policy.max_rounds(len(hosts)), Signal(relay.stop_signal)
+                )
                 deadline = time.monotonic() + cfg.stop_timeout + 10
             if relay.kill_now or (deadline is not None and time.monotonic() >= deadline):
                 for k in engine.running:

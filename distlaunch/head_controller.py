@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .config import LaunchConfig
 from .errors import DistlaunchError, StoreTimeoutError
@@ -30,9 +30,16 @@ class HeadController:
     stopped and its part of the round's barriers is filled in, so the others go on.
     """
 
-    def __init__(self, client, cfg: LaunchConfig, hosts: list, min_nodes: int,
-                 events: EventLog, on_progress: Callable[[str, bool], None] | None,
-                 kill: Callable[[int], None]):
+    def __init__(
+        self,
+        client,
+        cfg: LaunchConfig,
+        hosts: list,
+        min_nodes: int,
+        events: EventLog,
+        on_progress: Callable[[str, bool], None] | None,
+        kill: Callable[[int], None],
+    ):
         self.client, self.hosts = client, hosts
         self.events, self.on_progress, self.kill = events, on_progress, kill
         self.policy = HeadPlanned(cfg.max_restarts, min_nodes)
@@ -73,8 +80,9 @@ class HeadController:
             self.history = dataclasses.replace(h, dead=h.dead | {node_id})
             if node_id in h.members:
                 rank, host = h.members.index(node_id), self.hosts[node_id]
-                self.rdzv.request_stop(self.rnd, Lost(rank, (
-                    f"agent on {host.name} ended with status {status}")))
+                self.rdzv.request_stop(
+                    self.rnd, Lost(rank, (f"agent on {host.name} ended with status {status}"))
+                )
                 self.rdzv.stand_in(self.rnd, rank, host.slots, host.name)
 
     def _startup(self) -> None:
@@ -83,8 +91,11 @@ class HeadController:
         while not self._stop.is_set():
             ready |= self.rdzv.recorded(0, [k for k in range(len(self.hosts)) if k not in ready])
             done = len(ready) == len(self.hosts)
-            self.on_progress(f"starting {total} workers on {len(self.hosts)} hosts: "
-                             f"{sum(self.hosts[k].slots for k in ready)}/{total} ready", done)
+            self.on_progress(
+                f"starting {total} workers on {len(self.hosts)} hosts: "
+                f"{sum(self.hosts[k].slots for k in ready)}/{total} ready",
+                done,
+            )
             if done:
                 return
             self._stop.wait(0.1)

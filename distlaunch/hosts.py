@@ -31,8 +31,15 @@ from dataclasses import dataclass, replace
 from .errors import ConfigError
 from .topology import MAX_SLOTS_PER_NODE
 
-__all__ = ["Host", "parse_host_list", "parse_hostfile", "resolve_slots", "filter_hosts", "check_one_local",
-           "is_local"]
+__all__ = [
+    "Host",
+    "parse_host_list",
+    "parse_hostfile",
+    "resolve_slots",
+    "filter_hosts",
+    "check_one_local",
+    "is_local",
+]
 
 
 @dataclass(frozen=True)
@@ -65,15 +72,17 @@ _SLOTS_RE = re.compile(r"^[+-]?\d+$")
 
 def _count(value: str, what: str, where: str) -> int:
     if not _SLOTS_RE.match(value):
-        raise ConfigError(f"{where}: {what}={value!r} is not a number; give a positive "
-                          f"integer")
+        raise ConfigError(f"{where}: {what}={value!r} is not a number; give a positive integer")
     n = int(value) if len(value) <= 12 else MAX_SLOTS_PER_NODE + 1  # int() of 5000 digits fails
     if n <= 0:
-        raise ConfigError(f"{where}: {what}={n}; a host needs at least 1 slot "
-                          f"(remove the host or give a positive count)")
+        raise ConfigError(
+            f"{where}: {what}={n}; a host needs at least 1 slot (remove the host or give a positive count)"
+        )
     if n > MAX_SLOTS_PER_NODE:
-        raise ConfigError(f"{where}: {what}={value} is more than the {MAX_SLOTS_PER_NODE} workers "
-                          f"one host may run; give a smaller count")
+        raise ConfigError(
+            f"{where}: {what}={value} is more than the {MAX_SLOTS_PER_NODE} workers "
+            f"one host may run; give a smaller count"
+        )
     return n
 
 
@@ -83,31 +92,34 @@ def _split_host(text: str, where: str) -> tuple[str, str | None, int | None]:
     if "@" in text:
         user, _, text = text.rpartition("@")
         if not _USER_RE.match(user):
-            raise ConfigError(f"{where}: bad user name {user!r} in {user}@{text}; "
-                              f"write user@host")
+            raise ConfigError(f"{where}: bad user name {user!r} in {user}@{text}; write user@host")
     slots_text = None
     if text.startswith("["):  # [v6addr] or [v6addr]:N
         close = text.find("]")
         if close < 0:
             raise ConfigError(f"{where}: unclosed '[' in {text!r}; write [address]:N")
-        name, rest = text[1:close], text[close + 1:]
+        name, rest = text[1:close], text[close + 1 :]
         if rest:
             if not rest.startswith(":"):
-                raise ConfigError(f"{where}: unexpected {rest!r} after {text[:close + 1]}; "
-                                  f"write [address]:N")
+                raise ConfigError(
+                    f"{where}: unexpected {rest!r} after {text[: close + 1]}; write [address]:N"
+                )
             slots_text = rest[1:]
     elif text.count(":") == 1:  # MPICH host:N
         name, _, slots_text = text.partition(":")
     else:  # plain name, or a bare IPv6 address (several colons)
         name = text
     if not name or not _NAME_RE.match(name):
-        raise ConfigError(f"{where}: bad host name {name!r}; use a host name or address "
-                          f"(optionally user@host or host:N)")
+        raise ConfigError(
+            f"{where}: bad host name {name!r}; use a host name or address (optionally user@host or host:N)"
+        )
     slots = None
     if slots_text is not None:
         if not _SLOTS_RE.match(slots_text):
-            raise ConfigError(f"{where}: slot count {slots_text!r} in {text!r} is not a "
-                              f"number; write host:N with N a positive integer")
+            raise ConfigError(
+                f"{where}: slot count {slots_text!r} in {text!r} is not a "
+                f"number; write host:N with N a positive integer"
+            )
         slots = _count(slots_text, "slots", where)
     return name, user, slots
 
@@ -117,9 +129,11 @@ def _check_unique(hosts: list[Host], wheres: list[str]) -> None:
     for host, where in zip(hosts, wheres):
         key = host.name.lower()
         if key in seen:
-            raise ConfigError(f"{where}: host {host.name!r} is listed twice (first at "
-                              f"{seen[key]}); list each host once and give it all its "
-                              f"slots")
+            raise ConfigError(
+                f"{where}: host {host.name!r} is listed twice (first at "
+                f"{seen[key]}); list each host once and give it all its "
+                f"slots"
+            )
         seen[key] = where
 
 
@@ -138,11 +152,9 @@ def parse_host_list(spec: str) -> list[Host]:
         entry = entry.strip()
         where = f"-H entry {i} ({entry!r})" if entry else f"-H entry {i}"
         if not entry:
-            raise ConfigError(f"{where}: empty entry in host list {spec!r}; remove the "
-                              f"extra comma")
+            raise ConfigError(f"{where}: empty entry in host list {spec!r}; remove the extra comma")
         if any(c.isspace() for c in entry):
-            raise ConfigError(f"{where}: {entry!r} contains whitespace; separate hosts "
-                              f"with commas only")
+            raise ConfigError(f"{where}: {entry!r} contains whitespace; separate hosts with commas only")
         name, user, slots = _split_host(entry, where)
         hosts.append(Host(name=name, user=user, slots=slots))
         wheres.append(where)
@@ -163,11 +175,9 @@ def parse_hostfile(path: str) -> list[Host]:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except OSError as e:
-        raise ConfigError(f"hostfile {path}: cannot read it ({e.strerror or e}); check "
-                          f"the path") from e
+        raise ConfigError(f"hostfile {path}: cannot read it ({e.strerror or e}); check the path") from e
     except UnicodeDecodeError as e:
-        raise ConfigError(f"hostfile {path}: not UTF-8 text ({e.reason}); give a text "
-                          f"hostfile") from e
+        raise ConfigError(f"hostfile {path}: not UTF-8 text ({e.reason}); give a text hostfile") from e
     hosts, wheres = [], []
     for lineno, line in enumerate(lines, 1):
         where = f"{path}:{lineno}"
@@ -180,28 +190,31 @@ def parse_hostfile(path: str) -> list[Host]:
             key, eq, value = word.partition("=")
             key = key.lower().replace("-", "_")
             if not eq or not value:
-                raise ConfigError(f"{where}: cannot parse {word!r}; expected "
-                                  f"'host slots=N [max_slots=M]' or 'host:N'")
+                raise ConfigError(
+                    f"{where}: cannot parse {word!r}; expected 'host slots=N [max_slots=M]' or 'host:N'"
+                )
             if key == "slots":
                 if slots is not None:
-                    raise ConfigError(f"{where}: slots given twice for {name}; keep one "
-                                      f"of host:N and slots=N")
+                    raise ConfigError(
+                        f"{where}: slots given twice for {name}; keep one of host:N and slots=N"
+                    )
                 slots = _count(value, "slots", where)
             elif key == "max_slots":
                 if max_slots is not None:
                     raise ConfigError(f"{where}: max_slots given twice; keep one")
                 max_slots = _count(value, "max_slots", where)
             else:
-                raise ConfigError(f"{where}: unknown setting {word!r}; only slots=N and "
-                                  f"max_slots=M are understood")
+                raise ConfigError(
+                    f"{where}: unknown setting {word!r}; only slots=N and max_slots=M are understood"
+                )
         if max_slots is not None and slots is not None and max_slots < slots:
-            raise ConfigError(f"{where}: max_slots={max_slots} is below slots={slots}; "
-                              f"raise max_slots or lower slots")
+            raise ConfigError(
+                f"{where}: max_slots={max_slots} is below slots={slots}; raise max_slots or lower slots"
+            )
         hosts.append(Host(name=name, user=user, slots=slots, max_slots=max_slots))
         wheres.append(where)
     if not hosts:
-        raise ConfigError(f"hostfile {path} lists no hosts; add one host per line "
-                          f"('host slots=N')")
+        raise ConfigError(f"hostfile {path} lists no hosts; add one host per line ('host slots=N')")
     _check_unique(hosts, wheres)
     return hosts
 
@@ -217,12 +230,13 @@ def resolve_slots(hosts: list[Host], default_slots: int) -> list[Host]:
     for host in hosts:
         if host.slots is None:
             if default_slots < 1:
-                raise ConfigError(f"--nproc-per-node={default_slots}; host {host.name} "
-                                  f"needs at least 1 slot")
+                raise ConfigError(f"--nproc-per-node={default_slots}; host {host.name} needs at least 1 slot")
             if host.max_slots is not None and default_slots > host.max_slots:
-                raise ConfigError(f"host {host.name}: --nproc-per-node={default_slots} "
-                                  f"exceeds its max_slots={host.max_slots}; give it "
-                                  f"slots=N in the hostfile or lower --nproc-per-node")
+                raise ConfigError(
+                    f"host {host.name}: --nproc-per-node={default_slots} "
+                    f"exceeds its max_slots={host.max_slots}; give it "
+                    f"slots=N in the hostfile or lower --nproc-per-node"
+                )
             host = replace(host, slots=default_slots)
         out.append(host)
     return out
@@ -235,8 +249,9 @@ def _names(value: str, flag: str) -> list[str]:
         if not item:
             raise ConfigError(f"{flag} {value!r}: empty name; write {flag} host1,host2")
         if ":" in item and item.count(":") == 1:
-            raise ConfigError(f"{flag} {value!r}: selecting slots ({item!r}) is not "
-                              f"supported; name whole hosts")
+            raise ConfigError(
+                f"{flag} {value!r}: selecting slots ({item!r}) is not supported; name whole hosts"
+            )
         names.append(item.rpartition("@")[2].lower())
     return names
 
@@ -259,8 +274,10 @@ def filter_hosts(hosts: list[Host], include: str | None, exclude: str | None) ->
     known = {h.name.lower() for h in hosts}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ConfigError(f"{flag}: {', '.join(unknown)} not in the host list "
-                          f"({', '.join(h.name for h in hosts)}); fix the name")
+        raise ConfigError(
+            f"{flag}: {', '.join(unknown)} not in the host list "
+            f"({', '.join(h.name for h in hosts)}); fix the name"
+        )
     chosen = set(names)
     keep = [h for h in hosts if (h.name.lower() in chosen) == (flag == "--include")]
     if not keep:
@@ -268,8 +285,7 @@ def filter_hosts(hosts: list[Host], include: str | None, exclude: str | None) ->
     return keep
 
 
-_LOCAL_NAMES = {"localhost", "localhost.localdomain", "127.0.0.1", "::1",
-                "0:0:0:0:0:0:0:1"}
+_LOCAL_NAMES = {"localhost", "localhost.localdomain", "127.0.0.1", "::1", "0:0:0:0:0:0:0:1"}
 
 
 def is_local(host: Host) -> bool:
@@ -293,6 +309,8 @@ def check_one_local(hosts: list[Host]) -> None:
     local = [h for h in hosts if is_local(h)]
     if len(local) > 1:
         names = ", ".join(h.name for h in local)
-        raise ConfigError(f"the host list names this machine {len(local)} times ({names}); "
-                          f"give it once with all its slots, e.g. {local[0].name}:"
-                          f"{sum(h.slots or 0 for h in local)}")
+        raise ConfigError(
+            f"the host list names this machine {len(local)} times ({names}); "
+            f"give it once with all its slots, e.g. {local[0].name}:"
+            f"{sum(h.slots or 0 for h in local)}"
+        )

@@ -33,9 +33,18 @@ class LaunchFailedError(WorkerFailedError):
         self.traceback = traceback
 
 
-def launch(fn, args=(), kwargs=None, *, nproc_per_node: int = 1, hosts: str | None = None,
-           max_restarts: int = 0, env: dict[str, str] | None = None,
-           options: list[str] | tuple[str, ...] = (), timeout: float | None = None) -> list:
+def launch(
+    fn,
+    args=(),
+    kwargs=None,
+    *,
+    nproc_per_node: int = 1,
+    hosts: str | None = None,
+    max_restarts: int = 0,
+    env: dict[str, str] | None = None,
+    options: list[str] | tuple[str, ...] = (),
+    timeout: float | None = None,
+) -> list:
     """Run ``fn(*args, **kwargs)`` on every worker; return the results as a list indexed
     by rank.
 
@@ -57,15 +66,29 @@ def launch(fn, args=(), kwargs=None, *, nproc_per_node: int = 1, hosts: str | No
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         raise TypeError(f"launch(): the function and its arguments must be picklable: {e}") from e
     token = os.urandom(16).hex()
-    cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(nproc_per_node),
-           "--max-restarts", str(max_restarts), "-x", PORT_VAR, "-x", TOKEN_VAR]
+    cmd = [
+        sys.executable,
+        "-m",
+        "distlaunch",
+        "run",
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--max-restarts",
+        str(max_restarts),
+        "-x",
+        PORT_VAR,
+        "-x",
+        TOKEN_VAR,
+    ]
     for name, value in (env or {}).items():
         cmd += ["-x", f"{name}={value}"]
     if hosts:
         cmd += ["-H", hosts]
     cmd += [*options, "-m", "distlaunch.launch_api"]
-    with StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server, \
-            StoreClient("127.0.0.1", server.port, token=token, timeout=30) as store:
+    with (
+        StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server,
+        StoreClient("127.0.0.1", server.port, token=token, timeout=30) as store,
+    ):
         store.set("payload", payload)
         job = subprocess.Popen(cmd, env={**os.environ, PORT_VAR: str(server.port), TOKEN_VAR: token})
         try:
@@ -80,8 +103,9 @@ def launch(fn, args=(), kwargs=None, *, nproc_per_node: int = 1, hosts: str | No
         if attempt is None and code == 2:  # usage error before any worker started
             raise ConfigError(f"distlaunch run rejected the options {cmd[3:]}")
         if attempt is None:
-            raise LaunchFailedError(f"no worker started (distlaunch run exited with {code})",
-                                    None, None, code)
+            raise LaunchFailedError(
+                f"no worker started (distlaunch run exited with {code})", None, None, code
+            )
         world = int(store.get(f"world/{attempt}"))
         if code == 0:
             return [pickle.loads(store.get(f"result/{attempt}/{r}")) for r in range(world)]
@@ -89,8 +113,12 @@ def launch(fn, args=(), kwargs=None, *, nproc_per_node: int = 1, hosts: str | No
             if store.check([f"error/{attempt}/{r}"]):
                 tb = store.get(f"error/{attempt}/{r}").decode()
                 raise LaunchFailedError(f"rank {r} raised (exit code {code}):\n{tb}", r, tb, code)
-        raise LaunchFailedError(f"the job failed with exit code {code} (a worker died without "
-                                f"raising; see its output above)", None, None, code)
+        raise LaunchFailedError(
+            f"the job failed with exit code {code} (a worker died without raising; see its output above)",
+            None,
+            None,
+            code,
+        )
 
 
 def _worker_main() -> None:
@@ -99,8 +127,12 @@ def _worker_main() -> None:
     from .store import StoreClient
 
     rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
-    with StoreClient(os.environ["DISTLAUNCH_STORE_ADDR"], int(os.environ[PORT_VAR]),
-                     token=os.environ[TOKEN_VAR], timeout=60) as store:
+    with StoreClient(
+        os.environ["DISTLAUNCH_STORE_ADDR"],
+        int(os.environ[PORT_VAR]),
+        token=os.environ[TOKEN_VAR],
+        timeout=60,
+    ) as store:
         if rank == 0:
             store.set(f"world/{attempt}", os.environ["WORLD_SIZE"])
         fn, args, kwargs = pickle.loads(store.get("payload"))

@@ -14,8 +14,8 @@ import errno
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worker_env
@@ -43,8 +43,7 @@ class Plan:
 
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
         """The environment a worker will get (store fields filled in at start)."""
-        return worker_env(self.cfg, slot, os.environ, 0,
-                          (self.master_addr, self.master_port or 0), None)
+        return worker_env(self.cfg, slot, os.environ, 0, (self.master_addr, self.master_port or 0), None)
 
 
 def _check_port_free(port: int, option: str) -> None:
@@ -54,8 +53,10 @@ def _check_port_free(port: int, option: str) -> None:
             s.bind(("", port))
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                raise ConfigError(f"{option} {port} is already in use on this node; "
-                                  f"choose another port or omit it to pick a free one") from None
+                raise ConfigError(
+                    f"{option} {port} is already in use on this node; "
+                    f"choose another port or omit it to pick a free one"
+                ) from None
             raise ConfigError(f"{option} {port} cannot be bound ({e.strerror})") from None
 
 
@@ -66,8 +67,13 @@ def make_plan(mode: NodeMode) -> Plan:
     if cfg.master_port is not None and mode.node_rank == 0:
         _check_port_free(cfg.master_port, "--master-port")
     slots = node_slots([cfg.nproc_per_node] * mode.nnodes, mode.node_rank)
-    return Plan(mode, slots, worker_argv(cfg), cfg.master_addr or "localhost",
-                cfg.master_port if mode.nnodes == 1 else None)
+    return Plan(
+        mode,
+        slots,
+        worker_argv(cfg),
+        cfg.master_addr or "localhost",
+        cfg.master_port if mode.nnodes == 1 else None,
+    )
 
 
 def run(mode: NodeMode, on_event: Callable[[str], None], plan: Plan | None = None) -> int:
@@ -85,21 +91,28 @@ def run(mode: NodeMode, on_event: Callable[[str], None], plan: Plan | None = Non
         on_event(f"worker logs go to {log_dir}/{cfg.run_id}")
         cfg = dataclasses.replace(cfg, log_dir=log_dir)
     if cfg.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
-        on_event(f"setting OMP_NUM_THREADS=1 for each of the {cfg.nproc_per_node} workers "
-                 f"on this node; set it yourself to choose another value")
+        on_event(
+            f"setting OMP_NUM_THREADS=1 for each of the {cfg.nproc_per_node} workers "
+            f"on this node; set it yourself to choose another value"
+        )
     if isinstance(mode, DynamicNodes):
         return _run_dynamic(mode, cfg, on_event)
     if isinstance(mode, StaticNodes):
-        store = StoreAddress(cfg.master_addr, cfg.master_port,
-                             _shared_token(cfg, mode.store_token_file))
+        store = StoreAddress(cfg.master_addr, cfg.master_port, _shared_token(cfg, mode.store_token_file))
         return _run_fixed(cfg, mode, store, "0.0.0.0", plan, on_event)
     assert isinstance(mode, SingleNode)
     store = StoreAddress(STORE_HOST, 0, os.urandom(16).hex())
     return _run_fixed(cfg, mode, store, STORE_HOST, plan, on_event)
 
 
-def _run_fixed(cfg: LaunchConfig, mode: SingleNode | StaticNodes, store: StoreAddress,
-               bind: str, plan: Plan, on_event: Callable[[str], None]) -> int:
+def _run_fixed(
+    cfg: LaunchConfig,
+    mode: SingleNode | StaticNodes,
+    store: StoreAddress,
+    bind: str,
+    plan: Plan,
+    on_event: Callable[[str], None],
+) -> int:
     """A fixed set of nodes whose node 0 hosts the store at ``store`` (bound on ``bind``;
     port 0: any free port)."""
     from .store import StoreServer  # not needed by --dry-run
@@ -111,11 +124,20 @@ def _run_fixed(cfg: LaunchConfig, mode: SingleNode | StaticNodes, store: StoreAd
             server = StoreServer(bind, store.port, token=store.token)
             server.start()
             store = dataclasses.replace(store, port=server.port)
-        agent = NodeAgent(cfg, store,
-                          NodeOptions(node_rank=mode.node_rank, num_nodes=mode.nnodes,
-                                      hosts_store=server is not None, **cfg.rdzv_options()),
-                          guard, on_event, master_addr=plan.master_addr,
-                          events=_event_log(cfg, on_event))
+        agent = NodeAgent(
+            cfg,
+            store,
+            NodeOptions(
+                node_rank=mode.node_rank,
+                num_nodes=mode.nnodes,
+                hosts_store=server is not None,
+                **cfg.rdzv_options(),
+            ),
+            guard,
+            on_event,
+            master_addr=plan.master_addr,
+            events=_event_log(cfg, on_event),
+        )
         return agent.run()
     finally:
         if server is not None:
@@ -128,8 +150,12 @@ def _event_log(cfg: LaunchConfig, on_event: Callable[[str], None]):
     every event in <log-dir>/<run-id>/events.jsonl."""
     from .events import EventLog
 
-    return EventLog(cfg.log_dir, cfg.run_id, on_event,
-                    lambda e: e["event"] == "round" and (e["round"] > 0 or len(e["members"]) > 1))
+    return EventLog(
+        cfg.log_dir,
+        cfg.run_id,
+        on_event,
+        lambda e: e["event"] == "round" and (e["round"] > 0 or len(e["members"]) > 1),
+    )
 
 
 def _shared_token(cfg: LaunchConfig, token_file: str | None) -> str:
@@ -170,11 +196,22 @@ def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig, on_event: Callable[[str]
             # said only if reaching the store there takes long (normally another launcher
             # hosts it and this is no news)
             note = f"this launcher could not host the store there either ({e})"
-        opts = NodeOptions(min_nodes=mode.nnodes, max_nodes=mode.max_nodes,
-                           hosts_store=server is not None, endpoint_note=note,
-                           **cfg.rdzv_options())
-        agent = NodeAgent(cfg, StoreAddress(host, port, token), opts, guard, on_event,
-                          master_addr=_address_towards(host, port), events=_event_log(cfg, on_event))
+        opts = NodeOptions(
+            min_nodes=mode.nnodes,
+            max_nodes=mode.max_nodes,
+            hosts_store=server is not None,
+            endpoint_note=note,
+            **cfg.rdzv_options(),
+        )
+        agent = NodeAgent(
+            cfg,
+            StoreAddress(host, port, token),
+            opts,
+            guard,
+            on_event,
+            master_addr=_address_towards(host, port),
+            events=_event_log(cfg, on_event),
+        )
         return agent.run()
     finally:
         if server is not None:

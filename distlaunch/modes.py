@@ -23,11 +23,18 @@ a hostfile; head mode's modules are imported only when it is chosen.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Union
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .config import (LaunchConfig, parse_nproc_per_node, parse_ranks_filter, parse_rdzv_conf,
-                     parse_std, run_id_from)
+from .config import (
+    LaunchConfig,
+    parse_nproc_per_node,
+    parse_ranks_filter,
+    parse_rdzv_conf,
+    parse_std,
+    run_id_from,
+)
 from .errors import ConfigError
 from .topology import MAX_NODES
 
@@ -93,8 +100,8 @@ class HeadNodes:
     head: HeadOptions
 
 
-NodeMode = Union[SingleNode, StaticNodes, DynamicNodes]  # run by launcher.py
-Mode = Union[SingleNode, StaticNodes, DynamicNodes, HeadNodes]
+NodeMode = SingleNode | StaticNodes | DynamicNodes  # run by launcher.py
+Mode = SingleNode | StaticNodes | DynamicNodes | HeadNodes
 
 # `run` options that become a LaunchConfig field of the same name after this parser.
 _PARSERS = {
@@ -105,8 +112,13 @@ _PARSERS = {
     "rdzv_conf": parse_rdzv_conf,
 }
 # --ssh-* options -> remote.ssh.SSHOptions fields.
-_SSH_FIELDS = {"ssh_port": "port", "ssh_user": "user", "ssh_key": "key_file",
-               "ssh_accept_new_host_keys": "accept_new_host_keys", "ssh_config": "config_file"}
+_SSH_FIELDS = {
+    "ssh_port": "port",
+    "ssh_user": "user",
+    "ssh_key": "key_file",
+    "ssh_accept_new_host_keys": "accept_new_host_keys",
+    "ssh_config": "config_file",
+}
 
 
 def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any]) -> Mode:
@@ -117,12 +129,14 @@ def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any
     nnodes, max_nodes = parse_nnodes(o["nnodes"])
     if o["standalone"]:
         nnodes = 1
-    kw: dict[str, Any] = {f.name: o[f.name] for f in fields(LaunchConfig)
-                          if f.name in o and f.name != "run_id"}
+    kw: dict[str, Any] = {
+        f.name: o[f.name] for f in fields(LaunchConfig) if f.name in o and f.name != "run_id"
+    }
     for name, parse in _PARSERS.items():
         kw[name] = parse(kw[name])
-    kw.update(entrypoint=script, args=tuple(script_args), prefix=not o["no_prefix"],
-              env=worker_env(o["env_names"]))
+    kw.update(
+        entrypoint=script, args=tuple(script_args), prefix=not o["no_prefix"], env=worker_env(o["env_names"])
+    )
     endpoint = o["rdzv_endpoint"]
     static = endpoint is None and nnodes > 1
     if static:
@@ -137,8 +151,9 @@ def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any
         return HeadNodes(job, _head_options(o, nnodes, job.nproc_per_node))
     if endpoint is not None:
         host, port = parse_endpoint(endpoint)
-        return DynamicNodes(job, endpoint, host, port, nnodes, max_nodes or nnodes,
-                            o["node_rank"], o["store_token_file"])
+        return DynamicNodes(
+            job, endpoint, host, port, nnodes, max_nodes or nnodes, o["node_rank"], o["store_token_file"]
+        )
     if static:
         return StaticNodes(job, nnodes, o["node_rank"], o["store_token_file"])
     return SingleNode(job)
@@ -160,8 +175,9 @@ def parse_nnodes(text: str) -> tuple[int, int | None]:
     try:
         return (int(lo), int(hi)) if sep else (int(lo), None)
     except ValueError:
-        raise ConfigError(f"--nnodes {text!r} is invalid: give a number of nodes N or a "
-                          f"range MIN:MAX") from None
+        raise ConfigError(
+            f"--nnodes {text!r} is invalid: give a number of nodes N or a range MIN:MAX"
+        ) from None
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -169,28 +185,36 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     malformed."""
     host, _, port = text.rpartition(":")
     bracketed = host.startswith("[") and host.endswith("]")
-    if not host or not port.isdigit() or len(port) > 5 or not 0 < int(port) < 65536 \
-            or (":" in host and not bracketed):
-        raise ConfigError(f"--rdzv-endpoint {text!r} is invalid: give HOST:PORT, e.g. "
-                          f"node0:29400 or [::1]:29400")
+    if (
+        not host
+        or not port.isdigit()
+        or len(port) > 5
+        or not 0 < int(port) < 65536
+        or (":" in host and not bracketed)
+    ):
+        raise ConfigError(
+            f"--rdzv-endpoint {text!r} is invalid: give HOST:PORT, e.g. node0:29400 or [::1]:29400"
+        )
     return (host[1:-1] if bracketed else host), int(port)
 
 
-def _check_nodes(text: str, nnodes: int, max_nodes: int | None, node_rank: int,
-                 endpoint: str | None) -> None:
+def _check_nodes(text: str, nnodes: int, max_nodes: int | None, node_rank: int, endpoint: str | None) -> None:
     """The node count, this node's rank and the rendezvous fit together."""
     if not 1 <= nnodes <= MAX_NODES or (max_nodes or 1) > MAX_NODES:
         raise ConfigError(f"--nnodes {text} is invalid: give 1 to {MAX_NODES} nodes")
     if not 0 <= node_rank < nnodes:
-        raise ConfigError(f"--node-rank {node_rank} is invalid with --nnodes {nnodes}: give a "
-                          f"value from 0 to {nnodes - 1}")
+        raise ConfigError(
+            f"--node-rank {node_rank} is invalid with --nnodes {nnodes}: give a value from 0 to {nnodes - 1}"
+        )
     if max_nodes is not None and max_nodes < nnodes:
         raise ConfigError(f"--nnodes {text} is invalid: MAX must be at least MIN")
     if endpoint is not None:
         parse_endpoint(endpoint)
     elif max_nodes is not None:
-        raise ConfigError(f"--nnodes {text} needs --rdzv-endpoint HOST:PORT (a `distlaunch "
-                          f"store`, or the first launcher there)")
+        raise ConfigError(
+            f"--nnodes {text} needs --rdzv-endpoint HOST:PORT (a `distlaunch "
+            f"store`, or the first launcher there)"
+        )
 
 
 def worker_env(names: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
@@ -208,15 +232,19 @@ def _head_options(o: Mapping[str, Any], nnodes: int, nproc_per_node: int) -> Hea
     if o["hosts"] and o["hostfile"]:
         raise ConfigError("give either -H/--hosts or --hostfile, not both")
     if nnodes > 1:
-        raise ConfigError(f"--nnodes {nnodes} is for per-node launches; with -H/--hostfile "
-                          f"the host list sets the nodes")
+        raise ConfigError(
+            f"--nnodes {nnodes} is for per-node launches; with -H/--hostfile the host list sets the nodes"
+        )
     hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
     hosts = resolve_slots(filter_hosts(hosts, o["include"], o["exclude"]), nproc_per_node)
     check_one_local(hosts)
     if o["min_nodes"] is not None and o["min_nodes"] > len(hosts):
-        raise ConfigError(f"--min-nodes {o['min_nodes']} is more than the {len(hosts)} host(s) "
-                          f"listed; give at most {len(hosts)}")
+        raise ConfigError(
+            f"--min-nodes {o['min_nodes']} is more than the {len(hosts)} host(s) "
+            f"listed; give at most {len(hosts)}"
+        )
     ssh = SSHOptions(**{field: o[name] for name, field in _SSH_FIELDS.items()})
-    same_named = {f.name: o[f.name] for f in fields(HeadOptions)
-                  if f.name in o and f.name not in ("hosts", "ssh")}
+    same_named = {
+        f.name: o[f.name] for f in fields(HeadOptions) if f.name in o and f.name not in ("hosts", "ssh")
+    }
     return HeadOptions(tuple(hosts), ssh, **same_named)

@@ -17,7 +17,6 @@ No store, no processes, no I/O: every decision is a value (tests/test_rounds.py)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from .agent.process import WorkerFailure
 from .errors import DistlaunchError, LaunchInterrupted, RendezvousError, WorkerFailedError
@@ -53,7 +52,7 @@ class End:
     note: str = ""
 
 
-Decision = Union[Restart, Continue, End]
+Decision = Restart | Continue | End
 
 
 def describe_failure(f: WorkerFailure) -> str:
@@ -66,8 +65,9 @@ def error_for(cause: Cause) -> DistlaunchError:
     if isinstance(cause, Signal):
         return LaunchInterrupted(cause.signum)
     if isinstance(cause, Lost):
-        return RendezvousError(f"node {cause.node} was lost ({cause.why}); "
-                               f"workers stopped on every other node")
+        return RendezvousError(
+            f"node {cause.node} was lost ({cause.why}); workers stopped on every other node"
+        )
     if isinstance(cause, Failure):
         f = cause.failure
         return WorkerFailedError(describe_failure(f), f, f.exit_code)
@@ -87,9 +87,13 @@ class History:
 
 def _restart_after_failure(h: History, cause: Cause, max_restarts: int) -> Restart | None:
     if isinstance(cause, Failure) and h.restarts < max_restarts:
-        return Restart(h.restarts + 1, note=(
-            f"worker group failed ({describe_failure(cause.failure)}); restarting "
-            f"(restart {h.restarts + 1} of {max_restarts})"))
+        return Restart(
+            h.restarts + 1,
+            note=(
+                f"worker group failed ({describe_failure(cause.failure)}); restarting "
+                f"(restart {h.restarts + 1} of {max_restarts})"
+            ),
+        )
     return None
 
 
@@ -103,9 +107,12 @@ class FixedSize:
     def decide(self, h: History, cause: Cause) -> Decision:
         if h.lost and not isinstance(cause, Signal):
             # Static membership cannot go on without a node, whatever stopped the round.
-            return End(RendezvousError(
-                f"node {', '.join(map(str, sorted(h.lost)))} was lost (no heartbeat for "
-                f"{self.heartbeat_timeout:g} s); a fixed --nnodes job cannot continue without it"))
+            return End(
+                RendezvousError(
+                    f"node {', '.join(map(str, sorted(h.lost)))} was lost (no heartbeat for "
+                    f"{self.heartbeat_timeout:g} s); a fixed --nnodes job cannot continue without it"
+                )
+            )
         return _restart_after_failure(h, cause, self.max_restarts) or _join_or_end(h, cause)
 
 
@@ -122,18 +129,25 @@ class DynamicMembership:
         if isinstance(cause, Lost):
             remaining = h.num_nodes - len(h.lost)
             if remaining >= self.min_nodes:
-                return Continue(h.restarts, note=(
-                    f"node {cause.node} was lost ({cause.why}); continuing with {remaining} "
-                    f"node(s) in round {h.rnd + 1} (not a restart)"))
-            return End(RendezvousError(f"node {cause.node} was lost ({cause.why}); {remaining} "
-                                       f"node(s) remain, fewer than the minimum {self.min_nodes}"))
+                return Continue(
+                    h.restarts,
+                    note=(
+                        f"node {cause.node} was lost ({cause.why}); continuing with {remaining} "
+                        f"node(s) in round {h.rnd + 1} (not a restart)"
+                    ),
+                )
+            return End(
+                RendezvousError(
+                    f"node {cause.node} was lost ({cause.why}); {remaining} "
+                    f"node(s) remain, fewer than the minimum {self.min_nodes}"
+                )
+            )
         return _join_or_end(h, cause)
 
 
 def _join_or_end(h: History, cause: Cause) -> Decision:
     if isinstance(cause, Join):
-        return Continue(h.restarts, note=f"a node joined: new rendezvous round {h.rnd + 1} "
-                                         f"(not a restart)")
+        return Continue(h.restarts, note=f"a node joined: new rendezvous round {h.rnd + 1} (not a restart)")
     return End(error_for(cause))
 
 
@@ -197,7 +211,11 @@ class HeadPlanned:
         left = tuple(m for m in members if m not in drop)
         history = HeadHistory(left, restarts, dead, streak)
         if len(left) < self.min_nodes:
-            return HeadStep(End(note=f"{len(left)} host(s) left, fewer than --min-nodes "
-                                     f"{self.min_nodes}"), history, tuple(drops), kill)
+            return HeadStep(
+                End(note=f"{len(left)} host(s) left, fewer than --min-nodes {self.min_nodes}"),
+                history,
+                tuple(drops),
+                kill,
+            )
         step = Restart if isinstance(cause, Failure) else Continue
         return HeadStep(step(restarts, left), history, tuple(drops), kill)

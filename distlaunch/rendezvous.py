@@ -79,8 +79,9 @@ class Rendezvous:
     wait longer than a few seconds waits for, repeatedly (at growing intervals).
     """
 
-    def __init__(self, store, run_id: str, node_rank: int, num_nodes: int,
-                 join_timeout: float = 600.0, on_wait=None):
+    def __init__(
+        self, store, run_id: str, node_rank: int, num_nodes: int, join_timeout: float = 600.0, on_wait=None
+    ):
         self.store = store
         self.run_id = run_id
         self.node_rank = node_rank
@@ -92,8 +93,16 @@ class Rendezvous:
         """The key names of round ``rnd`` of this job."""
         return RoundKeys(self.run_id, rnd)
 
-    def _wait_all(self, keys, what: str, timeout: float, abort=None, rnd: int | None = None,
-                  report: float = 5.0, awaited: str | None = None) -> list[dict]:
+    def _wait_all(
+        self,
+        keys,
+        what: str,
+        timeout: float,
+        abort=None,
+        rnd: int | None = None,
+        report: float = 5.0,
+        awaited: str | None = None,
+    ) -> list[dict]:
         """Block until every key exists (``timeout`` s), waiting in SLICE-second slices;
         ``keys`` may be a callable re-read each slice (nodes found lost meanwhile drop
         out). Raises RendezvousError as soon as ``abort()`` is true, LaunchInterrupted
@@ -118,8 +127,9 @@ class Rendezvous:
                 if over or (self.on_wait is not None and (waited := progress.due()) is not None):
                     missing = awaited or f"node(s) {', '.join(self._missing(current))}"
                     if over:
-                        raise RendezvousError(f"{what}: gave up waiting for {missing} after "
-                                              f"{timeout:g} s") from None
+                        raise RendezvousError(
+                            f"{what}: gave up waiting for {missing} after {timeout:g} s"
+                        ) from None
                     self.on_wait(f"{what}: waiting for {missing} ({waited:.0f} s of {timeout:g} s)")
         return [json.loads(v) for v in self.store.multi_get(current)]
 
@@ -139,8 +149,9 @@ class Rendezvous:
     def join(self, rnd: int, slots: int, host: str, addr: str) -> list[Member]:
         """Publish this node's slots for round ``rnd`` and block until every node has;
         returns all members in node-rank order."""
-        self.store.set(self.keys(rnd).node(self.node_rank),
-                       json.dumps({"slots": slots, "host": host, "addr": addr}))
+        self.store.set(
+            self.keys(rnd).node(self.node_rank), json.dumps({"slots": slots, "host": host, "addr": addr})
+        )
         return self.members(rnd, self.join_timeout)
 
     def members(self, rnd: int, timeout: float) -> list[Member]:
@@ -150,8 +161,9 @@ class Rendezvous:
         infos = self._wait_all(keys, f"rendezvous round {rnd}", timeout, rnd=rnd)
         return [Member(k, i["slots"], i["host"], i["addr"]) for k, i in enumerate(infos)]
 
-    def join_dynamic(self, rnd: int, min_nodes: int, max_nodes: int, last_call: float,
-                     slots: int, host: str, addr: str) -> list[Member]:
+    def join_dynamic(
+        self, rnd: int, min_nodes: int, max_nodes: int, last_call: float, slots: int, host: str, addr: str
+    ) -> list[Member]:
         """Dynamic membership (torchrun's c10d rendezvous with ``--nnodes MIN:MAX``): take
         a node rank by arrival order, wait until at least ``min_nodes`` arrived (up to
         ``join_timeout`` s), then ``last_call`` more seconds for others (up to
@@ -169,15 +181,19 @@ class Rendezvous:
         while (n := count()) < min_nodes:
             now = time.monotonic()
             if now >= end:
-                raise RendezvousError(f"rendezvous round {rnd}: only {n} of at least {min_nodes} "
-                                      f"nodes arrived within {self.join_timeout:g} s")
+                raise RendezvousError(
+                    f"rendezvous round {rnd}: only {n} of at least {min_nodes} "
+                    f"nodes arrived within {self.join_timeout:g} s"
+                )
             if now - checked >= SLICE:
                 checked = now
                 self.raise_if_signalled(rnd)
                 if self.on_wait is not None and (waited := progress.due()) is not None:
-                    self.on_wait(f"rendezvous round {rnd}: {n} of at least {min_nodes} nodes "
-                                 f"arrived; waiting for more ({waited:.0f} s of "
-                                 f"{self.join_timeout:g} s)")
+                    self.on_wait(
+                        f"rendezvous round {rnd}: {n} of at least {min_nodes} nodes "
+                        f"arrived; waiting for more ({waited:.0f} s of "
+                        f"{self.join_timeout:g} s)"
+                    )
             time.sleep(0.02)
         end = time.monotonic() + last_call
         while count() < max_nodes and time.monotonic() < end:
@@ -209,20 +225,23 @@ class Rendezvous:
     def publish_master(self, rnd: int, addr: str, port: int, restarts: int) -> None:
         """Node 0: MASTER_ADDR/MASTER_PORT of round ``rnd`` and the job's restart count (a
         node that joined late learns it here)."""
-        self.store.set(self.keys(rnd).master,
-                       json.dumps({"addr": addr, "port": port, "restarts": restarts}))
+        self.store.set(self.keys(rnd).master, json.dumps({"addr": addr, "port": port, "restarts": restarts}))
 
     def master(self, rnd: int) -> tuple[str, int, int]:
         """Round ``rnd``'s MASTER_ADDR, MASTER_PORT and restart count; blocks until node 0
         published them (``join_timeout`` s)."""
-        (m,) = self._wait_all([self.keys(rnd).master], f"rendezvous round {rnd}",
-                              self.join_timeout, rnd=rnd, awaited="node 0 to publish MASTER_ADDR")
+        (m,) = self._wait_all(
+            [self.keys(rnd).master],
+            f"rendezvous round {rnd}",
+            self.join_timeout,
+            rnd=rnd,
+            awaited="node 0 to publish MASTER_ADDR",
+        )
         return m["addr"], m["port"], m["restarts"]
 
     def wait_members_done(self, rnd: int, size: int, timeout: float) -> None:
         """Block until round ``rnd``'s ``size`` members passed their exit barrier."""
-        self._wait_all([self.keys(rnd).done(k) for k in range(size)],
-                       f"end of round {rnd}", timeout, rnd=rnd)
+        self._wait_all([self.keys(rnd).done(k) for k in range(size)], f"end of round {rnd}", timeout, rnd=rnd)
 
     def publish_pgids(self, rnd: int, pgids: list[list[int]]) -> None:
         """Record this node's agent pid and worker process groups (the head kills them over
@@ -255,8 +274,7 @@ class Rendezvous:
         """Head mode: node ``node_rank``'s agent is gone; fill in its part of round
         ``rnd``'s join (unless it joined) and of its exit barrier, so the others go on."""
         k = self.keys(rnd)
-        self.store.compare_set(k.node(node_rank), b"", json.dumps(
-            {"slots": slots, "host": host, "addr": ""}))
+        self.store.compare_set(k.node(node_rank), b"", json.dumps({"slots": slots, "host": host, "addr": ""}))
         self.store.set(k.done(node_rank), b"1")
 
     def recorded(self, rnd: int, node_ranks: list[int]) -> set[int]:
@@ -273,8 +291,7 @@ class Rendezvous:
             last = None if isinstance(cause, Over) else cause
             rnd += 1
         plan = self.keys(max(rnd - 1, 0)).plan
-        restarts = json.loads(self.store.get(plan)).get("restarts", 0) \
-            if self.store.check([plan]) else 0
+        restarts = json.loads(self.store.get(plan)).get("restarts", 0) if self.store.check([plan]) else 0
         return restarts, last
 
     def record_agent_exit(self, node_id: int) -> None:
@@ -292,10 +309,12 @@ class Rendezvous:
         every worker succeeded)."""
         k = self.keys(rnd)
         self.store.set(k.done(self.node_rank), b"1")
-        keys = lambda: [k.done(n) for n in range(self.num_nodes)  # noqa: E731
-                        if n not in lost()]
-        self._wait_all(keys, f"exit barrier of round {rnd}", timeout, abort or (lambda: False),
-                       report=10.0)
+        keys = lambda: [
+            k.done(n)
+            for n in range(self.num_nodes)  # noqa: E731
+            if n not in lost()
+        ]
+        self._wait_all(keys, f"exit barrier of round {rnd}", timeout, abort or (lambda: False), report=10.0)
         cause = self.request_stop(rnd, Over())  # also releases every watcher
         return None if isinstance(cause, Over) else cause
 
@@ -306,8 +325,7 @@ class Rendezvous:
         """The store's host: block until ``count`` agents read the outcome, ``timeout``
         seconds pass, or ``abort()`` is true (polled every 10 ms)."""
         end = time.monotonic() + timeout
-        while self.store.add(self.keys(rnd).left, 0) < count and time.monotonic() < end \
-                and not abort():
+        while self.store.add(self.keys(rnd).left, 0) < count and time.monotonic() < end and not abort():
             time.sleep(0.01)
 
     def arrived(self, rnd: int) -> int:
@@ -349,8 +367,9 @@ class Heartbeat:
     connection is reported once through ``on_store_lost()``. Uses its own store
     connection; stops with ``stop()``."""
 
-    def __init__(self, client, rdzv: Rendezvous, rnd: int, interval: float, timeout: float,
-                 on_lost, on_store_lost):
+    def __init__(
+        self, client, rdzv: Rendezvous, rnd: int, interval: float, timeout: float, on_lost, on_store_lost
+    ):
         self.client, self.rdzv, self.rnd = client, rdzv, rnd
         self.interval, self.timeout, self.on_lost = interval, timeout, on_lost
         self.on_store_lost = on_store_lost

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Union
 
 from .agent.process import WorkerFailure
 
@@ -90,6 +89,7 @@ def agent_exit_key(run_id: str, node_id: int) -> str:
 
 # --- stop causes --------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Failure:
     """A worker exited non-zero or died by a signal (the root-cause record)."""
@@ -122,7 +122,7 @@ class Over:
     """The exit barrier passed with nothing else recorded: every worker succeeded."""
 
 
-Cause = Union[Failure, Signal, Lost, Join, Over]
+Cause = Failure | Signal | Lost | Join | Over
 
 _KINDS = {"failure": Failure, "signal": Signal, "lost": Lost, "join": Join, "over": Over}
 _NAMES = {cls: kind for kind, cls in _KINDS.items()}

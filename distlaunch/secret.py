@@ -35,8 +35,10 @@ from .errors import ConfigError
 TOKEN_VAR = "DISTLAUNCH_STORE_TOKEN"
 TOKEN_FILE_VAR = "DISTLAUNCH_STORE_TOKEN_FILE"
 _MIN_SECRET = 16  # characters: a shorter file secret is refused as too guessable
-_HOW = (f"export {TOKEN_VAR} on every node, or give --store-token-file FILE "
-        f"(or {TOKEN_FILE_VAR}) with a file of mode 600")
+_HOW = (
+    f"export {TOKEN_VAR} on every node, or give --store-token-file FILE "
+    f"(or {TOKEN_FILE_VAR}) with a file of mode 600"
+)
 
 
 def user_secret_path() -> str:
@@ -63,17 +65,23 @@ def read_secret_file(path: str, what: str) -> str:
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(f"{what} {path!r} is not a regular file; give a file of mode 600")
         if st.st_uid != os.getuid():
-            raise ConfigError(f"{what} {path!r} is owned by uid {st.st_uid}, not by you "
-                              f"(uid {os.getuid()}); use a file of your own, mode 600")
+            raise ConfigError(
+                f"{what} {path!r} is owned by uid {st.st_uid}, not by you "
+                f"(uid {os.getuid()}); use a file of your own, mode 600"
+            )
         if st.st_mode & 0o077:
-            raise ConfigError(f"{what} {path!r} has mode {stat.S_IMODE(st.st_mode):o}: others "
-                              f"may read it; run chmod 600 {path}")
+            raise ConfigError(
+                f"{what} {path!r} has mode {stat.S_IMODE(st.st_mode):o}: others "
+                f"may read it; run chmod 600 {path}"
+            )
         text = os.read(fd, 65536).decode("utf-8", "replace").strip()
     finally:
         os.close(fd)
     if len(text) < _MIN_SECRET:
-        raise ConfigError(f"{what} {path!r} holds {len(text)} characters; put a secret of at "
-                          f"least {_MIN_SECRET} in it (e.g. `openssl rand -hex 32 > {path}`)")
+        raise ConfigError(
+            f"{what} {path!r} holds {len(text)} characters; put a secret of at "
+            f"least {_MIN_SECRET} in it (e.g. `openssl rand -hex 32 > {path}`)"
+        )
     return text
 
 
@@ -99,8 +107,9 @@ def _user_secret() -> str:
             finally:
                 os.unlink(tmp)
         except OSError as e:
-            raise ConfigError(f"no store secret: the per-user secret file {path!r} cannot be "
-                              f"created ({e.strerror}); {_HOW}") from None
+            raise ConfigError(
+                f"no store secret: the per-user secret file {path!r} cannot be created ({e.strerror}); {_HOW}"
+            ) from None
     return read_secret_file(path, "the per-user secret file")
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 # Upper bounds on what one job may ask for: far above any real machine or cluster, low
 # enough that a typo (an extra digit) is refused at once instead of exhausting memory.
 MAX_SLOTS_PER_NODE = 4096  # workers on one node (-H host:N, --nproc-per-node, slots=N)
-MAX_NODES = 65536          # nodes in one job (--nnodes, host lists)
+MAX_NODES = 65536  # nodes in one job (--nnodes, host lists)
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,7 @@ def node_slots(slots_per_node: list[int], node_rank: int) -> list[WorkerSlot]:
     count = slots_per_node[node_rank]
     first = sum(slots_per_node[:node_rank])
     world_size = first + sum(slots_per_node[node_rank:])
-    return [WorkerSlot(first + i, i, node_rank, world_size, count, len(slots_per_node))
-            for i in range(count)]
+    return [WorkerSlot(first + i, i, node_rank, world_size, count, len(slots_per_node)) for i in range(count)]
 
 
 BIND_MODES = ("auto", "core", "none")
@@ -76,7 +75,7 @@ def cpu_sets(mode: str, local_world_size: int, cpus) -> list[frozenset[int] | No
     out, start = [], 0
     for i in range(n):
         size = per + (i < extra)
-        out.append(frozenset(cpus[start:start + size]))
+        out.append(frozenset(cpus[start : start + size]))
         start += size
     return out
 

@@ -1,7 +1,8 @@
 """all_gather / all_gather_into_tensor / all_gather_object: every rank gets everyone's data.
 
-    distlaunch run --nproc-per-node 4 examples/all_gather.py
+distlaunch run --nproc-per-node 4 examples/all_gather.py
 """
+
 import numpy as np
 
 import distlaunch.collectives as dist

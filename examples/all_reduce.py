@@ -3,6 +3,7 @@ recursive doubling, large ones a ring (the results are bit-identical on every ra
 
     distlaunch run --nproc-per-node 4 examples/all_reduce.py
 """
+
 import hashlib
 
 import numpy as np
@@ -32,5 +33,5 @@ lo, hi = digest.copy(), digest.copy()
 dist.all_reduce(lo, op=dist.ReduceOp.MIN)
 dist.all_reduce(hi, op=dist.ReduceOp.MAX)
 assert lo[0] == hi[0] == digest[0], "ranks disagree"
-print(f"rank {rank}: all_reduce ok, sum={x[0]}, checksum {digest[0] & 0xffff:04x}")
+print(f"rank {rank}: all_reduce ok, sum={x[0]}, checksum {digest[0] & 0xFFFF:04x}")
 dist.destroy_process_group()

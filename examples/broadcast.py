@@ -1,7 +1,8 @@
 """broadcast: rank 0's array is copied into every rank's array (in place).
 
-    distlaunch run --nproc-per-node 4 examples/broadcast.py
+distlaunch run --nproc-per-node 4 examples/broadcast.py
 """
+
 import numpy as np
 
 import distlaunch.collectives as dist

@@ -1,7 +1,8 @@
 """gather: every rank sends a small array to rank 0, which receives them in rank order.
 
-    distlaunch run --nproc-per-node 4 examples/gather.py
+distlaunch run --nproc-per-node 4 examples/gather.py
 """
+
 import numpy as np
 
 import distlaunch.collectives as dist
@@ -9,7 +10,7 @@ import distlaunch.collectives as dist
 dist.init_process_group()
 rank, world = dist.get_rank(), dist.get_world_size()
 
-mine = np.array([rank, rank ** 2], np.int32)
+mine = np.array([rank, rank**2], np.int32)
 out = [np.empty(2, np.int32) for _ in range(world)] if rank == 0 else None
 dist.gather(mine, out, dst=0)
 if rank == 0:

@@ -1,7 +1,8 @@
 """Broadcast a Python dict from rank 0 (mpi4py style).
 
-    distlaunch run --nproc-per-node 3 examples/mpi_bcast_dict.py
+distlaunch run --nproc-per-node 3 examples/mpi_bcast_dict.py
 """
+
 from distlaunch import mpi as MPI  # with MPI installed: from mpi4py import MPI
 
 comm = MPI.COMM_WORLD

@@ -1,7 +1,8 @@
 """Buffer collectives on numpy arrays: Allgather, Reduce, Allreduce, Bcast, Send/Recv.
 
-    distlaunch run --nproc-per-node 3 examples/mpi_buffers.py
+distlaunch run --nproc-per-node 3 examples/mpi_buffers.py
 """
+
 import numpy as np
 
 from distlaunch import mpi as MPI  # with MPI installed: from mpi4py import MPI

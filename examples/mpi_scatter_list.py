@@ -1,7 +1,8 @@
 """Scatter a list (one item per rank), square each item, gather the results at rank 0.
 
-    distlaunch run --nproc-per-node 3 examples/mpi_scatter_list.py
+distlaunch run --nproc-per-node 3 examples/mpi_scatter_list.py
 """
+
 from distlaunch import mpi as MPI  # with MPI installed: from mpi4py import MPI
 
 comm = MPI.COMM_WORLD

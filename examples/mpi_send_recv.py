@@ -1,7 +1,8 @@
 """Point-to-point messages of Python objects with tags (mpi4py's lowercase send/recv).
 
-    distlaunch run --nproc-per-node 2 examples/mpi_send_recv.py
+distlaunch run --nproc-per-node 2 examples/mpi_send_recv.py
 """
+
 from distlaunch import mpi as MPI  # with MPI installed: from mpi4py import MPI
 
 comm = MPI.COMM_WORLD

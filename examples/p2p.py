@@ -3,6 +3,7 @@ arrays with both neighbours at once using isend/irecv.
 
     distlaunch run --nproc-per-node 4 examples/p2p.py
 """
+
 import numpy as np
 
 import distlaunch.collectives as dist
@@ -29,8 +30,12 @@ if world > 1:
 mine = np.full(1 << 16, rank, np.float32)
 from_left, from_right = np.empty_like(mine), np.empty_like(mine)
 if world > 1:
-    works = [dist.irecv(from_left, src=left, tag=1), dist.irecv(from_right, src=right, tag=2),
-             dist.isend(mine, dst=right, tag=1), dist.isend(mine, dst=left, tag=2)]
+    works = [
+        dist.irecv(from_left, src=left, tag=1),
+        dist.irecv(from_right, src=right, tag=2),
+        dist.isend(mine, dst=right, tag=1),
+        dist.isend(mine, dst=left, tag=2),
+    ]
     for w in works:
         w.wait()
     assert (from_left == left).all() and (from_right == right).all()

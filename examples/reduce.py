@@ -1,7 +1,8 @@
 """reduce: the element-wise SUM / MAX of every rank's array ends up on rank 0 only.
 
-    distlaunch run --nproc-per-node 4 examples/reduce.py
+distlaunch run --nproc-per-node 4 examples/reduce.py
 """
+
 import numpy as np
 
 import distlaunch.collectives as dist

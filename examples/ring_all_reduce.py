@@ -7,6 +7,7 @@ dist.all_reduce.
 
     distlaunch run --nproc-per-node 4 examples/ring_all_reduce.py
 """
+
 import numpy as np
 
 import distlaunch.collectives as dist
@@ -24,7 +25,7 @@ def ring_all_reduce(x: np.ndarray) -> None:
     for s in range(world - 1):
         send_c, recv_c = chunks[(rank - s) % world], chunks[(rank - s - 1) % world]
         work = dist.isend(send_c, dst=right, tag=s)
-        buf = incoming[:recv_c.size]
+        buf = incoming[: recv_c.size]
         dist.recv(buf, src=left, tag=s)
         work.wait()
         recv_c += buf

@@ -1,7 +1,8 @@
 """scatter: rank 0 hands out one row of a matrix to each rank.
 
-    distlaunch run --nproc-per-node 4 examples/scatter.py
+distlaunch run --nproc-per-node 4 examples/scatter.py
 """
+
 import numpy as np
 
 import distlaunch.collectives as dist

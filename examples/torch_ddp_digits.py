@@ -33,8 +33,7 @@ def main() -> None:
     torch.set_num_threads(1)
 
     x, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0,
-                                                        stratify=y)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
     mean, std = x_train.mean(0), x_train.std(0) + 1e-6
     x_train = torch.tensor((x_train - mean) / std, dtype=torch.float32)
     x_test = torch.tensor((x_test - mean) / std, dtype=torch.float32)
@@ -48,10 +47,10 @@ def main() -> None:
     # Every rank must run the same number of steps (DDP all-reduces in each backward).
     steps = -(-len(x_train) // world // args.batch_size)
     g = torch.Generator().manual_seed(rank)
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         order = torch.randperm(len(xs), generator=g)
         for s in range(steps):
-            idx = order[(s * args.batch_size) % len(xs):][:args.batch_size]
+            idx = order[(s * args.batch_size) % len(xs) :][: args.batch_size]
             opt.zero_grad()
             loss = loss_fn(model(xs[idx]), ys[idx])
             loss.backward()

@@ -9,6 +9,7 @@ bit-identical parameters (hash compared with all_reduce MIN and MAX).
 
     distlaunch run --nproc-per-node 4 examples/train_digits.py [--epochs 40]
 """
+
 import argparse
 import hashlib
 
@@ -43,7 +44,7 @@ def views(flat):
     out, at = {}, 0
     for name, shape in sizes.items():
         n = int(np.prod(shape))
-        out[name] = flat[at:at + n].reshape(shape)
+        out[name] = flat[at : at + n].reshape(shape)
         at += n
     return out
 
@@ -68,10 +69,10 @@ def forward(x):
 
 steps = int(np.ceil(len(X_train) / world / args.batch))  # the same on every rank
 order_rng = np.random.default_rng(rank + 1)
-for epoch in range(args.epochs):
+for _epoch in range(args.epochs):
     order = order_rng.permutation(len(Xs))
     for step in range(steps):
-        idx = order[(step * args.batch) % len(Xs):][:args.batch]
+        idx = order[(step * args.batch) % len(Xs) :][: args.batch]
         x, t = Xs[idx], ys[idx]
         h, p = forward(x)
         d_logits = p
@@ -79,7 +80,7 @@ for epoch in range(args.epochs):
         d_logits /= len(t)
         G["W2"][:] = h.T @ d_logits
         G["b2"][:] = d_logits.sum(axis=0)
-        d_h = (d_logits @ P["W2"].T) * (1 - h ** 2)
+        d_h = (d_logits @ P["W2"].T) * (1 - h**2)
         G["W1"][:] = x.T @ d_h
         G["b1"][:] = d_h.sum(axis=0)
         dist.all_reduce(grads, op=dist.ReduceOp.AVG)

@@ -81,8 +81,9 @@ def _marker(trial: str) -> str:
 
 
 def _leftovers(trial: str) -> list[str]:
-    return (glob.glob(os.path.join(tempfile.gettempdir(), f"distlaunch_{trial}_*"))
-            + glob.glob(f"/dev/shm/*{trial}*"))
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"distlaunch_{trial}_*")) + glob.glob(
+        f"/dev/shm/*{trial}*"
+    )
 
 
 def job_processes(trial: str) -> list[psutil.Process]:
@@ -110,30 +111,72 @@ def _workers(trial: str) -> list[psutil.Process]:
     return out
 
 
-def _launch(mode: str, trial: str, env: dict, sshd,
-            join_timeout: float = 30) -> tuple[list, subprocess.Popen | None]:
+def _launch(
+    mode: str, trial: str, env: dict, sshd, join_timeout: float = 30
+) -> tuple[list, subprocess.Popen | None]:
     """The job's launcher command lines, and its store (started) in dynamic mode."""
-    common = ["--max-restarts", "1", "--stop-timeout", "2", "--run-id", trial, "--rdzv-conf",
-              f"heartbeat_timeout=3,heartbeat_interval=0.3,join_timeout={join_timeout:g}"]
+    common = [
+        "--max-restarts",
+        "1",
+        "--stop-timeout",
+        "2",
+        "--run-id",
+        trial,
+        "--rdzv-conf",
+        f"heartbeat_timeout=3,heartbeat_interval=0.3,join_timeout={join_timeout:g}",
+    ]
     dl = [sys.executable, "-m", "distlaunch", "run"]
     work = [str(WORKER), str(WORK_SECONDS)]
     if mode == "head":
-        return [dl + ["--ssh-config", sshd.ssh_config, "-H", "node1:2,node2:2", "--env-all",
-                      *common, *work]], None
+        return [
+            dl + ["--ssh-config", sshd.ssh_config, "-H", "node1:2,node2:2", "--env-all", *common, *work]
+        ], None
     port = _free_port()
     if mode == "dynamic":
-        store = subprocess.Popen([sys.executable, "-m", "distlaunch", "store", "--port", str(port)],
-                                 env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        store = subprocess.Popen(
+            [sys.executable, "-m", "distlaunch", "store", "--port", str(port)],
+            env=env,
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         store.stderr.readline()  # "listening": up before any launcher could bind the port
-        return [dl + ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                      "--nproc-per-node", "2", *common, *work] for _ in range(2)], store
-    return [dl + ["--nnodes", "2", "--node-rank", str(k), "--master-port", str(port),
-                  "--nproc-per-node", "2", *common, *work] for k in range(2)], None
+        return [
+            dl
+            + [
+                "--nnodes",
+                "2",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--nproc-per-node",
+                "2",
+                *common,
+                *work,
+            ]
+            for _ in range(2)
+        ], store
+    return [
+        dl
+        + [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(k),
+            "--master-port",
+            str(port),
+            "--nproc-per-node",
+            "2",
+            *common,
+            *work,
+        ]
+        for k in range(2)
+    ], None
 
 
 def _spawn(args: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _start_and_term(cmds: list, env: dict, rng, delay: float):
@@ -145,8 +188,9 @@ def _start_and_term(cmds: list, env: dict, rng, delay: float):
     pick = rng.randrange(len(cmds))
     shoot = max(delay, starts[pick] + 0.3)
     procs, victim = [], None
-    for at, what in sorted([(t, k) for k, t in enumerate(starts)] + [(shoot, "term")],
-                           key=lambda e: (e[0], e[1] == "term")):
+    for at, what in sorted(
+        [(t, k) for k, t in enumerate(starts)] + [(shoot, "term")], key=lambda e: (e[0], e[1] == "term")
+    ):
         time.sleep(max(0.0, t0 + at - time.monotonic()))
         if what == "term":
             victim = psutil.Process(procs[pick].pid)
@@ -160,8 +204,7 @@ def _target(mode: str, fault: str, trial: str, procs: list, store, rng):
     """(process to hit, signal) for the fault, or (None, None) if it has no target now."""
     if fault in ("kill_worker", "stop_worker"):
         ws = _workers(trial)
-        return (rng.choice(ws) if ws else None,
-                signal.SIGKILL if fault == "kill_worker" else signal.SIGSTOP)
+        return (rng.choice(ws) if ws else None, signal.SIGKILL if fault == "kill_worker" else signal.SIGSTOP)
     if fault in ("cut_store", "freeze_store"):
         return psutil.Process(store.pid), signal.SIGKILL if fault == "cut_store" else signal.SIGSTOP
     if fault == "kill_head":
@@ -183,8 +226,12 @@ def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
     forming = fault == "term_rendezvous"
     delay = round(rng.uniform(0.3, 2.5) if forming else rng.uniform(0.3, WORK_SECONDS), 2)
     out = Outcome(mode, fault, delay)
-    env = dict(os.environ, CHAOS_TRIAL=trial, PYTHONPATH=f"{ROOT}{os.pathsep}{_marker(trial)}",
-               DISTLAUNCH_STORE_TOKEN=f"secret-{trial}")  # shared by per-node launchers and store
+    env = dict(
+        os.environ,
+        CHAOS_TRIAL=trial,
+        PYTHONPATH=f"{ROOT}{os.pathsep}{_marker(trial)}",
+        DISTLAUNCH_STORE_TOKEN=f"secret-{trial}",
+    )  # shared by per-node launchers and store
     env.pop("OMP_NUM_THREADS", None)
     # A node whose peer was stopped before it joined waits join_timeout for it.
     cmds, store = _launch(mode, trial, env, sshd, join_timeout=10 if forming else 30)
@@ -260,8 +307,9 @@ def _watch(out: Outcome, trial: str, procs: list, store, before: set, victim, t_
             out.detect_s = now
         if out.recover_s is None and len(workers - old) >= 4:
             out.recover_s = now
-        if out.clean_s is None and not [p for p in job_processes(trial)
-                                        if store is None or p.pid != store.pid]:
+        if out.clean_s is None and not [
+            p for p in job_processes(trial) if store is None or p.pid != store.pid
+        ]:
             out.clean_s = now
         if out.end_s is None and all(p.poll() is not None for p in procs):
             out.end_s = now
@@ -283,8 +331,11 @@ def _judge(out: Outcome, errs: list[str]) -> None:
         if code == 0:
             m = re.findall(r"succeeded after (\d+) restart", err or "")
             out.restarts = int(m[-1]) if m else 0
-        elif not re.search(r"root cause|was lost|lost the store|stopped by signal|gave up waiting"
-                           r"|could not connect|nodes arrived within", err or ""):
+        elif not re.search(
+            r"root cause|was lost|lost the store|stopped by signal|gave up waiting"
+            r"|could not connect|nodes arrived within",
+            err or "",
+        ):
             out.problems.append(f"exit {code} without a reason: {(err or '').strip()[-300:]}")
     if out.fault == "term_rendezvous" and 0 in out.codes:
         out.problems.append("a launcher completed the job although one was stopped while it formed")

@@ -1,4 +1,5 @@
 """Shared helpers: run `python -m distlaunch` as a real subprocess."""
+
 import atexit
 import os
 import pathlib
@@ -28,19 +29,25 @@ def dl(*args, timeout: float = 60, env: dict | None = None, cwd=None) -> subproc
     """Run distlaunch to completion; stdout/stderr as text. A run past ``timeout`` is
     killed and fails the test with the tail of what it printed (to see where it hung)."""
     try:
-        return subprocess.run(dl_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                              env=env, cwd=cwd or ROOT)
+        return subprocess.run(
+            dl_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd or ROOT
+        )
     except subprocess.TimeoutExpired as e:
+
         def tail(b):
             return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-3000:]
-        raise AssertionError(f"distlaunch {' '.join(map(str, args))} still ran after {timeout} s\n"
-                             f"--- stdout tail ---\n{tail(e.stdout)}\n--- stderr tail ---\n"
-                             f"{tail(e.stderr)}") from None
+
+        raise AssertionError(
+            f"distlaunch {' '.join(map(str, args))} still ran after {timeout} s\n"
+            f"--- stdout tail ---\n{tail(e.stdout)}\n--- stderr tail ---\n"
+            f"{tail(e.stderr)}"
+        ) from None
 
 
 def dl_popen(*args, env: dict | None = None, **kw) -> subprocess.Popen:
-    return subprocess.Popen(dl_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT, **kw)
+    return subprocess.Popen(
+        dl_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, **kw
+    )
 
 
 @pytest.fixture

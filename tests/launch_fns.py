@@ -1,10 +1,14 @@
 """Module-level functions for the launch() API tests (workers import this module)."""
+
 import os
 
 
 def rank_info(scale, offset=0):
-    return {"rank": int(os.environ["RANK"]) * scale + offset, "world": int(os.environ["WORLD_SIZE"]),
-            "who": os.environ.get("WHO")}
+    return {
+        "rank": int(os.environ["RANK"]) * scale + offset,
+        "world": int(os.environ["WORLD_SIZE"]),
+        "who": os.environ.get("WHO"),
+    }
 
 
 def fail_on_rank_one():
@@ -21,6 +25,7 @@ def fail_first_attempt():
 
 def die_by_signal():
     import signal
+
     if os.environ["RANK"] == "0":
         os.kill(os.getpid(), signal.SIGKILL)
     return 0
@@ -29,6 +34,7 @@ def die_by_signal():
 def argparse_error():
     """A worker whose argument parsing fails: argparse exits with code 2."""
     import argparse
+
     p = argparse.ArgumentParser()
     p.add_argument("--needed", required=True)
     p.parse_args([])

@@ -48,17 +48,17 @@ DEAD_ADDRESS = "127.0.0.9"
 class SSHDServer:
     """What the ``sshd_hosts`` fixture yields."""
 
-    addresses: tuple[str, str]     # ("127.0.0.2", "127.0.0.3"), both served by sshd
-    aliases: tuple[str, str]       # ("node1", "node2") in ssh_config
+    addresses: tuple[str, str]  # ("127.0.0.2", "127.0.0.3"), both served by sshd
+    aliases: tuple[str, str]  # ("node1", "node2") in ssh_config
     port: int
-    user: str                      # "root"
-    key_file: str                  # private key authorized by sshd
-    other_key_file: str            # a valid private key sshd does NOT accept
-    known_hosts: str               # both host keys, as "[127.0.0.x]:port ssh-ed25519 ..."
-    ssh_config: str                # OpenSSH client config with the aliases above
-    host_key_pub: str              # the host public key line ("ssh-ed25519 AAAA...")
-    dir: Path                      # the temporary directory holding all of it
-    log: Path                      # sshd's log (stderr)
+    user: str  # "root"
+    key_file: str  # private key authorized by sshd
+    other_key_file: str  # a valid private key sshd does NOT accept
+    known_hosts: str  # both host keys, as "[127.0.0.x]:port ssh-ed25519 ..."
+    ssh_config: str  # OpenSSH client config with the aliases above
+    host_key_pub: str  # the host public key line ("ssh-ed25519 AAAA...")
+    dir: Path  # the temporary directory holding all of it
+    log: Path  # sshd's log (stderr)
     process: subprocess.Popen = field(repr=False, default=None)
 
     def options(self, **overrides):
@@ -89,8 +89,12 @@ def _free_port() -> int:
 
 
 def _keygen(path: Path) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "distlaunch-test",
-                    "-f", str(path)], check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "distlaunch-test", "-f", str(path)],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout: float = 15.0):
@@ -108,8 +112,7 @@ def _wait_listening(port: int, proc: subprocess.Popen, log: Path, timeout: float
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"sshd not listening on {pending} after {timeout} s:\n"
-                               f"{log.read_text()}")
+            raise RuntimeError(f"sshd not listening on {pending} after {timeout} s:\n{log.read_text()}")
         time.sleep(0.05)
 
 
@@ -117,8 +120,7 @@ def start_sshd(base: Path, extra: tuple[str, ...] = ()) -> SSHDServer:
     """Generate keys and configs under ``base`` and start sshd; see the module docstring.
     ``extra``: more sshd_config lines (e.g. a ForceCommand that records commands)."""
     base.mkdir(parents=True, exist_ok=True)
-    host_key, user_key, other_key = base / "ssh_host_ed25519_key", base / "id_user", \
-        base / "id_other"
+    host_key, user_key, other_key = base / "ssh_host_ed25519_key", base / "id_user", base / "id_other"
     for key in (host_key, user_key, other_key):
         _keygen(key)
     authorized = base / "authorized_keys"
@@ -126,25 +128,29 @@ def start_sshd(base: Path, extra: tuple[str, ...] = ()) -> SSHDServer:
     port = _free_port()
     log = base / "sshd.log"
     sshd_config = base / "sshd_config"
-    sshd_config.write_text("\n".join([
-        *(f"ListenAddress {a}:{port}" for a in ADDRESSES),
-        f"HostKey {host_key}",
-        f"AuthorizedKeysFile {authorized}",
-        f"PidFile {base / 'sshd.pid'}",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        "StrictModes no",
-        "MaxStartups 100",
-        "MaxSessions 100",
-        "AllowTcpForwarding yes",  # ProxyJump tests
-        "PrintMotd no",
-        "LogLevel INFO",
-        *extra,
-        "",
-    ]))
+    sshd_config.write_text(
+        "\n".join(
+            [
+                *(f"ListenAddress {a}:{port}" for a in ADDRESSES),
+                f"HostKey {host_key}",
+                f"AuthorizedKeysFile {authorized}",
+                f"PidFile {base / 'sshd.pid'}",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "StrictModes no",
+                "MaxStartups 100",
+                "MaxSessions 100",
+                "AllowTcpForwarding yes",  # ProxyJump tests
+                "PrintMotd no",
+                "LogLevel INFO",
+                *extra,
+                "",
+            ]
+        )
+    )
     host_pub = Path(f"{host_key}.pub").read_text().split()
     host_key_line = f"{host_pub[0]} {host_pub[1]}"
     known_hosts = base / "known_hosts"
@@ -162,7 +168,7 @@ Host node2-via-node1
     ProxyJump node1
 Host node2-via-command
     HostName {ADDRESSES[1]}
-    ProxyCommand ssh -F {base / 'ssh_config'} -W %h:%p node1
+    ProxyCommand ssh -F {base / "ssh_config"} -W %h:%p node1
 Host *
     Port {port}
     BatchMode yes
@@ -174,18 +180,32 @@ Host *
 """)
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # privilege separation directory
     with open(log, "wb") as logf:
-        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(sshd_config)],
-                                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(sshd_config)],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=logf,
+            start_new_session=True,
+        )
     try:
         _wait_listening(port, proc, log)
     except BaseException:
         _stop(proc)
         raise
-    return SSHDServer(addresses=ADDRESSES, aliases=("node1", "node2"), port=port,
-                      user="root", key_file=str(user_key), other_key_file=str(other_key),
-                      known_hosts=str(known_hosts), ssh_config=str(ssh_config),
-                      host_key_pub=host_key_line, dir=base, log=log, process=proc)
+    return SSHDServer(
+        addresses=ADDRESSES,
+        aliases=("node1", "node2"),
+        port=port,
+        user="root",
+        key_file=str(user_key),
+        other_key_file=str(other_key),
+        known_hosts=str(known_hosts),
+        ssh_config=str(ssh_config),
+        host_key_pub=host_key_line,
+        dir=base,
+        log=log,
+        process=proc,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -1,10 +1,10 @@
 """The chaos suite, short form: every fault once in every mode (the benchmark script
 benchmarks/chaos.py runs 100 random trials)."""
+
 import random
 import signal
 
 import pytest
-
 from chaos import FAULTS, run_trial
 from sshd import sshd_hosts  # noqa: F401
 

@@ -12,9 +12,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _bench(*args, timeout=120):
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-m", "distlaunch", "bench", *args], capture_output=True, text=True,
-                       timeout=timeout, cwd=REPO, env=env)
+    env = dict(
+        os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1"
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "distlaunch", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=env,
+    )
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p.stdout
 
@@ -22,18 +30,21 @@ def _bench(*args, timeout=120):
 def test_bench_table():
     out = _bench("all_reduce", "--nproc-per-node", "2", "--sizes", "8B..64KiB")
     header = [line for line in out.splitlines() if "algbw" in line]
-    assert header and all(w in header[0] for w in ("size", "count", "type", "time(us)", "busbw(GB/s)", "#wrong"))
+    assert header and all(
+        w in header[0] for w in ("size", "count", "type", "time(us)", "busbw(GB/s)", "#wrong")
+    )
     rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert [int(r[0]) for r in rows] == [8 << k for k in range(14)]  # 8 B .. 64 KiB, doubling
-    for size, count, dtype, iters, t, algbw, busbw, wrong in rows:
+    for size, count, dtype, _iters, t, algbw, busbw, wrong in rows:
         assert int(count) == int(size) // 4 and dtype == "float32" and wrong == "0"
         assert float(t) > 0
         # two ranks: busbw = algbw x 2(n-1)/n = algbw
         assert abs(float(busbw) - float(algbw)) <= 0.0015
 
 
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
-                                "send_recv"])
+@pytest.mark.parametrize(
+    "op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send_recv"]
+)
 def test_bench_json(op):
     out = _bench(op, "--nproc-per-node", "2", "--sizes", "1KiB..4KiB", "--iters", "3", "--json")
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -47,8 +58,17 @@ def test_bench_json(op):
 def test_bench_plot(tmp_path):
     """--plot draws a PNG of bandwidth against size (needs the `plot` extra)."""
     image = pytest.importorskip("matplotlib.image")
-    out = _bench("all_reduce", "--nproc-per-node", "2", "--sizes", "8B..4KiB", "--iters", "3",
-                 "--plot", tmp_path / "bw.png")
+    out = _bench(
+        "all_reduce",
+        "--nproc-per-node",
+        "2",
+        "--sizes",
+        "8B..4KiB",
+        "--iters",
+        "3",
+        "--plot",
+        tmp_path / "bw.png",
+    )
     assert "plot written to" in out
     png = image.imread(tmp_path / "bw.png")
     assert png.ndim == 3 and png.shape[0] > 100 and png.shape[1] > 100
@@ -61,9 +81,26 @@ def test_bench_plot_without_matplotlib(tmp_path):
     hide.mkdir()  # every worker starts with matplotlib made unimportable
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), REPO]))
-    p = subprocess.run([sys.executable, "-m", "distlaunch", "bench", "all_reduce", "--nproc-per-node", "1",
-                        "--sizes", "8B", "--plot", str(tmp_path / "x.png")], capture_output=True, text=True,
-                       timeout=60, cwd=REPO, env=env)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distlaunch",
+            "bench",
+            "all_reduce",
+            "--nproc-per-node",
+            "1",
+            "--sizes",
+            "8B",
+            "--plot",
+            str(tmp_path / "x.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert p.returncode == 2, p.stderr
     assert "needs matplotlib" in p.stderr + p.stdout and "float32" not in p.stdout  # nothing measured
     assert not (tmp_path / "x.png").exists()

@@ -21,7 +21,9 @@ def transport(request, monkeypatch):
 
 
 def _results(out):
-    return dict(re.findall(r"RESULT (\w+) rank (\d+): ", out)[i][::-1] for i in range(len(re.findall("RESULT", out))))
+    return dict(
+        re.findall(r"RESULT (\w+) rank (\d+): ", out)[i][::-1] for i in range(len(re.findall("RESULT", out)))
+    )
 
 
 def _check(rc, out, err, expect_ranks):

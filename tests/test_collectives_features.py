@@ -16,8 +16,16 @@ def transport(request, monkeypatch):
     launch.use_transport(monkeypatch, request.param)
     return request.param
 
-CASES = [("subgroups", 4), ("async", 3), ("async", 4), ("objects", 3), ("large", 3), ("large", 4),
-         ("badargs", 2)]
+
+CASES = [
+    ("subgroups", 4),
+    ("async", 3),
+    ("async", 4),
+    ("objects", 3),
+    ("large", 3),
+    ("large", 4),
+    ("badargs", 2),
+]
 
 
 def _run(mode, n, *extra):

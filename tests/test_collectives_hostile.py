@@ -48,12 +48,25 @@ class World:
             e = launch._base_env(env)
             for k in ("DISTLAUNCH_STORE_PORT", "DISTLAUNCH_STORE_ADDR", "DISTLAUNCH_STORE_TOKEN"):
                 e.pop(k, None)
-            e.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), DISTLAUNCH_SHM="0",
-                     COLL_INIT_METHOD=f"file://{self.store_path}")
-            p = subprocess.Popen([sys.executable, os.path.join(launch.WORKERS, "hostile.py")], env=e,
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, cwd=launch.REPO)
+            e.update(
+                RANK=str(r),
+                WORLD_SIZE=str(n),
+                LOCAL_RANK=str(r),
+                LOCAL_WORLD_SIZE=str(n),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                DISTLAUNCH_SHM="0",
+                COLL_INIT_METHOD=f"file://{self.store_path}",
+            )
+            p = subprocess.Popen(
+                [sys.executable, os.path.join(launch.WORKERS, "hostile.py")],
+                env=e,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=launch.REPO,
+            )
             self.procs.append(p)
             threading.Thread(target=self._pump, args=(r, p), daemon=True).start()
         self.ready = {}
@@ -163,7 +176,8 @@ def test_outsiders_get_nothing_and_are_disconnected():
         addr, secret = w.ready[0][1], w.ready[0][3].encode()
         wrong = b"0" * len(secret)
         attempts = {
-            "old hello, wrong secret": _HEADER.pack(b"DLC1", _HELLO, 0, 0, 0, 1, 0, 0, 0, -1, 0, len(wrong)) + wrong,
+            "old hello, wrong secret": _HEADER.pack(b"DLC1", _HELLO, 0, 0, 0, 1, 0, 0, 0, -1, 0, len(wrong))
+            + wrong,
             "old hello, no secret": _HEADER.pack(b"DLC1", _HELLO, 0, 0, 0, 1, 0, 0, 0, -1, 0, 0),
             "data without hello": _HEADER.pack(b"DLC1", _COLL, 11, 4, 0, 1, 0, 1, 0, -1, 1, 8) + b"\0" * 8,
             "garbage": os.urandom(200),
@@ -231,8 +245,12 @@ def test_wrong_proof_is_disconnected():
                 assert chunk, f"closed after {reply!r}"
                 reply += chunk
             # a forged proof, then a collective message riding on it
-            s.sendall(_HEADER.pack(MAGIC, _HELLO, 0, 0, 0, 1, 0, 0, 2, 0, 0, 32) + os.urandom(32)
-                      + _HEADER.pack(MAGIC, _COLL, 11, 4, 0, 1, 0, 1, 0, -1, 1, 8) + b"\0" * 8)
+            s.sendall(
+                _HEADER.pack(MAGIC, _HELLO, 0, 0, 0, 1, 0, 0, 2, 0, 0, 32)
+                + os.urandom(32)
+                + _HEADER.pack(MAGIC, _COLL, 11, 4, 0, 1, 0, 1, 0, -1, 1, 8)
+                + b"\0" * 8
+            )
             assert _read_until_closed(s, 5.0) == b""
         w.expect_go()
 
@@ -259,6 +277,7 @@ def test_connector_refuses_an_impostor_listener():
                     seen.extend(chunk)
             except OSError:
                 pass
+
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:

@@ -26,10 +26,14 @@ def _ok(rc, out, err, n):
 
 @pytest.mark.parametrize("method", ["env", "tcp", "file"])
 def test_init_methods(method, tmp_path):
-    init = {"env": "env://", "tcp": f"tcp://127.0.0.1:{launch.free_port()}",
-            "file": f"file://{tmp_path}/store"}[method]
-    rc, out, err = launch.spawn("features.py", 3, args=["basic"], init_method=init,
-                                env={"COLL_TIMEOUT_TIMEDELTA": "1"}, timeout=60)
+    init = {
+        "env": "env://",
+        "tcp": f"tcp://127.0.0.1:{launch.free_port()}",
+        "file": f"file://{tmp_path}/store",
+    }[method]
+    rc, out, err = launch.spawn(
+        "features.py", 3, args=["basic"], init_method=init, env={"COLL_TIMEOUT_TIMEDELTA": "1"}, timeout=60
+    )
     _ok(rc, out, err, 3)
 
 
@@ -38,23 +42,40 @@ def test_init_under_launcher(init_method):
     """No init_method: the launcher's store; env://: rank 0 hosts a store on MASTER_PORT."""
     if not launch._launcher_available():
         pytest.skip("distlaunch run is not usable in this tree")
-    rc, out, err = launch.launch("features.py", 2, args=["basic"], timeout=60, spawner="distlaunch",
-                                 env={"COLL_INIT_METHOD": init_method})
+    rc, out, err = launch.launch(
+        "features.py",
+        2,
+        args=["basic"],
+        timeout=60,
+        spawner="distlaunch",
+        env={"COLL_INIT_METHOD": init_method},
+    )
     _ok(rc, out, err, 2)
 
 
 def test_restarted_group_uses_fresh_keys():
     if not launch._launcher_available():
         pytest.skip("distlaunch run is not usable in this tree")
-    rc, out, err = launch.launch("restart.py", 3, timeout=90, spawner="distlaunch",
-                                 launcher_args=["--max-restarts", "1", "--stop-timeout", "2"])
+    rc, out, err = launch.launch(
+        "restart.py",
+        3,
+        timeout=90,
+        spawner="distlaunch",
+        launcher_args=["--max-restarts", "1", "--stop-timeout", "2"],
+    )
     assert rc == 0, f"{out[-3000:]}\n{err[-5000:]}"
     assert out.count("attempt 1 ok") == 3, out
 
 
 def test_init_timeout_names_missing_rank(tmp_path):
-    rc, out, err = launch.spawn("features.py", 3, args=["basic"], init_method=f"file://{tmp_path}/s",
-                                env={"COLL_SKIP_INIT_RANK": "1", "COLL_TEST_INIT_TIMEOUT": "4"}, timeout=90)
+    rc, out, err = launch.spawn(
+        "features.py",
+        3,
+        args=["basic"],
+        init_method=f"file://{tmp_path}/s",
+        env={"COLL_SKIP_INIT_RANK": "1", "COLL_TEST_INIT_TIMEOUT": "4"},
+        timeout=90,
+    )
     assert rc != 0
     assert err.count("init_process_group timed out after 4 s: ranks [1] did not join") == 2, err[-3000:]
 
@@ -89,9 +110,15 @@ def test_bad_init_method_and_missing_rank(monkeypatch):
 def test_single_process_world_in_process(tmp_path):
     """world size 1 in the test process itself: init, ops, timedelta timeout, destroy, re-init."""
     import numpy as np
+
     for _ in range(2):  # re-initialising on the same file uses a new generation of keys
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/s", rank=0, world_size=1,
-                                timeout=datetime.timedelta(seconds=10))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{tmp_path}/s",
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=10),
+        )
         try:
             assert dist.is_initialized() and dist.get_rank() == 0 and dist.get_world_size() == 1
             assert dist.GroupMember.WORLD is not None and dist.get_backend() == "cpu"
@@ -108,12 +135,20 @@ def test_single_process_world_in_process(tmp_path):
 
 
 def test_import_is_light():
-    code = ("import sys, distlaunch.collectives as d; "
-            "bad = [m for m in ('torch', 'click', 'psutil', 'paramiko', 'yaml', 'scipy', 'pandas', "
-            "'distlaunch.cli', 'distlaunch.launcher', 'distlaunch.agent') if m in sys.modules]; "
-            "print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=launch.REPO,
-                         env={**os.environ, "PYTHONPATH": launch.REPO}, check=True).stdout
+    code = (
+        "import sys, distlaunch.collectives as d; "
+        "bad = [m for m in ('torch', 'click', 'psutil', 'paramiko', 'yaml', 'scipy', 'pandas', "
+        "'distlaunch.cli', 'distlaunch.launcher', 'distlaunch.agent') if m in sys.modules]; "
+        "print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=launch.REPO,
+        env={**os.environ, "PYTHONPATH": launch.REPO},
+        check=True,
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -138,7 +173,9 @@ def test_filestore_semantics(tmp_path):
 @pytest.mark.parametrize("scheme", ["tcp", "file"])
 def test_multiprocessing_started_ranks(scheme, tmp_path, monkeypatch):
     import multiprocessing as mp
+
     import mp_worker
+
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "DISTLAUNCH_STORE_PORT"):
         monkeypatch.delenv(name, raising=False)
     world = 3
@@ -157,7 +194,9 @@ def test_multiprocessing_started_ranks(scheme, tmp_path, monkeypatch):
 def test_init_with_a_store_object():
     """store=: any c10d-style store; here distlaunch's own StoreServer/StoreClient."""
     import numpy as np
+
     from distlaunch.store import StoreClient, StoreServer
+
     server = StoreServer(token="t0k")
     server.start()
     try:

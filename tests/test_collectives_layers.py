@@ -23,17 +23,33 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (layer, modules), lowest layer first. A module may import modules of its own layer
 # (as long as there is no cycle) and of the layers before it.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base: errors, wire format, reduce ops, buffers, stores, transport interface", [
-        "distlaunch.collectives.errors", "distlaunch.collectives.wire", "distlaunch.collectives.ops",
-        "distlaunch.collectives.buffers", "distlaunch.collectives.filestore", "distlaunch.collectives.transport"]),
-    ("operation context and Work handles (no group)", [
-        "distlaunch.collectives.context", "distlaunch.collectives.work"]),
-    ("transports: TCP and the shared-memory channel", [
-        "distlaunch.collectives.tcp", "distlaunch.collectives.shm"]),
-    ("algorithms over each transport", [
-        "distlaunch.collectives.algorithms", "distlaunch.collectives.shm_algorithms"]),
-    ("backends: TCP, shared memory, hierarchical", [
-        "distlaunch.collectives.backend", "distlaunch.collectives.hierarchy"]),
+    (
+        "base: errors, wire format, reduce ops, buffers, stores, transport interface",
+        [
+            "distlaunch.collectives.errors",
+            "distlaunch.collectives.wire",
+            "distlaunch.collectives.ops",
+            "distlaunch.collectives.buffers",
+            "distlaunch.collectives.filestore",
+            "distlaunch.collectives.transport",
+        ],
+    ),
+    (
+        "operation context and Work handles (no group)",
+        ["distlaunch.collectives.context", "distlaunch.collectives.work"],
+    ),
+    (
+        "transports: TCP and the shared-memory channel",
+        ["distlaunch.collectives.tcp", "distlaunch.collectives.shm"],
+    ),
+    (
+        "algorithms over each transport",
+        ["distlaunch.collectives.algorithms", "distlaunch.collectives.shm_algorithms"],
+    ),
+    (
+        "backends: TCP, shared memory, hierarchical",
+        ["distlaunch.collectives.backend", "distlaunch.collectives.hierarchy"],
+    ),
     ("process groups", ["distlaunch.collectives.group"]),
     ("runtime: init, new_group, destroy", ["distlaunch.collectives.runtime"]),
     ("public API", ["distlaunch.collectives.api", "distlaunch.collectives.objects"]),
@@ -81,7 +97,7 @@ def imports_of(module: str, path: str, known: set[str]) -> list[Import]:
                 targets = [a.name for a in child.names]
             elif isinstance(child, ast.ImportFrom):
                 if child.level:
-                    parts = base_parts[:len(base_parts) - child.level + 1]
+                    parts = base_parts[: len(base_parts) - child.level + 1]
                     src = ".".join(parts + ([child.module] if child.module else []))
                 else:
                     src = child.module or ""
@@ -115,7 +131,7 @@ def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
         stack.append(u)
         for v in graph.get(u, []):
             if state.get(v) == 1:
-                return stack[stack.index(v):] + [v]
+                return stack[stack.index(v) :] + [v]
             if v not in state:
                 cyc = dfs(v)
                 if cyc:
@@ -142,9 +158,13 @@ def test_every_module_has_a_layer():
 
 def test_no_upward_import():
     layers = layer_of()
-    bad = [f"{m} (layer {layers[m]}: {LAYERS[layers[m]][0]}) imports {i.target} (layer {layers[i.target]}: "
-           f"{LAYERS[layers[i.target]][0]}) on line {i.line}"
-           for m, imps in import_graph().items() for i in imps if layers[i.target] > layers[m]]
+    bad = [
+        f"{m} (layer {layers[m]}: {LAYERS[layers[m]][0]}) imports {i.target} (layer {layers[i.target]}: "
+        f"{LAYERS[layers[i.target]][0]}) on line {i.line}"
+        for m, imps in import_graph().items()
+        for i in imps
+        if layers[i.target] > layers[m]
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -155,8 +175,12 @@ def test_no_import_cycle():
 
 
 def test_no_function_level_import_inside_the_package():
-    bad = [f"{m} line {i.line}: imports {i.target} inside a function"
-           for m, imps in import_graph().items() for i in imps if i.in_function]
+    bad = [
+        f"{m} line {i.line}: imports {i.target} inside a function"
+        for m, imps in import_graph().items()
+        for i in imps
+        if i.in_function
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -173,6 +197,7 @@ def test_checker_finds_cycles_and_upward_imports(tmp_path):
 @pytest.mark.parametrize("module", sorted(layer_of()))
 def test_module_imports_alone_in_a_fresh_interpreter(module):
     """Each module imports first in its interpreter (no import-order dependence)."""
-    p = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
     assert p.returncode == 0, p.stderr[-3000:]

@@ -17,10 +17,31 @@ import launch  # noqa: E402
 def _two_nodes(script, *args, timeout=240):
     port = launch.free_port()
     env = launch._base_env({"DISTLAUNCH_SHM": "1"})
-    cmds = [[sys.executable, "-m", "distlaunch", "run", "--nnodes", "2", "--node-rank", str(k), "--master-port",
-             str(port), "--nproc-per-node", "2", os.path.join(launch.WORKERS, script), *args] for k in (1, 0)]
-    procs = [subprocess.Popen(c, env=env, cwd=launch.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for c in cmds]
+    cmds = [
+        [
+            sys.executable,
+            "-m",
+            "distlaunch",
+            "run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(k),
+            "--master-port",
+            str(port),
+            "--nproc-per-node",
+            "2",
+            os.path.join(launch.WORKERS, script),
+            *args,
+        ]
+        for k in (1, 0)
+    ]
+    procs = [
+        subprocess.Popen(
+            c, env=env, cwd=launch.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for c in cmds
+    ]
     outs = []
     try:
         for p in procs:
@@ -32,8 +53,15 @@ def _two_nodes(script, *args, timeout=240):
     return [p.returncode for p in procs], "".join(outs)
 
 
-@pytest.mark.parametrize("script,args", [("matrix.py", []), ("features.py", ["subgroups"]),
-                                         ("features.py", ["large"]), ("random_ops.py", ["7", "300"])])
+@pytest.mark.parametrize(
+    "script,args",
+    [
+        ("matrix.py", []),
+        ("features.py", ["subgroups"]),
+        ("features.py", ["large"]),
+        ("random_ops.py", ["7", "300"]),
+    ],
+)
 def test_two_nodes_hierarchical(script, args):
     codes, out = _two_nodes(script, *args)
     assert codes == [0, 0], out[-6000:]

@@ -1,6 +1,7 @@
 """Elastic membership with --nnodes MIN:MAX (per-node launches on this machine): a node
 that joins mid-run triggers a new round (not a restart); a lost node is dropped while at
 least MIN remain."""
+
 import json
 import time
 
@@ -12,8 +13,21 @@ CONF = "last_call_timeout=0.5,heartbeat_timeout=3,heartbeat_interval=0.2"
 
 
 def node(endpoint, nnodes, *args):
-    return dl_popen("run", "--nnodes", nnodes, "--rdzv-endpoint", endpoint, "--rdzv-id", "el",
-                    "--rdzv-conf", CONF, "--nproc-per-node", 1, WORKERS / "actor.py", *args)
+    return dl_popen(
+        "run",
+        "--nnodes",
+        nnodes,
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "el",
+        "--rdzv-conf",
+        CONF,
+        "--nproc-per-node",
+        1,
+        WORKERS / "actor.py",
+        *args,
+    )
 
 
 def test_late_joiner_starts_a_new_round_not_a_restart(tmp_path):
@@ -59,13 +73,34 @@ def test_lost_node_below_min_stops_with_clear_error(tmp_path):
 
 def test_events_file_and_round_lines(tmp_path):
     from conftest import dl
+
     logs = tmp_path / "logs"
-    res = dl("run", "--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "ev", "--log-dir", logs,
-             WORKERS / "actor.py", "--fail-rank", "1", "--fail-code", "3", "--fail-attempts", "1")
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--run-id",
+        "ev",
+        "--log-dir",
+        logs,
+        WORKERS / "actor.py",
+        "--fail-rank",
+        "1",
+        "--fail-code",
+        "3",
+        "--fail-attempts",
+        "1",
+    )
     assert res.returncode == 0, res.stderr
     events = [json.loads(ln) for ln in (logs / "ev" / "events.jsonl").read_text().splitlines()]
-    assert [(e["event"], e["round"]) for e in events] == \
-        [("round", 0), ("round_end", 0), ("round", 1), ("round_end", 1)]
+    assert [(e["event"], e["round"]) for e in events] == [
+        ("round", 0),
+        ("round_end", 0),
+        ("round", 1),
+        ("round_end", 1),
+    ]
     assert [e["restart_count"] for e in events if e["event"] == "round"] == [0, 1]
     first_end = events[1]["cause"]
     assert first_end["kind"] == "failure" and first_end["failure"]["rank"] == 1

@@ -1,12 +1,12 @@
 """Head mode: `distlaunch run -H node1:2,node2:2` starts agents over SSH (a real sshd on
 127.0.0.2 and 127.0.0.3) and supervises the job from one head."""
+
 import json
 import os
 import re
 import time
 
 import psutil
-
 from conftest import WORKERS, dl, dl_popen
 from sshd import sshd_hosts  # noqa: F401  (session fixture)
 from test_supervision import survivors, wait_for
@@ -18,12 +18,32 @@ def head_args(sshd, hosts="node1:2,node2:2"):
 
 def test_two_hosts_ranks_output_and_env(sshd_hosts, tmp_path):
     env = dict(os.environ, SHIPPED="a b'c$d", NOT_SHIPPED="x")
-    res = dl(*head_args(sshd_hosts), "-x", "SHIPPED", "-x", "SET_HERE=42", "--prefix-host", "--bind-to", "core",
-             WORKERS / "actor.py", "--dump-env", tmp_path, "--lines", "3", env=env, timeout=120)
+    res = dl(
+        *head_args(sshd_hosts),
+        "-x",
+        "SHIPPED",
+        "-x",
+        "SET_HERE=42",
+        "--prefix-host",
+        "--bind-to",
+        "core",
+        WORKERS / "actor.py",
+        "--dump-env",
+        tmp_path,
+        "--lines",
+        "3",
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
     for r, e in enumerate(envs):
-        assert (e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["GROUP_RANK"]) == (str(r), "4", str(r % 2), str(r // 2))
+        assert (e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"], e["GROUP_RANK"]) == (
+            str(r),
+            "4",
+            str(r % 2),
+            str(r // 2),
+        )
         assert e["SHIPPED"] == "a b'c$d" and e["SET_HERE"] == "42" and "NOT_SHIPPED" not in e
         assert e["DISTLAUNCH_NODE_ID"] == str(r // 2)
         assert "DISTLAUNCH_STORE_TOKEN" in e
@@ -35,14 +55,26 @@ def test_two_hosts_ranks_output_and_env(sshd_hosts, tmp_path):
     lines = res.stdout.splitlines()
     for r, host in enumerate(["node1", "node1", "node2", "node2"]):
         mine = [ln for ln in lines if ln.startswith(f"[{host}:{r}]: ")]
-        assert [re.sub(r" x* end \d+$", "", ln) for ln in mine] == \
-            [f"[{host}:{r}]: line {i} of rank {r}" for i in range(3)]
+        assert [re.sub(r" x* end \d+$", "", ln) for ln in mine] == [
+            f"[{host}:{r}]: line {i} of rank {r}" for i in range(3)
+        ]
 
 
 def test_failure_on_one_host_stops_the_other(sshd_hosts):
     t0 = time.monotonic()
-    res = dl(*head_args(sshd_hosts), WORKERS / "actor.py", "--fail-rank", "1", "--fail-code", "9",
-             "--fail-delay", "0.5", "--sleep", "60", timeout=120)
+    res = dl(
+        *head_args(sshd_hosts),
+        WORKERS / "actor.py",
+        "--fail-rank",
+        "1",
+        "--fail-code",
+        "9",
+        "--fail-delay",
+        "0.5",
+        "--sleep",
+        "60",
+        timeout=120,
+    )
     assert time.monotonic() - t0 < 40
     assert res.returncode == 9, res.stderr
     summary = res.stderr.split("root cause")[1]
@@ -51,20 +83,43 @@ def test_failure_on_one_host_stops_the_other(sshd_hosts):
 
 
 def test_restart_across_hosts(sshd_hosts, tmp_path):
-    res = dl(*head_args(sshd_hosts), "--max-restarts", "1", WORKERS / "actor.py", "--fail-rank", "3",
-             "--fail-attempts", "1", "--mark-dir", tmp_path, timeout=120)
+    res = dl(
+        *head_args(sshd_hosts),
+        "--max-restarts",
+        "1",
+        WORKERS / "actor.py",
+        "--fail-rank",
+        "3",
+        "--fail-attempts",
+        "1",
+        "--mark-dir",
+        tmp_path,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert all((tmp_path / f"started.{r}.1").exists() for r in range(4))
 
 
 def test_head_sigkill_leaves_no_survivor(sshd_hosts, tmp_path):
-    p = dl_popen(*head_args(sshd_hosts), WORKERS / "actor.py", "--mark-dir", tmp_path,
-                 "--spawn-child", tmp_path, "--sleep", "120")
+    p = dl_popen(
+        *head_args(sshd_hosts),
+        WORKERS / "actor.py",
+        "--mark-dir",
+        tmp_path,
+        "--spawn-child",
+        tmp_path,
+        "--sleep",
+        "120",
+    )
     assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
     assert wait_for(lambda: all((tmp_path / f"child.{r}").exists() for r in range(4)), 20)
     pids = [int((tmp_path / f"child.{r}").read_text()) for r in range(4)]
-    workers = [pr.info["pid"] for pr in psutil.process_iter(["pid", "cmdline"])
-               if str(tmp_path) in " ".join(pr.info["cmdline"] or []) and "actor.py" in " ".join(pr.info["cmdline"] or [])]
+    workers = [
+        pr.info["pid"]
+        for pr in psutil.process_iter(["pid", "cmdline"])
+        if str(tmp_path) in " ".join(pr.info["cmdline"] or [])
+        and "actor.py" in " ".join(pr.info["cmdline"] or [])
+    ]
     assert len(survivors(workers)) >= 4
     p.kill()
     p.wait()
@@ -81,16 +136,34 @@ def test_sigterm_to_head_stops_every_host(sshd_hosts, tmp_path):
 
 
 def test_preflight_failure_starts_nothing(sshd_hosts, tmp_path):
-    res = dl(*head_args(sshd_hosts), "--remote-python", "/nonexistent/python", WORKERS / "actor.py",
-             "--mark-dir", tmp_path, timeout=60)
+    res = dl(
+        *head_args(sshd_hosts),
+        "--remote-python",
+        "/nonexistent/python",
+        WORKERS / "actor.py",
+        "--mark-dir",
+        tmp_path,
+        timeout=60,
+    )
     assert res.returncode == 2, res.stderr
     assert "preflight failed on 2 of 2" in res.stderr and "/nonexistent/python" in res.stderr
     assert not list(tmp_path.iterdir())
 
 
 def test_unreachable_host_is_a_usage_error(sshd_hosts, tmp_path):
-    res = dl("run", "--ssh-config", sshd_hosts.ssh_config, "-H", "node1:1,127.0.0.9:1",
-             "--ssh-port", str(sshd_hosts.port), WORKERS / "actor.py", "--mark-dir", tmp_path, timeout=60)
+    res = dl(
+        "run",
+        "--ssh-config",
+        sshd_hosts.ssh_config,
+        "-H",
+        "node1:1,127.0.0.9:1",
+        "--ssh-port",
+        str(sshd_hosts.port),
+        WORKERS / "actor.py",
+        "--mark-dir",
+        tmp_path,
+        timeout=60,
+    )
     assert res.returncode == 2
     assert "127.0.0.9" in res.stderr
     assert not list(tmp_path.iterdir())
@@ -98,12 +171,20 @@ def test_unreachable_host_is_a_usage_error(sshd_hosts, tmp_path):
 
 def test_local_host_runs_in_process_with_remote_one(sshd_hosts, tmp_path):
     # localhost is this machine: its agent runs inside the head, the other over SSH.
-    res = dl(*head_args(sshd_hosts, "localhost:1,node2:2"), WORKERS / "actor.py", "--dump-env",
-             tmp_path, timeout=120)
+    res = dl(
+        *head_args(sshd_hosts, "localhost:1,node2:2"),
+        WORKERS / "actor.py",
+        "--dump-env",
+        tmp_path,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     envs = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
-    assert [(e["RANK"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in envs] == \
-        [("0", "0", "3"), ("1", "1", "3"), ("2", "1", "3")]
+    assert [(e["RANK"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in envs] == [
+        ("0", "0", "3"),
+        ("1", "1", "3"),
+        ("2", "1", "3"),
+    ]
     assert "preflight node2: ok" in res.stderr
 
 
@@ -112,8 +193,19 @@ def test_hostfile_and_exclude(sshd_hosts, tmp_path):
     hostfile.write_text("# OpenMPI style\nnode1 slots=1\n\nnode2 slots=2 max_slots=4\n")
     out = tmp_path / "env"
     out.mkdir()
-    res = dl("run", "--ssh-config", sshd_hosts.ssh_config, "--hostfile", hostfile, "--exclude", "node1",
-             WORKERS / "actor.py", "--dump-env", out, timeout=120)
+    res = dl(
+        "run",
+        "--ssh-config",
+        sshd_hosts.ssh_config,
+        "--hostfile",
+        hostfile,
+        "--exclude",
+        "node1",
+        WORKERS / "actor.py",
+        "--dump-env",
+        out,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == ["0.json", "1.json"]
     assert json.loads((out / "1.json").read_text())["GROUP_WORLD_SIZE"] == "1"
@@ -126,12 +218,21 @@ def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
     text = open(sshd_hosts.ssh_config).read()
     assert sshd_hosts.known_hosts in text
     cfg.write_text(text.replace(sshd_hosts.known_hosts, str(empty)))
-    res = dl("run", "--ssh-config", cfg, "-H", "node1:1", WORKERS / "actor.py", "--mark-dir", tmp_path,
-             timeout=60)
+    res = dl(
+        "run", "--ssh-config", cfg, "-H", "node1:1", WORKERS / "actor.py", "--mark-dir", tmp_path, timeout=60
+    )
     assert res.returncode == 2
     assert "host key" in res.stderr and "--ssh-accept-new-host-keys" in res.stderr
-    res = dl("run", "--ssh-config", cfg, "--ssh-accept-new-host-keys", "-H", "node1:1",
-             WORKERS / "actor.py", timeout=60)
+    res = dl(
+        "run",
+        "--ssh-config",
+        cfg,
+        "--ssh-accept-new-host-keys",
+        "-H",
+        "node1:1",
+        WORKERS / "actor.py",
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert empty.read_text().strip()  # the accepted key was saved
 
@@ -139,13 +240,24 @@ def test_unknown_host_key_is_refused(sshd_hosts, tmp_path):
 def test_unresponsive_agent_is_killed_over_ssh(sshd_hosts, tmp_path):
     import signal
 
-    p = dl_popen(*head_args(sshd_hosts), "--stop-timeout", "1", WORKERS / "actor.py", "--mark-dir",
-                 tmp_path, "--sleep", "120")
+    p = dl_popen(
+        *head_args(sshd_hosts),
+        "--stop-timeout",
+        "1",
+        WORKERS / "actor.py",
+        "--mark-dir",
+        tmp_path,
+        "--sleep",
+        "120",
+    )
     assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
     # This job's agents are the parents of its workers (other jobs may be running).
-    workers = [pr for pr in psutil.process_iter(["pid", "cmdline"])
-               if str(tmp_path) in " ".join(pr.info["cmdline"] or [])
-               and "distlaunch" not in " ".join(pr.info["cmdline"])]
+    workers = [
+        pr
+        for pr in psutil.process_iter(["pid", "cmdline"])
+        if str(tmp_path) in " ".join(pr.info["cmdline"] or [])
+        and "distlaunch" not in " ".join(pr.info["cmdline"])
+    ]
     agents = {w.ppid() for w in workers}
     assert len(agents) == 2
     frozen = psutil.Process(min(agents))
@@ -170,6 +282,7 @@ def run_in_pty(args, timeout=120):
     import subprocess as sp
 
     from conftest import dl_cmd
+
     master, slave = pty.openpty()
     p = sp.Popen(dl_cmd(*args), stdout=sp.DEVNULL, stderr=slave, cwd=str(WORKERS.parent.parent))
     os.close(slave)
@@ -197,24 +310,53 @@ def test_live_status_on_a_terminal_only(sshd_hosts):
 
 
 def test_head_reports_rounds_once(sshd_hosts, tmp_path):
-    res = dl(*head_args(sshd_hosts), "--max-restarts", "1", "--run-id", "hr", "--log-dir", tmp_path,
-             WORKERS / "actor.py", "--fail-rank", "3", "--fail-code", "5", "--fail-attempts", "1",
-             timeout=120)
+    res = dl(
+        *head_args(sshd_hosts),
+        "--max-restarts",
+        "1",
+        "--run-id",
+        "hr",
+        "--log-dir",
+        tmp_path,
+        WORKERS / "actor.py",
+        "--fail-rank",
+        "3",
+        "--fail-code",
+        "5",
+        "--fail-attempts",
+        "1",
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     err = res.stderr
     assert err.count("round 0: 2 node(s) [node1:2, node2:2], restart count 0") == 1
     assert err.count("round 0 ended: rank 3 (local rank 1) on node 1 (node2) exit code 5") == 1
     assert err.count("round 1: 2 node(s)") == 1 and "round 1 ended: every worker succeeded" in err
     events = [json.loads(ln) for ln in (tmp_path / "hr" / "events.jsonl").read_text().splitlines()]
-    assert [(e["event"], e["round"]) for e in events] == \
-        [("round", 0), ("round_end", 0), ("round", 1), ("round_end", 1)]
+    assert [(e["event"], e["round"]) for e in events] == [
+        ("round", 0),
+        ("round_end", 0),
+        ("round", 1),
+        ("round_end", 1),
+    ]
 
 
 def test_repeatedly_failing_host_is_dropped(sshd_hosts):
     # rank 3 lives on node2 while it is a member: it fails twice, node2 is dropped, and
     # the job finishes on node1 alone.
-    res = dl(*head_args(sshd_hosts), "--min-nodes", "1", "--max-restarts", "3", WORKERS / "actor.py",
-             "--fail-rank", "3", "--fail-code", "4", timeout=120)
+    res = dl(
+        *head_args(sshd_hosts),
+        "--min-nodes",
+        "1",
+        "--max-restarts",
+        "3",
+        WORKERS / "actor.py",
+        "--fail-rank",
+        "3",
+        "--fail-code",
+        "4",
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     assert "dropping host node2: its workers failed in 2 consecutive rounds" in res.stderr
     assert "round 2: 1 node(s) [node1:2], restart count 2" in res.stderr
@@ -236,8 +378,17 @@ def agent_of(tmp_path, host_rank_range):
 
 def test_lost_agent_dropped_with_min_nodes(sshd_hosts, tmp_path):
     import signal
-    p = dl_popen(*head_args(sshd_hosts), "--min-nodes", "1", WORKERS / "actor.py", "--mark-dir",
-                 tmp_path, "--sleep", "5")
+
+    p = dl_popen(
+        *head_args(sshd_hosts),
+        "--min-nodes",
+        "1",
+        WORKERS / "actor.py",
+        "--mark-dir",
+        tmp_path,
+        "--sleep",
+        "5",
+    )
     assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
     agent = agent_of(tmp_path, range(2, 4))
     assert agent
@@ -250,6 +401,7 @@ def test_lost_agent_dropped_with_min_nodes(sshd_hosts, tmp_path):
 
 def test_lost_agent_ends_the_job_without_min_nodes(sshd_hosts, tmp_path):
     import signal
+
     p = dl_popen(*head_args(sshd_hosts), WORKERS / "actor.py", "--mark-dir", tmp_path, "--sleep", "60")
     assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(4)), 60)
     os.kill(agent_of(tmp_path, range(2, 4)), signal.SIGKILL)

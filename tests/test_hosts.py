@@ -1,4 +1,5 @@
 """Host lists and hostfiles (distlaunch.hosts): pure parsing, no network."""
+
 import getpass
 import socket
 import subprocess
@@ -7,8 +8,7 @@ import sys
 import pytest
 
 from distlaunch.errors import ConfigError
-from distlaunch.hosts import Host, filter_hosts, is_local, parse_host_list, parse_hostfile, \
-    resolve_slots
+from distlaunch.hosts import Host, filter_hosts, is_local, parse_host_list, parse_hostfile, resolve_slots
 
 
 def hostfile(tmp_path, text, name="hostfile"):
@@ -19,33 +19,43 @@ def hostfile(tmp_path, text, name="hostfile"):
 
 # --- -H lists --------------------------------------------------------------------------
 
+
 def test_host_list_slots_users_and_defaults():
     assert parse_host_list("node1:4,user@node2:2,node3") == [
-        Host("node1", slots=4), Host("node2", user="user", slots=2), Host("node3")]
+        Host("node1", slots=4),
+        Host("node2", user="user", slots=2),
+        Host("node3"),
+    ]
 
 
 def test_host_list_spaces_around_entries_and_addresses():
     assert parse_host_list(" 10.0.0.1:2 , [fe80::1]:3, ::1 ") == [
-        Host("10.0.0.1", slots=2), Host("fe80::1", slots=3), Host("::1")]
+        Host("10.0.0.1", slots=2),
+        Host("fe80::1", slots=3),
+        Host("::1"),
+    ]
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("", "empty host list"),
-    ("   ", "empty host list"),
-    ("a,,b", "extra comma"),
-    ("a,", "extra comma"),
-    ("a:0", "slots=0"),
-    ("a:-2", "slots=-2"),
-    ("a:x", "'x'"),
-    ("a:", "''"),
-    ("a,b,A:2", "listed twice"),
-    ("u@a,a", "listed twice"),
-    ("-oProxyCommand=x", "bad host name"),
-    ("a b", "whitespace"),
-    ("bad user@a", "whitespace"),
-    ("@a", "bad user name"),
-    ("[fe80::1", "unclosed"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("", "empty host list"),
+        ("   ", "empty host list"),
+        ("a,,b", "extra comma"),
+        ("a,", "extra comma"),
+        ("a:0", "slots=0"),
+        ("a:-2", "slots=-2"),
+        ("a:x", "'x'"),
+        ("a:", "''"),
+        ("a,b,A:2", "listed twice"),
+        ("u@a,a", "listed twice"),
+        ("-oProxyCommand=x", "bad host name"),
+        ("a b", "whitespace"),
+        ("bad user@a", "whitespace"),
+        ("@a", "bad user name"),
+        ("[fe80::1", "unclosed"),
+    ],
+)
 def test_host_list_errors(spec, words):
     with pytest.raises(ConfigError) as err:
         parse_host_list(spec)
@@ -60,10 +70,14 @@ def test_host_list_error_names_the_entry():
 
 # --- hostfiles ---------------------------------------------------------------------------
 
+
 def test_hostfile_openmpi(tmp_path):
     path = hostfile(tmp_path, "node1 slots=4 max_slots=8\nnode2 slots=2 max-slots=2\nnode3\n")
-    assert parse_hostfile(path) == [Host("node1", slots=4, max_slots=8),
-                                    Host("node2", slots=2, max_slots=2), Host("node3")]
+    assert parse_hostfile(path) == [
+        Host("node1", slots=4, max_slots=8),
+        Host("node2", slots=2, max_slots=2),
+        Host("node3"),
+    ]
 
 
 def test_hostfile_deepspeed(tmp_path):
@@ -73,38 +87,45 @@ def test_hostfile_deepspeed(tmp_path):
 
 def test_hostfile_mpich(tmp_path):
     path = hostfile(tmp_path, "node1:2\nnode2:3\nnode3\n")
-    assert parse_hostfile(path) == [Host("node1", slots=2), Host("node2", slots=3),
-                                    Host("node3")]
+    assert parse_hostfile(path) == [Host("node1", slots=2), Host("node2", slots=3), Host("node3")]
 
 
 def test_hostfile_comments_blank_lines_users_mixed_formats(tmp_path):
-    path = hostfile(tmp_path, """\
+    path = hostfile(
+        tmp_path,
+        """\
 # cluster A
-   
+
 alice@node1 slots=2   # trailing comment
 \tbob@node2:4
 node3 SLOTS=1
 
 # end
-""")
-    assert parse_hostfile(path) == [Host("node1", user="alice", slots=2),
-                                    Host("node2", user="bob", slots=4),
-                                    Host("node3", slots=1)]
+""",
+    )
+    assert parse_hostfile(path) == [
+        Host("node1", user="alice", slots=2),
+        Host("node2", user="bob", slots=4),
+        Host("node3", slots=1),
+    ]
 
 
-@pytest.mark.parametrize("text, line, words", [
-    ("a slots=2\nb slots=0\n", 2, "slots=0"),
-    ("a\n\n# c\nb slots=-1\n", 4, "slots=-1"),
-    ("a slots=two\n", 1, "not a number"),
-    ("a:x\n", 1, "not a number"),
-    ("a slots\n", 1, "cannot parse 'slots'"),
-    ("a cpu=4\n", 1, "unknown setting 'cpu=4'"),
-    ("a:2 slots=2\n", 1, "slots given twice"),
-    ("a slots=4 max_slots=2\n", 1, "max_slots=2 is below slots=4"),
-    ("a slots=1 max_slots=0\n", 1, "max_slots=0"),
-    ("a\nb\na slots=2\n", 3, "listed twice (first at"),
-    ("-a\n", 1, "bad host name"),
-])
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        ("a slots=2\nb slots=0\n", 2, "slots=0"),
+        ("a\n\n# c\nb slots=-1\n", 4, "slots=-1"),
+        ("a slots=two\n", 1, "not a number"),
+        ("a:x\n", 1, "not a number"),
+        ("a slots\n", 1, "cannot parse 'slots'"),
+        ("a cpu=4\n", 1, "unknown setting 'cpu=4'"),
+        ("a:2 slots=2\n", 1, "slots given twice"),
+        ("a slots=4 max_slots=2\n", 1, "max_slots=2 is below slots=4"),
+        ("a slots=1 max_slots=0\n", 1, "max_slots=0"),
+        ("a\nb\na slots=2\n", 3, "listed twice (first at"),
+        ("-a\n", 1, "bad host name"),
+    ],
+)
 def test_hostfile_errors_name_file_and_line(tmp_path, text, line, words):
     path = hostfile(tmp_path, text)
     with pytest.raises(ConfigError) as err:
@@ -133,10 +154,10 @@ def test_hostfile_not_text(tmp_path):
 
 # --- resolve_slots -------------------------------------------------------------------------
 
+
 def test_resolve_slots_fills_only_missing():
     hosts = [Host("a", slots=3), Host("b"), Host("c", user="u")]
-    assert resolve_slots(hosts, 2) == [Host("a", slots=3), Host("b", slots=2),
-                                       Host("c", user="u", slots=2)]
+    assert resolve_slots(hosts, 2) == [Host("a", slots=3), Host("b", slots=2), Host("c", user="u", slots=2)]
 
 
 def test_resolve_slots_respects_max_slots():
@@ -168,14 +189,17 @@ def test_exclude():
     assert filter_hosts(HOSTS, None, "u@n2") == [HOSTS[0], HOSTS[2]]
 
 
-@pytest.mark.parametrize("include, exclude, words", [
-    ("n1,n9", None, "n9 not in the host list"),
-    (None, "zz", "zz not in the host list"),
-    ("n1", "n2", "mutually exclusive"),
-    (None, "n1,n2,n3", "leaves no hosts"),
-    ("n1:0,1", None, "not supported"),
-    ("n1,,n2", None, "empty name"),
-])
+@pytest.mark.parametrize(
+    "include, exclude, words",
+    [
+        ("n1,n9", None, "n9 not in the host list"),
+        (None, "zz", "zz not in the host list"),
+        ("n1", "n2", "mutually exclusive"),
+        (None, "n1,n2,n3", "leaves no hosts"),
+        ("n1:0,1", None, "not supported"),
+        ("n1,,n2", None, "empty name"),
+    ],
+)
 def test_filter_errors(include, exclude, words):
     with pytest.raises(ConfigError, match=words):
         filter_hosts(HOSTS, include, exclude)
@@ -183,15 +207,14 @@ def test_filter_errors(include, exclude, words):
 
 # --- is_local --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["localhost", "LOCALHOST", "127.0.0.1", "::1",
-                                  socket.gethostname()])
+
+@pytest.mark.parametrize("name", ["localhost", "LOCALHOST", "127.0.0.1", "::1", socket.gethostname()])
 def test_is_local(name):
     assert is_local(Host(name))
     assert is_local(Host(name, user=getpass.getuser(), slots=2))
 
 
-@pytest.mark.parametrize("name", ["127.0.0.2", "127.0.0.3", "node1", "10.1.2.3",
-                                  socket.gethostname() + "x"])
+@pytest.mark.parametrize("name", ["127.0.0.2", "127.0.0.3", "node1", "10.1.2.3", socket.gethostname() + "x"])
 def test_is_not_local(name):
     assert not is_local(Host(name))
 
@@ -201,6 +224,8 @@ def test_other_user_on_localhost_is_not_local():
 
 
 def test_hosts_does_not_import_paramiko():
-    code = ("import sys, distlaunch.hosts, distlaunch.remote, distlaunch.remote.command; "
-            "assert 'paramiko' not in sys.modules, 'paramiko imported'")
+    code = (
+        "import sys, distlaunch.hosts, distlaunch.remote, distlaunch.remote.command; "
+        "assert 'paramiko' not in sys.modules, 'paramiko imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,8 +1,8 @@
 """`distlaunch run --config job.yaml`: options from a YAML file, command line overrides."""
+
 import json
 
 import yaml
-
 from conftest import WORKERS, dl
 
 
@@ -15,14 +15,17 @@ def write(tmp_path, text):
 def test_job_file_runs_with_overrides(tmp_path):
     out = tmp_path / "env"
     out.mkdir()
-    job = write(tmp_path, f"""# training job
+    job = write(
+        tmp_path,
+        f"""# training job
 nproc-per-node: 3
 max_restarts: 2
 env:
   FROM_FILE: "yes"
-script: {WORKERS / 'actor.py'}
+script: {WORKERS / "actor.py"}
 args: [--dump-env, {out}]
-""")
+""",
+    )
     res = dl("run", "--config", job, "--max-restarts", "1")
     assert res.returncode == 0, res.stderr
     envs = [json.loads((out / f"{r}.json").read_text()) for r in range(3)]

@@ -1,4 +1,5 @@
 """distlaunch run on one node: environment, arguments and output, with real workers."""
+
 import json
 import os
 import re
@@ -6,13 +7,24 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, dl
 
-TORCHRUN_NAMES = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                  "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
-                  "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-                  "TORCHELASTIC_RUN_ID"]
+TORCHRUN_NAMES = [
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+]
 
 
 def load_envs(d, n):
@@ -22,22 +34,52 @@ def load_envs(d, n):
 def test_environment_contract(actor, tmp_path):
     env = dict(os.environ, SLURM_PROCID="7", RANK="99", PMIX_RANK="3")
     env.pop("OMP_NUM_THREADS", None)
-    res = dl("run", "--nproc-per-node", "3", "--max-restarts", "2", "--run-id", "job42", actor,
-             "--dump-env", tmp_path, env=env)
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "3",
+        "--max-restarts",
+        "2",
+        "--run-id",
+        "job42",
+        actor,
+        "--dump-env",
+        tmp_path,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     envs = load_envs(tmp_path, 3)
     ports = {e["MASTER_PORT"] for e in envs}
     assert len(ports) == 1
     for r, e in enumerate(envs):
-        assert (e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) == (str(r), str(r), "3", "3")
-        assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"], e["ROLE_RANK"], e["ROLE_WORLD_SIZE"]) == ("0", "1", str(r), "3")
+        assert (e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) == (
+            str(r),
+            str(r),
+            "3",
+            "3",
+        )
+        assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"], e["ROLE_RANK"], e["ROLE_WORLD_SIZE"]) == (
+            "0",
+            "1",
+            str(r),
+            "3",
+        )
         assert e["ROLE_NAME"] == "default"
         assert e["TORCHELASTIC_RUN_ID"] == e["DISTLAUNCH_RUN_ID"] == "job42"
         assert (e["TORCHELASTIC_RESTART_COUNT"], e["TORCHELASTIC_MAX_RESTARTS"]) == ("0", "2")
         assert e["MASTER_ADDR"] == "localhost"
         # MPI-style names mirror the torchrun ones; PMIX_* and stale SLURM_* are removed.
-        assert (e["OMPI_COMM_WORLD_RANK"], e["PMI_RANK"], e["OMPI_COMM_WORLD_SIZE"], e["PMI_SIZE"]) == (str(r), str(r), "3", "3")
-        assert (e["OMPI_COMM_WORLD_LOCAL_RANK"], e["MPI_LOCALRANKID"], e["MPI_LOCALNRANKS"]) == (str(r), str(r), "3")
+        assert (e["OMPI_COMM_WORLD_RANK"], e["PMI_RANK"], e["OMPI_COMM_WORLD_SIZE"], e["PMI_SIZE"]) == (
+            str(r),
+            str(r),
+            "3",
+            "3",
+        )
+        assert (e["OMPI_COMM_WORLD_LOCAL_RANK"], e["MPI_LOCALRANKID"], e["MPI_LOCALNRANKS"]) == (
+            str(r),
+            str(r),
+            "3",
+        )
         assert "SLURM_PROCID" not in e and "PMIX_RANK" not in e and "PMI_FD" not in e
         assert e["OMP_NUM_THREADS"] == "1"
         assert e["DISTLAUNCH_STORE_PORT"].isdigit() and len(e["DISTLAUNCH_STORE_TOKEN"]) >= 16
@@ -57,8 +99,14 @@ def test_omp_num_threads_kept_when_set(actor, tmp_path):
 
 def _run_with_cpus(cpus, *args):
     """distlaunch under a restricted CPU affinity (like taskset -c CPUS)."""
-    return subprocess.run([sys.executable, "-m", "distlaunch", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=60, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    return subprocess.run(
+        [sys.executable, "-m", "distlaunch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+    )
 
 
 def test_cpu_binding(actor, tmp_path):
@@ -80,15 +128,18 @@ def test_cpu_binding(actor, tmp_path):
     sets = [e["_cpus"] for e in load_envs(tmp_path / "over", n)]
     assert all(len(c) == 1 for c in sets) and sorted({c[0] for c in sets}) == allowed
     # none: the launcher's own affinity, untouched
-    res = _run_with_cpus(allowed, "run", "--nproc-per-node", 2, "--bind-to", "none", actor,
-                         "--dump-env", tmp_path / "none")
+    res = _run_with_cpus(
+        allowed, "run", "--nproc-per-node", 2, "--bind-to", "none", actor, "--dump-env", tmp_path / "none"
+    )
     assert res.returncode == 0, res.stderr
     assert [e["_cpus"] for e in load_envs(tmp_path / "none", 2)] == [allowed, allowed]
 
 
 def test_cpu_binding_honours_the_launchers_affinity(actor, tmp_path):
     last = max(os.sched_getaffinity(0))
-    res = _run_with_cpus({last}, "run", "--nproc-per-node", 2, "--bind-to", "core", actor, "--dump-env", tmp_path)
+    res = _run_with_cpus(
+        {last}, "run", "--nproc-per-node", 2, "--bind-to", "core", actor, "--dump-env", tmp_path
+    )
     assert res.returncode == 0, res.stderr
     assert [e["_cpus"] for e in load_envs(tmp_path, 2)] == [[last], [last]]
 
@@ -98,9 +149,11 @@ def test_script_arguments_pass_untouched(actor, tmp_path):
     # argparse in the actor would choke on unknown options: parse_known_args is not used, so
     # use a script that only records argv.
     script = tmp_path / "argv.py"
-    script.write_text("import sys, json, os\n"
-                      f"open(os.path.join({str(tmp_path)!r}, 'argv' + os.environ['RANK']), 'w')"
-                      ".write(json.dumps(sys.argv[1:]))\n")
+    script.write_text(
+        "import sys, json, os\n"
+        f"open(os.path.join({str(tmp_path)!r}, 'argv' + os.environ['RANK']), 'w')"
+        ".write(json.dumps(sys.argv[1:]))\n"
+    )
     res = dl("run", "--nproc-per-node", "2", script, *args)
     assert res.returncode == 0, res.stderr
     for r in range(2):
@@ -146,8 +199,24 @@ def test_local_ranks_filter(actor):
 
 def test_log_dir_per_attempt_and_rank(actor, tmp_path):
     logs = tmp_path / "logs"
-    res = dl("run", "--nproc-per-node", "2", "--max-restarts", "1", "--run-id", "r1",
-             "--log-dir", logs, actor, "--lines", "3", "--fail-rank", "1", "--fail-attempts", "1")
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+        "--run-id",
+        "r1",
+        "--log-dir",
+        logs,
+        actor,
+        "--lines",
+        "3",
+        "--fail-rank",
+        "1",
+        "--fail-attempts",
+        "1",
+    )
     assert res.returncode == 0, res.stderr
     # Every rank of every attempt has its files; rank 1 prints before failing, and in the
     # last attempt every rank runs to the end (in attempt 0, rank 0 may be stopped first).
@@ -155,15 +224,31 @@ def test_log_dir_per_attempt_and_rank(actor, tmp_path):
         d = logs / "r1" / f"attempt_{attempt}" / str(rank)
         out = (d / "stdout.log").read_text().splitlines()
         assert out == [f"line {i} of rank {rank} {'x' * (i % 50)} end {i}" for i in range(3)]
-    assert all((logs / "r1" / f"attempt_{a}" / str(r) / f).exists()
-               for a in (0, 1) for r in (0, 1) for f in ("stdout.log", "stderr.log"))
+    assert all(
+        (logs / "r1" / f"attempt_{a}" / str(r) / f).exists()
+        for a in (0, 1)
+        for r in (0, 1)
+        for f in ("stdout.log", "stderr.log")
+    )
     assert "failing on purpose" in (logs / "r1" / "attempt_0" / "1" / "stderr.log").read_text()
     assert "failing on purpose" not in (logs / "r1" / "attempt_1" / "1" / "stderr.log").read_text()
 
 
 def test_redirects_keep_console_clean(actor, tmp_path):
-    res = dl("run", "--nproc-per-node", "2", "--redirects", "3", "--log-dir", tmp_path, "--run-id", "q",
-             actor, "--lines", "2")
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--redirects",
+        "3",
+        "--log-dir",
+        tmp_path,
+        "--run-id",
+        "q",
+        actor,
+        "--lines",
+        "2",
+    )
     assert res.returncode == 0
     assert res.stdout == "" and "[0]" not in res.stderr
     assert "line 1 of rank 1" in (tmp_path / "q" / "attempt_0" / "1" / "stdout.log").read_text()
@@ -204,7 +289,8 @@ def test_store_announced_to_workers(tmp_path):
         "n = c.add('arrived', 1)\n"
         "c.set('rank' + os.environ['RANK'], os.environ['RANK'])\n"
         "c.wait(['rank%d' % r for r in range(int(os.environ['WORLD_SIZE']))])\n"
-        "print('seen', sorted(c.get('rank%d' % r).decode() for r in range(int(os.environ['WORLD_SIZE']))), c.add('arrived', 0))\n")
+        "print('seen', sorted(c.get('rank%d' % r).decode() for r in range(int(os.environ['WORLD_SIZE']))), c.add('arrived', 0))\n"  # noqa: E501
+    )
     res = dl("run", "--nproc-per-node", "3", script)
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.splitlines()) == [f"[{r}]: seen ['0', '1', '2'] 3" for r in range(3)]
@@ -221,5 +307,6 @@ def test_store_rejects_wrong_token(tmp_path):
         "                token='not-the-secret', timeout=5).set('k', b'v')\n"
         "except StoreAuthError:\n"
         "    sys.exit(0)\n"
-        "sys.exit(9)\n")
+        "sys.exit(9)\n"
+    )
     assert dl("run", script).returncode == 0

@@ -1,27 +1,28 @@
 """distlaunch.launch(fn, ...): per-rank results, failures with tracebacks, restarts, hosts."""
+
 import os
 
 import pytest
-
-import distlaunch
 from conftest import ROOT
-from distlaunch.launch_api import LaunchFailedError
 from launch_fns import argparse_error, die_by_signal, fail_first_attempt, fail_on_rank_one, rank_info
 
+import distlaunch
+from distlaunch.launch_api import LaunchFailedError
 
 
 @pytest.fixture(autouse=True, scope="module")
 def workers_import_tests():
     """Workers must import launch_fns: make tests/ importable for them (this module only)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT / "tests"), str(ROOT),
-                                                              os.environ.get("PYTHONPATH")])))
+        mp.setenv(
+            "PYTHONPATH",
+            os.pathsep.join(filter(None, [str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH")])),
+        )
         yield
 
 
 def test_results_indexed_by_rank():
-    out = distlaunch.launch(rank_info, args=(10,), kwargs={"offset": 1}, nproc_per_node=3,
-                            env={"WHO": "api"})
+    out = distlaunch.launch(rank_info, args=(10,), kwargs={"offset": 1}, nproc_per_node=3, env={"WHO": "api"})
     assert out == [{"rank": 10 * r + 1, "world": 3, "who": "api"} for r in range(3)]
 
 
@@ -57,8 +58,9 @@ def test_unpicklable_function():
 
 
 def test_launch_on_hosts(sshd_hosts):
-    out = distlaunch.launch(rank_info, args=(1,), hosts="node1:1,node2:2",
-                            options=["--ssh-config", sshd_hosts.ssh_config])
+    out = distlaunch.launch(
+        rank_info, args=(1,), hosts="node1:1,node2:2", options=["--ssh-config", sshd_hosts.ssh_config]
+    )
     assert [o["rank"] for o in out] == [0, 1, 2] and {o["world"] for o in out} == {3}
 
 

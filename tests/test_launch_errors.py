@@ -1,10 +1,10 @@
 """Bad input: one clear line naming the value, exit code 2, and no process started."""
+
 import os
 import socket
 import subprocess
 
 import pytest
-
 from conftest import ROOT, dl, dl_cmd
 
 
@@ -91,19 +91,42 @@ def test_no_python_program_missing():
 def test_every_run_option_has_help():
     res = dl("run", "--help")
     assert res.returncode == 0
-    for flag in ("--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
-                 "--max-restarts", "--monitor-interval", "--module", "--no-python", "--role",
-                 "--run-id", "--log-dir", "--redirects", "--tee", "--local-ranks-filter",
-                 "--standalone", "--stop-timeout", "--bind-to", "--no-prefix", "--dry-run"):
+    for flag in (
+        "--nproc-per-node",
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+        "--master-port",
+        "--max-restarts",
+        "--monitor-interval",
+        "--module",
+        "--no-python",
+        "--role",
+        "--run-id",
+        "--log-dir",
+        "--redirects",
+        "--tee",
+        "--local-ranks-filter",
+        "--standalone",
+        "--stop-timeout",
+        "--bind-to",
+        "--no-prefix",
+        "--dry-run",
+    ):
         assert flag in res.stdout, flag
 
 
 def test_dry_run_starts_nothing(marker_script):
     script, marker = marker_script
     cpus = sorted(os.sched_getaffinity(0))[:2]  # 3 workers on at most 2 CPUs: round robin
-    res = subprocess.run(dl_cmd("run", "--nproc-per-node", "3", "--dry-run", script, "--lr", "0.1"),
-                         capture_output=True, text=True, timeout=60, cwd=ROOT,
-                         preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    res = subprocess.run(
+        dl_cmd("run", "--nproc-per-node", "3", "--dry-run", script, "--lr", "0.1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+    )
     assert res.returncode == 0, res.stderr
     assert not marker.exists()
     for r in range(3):
@@ -115,11 +138,16 @@ def test_dry_run_starts_nothing(marker_script):
 
 def test_head_mode_dry_run_per_host(marker_script):
     import os
+
     script, marker = marker_script
     env = dict(os.environ, DISTLAUNCH_STORE_TOKEN="must-not-show", MY_SETTING="abc")
-    res = subprocess.run(dl_cmd("run", "-H", "nodeA:2,nodeB:3", "-x", "MY_SETTING", "--env-all",
-                                "--dry-run", script),
-                         capture_output=True, text=True, env=env, timeout=60)
+    res = subprocess.run(
+        dl_cmd("run", "-H", "nodeA:2,nodeB:3", "-x", "MY_SETTING", "--env-all", "--dry-run", script),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert not marker.exists()
     assert "node 0 nodeA: ranks 0..1" in res.stdout and "node 1 nodeB: ranks 2..4" in res.stdout
@@ -127,31 +155,39 @@ def test_head_mode_dry_run_per_host(marker_script):
     assert "abc" not in res.stdout  # names only: values may be secrets
     assert "must-not-show" not in res.stdout + res.stderr
     # shipping the secret by name is refused before anything starts
-    res = subprocess.run(dl_cmd("run", "-H", "nodeA:2", "-x", "DISTLAUNCH_STORE_TOKEN", "--dry-run",
-                                script), capture_output=True, text=True, env=env, timeout=60)
+    res = subprocess.run(
+        dl_cmd("run", "-H", "nodeA:2", "-x", "DISTLAUNCH_STORE_TOKEN", "--dry-run", script),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     check_usage_error(res, "DISTLAUNCH_STORE_TOKEN")
 
 
 # Issue 12, item 6: hostile numbers and names are refused at once (they used to spin
 # forever, hang, eat gigabytes, or write outside --log-dir).
-@pytest.mark.parametrize("args, needle", [
-    (["--stop-timeout", "nan"], "--stop-timeout nan"),
-    (["--stop-timeout", "inf"], "--stop-timeout inf"),
-    (["--monitor-interval", "nan"], "--monitor-interval nan"),
-    (["--rdzv-conf", "join_timeout=inf"], "join_timeout='inf'"),
-    (["--nproc-per-node", "99999999999999999999"], "99999999999999999999"),
-    (["--nproc-per-node", "9" * 5000], "--nproc-per-node"),
-    (["-H", "node1:10000000"], "10000000"),
-    (["--nnodes", "99999999999", "--master-port", "29500"], "99999999999"),
-    (["--max-restarts", str(10 ** 12)], str(10 ** 12)),
-    (["--run-id", ".."], "'..'"),
-    (["--run-id", "."], "'.'"),
-    (["--run-id", "-rf"], "'-rf'"),
-    (["--run-id", "a/b"], "'a/b'"),
-    (["--run-id", "x" * 200], "--run-id"),
-    (["--rdzv-endpoint", "::1:29400", "--nnodes", "1:2"], "'::1:29400'"),
-    (["-H", "localhost:2,127.0.0.1:2"], "localhost, 127.0.0.1"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--stop-timeout", "nan"], "--stop-timeout nan"),
+        (["--stop-timeout", "inf"], "--stop-timeout inf"),
+        (["--monitor-interval", "nan"], "--monitor-interval nan"),
+        (["--rdzv-conf", "join_timeout=inf"], "join_timeout='inf'"),
+        (["--nproc-per-node", "99999999999999999999"], "99999999999999999999"),
+        (["--nproc-per-node", "9" * 5000], "--nproc-per-node"),
+        (["-H", "node1:10000000"], "10000000"),
+        (["--nnodes", "99999999999", "--master-port", "29500"], "99999999999"),
+        (["--max-restarts", str(10**12)], str(10**12)),
+        (["--run-id", ".."], "'..'"),
+        (["--run-id", "."], "'.'"),
+        (["--run-id", "-rf"], "'-rf'"),
+        (["--run-id", "a/b"], "'a/b'"),
+        (["--run-id", "x" * 200], "--run-id"),
+        (["--rdzv-endpoint", "::1:29400", "--nnodes", "1:2"], "'::1:29400'"),
+        (["-H", "localhost:2,127.0.0.1:2"], "localhost, 127.0.0.1"),
+    ],
+)
 def test_hostile_values_exit_2_at_once(marker_script, tmp_path, args, needle):
     script, marker = marker_script
     res = dl("run", "--log-dir", tmp_path / "logs", *args, script, timeout=30)
@@ -164,21 +200,36 @@ def test_hostile_values_exit_2_at_once(marker_script, tmp_path, args, needle):
 def test_hostfile_slot_limit(tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=10000000\n")
-    check_usage_error(dl("run", "--hostfile", hostfile, ROOT / "tests" / "workers" / "actor.py", timeout=30), "10000000", "4096")
+    check_usage_error(
+        dl("run", "--hostfile", hostfile, ROOT / "tests" / "workers" / "actor.py", timeout=30),
+        "10000000",
+        "4096",
+    )
 
 
 def test_ipv6_endpoint_is_accepted(tmp_path):
-    res = dl("run", "--nnodes", "1:2", "--rdzv-endpoint", "[::1]:29400", "--dry-run",
-             ROOT / "tests" / "workers" / "actor.py", timeout=30)
+    res = dl(
+        "run",
+        "--nnodes",
+        "1:2",
+        "--rdzv-endpoint",
+        "[::1]:29400",
+        "--dry-run",
+        ROOT / "tests" / "workers" / "actor.py",
+        timeout=30,
+    )
     assert res.returncode == 0, res.stderr
     assert "store: [::1]:29400" in res.stdout
 
 
-@pytest.mark.parametrize("args, store", [
-    (["--nnodes", "2", "--master-addr", "10.1.2.3", "--master-port", "29511"], "10.1.2.3:29511"),
-    (["--nnodes", "1:2", "--rdzv-endpoint", "node7:29400"], "node7:29400"),
-    ([], "127.0.0.1:<port"),
-])
+@pytest.mark.parametrize(
+    "args, store",
+    [
+        (["--nnodes", "2", "--master-addr", "10.1.2.3", "--master-port", "29511"], "10.1.2.3:29511"),
+        (["--nnodes", "1:2", "--rdzv-endpoint", "node7:29400"], "node7:29400"),
+        ([], "127.0.0.1:<port"),
+    ],
+)
 def test_dry_run_names_the_real_store(args, store):
     res = dl("run", *args, "--dry-run", ROOT / "tests" / "workers" / "actor.py", timeout=30)
     assert res.returncode == 0, res.stderr

@@ -4,15 +4,22 @@ usage error of the resolution, the error hierarchy's exit codes, and `run --help
 Options go through the real `run` command's parser (click's make_context, nothing runs),
 so the defaults are the command's own.
 """
+
 import re
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import WORKERS
+
 from distlaunch import cli
-from distlaunch.errors import (ConfigError, DistlaunchError, LaunchInterrupted, RendezvousError,
-                               StoreError, WorkerFailedError)
+from distlaunch.errors import (
+    ConfigError,
+    DistlaunchError,
+    LaunchInterrupted,
+    RendezvousError,
+    StoreError,
+    WorkerFailedError,
+)
 from distlaunch.launcher import make_plan
 from distlaunch.modes import DynamicNodes, HeadNodes, SingleNode, StaticNodes, resolve
 
@@ -36,28 +43,41 @@ def test_single_node():
     assert re.fullmatch(r"[0-9a-f]{12}", m.job.run_id)  # random
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--nnodes", "2", "--node-rank", "1"],
-     dict(nnodes=2, node_rank=1, addr="127.0.0.1", port=29500, run_id="job29500")),
-    (["--nnodes", "3", "--master-addr", "10.0.0.1", "--master-port", "1234"],
-     dict(nnodes=3, node_rank=0, addr="10.0.0.1", port=1234, run_id="job1234")),
-    (["--nnodes", "2", "--rdzv-id", "shared", "--run-id", "ignored"],
-     dict(nnodes=2, node_rank=0, addr="127.0.0.1", port=29500, run_id="shared")),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--nnodes", "2", "--node-rank", "1"],
+            dict(nnodes=2, node_rank=1, addr="127.0.0.1", port=29500, run_id="job29500"),
+        ),
+        (
+            ["--nnodes", "3", "--master-addr", "10.0.0.1", "--master-port", "1234"],
+            dict(nnodes=3, node_rank=0, addr="10.0.0.1", port=1234, run_id="job1234"),
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-id", "shared", "--run-id", "ignored"],
+            dict(nnodes=2, node_rank=0, addr="127.0.0.1", port=29500, run_id="shared"),
+        ),
+    ],
+)
 def test_static_nodes(args, expected):
     m = mode_of(*args, "--store-token-file", "/tmp/tok")
     assert isinstance(m, StaticNodes)
-    assert (m.nnodes, m.node_rank, m.job.master_addr, m.job.master_port, m.job.run_id) == \
-        tuple(expected.values())
+    assert (m.nnodes, m.node_rank, m.job.master_addr, m.job.master_port, m.job.run_id) == tuple(
+        expected.values()
+    )
     assert m.store_token_file == "/tmp/tok"
     assert m.store_text() == f"{expected['addr']}:{expected['port']} (hosted by node 0)"
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--nnodes", "1:3", "--rdzv-endpoint", "[::1]:29400"], ("::1", 29400, 1, 3, "job----1--29400")),
-    (["--nnodes", "2", "--rdzv-endpoint", "node7:29400"], ("node7", 29400, 2, 2, "job-node7-29400")),
-    (["--rdzv-endpoint", "node7:1", "--run-id", "mine"], ("node7", 1, 1, 1, "mine")),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--nnodes", "1:3", "--rdzv-endpoint", "[::1]:29400"], ("::1", 29400, 1, 3, "job----1--29400")),
+        (["--nnodes", "2", "--rdzv-endpoint", "node7:29400"], ("node7", 29400, 2, 2, "job-node7-29400")),
+        (["--rdzv-endpoint", "node7:1", "--run-id", "mine"], ("node7", 1, 1, 1, "mine")),
+    ],
+)
 def test_dynamic_nodes(args, expected):
     m = mode_of(*args)
     assert isinstance(m, DynamicNodes)
@@ -70,14 +90,35 @@ def test_standalone_is_single_node():
 
 
 def test_head_nodes():
-    m = mode_of("-H", "a:2,user@b", "--nproc_per_node", "3", "--ssh-port", "2222",
-                "--ssh-user", "me", "--ssh-accept-new-host-keys", "--min-nodes", "1",
-                "--env-all", "--prefix-host", "--remote-python", "/py", "--store-addr", "10.0.0.9")
+    m = mode_of(
+        "-H",
+        "a:2,user@b",
+        "--nproc_per_node",
+        "3",
+        "--ssh-port",
+        "2222",
+        "--ssh-user",
+        "me",
+        "--ssh-accept-new-host-keys",
+        "--min-nodes",
+        "1",
+        "--env-all",
+        "--prefix-host",
+        "--remote-python",
+        "/py",
+        "--store-addr",
+        "10.0.0.9",
+    )
     assert isinstance(m, HeadNodes)
     assert [(h.name, h.user, h.slots) for h in m.head.hosts] == [("a", None, 2), ("b", "user", 3)]
     assert (m.head.ssh.port, m.head.ssh.user, m.head.ssh.accept_new_host_keys) == (2222, "me", True)
-    assert (m.head.min_nodes, m.head.env_all, m.head.prefix_host, m.head.remote_python,
-            m.head.store_addr) == (1, True, True, "/py", "10.0.0.9")
+    assert (
+        m.head.min_nodes,
+        m.head.env_all,
+        m.head.prefix_host,
+        m.head.remote_python,
+        m.head.store_addr,
+    ) == (1, True, True, "/py", "10.0.0.9")
 
 
 def test_hostfile_with_exclude(tmp_path):
@@ -88,8 +129,23 @@ def test_hostfile_with_exclude(tmp_path):
 
 
 def test_job_fields_are_parsed():
-    m = mode_of("--redirects", "0:3", "--tee", "2", "--local_ranks_filter", "0,1", "--no-prefix",
-                "--rdzv-conf", "join_timeout=5", "-x", "A=1", "--bind-to", "none", "--role", "r")
+    m = mode_of(
+        "--redirects",
+        "0:3",
+        "--tee",
+        "2",
+        "--local_ranks_filter",
+        "0,1",
+        "--no-prefix",
+        "--rdzv-conf",
+        "join_timeout=5",
+        "-x",
+        "A=1",
+        "--bind-to",
+        "none",
+        "--role",
+        "r",
+    )
     j = m.job
     assert j.redirects.for_rank(0) == 3 and j.tee.default == 2
     assert j.local_ranks_filter == frozenset({0, 1}) and j.prefix is False
@@ -97,32 +153,35 @@ def test_job_fields_are_parsed():
     assert (j.bind_to, j.role) == ("none", "r")
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--nnodes", "x"], "--nnodes 'x' is invalid"),
-    (["--nnodes", "0"], "give 1 to"),
-    (["--nnodes", "2:99999999"], "--nnodes 2:99999999 is invalid"),
-    (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is invalid with --nnodes 2"),
-    (["--node-rank", "-1"], "--node-rank -1"),
-    (["--nnodes", "3:2", "--rdzv-endpoint", "h:1"], "MAX must be at least MIN"),
-    (["--nnodes", "1:2"], "needs --rdzv-endpoint"),
-    (["--rdzv-endpoint", "nope"], "--rdzv-endpoint 'nope'"),
-    (["--rdzv-endpoint", "::1:29400"], "--rdzv-endpoint '::1:29400'"),
-    (["--rdzv-endpoint", "h:70000"], "--rdzv-endpoint 'h:70000'"),
-    (["-H", "a", "--hostfile", "f"], "either -H/--hosts or --hostfile"),
-    (["-H", "a", "--nnodes", "2"], "--nnodes 2 is for per-node launches"),
-    (["-H", "a:1", "--min-nodes", "2"], "--min-nodes 2 is more than the 1 host"),
-    (["-H", "a", "--include", "b"], "b"),
-    (["--nproc-per-node", "0"], "--nproc-per-node 0"),
-    (["--redirects", "7"], "--redirects '7'"),
-    (["--tee", "x"], "--tee 'x'"),
-    (["--local-ranks-filter", "x"], "--local-ranks-filter 'x'"),
-    (["--rdzv-conf", "x"], "--rdzv-conf item 'x'"),
-    (["--rdzv-conf", "bogus=1"], "'bogus' is unknown"),
-    (["-x", "1BAD"], "-x '1BAD'"),
-    (["-m", "--no-python"], "--module and --no-python"),
-    (["--run-id", ".."], "--run-id '..'"),
-    (["--max-restarts", "-1"], "--max-restarts -1"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--nnodes", "x"], "--nnodes 'x' is invalid"),
+        (["--nnodes", "0"], "give 1 to"),
+        (["--nnodes", "2:99999999"], "--nnodes 2:99999999 is invalid"),
+        (["--nnodes", "2", "--node-rank", "2"], "--node-rank 2 is invalid with --nnodes 2"),
+        (["--node-rank", "-1"], "--node-rank -1"),
+        (["--nnodes", "3:2", "--rdzv-endpoint", "h:1"], "MAX must be at least MIN"),
+        (["--nnodes", "1:2"], "needs --rdzv-endpoint"),
+        (["--rdzv-endpoint", "nope"], "--rdzv-endpoint 'nope'"),
+        (["--rdzv-endpoint", "::1:29400"], "--rdzv-endpoint '::1:29400'"),
+        (["--rdzv-endpoint", "h:70000"], "--rdzv-endpoint 'h:70000'"),
+        (["-H", "a", "--hostfile", "f"], "either -H/--hosts or --hostfile"),
+        (["-H", "a", "--nnodes", "2"], "--nnodes 2 is for per-node launches"),
+        (["-H", "a:1", "--min-nodes", "2"], "--min-nodes 2 is more than the 1 host"),
+        (["-H", "a", "--include", "b"], "b"),
+        (["--nproc-per-node", "0"], "--nproc-per-node 0"),
+        (["--redirects", "7"], "--redirects '7'"),
+        (["--tee", "x"], "--tee 'x'"),
+        (["--local-ranks-filter", "x"], "--local-ranks-filter 'x'"),
+        (["--rdzv-conf", "x"], "--rdzv-conf item 'x'"),
+        (["--rdzv-conf", "bogus=1"], "'bogus' is unknown"),
+        (["-x", "1BAD"], "-x '1BAD'"),
+        (["-m", "--no-python"], "--module and --no-python"),
+        (["--run-id", ".."], "--run-id '..'"),
+        (["--max-restarts", "-1"], "--max-restarts -1"),
+    ],
+)
 def test_usage_errors(args, needle):
     with pytest.raises(ConfigError) as err:
         mode_of(*args)
@@ -130,11 +189,14 @@ def test_usage_errors(args, needle):
     assert err.value.exit_code == 2
 
 
-@pytest.mark.parametrize("args, ranks, master_port", [
-    (["--nproc-per-node", "2"], [0, 1], None),
-    (["--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "2", "--master-port", "1"], [4, 5], None),
-    (["--nnodes", "2:4", "--node-rank", "1", "--rdzv-endpoint", "h:1"], [1], None),
-])
+@pytest.mark.parametrize(
+    "args, ranks, master_port",
+    [
+        (["--nproc-per-node", "2"], [0, 1], None),
+        (["--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "2", "--master-port", "1"], [4, 5], None),
+        (["--nnodes", "2:4", "--node-rank", "1", "--rdzv-endpoint", "h:1"], [1], None),
+    ],
+)
 def test_plan_of_each_node_mode(args, ranks, master_port):
     plan = make_plan(mode_of(*args))
     assert [s.rank for s in plan.slots] == ranks and plan.master_port == master_port
@@ -149,8 +211,10 @@ def test_exit_codes_are_attributes_of_the_errors():
 
 
 def test_cli_reports_multi_line_errors_on_one_line():
-    assert cli._one_line("cannot connect to 2 of 3 hosts:\n  a (refused)\n  b (timeout)") == \
-        "cannot connect to 2 of 3 hosts: a (refused); b (timeout)"
+    assert (
+        cli._one_line("cannot connect to 2 of 3 hosts:\n  a (refused)\n  b (timeout)")
+        == "cannot connect to 2 of 3 hosts: a (refused); b (timeout)"
+    )
     assert cli._one_line("one line") == "one line"
 
 
@@ -158,16 +222,24 @@ def test_help_lists_each_option_once_by_concern():
     out = CliRunner().invoke(cli.cli, ["run", "--help"]).output
     assert "_" not in "".join(re.findall(r"--[\w-]+", out))  # no underscore spellings
     listed = re.findall(r"^  (?:-\w, )?(--[\w-]+)", out, re.M)
-    options = [p for p in cli.run.get_params(cli.run.make_context("run", ["x"]))
-               if p.param_type_name == "option"]
+    options = [
+        p for p in cli.run.get_params(cli.run.make_context("run", ["x"])) if p.param_type_name == "option"
+    ]
     assert len(listed) == len(set(listed)) == len(options)
     sections = re.findall(r"^(\w[\w ]*):$", out, re.M)
-    assert sections == ["Options", "Workers", "Nodes and rendezvous", "Hosts and SSH", "Output",
-                        "Supervision"]
+    assert sections == [
+        "Options",
+        "Workers",
+        "Nodes and rendezvous",
+        "Hosts and SSH",
+        "Output",
+        "Supervision",
+    ]
 
 
 def test_underscore_spellings_still_parse():
-    ctx = cli.run.make_context("run", ["--nproc_per_node=2", "--max_restarts", "3", SCRIPT,
-                                       "--not_an_option_of_run"])
+    ctx = cli.run.make_context(
+        "run", ["--nproc_per_node=2", "--max_restarts", "3", SCRIPT, "--not_an_option_of_run"]
+    )
     assert (ctx.params["nproc_per_node"], ctx.params["max_restarts"]) == ("2", 3)
     assert ctx.params["script_args"] == ("--not_an_option_of_run",)  # the script's, untouched

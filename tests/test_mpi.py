@@ -1,6 +1,7 @@
 """distlaunch.mpi: the mpi4py tutorial programs run under distlaunch with only the import
 line changed, and print what the same programs print under real MPICH (mpi4py +
 mpiexec, when installed)."""
+
 import os
 import re
 import subprocess
@@ -8,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, dl
 
 EXAMPLES = ["mpi_bcast_dict", "mpi_scatter_list", "mpi_buffers", "mpi_send_recv"]
@@ -36,8 +36,13 @@ def test_example_matches_mpich(name, tmp_path):
     # Under mpiexec all ranks share one pipe: with PYTHONUNBUFFERED, print() writes text and
     # newline separately and lines of ranks interleave; buffered, flush=True writes once.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    res = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script)], capture_output=True,
-                         text=True, timeout=120, env=env)
+    res = subprocess.run(
+        [MPIEXEC, "-n", "3", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     assert mine == sorted(res.stdout.splitlines())
 
@@ -81,7 +86,9 @@ print("ok")
 
 
 def test_mpi_import_stays_light():
-    code = ("import sys; from distlaunch import mpi; "
-            "print(sorted(m for m in ('click', 'psutil', 'paramiko', 'yaml', 'torch') if m in sys.modules))")
+    code = (
+        "import sys; from distlaunch import mpi; "
+        "print(sorted(m for m in ('click', 'psutil', 'paramiko', 'yaml', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stderr

@@ -1,11 +1,19 @@
 """Unit tests of the pure parts: topology, config parsing, the environment contract."""
+
 import json
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from distlaunch.config import (LaunchConfig, StdSpec, parse_nproc_per_node, parse_rdzv_conf,
-                               parse_ranks_filter, parse_std)
+from distlaunch.config import (
+    LaunchConfig,
+    StdSpec,
+    parse_nproc_per_node,
+    parse_ranks_filter,
+    parse_rdzv_conf,
+    parse_std,
+)
 from distlaunch.env import MPI_VARS, TORCHRUN_VARS, WorkerIdentity, build_worker_env, read_worker_env
 from distlaunch.errors import ConfigError
 from distlaunch.topology import assign_ranks, cpu_sets, format_cpus
@@ -18,8 +26,9 @@ def test_ranks_contiguous_per_node(slots):
     assert [w.rank for w in flat] == list(range(sum(slots)))
     for k, node in enumerate(nodes):
         assert [w.local_rank for w in node] == list(range(slots[k]))
-        assert {(w.node_rank, w.local_world_size, w.world_size, w.num_nodes) for w in node} == \
-            {(k, slots[k], sum(slots), len(slots))}
+        assert {(w.node_rank, w.local_world_size, w.world_size, w.num_nodes) for w in node} == {
+            (k, slots[k], sum(slots), len(slots))
+        }
 
 
 @given(st.sets(st.integers(0, 63), min_size=1, max_size=16), st.integers(1, 24))
@@ -63,6 +72,7 @@ def test_std_specs():
 
 def test_nproc_and_filters():
     import os
+
     assert parse_nproc_per_node("cpu") == os.cpu_count()
     assert parse_nproc_per_node(" 7 ") == 7
     with pytest.raises(ConfigError, match="no GPU"):
@@ -70,7 +80,10 @@ def test_nproc_and_filters():
     assert parse_ranks_filter("0,2") == frozenset({0, 2})
     with pytest.raises(ConfigError):
         parse_ranks_filter("x")
-    assert parse_rdzv_conf("join_timeout=5, heartbeat_timeout=2") == (("join_timeout", "5"), ("heartbeat_timeout", "2"))
+    assert parse_rdzv_conf("join_timeout=5, heartbeat_timeout=2") == (
+        ("join_timeout", "5"),
+        ("heartbeat_timeout", "2"),
+    )
     with pytest.raises(ConfigError, match="unknown"):
         LaunchConfig(__file__, rdzv_conf=(("bogus", "1"),)).validate()
     with pytest.raises(ConfigError, match="positive"):
@@ -78,17 +91,36 @@ def test_nproc_and_filters():
 
 
 def test_config_json_round_trip():
-    c = LaunchConfig(__file__, ("--a", "b"), nproc_per_node=3, redirects=parse_std("0:1,1:3", "r"),
-                     local_ranks_filter=frozenset({1, 2}), rdzv_conf=parse_rdzv_conf("join_timeout=5"),
-                     bind_to="core")
+    c = LaunchConfig(
+        __file__,
+        ("--a", "b"),
+        nproc_per_node=3,
+        redirects=parse_std("0:1,1:3", "r"),
+        local_ranks_filter=frozenset({1, 2}),
+        rdzv_conf=parse_rdzv_conf("join_timeout=5"),
+        bind_to="core",
+    )
     assert LaunchConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
 
 
 def test_worker_env_round_trip_and_stale_names():
-    ident = WorkerIdentity(rank=5, local_rank=1, world_size=8, local_world_size=4, node_rank=1,
-                           num_nodes=2, node_id="1", run_id="abc", restart_count=2, max_restarts=3,
-                           master_addr="h0", master_port=1234, store_addr="h0", store_port=99,
-                           store_token="t")
+    ident = WorkerIdentity(
+        rank=5,
+        local_rank=1,
+        world_size=8,
+        local_world_size=4,
+        node_rank=1,
+        num_nodes=2,
+        node_id="1",
+        run_id="abc",
+        restart_count=2,
+        max_restarts=3,
+        master_addr="h0",
+        master_port=1234,
+        store_addr="h0",
+        store_port=99,
+        store_token="t",
+    )
     base = {"PATH": "/bin", "SLURM_PROCID": "3", "PMIX_RANK": "1", "PMI_FD": "4", "RANK": "0"}
     env = build_worker_env(ident, base, error_file="/tmp/e.json", set_omp_threads=True)
     assert set(TORCHRUN_VARS) <= set(env) and set(MPI_VARS) <= set(env)

@@ -3,6 +3,7 @@
 See tests/sshd.py for the server and its ssh_config aliases (node1, node2, deadnode,
 node2-via-node1). The environment-shipping rules are pure and need no server.
 """
+
 import json
 import os
 import pathlib
@@ -15,6 +16,7 @@ import threading
 import time
 
 import pytest
+from sshd import sshd_hosts  # noqa: F401  (session-scoped fixture)
 
 import distlaunch
 from distlaunch.errors import ConfigError
@@ -23,7 +25,6 @@ from distlaunch.remote import RemoteError
 from distlaunch.remote.command import HOST_SPECIFIC, remote_command, shipped_env
 from distlaunch.remote.preflight import HostReport, preflight
 from distlaunch.remote.ssh import SSHConnection, connect_all
-from sshd import sshd_hosts  # noqa: F401  (session-scoped fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = sys.executable  # same machine, so the head's interpreter exists "remotely" too
@@ -43,6 +44,7 @@ def error_of(fn, *args, **kw) -> RemoteError:
 
 
 # --- connecting ----------------------------------------------------------------------------
+
 
 def test_connect_through_config_alias_and_run(node1, sshd_hosts):
     assert (node1.hostname, node1.port, node1.user) == ("127.0.0.2", sshd_hosts.port, "root")
@@ -66,9 +68,13 @@ def test_second_address_and_explicit_user(sshd_hosts):
 
 def test_connect_by_address_with_options_only(sshd_hosts):
     """No config file entry for the address: port, key and known_hosts from SSHOptions."""
-    opts = sshd_hosts.options(config_file=os.devnull, port=sshd_hosts.port, user="root",
-                              key_file=sshd_hosts.key_file,
-                              known_hosts_file=sshd_hosts.known_hosts)
+    opts = sshd_hosts.options(
+        config_file=os.devnull,
+        port=sshd_hosts.port,
+        user="root",
+        key_file=sshd_hosts.key_file,
+        known_hosts_file=sshd_hosts.known_hosts,
+    )
     with SSHConnection(Host("127.0.0.3"), opts) as conn:
         assert conn.run("echo ok")[:2] == (0, "ok\n")
 
@@ -82,8 +88,10 @@ def test_proxy_jump(sshd_hosts):
 
 def test_proxy_jump_through_a_dead_host(sshd_hosts, tmp_path):
     config = tmp_path / "config"
-    config.write_text(f"Host via-dead\n    HostName 127.0.0.2\n    ProxyJump deadnode\n"
-                      + pathlib.Path(sshd_hosts.ssh_config).read_text())
+    config.write_text(
+        "Host via-dead\n    HostName 127.0.0.2\n    ProxyJump deadnode\n"
+        + pathlib.Path(sshd_hosts.ssh_config).read_text()
+    )
     err = error_of(SSHConnection, Host("via-dead"), sshd_hosts.options(config_file=str(config)))
     assert str(err).startswith("via-dead: via jump host: deadnode (root@127.0.0.9:")
     assert "connection refused" in str(err) and err.host == "via-dead"
@@ -115,8 +123,7 @@ Host fresh
 
 
 def test_unreadable_config_file(sshd_hosts, tmp_path):
-    err = error_of(SSHConnection, Host("node1"),
-                   sshd_hosts.options(config_file=str(tmp_path / "missing")))
+    err = error_of(SSHConnection, Host("node1"), sshd_hosts.options(config_file=str(tmp_path / "missing")))
     assert "cannot read ssh config" in str(err)
 
 
@@ -141,8 +148,9 @@ def test_missing_known_hosts_file_is_created_on_accept(sshd_hosts, tmp_path):
     known = tmp_path / "sub" / "known_hosts"
     err = error_of(SSHConnection, Host("node2"), sshd_hosts.options(known_hosts_file=str(known)))
     assert "host key not known" in str(err) and not known.exists()
-    with SSHConnection(Host("node2"), sshd_hosts.options(known_hosts_file=str(known),
-                                                         accept_new_host_keys=True)):
+    with SSHConnection(
+        Host("node2"), sshd_hosts.options(known_hosts_file=str(known), accept_new_host_keys=True)
+    ):
         pass
     assert known.read_text().startswith(f"[127.0.0.3]:{sshd_hosts.port} ssh-ed25519 ")
 
@@ -151,21 +159,22 @@ def test_changed_host_key_refused_even_when_accepting_new(sshd_hosts, tmp_path):
     known = tmp_path / "known_hosts"
     other = pathlib.Path(sshd_hosts.other_key_file + ".pub").read_text().split()
     known.write_text(f"[127.0.0.2]:{sshd_hosts.port} {other[0]} {other[1]}\n")
-    err = error_of(SSHConnection, Host("node1"), sshd_hosts.options(
-        known_hosts_file=str(known), accept_new_host_keys=True))
+    err = error_of(
+        SSHConnection,
+        Host("node1"),
+        sshd_hosts.options(known_hosts_file=str(known), accept_new_host_keys=True),
+    )
     assert "host key CHANGED" in str(err) and "ssh-keygen -R" in str(err)
 
 
 def test_wrong_key_is_an_auth_error(sshd_hosts):
-    err = error_of(SSHConnection, Host("node1"),
-                   sshd_hosts.options(key_file=sshd_hosts.other_key_file))
+    err = error_of(SSHConnection, Host("node1"), sshd_hosts.options(key_file=sshd_hosts.other_key_file))
     assert "authentication failed" in str(err) and sshd_hosts.other_key_file in str(err)
     assert err.host == "node1" and not err.transient
 
 
 def test_missing_key_file(sshd_hosts, tmp_path):
-    err = error_of(SSHConnection, Host("node1"),
-                   sshd_hosts.options(key_file=str(tmp_path / "nokey")))
+    err = error_of(SSHConnection, Host("node1"), sshd_hosts.options(key_file=str(tmp_path / "nokey")))
     assert "--ssh-key" in str(err) and "no such file" in str(err)
 
 
@@ -184,10 +193,10 @@ def test_port_override_wins_over_config(sshd_hosts):
 
 # --- running commands ---------------------------------------------------------------------
 
+
 def test_stdin_data_reaches_the_remote_command(node1):
     secret = b"s3cr3t token\nsecond line"
-    status, out, _ = node1.run(f"{PY} -c 'import sys; print(sys.stdin.read())'",
-                               stdin_data=secret)
+    status, out, _ = node1.run(f"{PY} -c 'import sys; print(sys.stdin.read())'", stdin_data=secret)
     assert status == 0 and out == secret.decode() + "\n"
     # exec + read: the command sees EOF after the data
     proc = node1.exec("wc -c", stdin_data=secret)
@@ -196,8 +205,7 @@ def test_stdin_data_reaches_the_remote_command(node1):
 
 
 def test_keep_stdin_open_until_closed(node1):
-    proc = node1.exec("head -n 1; cat >/dev/null; echo eof", stdin_data=b"line\n",
-                      keep_stdin_open=True)
+    proc = node1.exec("head -n 1; cat >/dev/null; echo eof", stdin_data=b"line\n", keep_stdin_open=True)
     time.sleep(0.3)
     assert not proc.exited()
     proc.channel.shutdown_write()
@@ -287,12 +295,12 @@ def test_many_channels_on_one_connection(node1):
 
 # --- connect_all ----------------------------------------------------------------------------
 
+
 def test_connect_all(sshd_hosts):
     conns = connect_all([Host("node1"), Host("node2")], sshd_hosts.options())
     try:
         assert [c.hostname for c in conns] == ["127.0.0.2", "127.0.0.3"]
-        assert [c.run("echo $SSH_CONNECTION")[1].split()[2] for c in conns] == [
-            "127.0.0.2", "127.0.0.3"]
+        assert [c.run("echo $SSH_CONNECTION")[1].split()[2] for c in conns] == ["127.0.0.2", "127.0.0.3"]
     finally:
         for c in conns:
             c.close()
@@ -362,8 +370,9 @@ class Dropper:
         known = tmp_path / "known_dropper"
         known.write_text(f"[127.0.0.4]:{self.port} {server.host_key_pub}\n")
         kw.setdefault("key_file", server.key_file)
-        return server.options(config_file=os.devnull, port=self.port, user="root",
-                              known_hosts_file=str(known), **kw)
+        return server.options(
+            config_file=os.devnull, port=self.port, user="root", known_hosts_file=str(known), **kw
+        )
 
     def close(self):
         self.sock.close()
@@ -376,6 +385,7 @@ def dropper(sshd_hosts):
     def make(drops):
         made.append(Dropper(("127.0.0.2", sshd_hosts.port), drops))
         return made[-1]
+
     yield make
     for d in made:
         d.close()
@@ -391,8 +401,7 @@ def test_connect_all_retries_dropped_connections(sshd_hosts, dropper, tmp_path, 
 
 def test_connect_all_gives_up_after_attempts(sshd_hosts, dropper, tmp_path):
     drop = dropper(10)
-    err = error_of(connect_all, [Host("127.0.0.4")], drop.options(sshd_hosts, tmp_path),
-                   attempts=2)
+    err = error_of(connect_all, [Host("127.0.0.4")], drop.options(sshd_hosts, tmp_path), attempts=2)
     assert drop.count == 2
     assert "cannot connect to 1 of 1 hosts:" in str(err) and "connection dropped" in str(err)
 
@@ -406,11 +415,11 @@ def test_connect_all_does_not_retry_auth_errors(sshd_hosts, dropper, tmp_path):
 
 # --- preflight --------------------------------------------------------------------------------
 
+
 def test_preflight_ok(sshd_hosts, node1):
     with SSHConnection(Host("node2"), sshd_hosts.options()) as node2:
         reports = preflight([node1, node2], PY, str(ROOT), distlaunch.__version__)
-    assert reports == [HostReport(Host("node1"), True, None),
-                       HostReport(Host("node2"), True, None)]
+    assert reports == [HostReport(Host("node1"), True, None), HostReport(Host("node2"), True, None)]
 
 
 def test_preflight_interpreter_on_remote_path(node1):
@@ -438,8 +447,7 @@ def test_preflight_missing_directory(node1, tmp_path):
 
 def test_preflight_version_mismatch(node1):
     [report] = preflight([node1], PY, str(ROOT), "9.9.9")
-    assert report.problem == f"distlaunch 9.9.9 expected, found {distlaunch.__version__} " \
-                             f"(python {PY})"
+    assert report.problem == f"distlaunch 9.9.9 expected, found {distlaunch.__version__} (python {PY})"
 
 
 def test_preflight_distlaunch_not_importable(node1, tmp_path):
@@ -457,11 +465,13 @@ def test_preflight_distlaunch_not_importable(node1, tmp_path):
 def test_preflight_distlaunch_not_importable_isolated_interpreter(node1, tmp_path):
     """Deterministic variant: -S drops site-packages (the install), -I the cwd."""
     python = tmp_path / "bare-python"
-    python.write_text(f"#!/bin/sh\nexec {PY} -I -S \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nexec {PY} -I -S "$@"\n')
     python.chmod(0o755)
     [report] = preflight([node1], str(python), str(ROOT), distlaunch.__version__)
-    assert report.problem == (f"distlaunch not importable by python {python} in {ROOT}: "
-                              f"ModuleNotFoundError: No module named 'distlaunch'")
+    assert report.problem == (
+        f"distlaunch not importable by python {python} in {ROOT}: "
+        f"ModuleNotFoundError: No module named 'distlaunch'"
+    )
 
 
 def test_preflight_old_distlaunch_found(node1, tmp_path):
@@ -474,7 +484,7 @@ def test_preflight_old_distlaunch_found(node1, tmp_path):
 def test_preflight_relative_interpreter_is_relative_to_cwd(node1, tmp_path):
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     wrapper = tmp_path / "venv" / "bin" / "python"
-    wrapper.write_text(f"#!/bin/sh\nexec {PY} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec {PY} "$@"\n')
     wrapper.chmod(0o755)
     [report] = preflight([node1], "venv/bin/python", str(tmp_path), distlaunch.__version__)
     assert report.ok, report.problem  # the checkout is importable via the install
@@ -490,8 +500,25 @@ def test_preflight_reports_lost_connection(sshd_hosts):
 # --- remote command line ---------------------------------------------------------------------
 
 HOSTILE = [
-    "plain", "with space", "it's", 'say "hi"', "$HOME", "`id`", "$(id)", "a;b", "a&&b",
-    "a|b", "line1\nline2", "tab\there", "*", "~", "back\\slash", "", "-n", "ünïcödé", "#x",
+    "plain",
+    "with space",
+    "it's",
+    'say "hi"',
+    "$HOME",
+    "`id`",
+    "$(id)",
+    "a;b",
+    "a&&b",
+    "a|b",
+    "line1\nline2",
+    "tab\there",
+    "*",
+    "~",
+    "back\\slash",
+    "",
+    "-n",
+    "ünïcödé",
+    "#x",
     "x=y",
 ]
 
@@ -500,8 +527,10 @@ def test_remote_command_round_trips_hostile_values(node1, tmp_path):
     cwd = tmp_path / "d i'r $x; `y`"
     cwd.mkdir()
     env = {f"DL_TEST_{i}": v for i, v in enumerate(HOSTILE)}
-    probe = ("import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),"
-             " 'env': {k: v for k, v in os.environ.items() if k.startswith('DL_TEST_')}}))")
+    probe = (
+        "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'cwd': os.getcwd(),"
+        " 'env': {k: v for k, v in os.environ.items() if k.startswith('DL_TEST_')}}))"
+    )
     command = remote_command(PY, str(cwd), ["-c", probe, *HOSTILE], env)
     status, out, err = node1.run(command)
     assert status == 0, err
@@ -516,16 +545,24 @@ def test_remote_command_exit_status_and_missing_dir(node1, tmp_path):
 
 
 def test_remote_command_shape():
-    assert remote_command("/usr/bin/python3", "/w d", ["-m", "distlaunch", "agent"],
-                          {"A": "1", "B": "x y"}) == \
-        "cd '/w d' && exec env A=1 'B=x y' /usr/bin/python3 -m distlaunch agent"
+    assert (
+        remote_command("/usr/bin/python3", "/w d", ["-m", "distlaunch", "agent"], {"A": "1", "B": "x y"})
+        == "cd '/w d' && exec env A=1 'B=x y' /usr/bin/python3 -m distlaunch agent"
+    )
     assert remote_command("python", "-dir", [], {}).startswith("cd ./-dir && ")
 
 
-@pytest.mark.parametrize("python, cwd, env", [
-    ("", "/", {}), ("a=b/python", "/", {}), ("-python", "/", {}), ("python", "", {}),
-    ("python", "/", {"BAD-NAME": "1"}), ("python", "/", {"1X": "1"}),
-])
+@pytest.mark.parametrize(
+    "python, cwd, env",
+    [
+        ("", "/", {}),
+        ("a=b/python", "/", {}),
+        ("-python", "/", {}),
+        ("python", "", {}),
+        ("python", "/", {"BAD-NAME": "1"}),
+        ("python", "/", {"1X": "1"}),
+    ],
+)
 def test_remote_command_errors(python, cwd, env):
     with pytest.raises(ConfigError):
         remote_command(python, cwd, [], env)
@@ -533,22 +570,45 @@ def test_remote_command_errors(python, cwd, env):
 
 # --- shipped_env (pure) -----------------------------------------------------------------------
 
-ENV = {"FOO": "1", "BAR": "two words", "PYTHONPATH": "/p", "SSH_AUTH_SOCK": "/tmp/a",
-       "DISPLAY": ":0", "HOME": "/root", "PWD": "/x", "TERM": "xterm", "SHLVL": "2",
-       "_": "/usr/bin/distlaunch", "HOSTNAME": "head", "RANK": "3", "MASTER_ADDR": "h",
-       "DISTLAUNCH_STORE_TOKEN": "secret", "SLURM_PROCID": "0", "CUDA_VISIBLE_DEVICES": "0",
-       "BASH_FUNC_f%%": "() { :; }", "PATH": "/usr/bin"}
+ENV = {
+    "FOO": "1",
+    "BAR": "two words",
+    "PYTHONPATH": "/p",
+    "SSH_AUTH_SOCK": "/tmp/a",
+    "DISPLAY": ":0",
+    "HOME": "/root",
+    "PWD": "/x",
+    "TERM": "xterm",
+    "SHLVL": "2",
+    "_": "/usr/bin/distlaunch",
+    "HOSTNAME": "head",
+    "RANK": "3",
+    "MASTER_ADDR": "h",
+    "DISTLAUNCH_STORE_TOKEN": "secret",
+    "SLURM_PROCID": "0",
+    "CUDA_VISIBLE_DEVICES": "0",
+    "BASH_FUNC_f%%": "() { :; }",
+    "PATH": "/usr/bin",
+}
 
 
 def test_shipped_env_named_only_plus_pythonpath():
     assert shipped_env(ENV, ["FOO", "NEW=a=b", "EMPTY="], env_all=False) == {
-        "PYTHONPATH": "/p", "FOO": "1", "NEW": "a=b", "EMPTY": ""}
+        "PYTHONPATH": "/p",
+        "FOO": "1",
+        "NEW": "a=b",
+        "EMPTY": "",
+    }
     assert shipped_env({}, [], env_all=False) == {}
 
 
 def test_shipped_env_all_skips_host_specific_and_launcher_names():
     assert shipped_env(ENV, [], env_all=True) == {
-        "FOO": "1", "BAR": "two words", "PYTHONPATH": "/p", "PATH": "/usr/bin"}
+        "FOO": "1",
+        "BAR": "two words",
+        "PYTHONPATH": "/p",
+        "PATH": "/usr/bin",
+    }
 
 
 def test_shipped_env_explicit_name_beats_exclusion():
@@ -556,13 +616,16 @@ def test_shipped_env_explicit_name_beats_exclusion():
     assert got["DISPLAY"] == ":0" and got["FOO"] == "override"
 
 
-@pytest.mark.parametrize("names, words", [
-    (["MISSING"], "not set in this environment"),
-    (["BAD-NAME=1"], "not a variable name"),
-    (["=1"], "not a variable name"),
-    (["DISTLAUNCH_STORE_TOKEN"], "never shipped"),
-    (["DISTLAUNCH_STORE_TOKEN=x"], "never shipped"),
-])
+@pytest.mark.parametrize(
+    "names, words",
+    [
+        (["MISSING"], "not set in this environment"),
+        (["BAD-NAME=1"], "not a variable name"),
+        (["=1"], "not a variable name"),
+        (["DISTLAUNCH_STORE_TOKEN"], "never shipped"),
+        (["DISTLAUNCH_STORE_TOKEN=x"], "never shipped"),
+    ],
+)
 def test_shipped_env_errors(names, words):
     with pytest.raises(ConfigError, match=words):
         shipped_env(ENV, names, env_all=False)

@@ -1,24 +1,38 @@
 """Issue 12, item 4 (remote kill): the head kills a host's recorded processes only when the
 record is well-formed integers and each process is still the one recorded (start time)."""
+
 import os
 import subprocess
 import sys
 import time
 
 import pytest
-
-from distlaunch.agent.kill import parse_records, start_time, with_start_times
-from distlaunch.engine.ssh import kill_command, kill_remote as _kill_remote
-from distlaunch.hosts import Host
 from sshd import sshd_hosts  # noqa: F401  (session fixture)
 from test_supervision import wait_for
 
+from distlaunch.agent.kill import parse_records, start_time, with_start_times
+from distlaunch.engine.ssh import kill_command
+from distlaunch.engine.ssh import kill_remote as _kill_remote
+from distlaunch.hosts import Host
 
-@pytest.mark.parametrize("raw", [
-    '["1; touch /tmp/pwned"]', '[["1; touch /tmp/pwned", 5]]', '[[true, 5]]', '[[12.0, 5]]',
-    '[[99999999, 5]]', '[[1, 5]]', '[[123, -1]]', '[[123]]', '{"pid": 123}', '"123"', "not json",
-    "[" * 100000,
-])
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '["1; touch /tmp/pwned"]',
+        '[["1; touch /tmp/pwned", 5]]',
+        "[[true, 5]]",
+        "[[12.0, 5]]",
+        "[[99999999, 5]]",
+        "[[1, 5]]",
+        "[[123, -1]]",
+        "[[123]]",
+        '{"pid": 123}',
+        '"123"',
+        "not json",
+        "[" * 100000,
+    ],
+)
 def test_hostile_records_are_refused(raw):
     with pytest.raises(ValueError):
         parse_records(raw)
@@ -32,9 +46,15 @@ def test_records_round_trip_with_start_times():
 
 def _victim():
     """A process leading its own group, with a child in that group (a worker and its child)."""
-    p = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"],
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)",
+        ],
+        start_new_session=True,
+    )
     time.sleep(0.3)
     return p
 

@@ -1,6 +1,7 @@
 """Issue 12, item 1: no store is guarded by a value an outsider can derive (run ids,
 ports, endpoints are public: `ps` shows them). Real launchers, real stores; the
 outsider knows every public value and the old derivation rules."""
+
 import os
 import pathlib
 import stat
@@ -9,12 +10,12 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import WORKERS, dl, dl_popen
-from distlaunch.errors import StoreAuthError
-from distlaunch.store import StoreClient
 from test_pernode import finish, free_port
 from test_supervision import wait_for
+
+from distlaunch.errors import StoreAuthError
+from distlaunch.store import StoreClient
 
 
 def _port_open(port: int) -> bool:
@@ -42,8 +43,19 @@ def _env_without_secrets(config_home) -> dict:
 def test_per_node_store_refuses_tokens_derived_from_public_values(tmp_path):
     port = free_port()
     env = _env_without_secrets(tmp_path / "cfg")
-    node0 = dl_popen("run", "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
-                     "--master-port", port, WORKERS / "actor.py", env=env)
+    node0 = dl_popen(
+        "run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+        WORKERS / "actor.py",
+        env=env,
+    )
     try:
         assert wait_for(lambda: _port_open(port)), "node 0 never hosted its store"
         # the old derivation (run id = job<port>), the run id alone, and an empty token
@@ -51,8 +63,19 @@ def test_per_node_store_refuses_tokens_derived_from_public_values(tmp_path):
             assert _refused(port, guess), guess
         secret_file = tmp_path / "cfg" / "distlaunch" / "secret"
         assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
-        node1 = dl_popen("run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
-                         "--master-port", port, WORKERS / "actor.py", env=env)
+        node1 = dl_popen(
+            "run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            WORKERS / "actor.py",
+            env=env,
+        )
         results = finish([node0, node1])
         assert [r[2] for r in results] == [0, 0], results
     finally:
@@ -62,8 +85,9 @@ def test_per_node_store_refuses_tokens_derived_from_public_values(tmp_path):
 def test_dynamic_store_refuses_endpoint_derived_token(tmp_path):
     port = free_port()
     env = _env_without_secrets(tmp_path / "cfg")
-    p = dl_popen("run", "--nnodes", "2:2", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                 WORKERS / "actor.py", env=env)
+    p = dl_popen(
+        "run", "--nnodes", "2:2", "--rdzv-endpoint", f"127.0.0.1:{port}", WORKERS / "actor.py", env=env
+    )
     try:
         assert wait_for(lambda: _port_open(port))
         assert _refused(port, f"distlaunch-job-127.0.0.1-{port}")
@@ -76,9 +100,24 @@ def test_two_nodes_agree_through_the_per_user_secret_file_created_concurrently(t
     # both launchers start at once with no secret file: one creates it, both use it
     port = free_port()
     env = _env_without_secrets(tmp_path / "cfg")
-    procs = [dl_popen("run", "--nnodes", "2", "--node-rank", k, "--master-addr", "127.0.0.1",
-                      "--master-port", port, "--nproc-per-node", 2, WORKERS / "actor.py", env=env)
-             for k in range(2)]
+    procs = [
+        dl_popen(
+            "run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            k,
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            "--nproc-per-node",
+            2,
+            WORKERS / "actor.py",
+            env=env,
+        )
+        for k in range(2)
+    ]
     results = finish(procs)
     assert [r[2] for r in results] == [0, 0], results
 
@@ -93,9 +132,24 @@ def test_store_token_file_is_shared_and_checked(tmp_path):
     good = _token_file(tmp_path / "token", 0o600)
     port = free_port()
     env = _env_without_secrets(tmp_path / "no-such-config")
-    procs = [dl_popen("run", "--nnodes", "2", "--node-rank", k, "--master-addr", "127.0.0.1",
-                      "--master-port", port, "--store-token-file", good, WORKERS / "actor.py", env=env)
-             for k in range(2)]
+    procs = [
+        dl_popen(
+            "run",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            k,
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            "--store-token-file",
+            good,
+            WORKERS / "actor.py",
+            env=env,
+        )
+        for k in range(2)
+    ]
     results = finish(procs)
     assert [r[2] for r in results] == [0, 0], results
     assert not (tmp_path / "no-such-config").exists()  # the file was used, nothing created
@@ -123,8 +177,13 @@ def test_bad_token_file_is_refused_before_anything_starts(tmp_path, case):
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0], res.stderr
-    expected = {"group-readable": "chmod 600", "other-owner": "not by you", "short": "at least 16",
-                "missing": "cannot be read", "via-env": "chmod 600"}[case]
+    expected = {
+        "group-readable": "chmod 600",
+        "other-owner": "not by you",
+        "short": "at least 16",
+        "missing": "cannot be read",
+        "via-env": "chmod 600",
+    }[case]
     assert expected in lines[0], res.stderr
 
 
@@ -132,8 +191,18 @@ def test_no_secret_to_be_had_exits_2_saying_how(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     env = _env_without_secrets(blocker / "sub")  # a config dir under a file: cannot be made
-    res = dl("run", "--nnodes", "2", "--node-rank", "0", "--master-port", free_port(),
-             WORKERS / "actor.py", env=env, timeout=30)
+    res = dl(
+        "run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--master-port",
+        free_port(),
+        WORKERS / "actor.py",
+        env=env,
+        timeout=30,
+    )
     assert res.returncode == 2, res.stderr
     line = res.stderr.strip()
     assert "\n" not in line and "DISTLAUNCH_STORE_TOKEN" in line and "--store-token-file" in line
@@ -158,13 +227,29 @@ def test_env_init_by_hand_needs_no_setup_and_refuses_the_old_fixed_token(tmp_pat
     env = _env_without_secrets(tmp_path / "cfg")
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
     env.pop("DISTLAUNCH_STORE_PORT", None)
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": "0"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env={**env, "RANK": "0"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    ]
     try:
-        assert wait_for(lambda: _port_open(port)), procs[0].stderr.read() if procs[0].poll() is not None else ""
+        assert wait_for(lambda: _port_open(port)), (
+            procs[0].stderr.read() if procs[0].poll() is not None else ""
+        )
         assert _refused(port, "distlaunch-env-default-token")
-        procs.append(subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": "1"},
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script)],
+                env={**env, "RANK": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
         outs = [p.communicate(timeout=60) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], outs
         assert all("sum 3.0" in o for o, _ in outs)

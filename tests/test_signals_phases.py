@@ -6,6 +6,7 @@ within seconds, and keeps saying it, instead of waiting silently for join_timeou
 Per-node launches run as real `distlaunch run --nnodes N --node-rank K` processes on
 this machine (each a separate node), against real sockets.
 """
+
 import json
 import os
 import signal
@@ -16,7 +17,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import WORKERS, dl_cmd, dl_popen
 from test_supervision import wait_for
 
@@ -77,16 +77,33 @@ def launchers():
     def start(*args):
         started.append(Launcher(*args))
         return started[-1]
+
     yield start
     for la in started:
         la.kill()
 
 
 def node(start, rank, port, *worker_args, nnodes=2, run_id="sig", conf="join_timeout=60"):
-    return start("run", "--nnodes", nnodes, "--node-rank", rank, "--master-addr", "127.0.0.1",
-                 "--master-port", port, "--nproc-per-node", 1, "--run-id", run_id,
-                 "--stop-timeout", 2, "--rdzv-conf", conf,
-                 *(worker_args or (WORKERS / "actor.py",)))
+    return start(
+        "run",
+        "--nnodes",
+        nnodes,
+        "--node-rank",
+        rank,
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        port,
+        "--nproc-per-node",
+        1,
+        "--run-id",
+        run_id,
+        "--stop-timeout",
+        2,
+        "--rdzv-conf",
+        conf,
+        *(worker_args or (WORKERS / "actor.py",)),
+    )
 
 
 def accepts(port) -> bool:
@@ -99,6 +116,7 @@ def accepts(port) -> bool:
 
 def joined(port, run_id, *ranks, rnd=0) -> bool:
     from distlaunch.store import StoreClient
+
     with StoreClient("127.0.0.1", port, token=TOKEN, timeout=5, connect_timeout=5) as c:
         return c.check([f"{run_id}/r{rnd}/node/{k}" for k in ranks])
 
@@ -111,9 +129,12 @@ def assert_stopped_by(la, signum, seconds=PROMPT):
 
 # --- (a) waiting for other nodes to join -------------------------------------------------
 
-@pytest.mark.parametrize("sigs", [(signal.SIGTERM,), (signal.SIGINT,), (signal.SIGHUP,),
-                                  (signal.SIGINT, signal.SIGINT)],
-                         ids=["SIGTERM", "SIGINT", "SIGHUP", "SIGINT-twice"])
+
+@pytest.mark.parametrize(
+    "sigs",
+    [(signal.SIGTERM,), (signal.SIGINT,), (signal.SIGHUP,), (signal.SIGINT, signal.SIGINT)],
+    ids=["SIGTERM", "SIGINT", "SIGHUP", "SIGINT-twice"],
+)
 def test_signal_while_waiting_for_a_node_to_join(launchers, sigs):
     port = free_port()
     n0 = node(launchers, 0, port)
@@ -149,8 +170,18 @@ def test_signal_in_rendezvous_stops_the_other_waiting_nodes(launchers, victim):
 
 def test_signal_while_waiting_for_dynamic_members(launchers):
     port = free_port()
-    la = launchers("run", "--nnodes", "2:3", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                   "--rdzv-id", "dynsig", "--nproc-per-node", 1, WORKERS / "actor.py")
+    la = launchers(
+        "run",
+        "--nnodes",
+        "2:3",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "dynsig",
+        "--nproc-per-node",
+        1,
+        WORKERS / "actor.py",
+    )
     assert wait_for(lambda: accepts(port), 30)
     time.sleep(0.5)
     la.signal(signal.SIGTERM)
@@ -158,6 +189,7 @@ def test_signal_while_waiting_for_dynamic_members(launchers):
 
 
 # --- (b) an agent waiting for the head's plan ----------------------------------------------
+
 
 def test_signal_while_agent_waits_for_the_heads_plan():
     import dataclasses
@@ -168,11 +200,15 @@ def test_signal_while_agent_waits_for_the_heads_plan():
 
     with StoreServer("127.0.0.1", 0, token=TOKEN) as server:
         cfg = LaunchConfig(entrypoint=str(WORKERS / "actor.py"), run_id="planwait")
-        spec = {"config": cfg.to_dict(), "store": ["127.0.0.1", server.port], "token": TOKEN,
-                "node": dataclasses.asdict(NodeOptions(node_id=0, node_rank=0, slots=1)),
-                "master_addr": "127.0.0.1", "env": {}}
-        agent = subprocess.Popen(dl_cmd("agent"), stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
+        spec = {
+            "config": cfg.to_dict(),
+            "store": ["127.0.0.1", server.port],
+            "token": TOKEN,
+            "node": dataclasses.asdict(NodeOptions(node_id=0, node_rank=0, slots=1)),
+            "master_addr": "127.0.0.1",
+            "env": {},
+        }
+        agent = subprocess.Popen(dl_cmd("agent"), stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             agent.stdin.write(json.dumps(spec) + "\n")
             agent.stdin.flush()
@@ -198,8 +234,12 @@ def test_signal_while_agent_waits_for_the_heads_plan():
 def server_clients(server) -> int:
     """Connections open on ``server`` (the agent's included), from the kernel's table."""
     import psutil
-    return sum(1 for c in psutil.Process().net_connections("tcp")
-               if c.laddr and c.laddr.port == server.port and c.status == psutil.CONN_ESTABLISHED)
+
+    return sum(
+        1
+        for c in psutil.Process().net_connections("tcp")
+        if c.laddr and c.laddr.port == server.port and c.status == psutil.CONN_ESTABLISHED
+    )
 
 
 # --- (c) the exit barrier ------------------------------------------------------------------
@@ -227,8 +267,9 @@ def test_signal_at_the_exit_barrier(launchers, tmp_path, victim):
     port = free_port()
     busy = 1 - victim
     nodes = [node(launchers, k, port, script, marks, busy) for k in range(2)]
-    assert wait_for(lambda: (marks / f"done.{victim}").exists() and (marks / f"started.{busy}").exists(), 30), \
-        [n.lines for n in nodes]
+    assert wait_for(
+        lambda: (marks / f"done.{victim}").exists() and (marks / f"started.{busy}").exists(), 30
+    ), [n.lines for n in nodes]
     time.sleep(0.5)  # the victim's worker has exited; its agent is at the barrier
     assert all(n.proc.poll() is None for n in nodes)
     t0 = time.monotonic()
@@ -241,6 +282,7 @@ def test_signal_at_the_exit_barrier(launchers, tmp_path, victim):
 
 # --- (d) the store is not there (yet) --------------------------------------------------------
 
+
 def test_signal_while_waiting_for_the_store(launchers):
     port = free_port()
     n1 = node(launchers, 1, port)
@@ -251,6 +293,7 @@ def test_signal_while_waiting_for_the_store(launchers):
 
 
 # --- the endpoint diagnostics -------------------------------------------------------------------
+
 
 def assert_keeps_saying(la, *parts, first=8.0, again=12.0):
     """``la`` names the problem within ``first`` s and says it again later."""
@@ -274,10 +317,19 @@ def test_dynamic_endpoint_bound_but_not_listening(launchers):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         port = holder.getsockname()[1]
-        la = launchers("run", "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                       "--nproc-per-node", 1, WORKERS / "actor.py")
-        assert_keeps_saying(la, f"127.0.0.1:{port}", "connection refused",
-                            "could not host the store there either", "in use")
+        la = launchers(
+            "run",
+            "--nnodes",
+            "2",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--nproc-per-node",
+            1,
+            WORKERS / "actor.py",
+        )
+        assert_keeps_saying(
+            la, f"127.0.0.1:{port}", "connection refused", "could not host the store there either", "in use"
+        )
 
 
 def test_port_held_by_a_silent_listener(launchers):
@@ -299,6 +351,7 @@ def test_port_held_by_a_listener_that_hangs_up(launchers):
                     other.accept()[0].close()
                 except OSError:
                     pass
+
         t = threading.Thread(target=hang_up, daemon=True)
         t.start()
         try:
@@ -311,12 +364,25 @@ def test_port_held_by_a_listener_that_hangs_up(launchers):
 
 def test_host_that_does_not_resolve(launchers):
     port = free_port()
-    la = launchers("run", "--nnodes", 2, "--node-rank", 1, "--master-addr", "no-such-host.invalid",
-                   "--master-port", port, "--nproc-per-node", 1, WORKERS / "actor.py")
+    la = launchers(
+        "run",
+        "--nnodes",
+        2,
+        "--node-rank",
+        1,
+        "--master-addr",
+        "no-such-host.invalid",
+        "--master-port",
+        port,
+        "--nproc-per-node",
+        1,
+        WORKERS / "actor.py",
+    )
     assert_keeps_saying(la, f"no-such-host.invalid:{port}", "does not resolve")
 
 
 # --- the store client after an interrupted call ------------------------------------------------
+
 
 def test_interrupted_store_call_does_not_answer_the_next_one():
     """A blocking call cut short by an exception from a signal handler (Ctrl-C) leaves its
@@ -332,9 +398,11 @@ def test_interrupted_store_call_does_not_answer_the_next_one():
 
     old = signal.signal(signal.SIGALRM, interrupt)
     try:
-        with StoreServer("127.0.0.1", 0, token=TOKEN) as server, \
-                StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=10) as c, \
-                StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=10) as other:
+        with (
+            StoreServer("127.0.0.1", 0, token=TOKEN) as server,
+            StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=10) as c,
+            StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=10) as other,
+        ):
             signal.setitimer(signal.ITIMER_REAL, 0.2)
             with pytest.raises(Interrupted):
                 c.get("late", timeout=5)
@@ -350,12 +418,21 @@ def test_interrupted_store_call_does_not_answer_the_next_one():
 
 # --- (e) the head while it connects to its hosts ------------------------------------------
 
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_signal_while_the_head_connects_to_its_hosts(launchers, sshd_hosts, signum):
     # an "sshd" that accepts and never speaks: the head waits for its banner
     with socket.create_server(("127.0.0.5", 0)) as silent:
-        la = launchers("run", "--ssh-config", sshd_hosts.ssh_config, "-H", "127.0.0.5:1",
-                       "--ssh-port", silent.getsockname()[1], WORKERS / "actor.py")
+        la = launchers(
+            "run",
+            "--ssh-config",
+            sshd_hosts.ssh_config,
+            "-H",
+            "127.0.0.5:1",
+            "--ssh-port",
+            silent.getsockname()[1],
+            WORKERS / "actor.py",
+        )
         time.sleep(1.0)
         assert la.proc.poll() is None, la.lines
         la.signal(signum)

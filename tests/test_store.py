@@ -18,11 +18,17 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from distlaunch.errors import (StoreAuthError, StoreConnectionError, StoreError,
-                               StoreProtocolError, StoreTimeoutError)
+from distlaunch.errors import (
+    StoreAuthError,
+    StoreConnectionError,
+    StoreError,
+    StoreProtocolError,
+    StoreTimeoutError,
+)
 from distlaunch.store import PrefixStore, StoreClient, StoreServer, serve_forever
 from distlaunch.store import protocol as P
 
@@ -32,6 +38,7 @@ WORKER = Path(__file__).resolve().parent / "store_worker.py"
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
 
 def recv_exact(s: socket.socket, n: int) -> bytes:
     out = b""
@@ -54,10 +61,9 @@ def raw_connect(port: int, token=TOKEN) -> socket.socket:
     if token is not None:
         mtype, body = recv_frame(s)
         assert mtype == P.HELLO and body.startswith(P.MAGIC)
-        server_nonce = body[len(P.MAGIC):]
+        server_nonce = body[len(P.MAGIC) :]
         cn = os.urandom(32)
-        s.sendall(P.frame(P.AUTH, cn + P.mac(P.secret_bytes(token), P.AUTH_LABEL_CLIENT,
-                                             server_nonce, cn)))
+        s.sendall(P.frame(P.AUTH, cn + P.mac(P.secret_bytes(token), P.AUTH_LABEL_CLIENT, server_nonce, cn)))
         mtype, body = recv_frame(s)
         assert mtype == P.AUTH_OK
         assert body == P.mac(P.secret_bytes(token), P.AUTH_LABEL_SERVER, server_nonce, cn)
@@ -116,8 +122,11 @@ def garbage_env():
 # --- model-based test of every method ---------------------------------------------------------
 
 KEYS = st.sampled_from(["a", "b", "c/d", "pfx/a", "pfx/b", "\u043a\u043b\u044e\u0447", "k" * 50])
-VALUES = st.one_of(st.sampled_from([b"", b"0", b"7", b"-3", b" 12 ", b"abc", b"x" * 64]),
-                   st.binary(max_size=40), st.text(max_size=10))
+VALUES = st.one_of(
+    st.sampled_from([b"", b"0", b"7", b"-3", b" 12 ", b"abc", b"x" * 64]),
+    st.binary(max_size=40),
+    st.text(max_size=10),
+)
 SHORT = 0.02  # timeout for calls expected to time out in the model test
 
 
@@ -136,8 +145,10 @@ class StoreModel(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.server = StoreServer(token=TOKEN).start()
-        self.clients = [StoreClient("127.0.0.1", self.server.port, token=TOKEN, timeout=5,
-                                    ack_set=(i == 0)) for i in range(2)]
+        self.clients = [
+            StoreClient("127.0.0.1", self.server.port, token=TOKEN, timeout=5, ack_set=(i == 0))
+            for i in range(2)
+        ]
         self.view = PrefixStore("pfx", self.clients[1])
         self.model: dict[str, bytes] = {}
 
@@ -260,6 +271,7 @@ TestStoreModel = StoreModel.TestCase
 
 # --- semantics beyond the model ------------------------------------------------------------------
 
+
 def test_add_wraps_like_int64_and_stores_ascii(client):
     assert client.add("big", 2**63 - 1) == 2**63 - 1
     assert client.add("big", 1) == -(2**63)  # torch's TCPStore wraps the same way
@@ -303,6 +315,7 @@ def test_prefix_views_nest_like_torch(client):
 
 
 # --- blocking and timeouts -------------------------------------------------------------------------
+
 
 def test_blocking_get_is_woken_by_another_clients_set(server, client):
     other = client.clone()
@@ -403,6 +416,7 @@ def test_default_timeout_applies(server):
 
 # --- authentication ------------------------------------------------------------------------------
 
+
 def test_wrong_secret_is_refused_and_store_untouched(server, client):
     with pytest.raises(StoreAuthError, match="rejected the secret token"):
         StoreClient("127.0.0.1", server.port, token="not-the-secret", timeout=5)
@@ -482,6 +496,7 @@ def test_non_store_peer_gives_protocol_error():
 
 def test_silent_unauthenticated_connection_is_dropped_after_auth_timeout(monkeypatch):
     from distlaunch.store import protocol
+
     monkeypatch.setattr(protocol, "AUTH_TIMEOUT", 0.3)
     with StoreServer(token=TOKEN) as srv:
         s = raw_connect(srv.port, token=None)
@@ -497,23 +512,29 @@ GARBAGE = st.one_of(
     st.binary(max_size=300),
     # a correct header with a real request type and a random payload: reaches the
     # payload parser of every request
-    st.builds(lambda t, body: P.HEADER.pack(len(body), t) + body,
-              REQUEST_TYPES, st.binary(max_size=200)),
+    st.builds(lambda t, body: P.HEADER.pack(len(body), t) + body, REQUEST_TYPES, st.binary(max_size=200)),
     # the same with a key that parses and a random rest
-    st.builds(lambda t, key, body: P.HEADER.pack(2 + len(key) + len(body), t)
-              + P.enc_key(key) + body,
-              REQUEST_TYPES, st.binary(min_size=1, max_size=20), st.binary(max_size=40)),
+    st.builds(
+        lambda t, key, body: P.HEADER.pack(2 + len(key) + len(body), t) + P.enc_key(key) + body,
+        REQUEST_TYPES,
+        st.binary(min_size=1, max_size=20),
+        st.binary(max_size=40),
+    ),
     # a header with an arbitrary type
-    st.builds(lambda t, body: P.HEADER.pack(len(body), t) + body,
-              st.integers(0, 255), st.binary(max_size=200)),
+    st.builds(
+        lambda t, body: P.HEADER.pack(len(body), t) + body, st.integers(0, 255), st.binary(max_size=200)
+    ),
     # a lying length
-    st.builds(lambda n, t, body: P.HEADER.pack(n, t) + body,
-              st.integers(0, 2**32 - 1), st.integers(0, 255), st.binary(max_size=50)),
+    st.builds(
+        lambda n, t, body: P.HEADER.pack(n, t) + body,
+        st.integers(0, 2**32 - 1),
+        st.integers(0, 255),
+        st.binary(max_size=50),
+    ),
 )
 
 
-@settings(max_examples=150, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(garbage=GARBAGE, authed=st.booleans(), value=st.binary(max_size=100))
 def test_garbage_never_disturbs_a_good_client(garbage_env, garbage, authed, value):
     srv, good, model = garbage_env
@@ -524,7 +545,7 @@ def test_garbage_never_disturbs_a_good_client(garbage_env, garbage, authed, valu
         good.set(key, value)  # interleaved with the garbage
         model[key] = value
         try:
-            s.sendall(garbage[len(garbage) // 2:])
+            s.sendall(garbage[len(garbage) // 2 :])
         except OSError:
             pass  # the server may already have dropped it
         assert good.get(key) == value
@@ -555,20 +576,24 @@ def test_half_sent_frame_blocks_only_its_connection(server, client):
     assert client.get("after") == b"2"
 
 
-@pytest.mark.parametrize("bad", [
-    P.HEADER.pack(P.MAX_FRAME_BYTES + 1, P.SET),                              # frame too big
-    P.frame(P.SET, P.U16.pack(P.MAX_KEY_BYTES + 1) + b"k" * (P.MAX_KEY_BYTES + 1)
-            + P.enc_value(b"v")),                                             # key too long
-    P.frame(P.SET, P.enc_key(b"k") + P.U32.pack(P.MAX_VALUE_BYTES + 1)),      # value too big
-    P.frame(P.CHECK, P.U32.pack(P.MAX_KEYS_PER_REQUEST + 1)),                 # too many keys
-    P.frame(P.SET, P.enc_key(b"")),                                           # empty key
-    P.frame(P.SET, P.enc_key(b"k") + P.enc_value(b"v") + b"extra"),           # trailing bytes
-    P.frame(P.GET, P.enc_key(b"k") + P.F64.pack(float("nan"))),               # NaN timeout
-    P.frame(P.GET, P.enc_key(b"k") + P.F64.pack(-1.0)),                       # negative timeout
-    P.frame(0x7F, b""),                                                       # unknown type
-    P.frame(P.AUTH, os.urandom(64)),                                          # AUTH again
-], ids=["frame", "key", "value", "nkeys", "emptykey", "trailing", "nan", "negative",
-        "unknown", "reauth"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        P.HEADER.pack(P.MAX_FRAME_BYTES + 1, P.SET),  # frame too big
+        P.frame(
+            P.SET, P.U16.pack(P.MAX_KEY_BYTES + 1) + b"k" * (P.MAX_KEY_BYTES + 1) + P.enc_value(b"v")
+        ),  # key too long
+        P.frame(P.SET, P.enc_key(b"k") + P.U32.pack(P.MAX_VALUE_BYTES + 1)),  # value too big
+        P.frame(P.CHECK, P.U32.pack(P.MAX_KEYS_PER_REQUEST + 1)),  # too many keys
+        P.frame(P.SET, P.enc_key(b"")),  # empty key
+        P.frame(P.SET, P.enc_key(b"k") + P.enc_value(b"v") + b"extra"),  # trailing bytes
+        P.frame(P.GET, P.enc_key(b"k") + P.F64.pack(float("nan"))),  # NaN timeout
+        P.frame(P.GET, P.enc_key(b"k") + P.F64.pack(-1.0)),  # negative timeout
+        P.frame(0x7F, b""),  # unknown type
+        P.frame(P.AUTH, os.urandom(64)),  # AUTH again
+    ],
+    ids=["frame", "key", "value", "nkeys", "emptykey", "trailing", "nan", "negative", "unknown", "reauth"],
+)
 def test_oversized_or_malformed_frame_drops_only_that_connection(server, client, bad):
     s = raw_connect(server.port)
     s.sendall(bad)
@@ -608,8 +633,7 @@ def test_connection_churn(server, client):
 
 
 def test_thousand_concurrent_connections(server):
-    clients = [StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=30)
-               for _ in range(1000)]
+    clients = [StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=30) for _ in range(1000)]
     assert server.num_connections == 1000
     results = sorted(c.add("n", 1) for c in clients)
     assert results == list(range(1, 1001))
@@ -638,6 +662,7 @@ def test_shared_client_is_thread_safe(client):
 
 
 # --- lifecycle -----------------------------------------------------------------------------------
+
 
 def test_server_stop_gives_connection_error_not_a_hang():
     srv = StoreServer(token=TOKEN).start()
@@ -673,7 +698,7 @@ def test_unacknowledged_set_failure_surfaces_by_the_next_reply():
     t0 = time.monotonic()
     with pytest.raises(StoreConnectionError):
         c.set("k", b"v")  # may be written into the dead socket's buffer without error...
-        c.get("k")        # ...but the next call that waits for a reply fails
+        c.get("k")  # ...but the next call that waits for a reply fails
     assert time.monotonic() - t0 < 5
 
 
@@ -740,7 +765,7 @@ def test_start_raises_soft_fd_limit_to_hard():
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
         "s = StoreServer(token='t').start()\n"
-        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == (hard if hard != resource.RLIM_INFINITY else 1 << 20))\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0] == (hard if hard != resource.RLIM_INFINITY else 1 << 20))\n"  # noqa: E501
         "s.stop()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
@@ -773,6 +798,7 @@ def test_serve_forever_returns_on_signal(sig):
 
 # --- real processes --------------------------------------------------------------------------------
 
+
 def _worker_env():
     env = dict(os.environ, DISTLAUNCH_STORE_TOKEN=TOKEN)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -780,9 +806,15 @@ def _worker_env():
 
 
 def test_concurrent_add_from_processes_is_exact(server, client):
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "add", "127.0.0.1", str(server.port),
-                               "300"], stdout=subprocess.PIPE, text=True, env=_worker_env())
-             for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "add", "127.0.0.1", str(server.port), "300"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_worker_env(),
+        )
+        for _ in range(4)
+    ]
     time.sleep(0.2)
     client.set("go", b"1")
     seen = []
@@ -796,10 +828,23 @@ def test_concurrent_add_from_processes_is_exact(server, client):
 
 def test_thousand_client_barrier_across_processes(server, client):
     nproc, per = 4, 250
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "barrier", "127.0.0.1",
-                               str(server.port), str(per), str(nproc * per)],
-                              stdout=subprocess.PIPE, text=True, env=_worker_env())
-             for _ in range(nproc)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                "barrier",
+                "127.0.0.1",
+                str(server.port),
+                str(per),
+                str(nproc * per),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_worker_env(),
+        )
+        for _ in range(nproc)
+    ]
     client.wait(["connected"], timeout=60)
     assert eventually(lambda: client.get("connected") == str(nproc * per).encode(), 60)
     assert server.num_connections == nproc * per + 1
@@ -813,14 +858,16 @@ def test_thousand_client_barrier_across_processes(server, client):
 
 # --- hygiene -------------------------------------------------------------------------------------
 
+
 def test_import_is_stdlib_only_and_has_no_pickle():
-    code = ("import sys; before = set(sys.modules); import distlaunch.store; "
-            "new = set(sys.modules) - before; "
-            "print(sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names "
-            "and not m.startswith('distlaunch'))); print('pickle' in sys.modules, "
-            "'asyncio' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=30, cwd=ROOT)
+    code = (
+        "import sys; before = set(sys.modules); import distlaunch.store; "
+        "new = set(sys.modules) - before; "
+        "print(sorted(m for m in new if m.split('.')[0] not in sys.stdlib_module_names "
+        "and not m.startswith('distlaunch'))); print('pickle' in sys.modules, "
+        "'asyncio' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert out.stdout.split("\n")[:2] == ["[]", "False False"], out.stderr
     for f in (ROOT / "distlaunch" / "store").glob("*.py"):
         assert not re.search(r"import\s+pickle|from\s+pickle|pickle\.", f.read_text()), f
@@ -839,8 +886,20 @@ def test_reader_rejects_overruns():
 
 def test_docs_table_lists_every_message_type():
     doc = (ROOT / "docs" / "store.md").read_text()
-    names = ["HELLO", "AUTH", "AUTH_OK", "AUTH_FAIL", *(n.upper() for n in P.REQUEST_NAMES.values()),
-             "OK", "VALUE", "INT", "BOOL", "VALUES", "TIMEOUT", "ERROR"]
+    names = [
+        "HELLO",
+        "AUTH",
+        "AUTH_OK",
+        "AUTH_FAIL",
+        *(n.upper() for n in P.REQUEST_NAMES.values()),
+        "OK",
+        "VALUE",
+        "INT",
+        "BOOL",
+        "VALUES",
+        "TIMEOUT",
+        "ERROR",
+    ]
     for name in names:
         code = getattr(P, name)
         assert f"`{name}`" in doc and f"0x{code:02X}" in doc, name
@@ -852,6 +911,7 @@ def test_hung_server_gives_timeout_not_a_hang(monkeypatch):
     """A peer that authenticates and then never answers: the client's own reply limit
     (timeout + grace) fires, and the out-of-step connection is not reused."""
     from distlaunch.store import client as client_mod
+
     monkeypatch.setattr(client_mod, "_REPLY_GRACE", 0.2)
     lsock = socket.create_server(("127.0.0.1", 0))
     port = lsock.getsockname()[1]
@@ -912,10 +972,12 @@ def test_prefix_store_rejects_a_str_for_a_key_list(client):
 
 def test_listen_backlog_is_large(server):
     import shutil
+
     if shutil.which("ss") is None:
         pytest.skip("ss (iproute2) not installed")
-    out = subprocess.run(["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True,
-                         text=True, timeout=10).stdout.split()
+    out = subprocess.run(
+        ["ss", "-ltnH", f"sport = :{server.port}"], capture_output=True, text=True, timeout=10
+    ).stdout.split()
     somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
     assert out and out[0] == "LISTEN"
     assert int(out[2]) == min(4096, somaxconn)  # Send-Q of a listener = its backlog
@@ -933,16 +995,19 @@ def test_close_waits_until_unacknowledged_sets_are_applied(server, client):
 
 
 def test_worker_process_set_then_exit_is_visible(server, client):
-    code = ("import os, sys\n"
-            "from distlaunch.store import StoreClient\n"
-            "with StoreClient('127.0.0.1', int(sys.argv[1]), timeout=10) as c:\n"
-            "    for i in range(50):\n"
-            "        c.set(f'w/{i}', os.urandom(100))\n"
-            "    c.set('w/last', b'1')\n")
+    code = (
+        "import os, sys\n"
+        "from distlaunch.store import StoreClient\n"
+        "with StoreClient('127.0.0.1', int(sys.argv[1]), timeout=10) as c:\n"
+        "    for i in range(50):\n"
+        "        c.set(f'w/{i}', os.urandom(100))\n"
+        "    c.set('w/last', b'1')\n"
+    )
     for _ in range(3):
         client.delete_key("w/last")
-        subprocess.run([sys.executable, "-c", code, str(server.port)], check=True,
-                       env=_worker_env(), timeout=30)
+        subprocess.run(
+            [sys.executable, "-c", code, str(server.port)], check=True, env=_worker_env(), timeout=30
+        )
         assert client.check(["w/last"])
 
 
@@ -950,9 +1015,11 @@ def test_pipelined_requests_behind_a_timed_out_get_are_answered(server, client):
     """A raw client pipelines GET(missing, 0.2 s) + SET + GET: the server answers TIMEOUT,
     then the queued requests, in order (replies never get out of step)."""
     s = raw_connect(server.port)
-    s.sendall(P.frame(P.GET, P.enc_key(b"nope") + P.F64.pack(0.2))
-              + set_frame(b"after", b"1")
-              + P.frame(P.GET, P.enc_key(b"after") + P.F64.pack(5.0)))
+    s.sendall(
+        P.frame(P.GET, P.enc_key(b"nope") + P.F64.pack(0.2))
+        + set_frame(b"after", b"1")
+        + P.frame(P.GET, P.enc_key(b"after") + P.F64.pack(5.0))
+    )
     s.settimeout(5)
     assert recv_frame(s)[0] == P.TIMEOUT
     assert recv_frame(s)[0] == P.OK

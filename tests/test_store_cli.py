@@ -1,12 +1,13 @@
 """`distlaunch store`: a standalone store process that real clients use."""
+
 import os
 import re
 import signal
 import subprocess
 
 import pytest
-
 from conftest import dl_cmd
+
 from distlaunch.errors import StoreAuthError
 from distlaunch.store import StoreClient
 

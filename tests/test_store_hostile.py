@@ -21,11 +21,18 @@ import sys
 import time
 
 import pytest
+from test_store import (
+    TOKEN,
+    client,
+    eventually,
+    raw_connect,
+    recv_frame,  # noqa: F401 (fixtures)
+    server,
+    set_frame,
+)
 
 from distlaunch.store import StoreClient, StoreServer
 from distlaunch.store import protocol as P
-from test_store import (TOKEN, client, eventually, raw_connect, recv_frame,  # noqa: F401 (fixtures)
-                        server, set_frame)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -80,6 +87,7 @@ def use(c: StoreClient) -> None:
 
 # --- unauthenticated connections ---------------------------------------------------------------
 
+
 def test_idle_unauthenticated_flood_cannot_lock_out_a_real_client():
     cap = 32
     with StoreServer(token=TOKEN, max_unauthenticated=cap) as srv:
@@ -90,8 +98,7 @@ def test_idle_unauthenticated_flood_cannot_lock_out_a_real_client():
             assert closed_soon(flood[0])
             assert not closed_soon(flood[-1], timeout=0.2)
             t0 = time.monotonic()
-            with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10,
-                             connect_timeout=10) as c:
+            with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10, connect_timeout=10) as c:
                 use(c)
                 assert time.monotonic() - t0 < 5.0
                 # Holding `cap` idle connections costs no CPU (no polling, no spinning).
@@ -119,8 +126,9 @@ serve_forever(token=sys.argv[1], on_ready=lambda s: print(s.port, flush=True))
 def test_idle_connections_exhausting_descriptors_cannot_lock_out_a_real_client():
     """With the default cap above the server's descriptor limit, idle connections run it
     out of descriptors: it must then close the oldest unauthenticated one to accept."""
-    proc = subprocess.Popen([sys.executable, "-c", SERVER_WITH_FEW_FDS, TOKEN],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER_WITH_FEW_FDS, TOKEN], stdout=subprocess.PIPE, text=True
+    )
     flood = []
     try:
         port = int(proc.stdout.readline())
@@ -136,6 +144,7 @@ def test_idle_connections_exhausting_descriptors_cannot_lock_out_a_real_client()
 
 
 # --- pipelining -------------------------------------------------------------------------------
+
 
 def test_ping_behind_a_blocked_get_is_answered_after_it(server, client):
     s = raw_connect(server.port)
@@ -259,14 +268,14 @@ def test_real_client_gets_in_during_a_connection_flood():
     the oldest unauthenticated ones make room, and the client's handshake completes."""
     cap = 1024
     with StoreServer(token=TOKEN, max_unauthenticated=cap) as srv:
-        flooder = subprocess.Popen([sys.executable, "-c", FLOODER, str(srv.port), str(2 * cap)],
-                                   stdout=subprocess.PIPE, text=True)
+        flooder = subprocess.Popen(
+            [sys.executable, "-c", FLOODER, str(srv.port), str(2 * cap)], stdout=subprocess.PIPE, text=True
+        )
         try:
             assert flooder.stdout.readline() == "flooding\n"
             assert eventually(lambda: srv.stats["unauthenticated_dropped"] > cap, 20)
             for _ in range(3):
-                with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10,
-                                 connect_timeout=10) as c:
+                with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10, connect_timeout=10) as c:
                     use(c)
                     assert srv.num_connections <= cap + 1  # the cap, and this client
             assert srv.stats["internal_errors"] == 0, srv.last_internal_error

@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 td = pytest.importorskip("torch.distributed")
 
@@ -30,10 +31,10 @@ OPS = st.one_of(
 
 @pytest.fixture(scope="module")
 def stores():
-    master = td.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10),
-                         wait_for_workers=False)
-    theirs = td.TCPStore("127.0.0.1", master.port, None, False,
-                         timeout=timedelta(seconds=10), wait_for_workers=False)
+    master = td.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    theirs = td.TCPStore(
+        "127.0.0.1", master.port, None, False, timeout=timedelta(seconds=10), wait_for_workers=False
+    )
     with StoreServer(token="t") as srv:
         with StoreClient("127.0.0.1", srv.port, token="t", timeout=10) as ours:
             yield theirs, ours, [0]

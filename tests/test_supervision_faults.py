@@ -1,5 +1,6 @@
 """Supervision faults never kill the job or leave orphans: unwritable worker logs, no
 pidfd, descendants that leave the worker's session, and the store's raised fd limit."""
+
 import os
 import signal
 import subprocess
@@ -8,9 +9,9 @@ import time
 
 import psutil
 import pytest
-
 from conftest import ROOT, WORKERS, dl, dl_cmd, dl_popen
-from test_supervision import survivors as alive, wait_for
+from test_supervision import survivors as alive
+from test_supervision import wait_for
 
 FAULTS = WORKERS / "faults.py"
 
@@ -36,13 +37,18 @@ def marks(tmp_path):
 
 # --- a log file that cannot be written -------------------------------------------------
 
+
 @pytest.fixture
 def full_dir(tmp_path):
     """A 64 KiB tmpfs: worker logs fill it, then every write fails with ENOSPC."""
     d = tmp_path / "tiny"
     d.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     yield d
     subprocess.run(["umount", "-l", str(d)], capture_output=True)
@@ -66,8 +72,20 @@ def test_full_log_dir_warns_once_and_the_job_goes_on(full_dir):
 
 
 def test_full_redirect_target_warns_once_and_the_job_goes_on(full_dir):
-    res = dl("run", "--nproc-per-node", "2", "--log-dir", full_dir, "--redirects", "1", FAULTS,
-             "--lines", "2000", "--fail-rank", "1")
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        full_dir,
+        "--redirects",
+        "1",
+        FAULTS,
+        "--lines",
+        "2000",
+        "--fail-rank",
+        "1",
+    )
     # rank 1's failure still reaches the summary: stderr was not redirected
     assert res.returncode == 3, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
@@ -77,10 +95,16 @@ def test_full_redirect_target_warns_once_and_the_job_goes_on(full_dir):
 
 # --- no pidfd ----------------------------------------------------------------------------
 
+
 def no_pidfd(err: str, *args, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(WORKERS / "no_pidfd.py"), err, *dl_cmd(*args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, **kw)
+    return subprocess.Popen(
+        [sys.executable, str(WORKERS / "no_pidfd.py"), err, *dl_cmd(*args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        **kw,
+    )
 
 
 def finish(p: subprocess.Popen, timeout: float = 60) -> tuple[str, str]:
@@ -107,8 +131,9 @@ def test_workers_supervised_without_pidfd(err, marks):
 @pytest.mark.parametrize("err", ["ENOSYS", "EMFILE"])
 def test_failure_seen_and_group_stopped_without_pidfd(err, marks):
     t0 = time.monotonic()
-    p = no_pidfd(err, "run", "--nproc-per-node", "3", FAULTS, "--mark-dir", marks,
-                 "--fail-rank", "1", "--sleep", "60")
+    p = no_pidfd(
+        err, "run", "--nproc-per-node", "3", FAULTS, "--mark-dir", marks, "--fail-rank", "1", "--sleep", "60"
+    )
     _, stderr = finish(p)
     assert p.returncode == 3, stderr[-3000:]
     assert time.monotonic() - t0 < 30, "the others were not stopped"
@@ -118,10 +143,25 @@ def test_failure_seen_and_group_stopped_without_pidfd(err, marks):
 
 # --- descendants that call setsid --------------------------------------------------------
 
+
 @pytest.mark.parametrize("how", ["setsid", "daemon"])
 def test_setsid_descendants_killed_when_the_job_stops(how, marks):
-    res = dl("run", "--nproc-per-node", "2", FAULTS, "--escape", how, "--mark-dir", marks,
-             "--fail-rank", "1", "--ranks", "2", "--sleep", "60")
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "2",
+        FAULTS,
+        "--escape",
+        how,
+        "--mark-dir",
+        marks,
+        "--fail-rank",
+        "1",
+        "--ranks",
+        "2",
+        "--sleep",
+        "60",
+    )
     assert res.returncode == 3, res.stderr[-3000:]
     escaped = pids_in(marks, "escaped")
     assert len(escaped) == 2
@@ -130,8 +170,9 @@ def test_setsid_descendants_killed_when_the_job_stops(how, marks):
 
 @pytest.mark.parametrize("how", ["setsid", "daemon"])
 def test_setsid_descendants_killed_when_the_launcher_is_sigkilled(how, marks):
-    p = dl_popen("run", "--nproc-per-node", "2", FAULTS, "--escape", how, "--mark-dir", marks,
-                 "--sleep", "60")
+    p = dl_popen(
+        "run", "--nproc-per-node", "2", FAULTS, "--escape", how, "--mark-dir", marks, "--sleep", "60"
+    )
     try:
         assert wait_for(lambda: len(pids_in(marks, "escaped")) == 2), p.stderr
         escaped = pids_in(marks, "escaped")
@@ -146,25 +187,44 @@ def test_setsid_descendants_killed_when_the_launcher_is_sigkilled(how, marks):
 
 # --- the store's raised RLIMIT_NOFILE ----------------------------------------------------
 
+
 def test_workers_get_the_users_nofile_limit():
     import resource
     import shlex
+
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard != resource.RLIM_INFINITY and hard < 2048:
         pytest.skip("the hard RLIMIT_NOFILE leaves no room to tell a raised limit apart")
     cmd = shlex.join(dl_cmd("run", "--nproc-per-node", "2", FAULTS, "--nofile"))
-    res = subprocess.run(["bash", "-c", f"ulimit -Sn 1024 && exec {cmd}"], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
+    res = subprocess.run(
+        ["bash", "-c", f"ulimit -Sn 1024 && exec {cmd}"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert sorted(line for line in res.stdout.splitlines() if "nofile" in line) == \
-        ["[0]: nofile 1024", "[1]: nofile 1024"]
+    assert sorted(line for line in res.stdout.splitlines() if "nofile" in line) == [
+        "[0]: nofile 1024",
+        "[1]: nofile 1024",
+    ]
 
 
 def test_unwritable_events_file_warns_once_and_the_job_goes_on(tmp_path):
     # events.jsonl cannot be opened (a directory stands in its place): one warning line
     (tmp_path / "ev" / "events.jsonl").mkdir(parents=True)
-    res = dl("run", "--nproc-per-node", "2", "--log-dir", tmp_path, "--run-id", "ev",
-             "--max-restarts", "1", WORKERS / "actor.py", "--fail-rank", "0", "--fail-attempts", "1")
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        tmp_path,
+        "--run-id",
+        "ev",
+        "--max-restarts",
+        "1",
+        WORKERS / "actor.py",
+        "--fail-rank",
+        "0",
+        "--fail-attempts",
+        "1",
+    )
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("events are no longer recorded") == 1, res.stderr
     assert "Traceback" not in res.stderr
@@ -174,8 +234,18 @@ def test_uncreatable_attempt_dir_warns_once_and_the_job_goes_on(tmp_path):
     # attempt_0 exists as a file, so no worker's log directory can be made under it
     (tmp_path / "ad").mkdir()
     (tmp_path / "ad" / "attempt_0").write_text("")
-    res = dl("run", "--nproc-per-node", "2", "--log-dir", tmp_path, "--run-id", "ad",
-             WORKERS / "actor.py", "--lines", "3")
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "2",
+        "--log-dir",
+        tmp_path,
+        "--run-id",
+        "ad",
+        WORKERS / "actor.py",
+        "--lines",
+        "3",
+    )
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("worker logs there are dropped") == 1, res.stderr
     assert "Traceback" not in res.stderr

@@ -1,5 +1,6 @@
 """Unmodified torch.distributed programs behave the same under distlaunch run as under
 torchrun (skipped when torch is not installed)."""
+
 import json
 import os
 import re
@@ -7,19 +8,22 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, WORKERS, dl
 
 torch = pytest.importorskip("torch")
 
 # Random by nature (ports, ids, temp paths), or different on purpose (see distlaunch/env.py).
-VARYING = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-           "TORCHELASTIC_USE_AGENT_STORE"}
+VARYING = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE"}
 
 
 def torchrun(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
 
 
 def added_env(d, n):
@@ -35,11 +39,9 @@ def added_env(d, n):
 def test_environment_matches_torchrun(tmp_path):
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     ours.mkdir(), theirs.mkdir()
-    res = dl("run", "--nproc-per-node", "2", "--max-restarts", "1", WORKERS / "actor.py",
-             "--dump-env", ours)
+    res = dl("run", "--nproc-per-node", "2", "--max-restarts", "1", WORKERS / "actor.py", "--dump-env", ours)
     assert res.returncode == 0, res.stderr
-    res = torchrun("--nproc-per-node", "2", "--max-restarts", "1", WORKERS / "actor.py",
-                   "--dump-env", theirs)
+    res = torchrun("--nproc-per-node", "2", "--max-restarts", "1", WORKERS / "actor.py", "--dump-env", theirs)
     assert res.returncode == 0, res.stderr
     for o, t in zip(added_env(ours, 2), added_env(theirs, 2)):
         missing = set(t) - set(o)
@@ -60,16 +62,24 @@ def test_tutorial_program_same_as_torchrun(world):
 
 
 def test_file_init(tmp_path):
-    res = dl("run", "--nproc-per-node", "2", WORKERS / "torch_tutorial.py",
-             f"file://{tmp_path}/rdzv", timeout=180)
+    res = dl(
+        "run", "--nproc-per-node", "2", WORKERS / "torch_tutorial.py", f"file://{tmp_path}/rdzv", timeout=180
+    )
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.splitlines()).count("[1]: barrier ok") == 1
 
 
 def test_ddp_digits_example():
     pytest.importorskip("sklearn")
-    res = dl("run", "--nproc-per-node", "4", ROOT / "examples" / "torch_ddp_digits.py",
-             "--epochs", "25", timeout=600)
+    res = dl(
+        "run",
+        "--nproc-per-node",
+        "4",
+        ROOT / "examples" / "torch_ddp_digits.py",
+        "--epochs",
+        "25",
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr
     acc = float(re.search(r"^\[0\]: accuracy=([\d.]+)$", res.stdout, re.M).group(1))
     assert acc >= 0.95

@@ -32,8 +32,9 @@ def run_agent(spec: dict) -> int:
     store = StoreAddress(host, port, spec["token"])
     guard = OrphanGuard()
     try:
-        return NodeAgent(cfg, store, NodeOptions(**spec["node"]), guard, quiet,
-                         master_addr=spec["master_addr"]).run()
+        return NodeAgent(
+            cfg, store, NodeOptions(**spec["node"]), guard, quiet, master_addr=spec["master_addr"]
+        ).run()
     finally:
         guard.close()
         try:

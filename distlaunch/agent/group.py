@@ -19,8 +19,8 @@ import os
 import selectors
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .guard import OrphanGuard
 from .output import StreamSink
@@ -55,10 +55,17 @@ class AttemptResult:
 
 
 class WorkerGroup:
-    def __init__(self, specs: list[LaunchSpec], relay: SignalRelay, guard: OrphanGuard,
-                 stop_timeout: float, on_failure: Callable[[WorkerFailure], None] | None = None,
-                 stop_fd: int | None = None, stop_signal: Callable[[], int] | None = None,
-                 on_started: Callable[[list[int]], None] | None = None):
+    def __init__(
+        self,
+        specs: list[LaunchSpec],
+        relay: SignalRelay,
+        guard: OrphanGuard,
+        stop_timeout: float,
+        on_failure: Callable[[WorkerFailure], None] | None = None,
+        stop_fd: int | None = None,
+        stop_signal: Callable[[], int] | None = None,
+        on_started: Callable[[list[int]], None] | None = None,
+    ):
         """``on_failure(f)`` runs (on this thread) at the first local failure. When
         ``stop_fd`` becomes readable the group is stopped from outside: its workers get
         ``stop_signal()`` (default SIGTERM), then SIGKILL after ``stop_timeout``.
@@ -130,8 +137,11 @@ class WorkerGroup:
                 elif now >= drain_until:
                     break
             deadlines = [t for t in (kill_at, drain_until) if t is not None and t != float("inf")]
-            unwatched = [(w, spec) for w, spec in zip(self.workers, self.specs)
-                         if w.returncode is None and w.pidfd is None]
+            unwatched = [
+                (w, spec)
+                for w, spec in zip(self.workers, self.specs)
+                if w.returncode is None and w.pidfd is None
+            ]
             if unwatched:
                 deadlines.append(now + POLL_SECONDS)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
@@ -145,8 +155,7 @@ class WorkerGroup:
                     sel.unregister(self.stop_fd)
                     if failure is None and self.relay.stop_signal is None:
                         outside = True
-                        kill_at = self._stop_group(self.stop_signal() if self.stop_signal
-                                                   else signal.SIGTERM)
+                        kill_at = self._stop_group(self.stop_signal() if self.stop_signal else signal.SIGTERM)
                 elif isinstance(target, StreamSink):
                     try:
                         data = os.read(key.fd, 1 << 16)

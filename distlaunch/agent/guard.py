@@ -58,7 +58,7 @@ class Proc:
 
     def __init__(self, pid: int, stat: bytes):
         # comm (field 2) may hold spaces and parentheses: split after its last ')'
-        f = stat[stat.rindex(b")") + 2:].split()
+        f = stat[stat.rindex(b")") + 2 :].split()
         self.pid, self.zombie = pid, f[0] == b"Z"
         self.ppid, self.pgrp, self.sid, self.start = int(f[1]), int(f[2]), int(f[3]), int(f[19])
 
@@ -85,8 +85,7 @@ def process_table() -> dict[int, Proc]:
 def job_processes(table: dict[int, Proc], roots: set[int], groups: set[int]) -> set[int]:
     """``roots`` (those in ``table``), every process in a session or process group listed
     in ``groups``, and all their descendants."""
-    found = {p.pid for p in table.values()
-             if p.pid in roots or p.sid in groups or p.pgrp in groups}
+    found = {p.pid for p in table.values() if p.pid in roots or p.sid in groups or p.pgrp in groups}
     children: dict[int, list[int]] = {}
     for p in table.values():
         children.setdefault(p.ppid, []).append(p.pid)
@@ -148,8 +147,9 @@ class OrphanGuard:
         """This process's adopted children (not the guard, a worker or a child it had
         before) and their descendants; call when no worker of a live group is running."""
         me = os.getpid()
-        return job_processes(table, {p.pid for p in table.values()
-                                     if p.ppid == me and p.pid not in self._spared}, set())
+        return job_processes(
+            table, {p.pid for p in table.values() if p.ppid == me and p.pid not in self._spared}, set()
+        )
 
     def kill_strays(self, timeout: float = 2.0) -> None:
         """SIGKILL the strays (see ``strays``) and reap the ones that are this process's
@@ -211,8 +211,7 @@ def remove_matching(pattern: str) -> None:
 
 
 def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-                signal.SIGUSR1, signal.SIGUSR2):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     spared = spared | {os.getpid()}
     groups: set[int] = set()

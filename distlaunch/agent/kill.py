@@ -53,9 +53,13 @@ def parse_records(raw: bytes | str) -> list[tuple[int, int]]:
         raise ValueError(f"process record is not a list: {str(raw)[:80]!r}")
     out = []
     for item in data:
-        if not (isinstance(item, list) and len(item) == 2
-                and all(type(v) is int for v in item)  # not bool, float or str
-                and 1 < item[0] < PID_MAX and item[1] >= 0):
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and all(type(v) is int for v in item)  # not bool, float or str
+            and 1 < item[0] < PID_MAX
+            and item[1] >= 0
+        ):
             raise ValueError(f"process record entry {item!r} is not [pid, start time]")
         out.append((item[0], item[1]))
     return out

@@ -14,15 +14,14 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import round_end_event, round_event
-from ..rendezvous import (SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous,
-                          StopWatcher, WaitReport)
+from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal
 from ..topology import WorkerSlot, assign_ranks, cpu_sets
 from .group import LaunchSpec, WorkerGroup
@@ -75,17 +74,35 @@ def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
     return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")
 
 
-def worker_env(cfg: LaunchConfig, slot: WorkerSlot, base, restart_count: int, master: tuple[str, int],
-               store: StoreAddress | None, error_file: str | None = None,
-               shm: str | None = None) -> dict[str, str]:
+def worker_env(
+    cfg: LaunchConfig,
+    slot: WorkerSlot,
+    base,
+    restart_count: int,
+    master: tuple[str, int],
+    store: StoreAddress | None,
+    error_file: str | None = None,
+    shm: str | None = None,
+) -> dict[str, str]:
     ident = WorkerIdentity(
-        rank=slot.rank, local_rank=slot.local_rank, world_size=slot.world_size,
-        local_world_size=slot.local_world_size, node_rank=slot.node_rank,
-        num_nodes=slot.num_nodes, node_id=str(slot.node_rank), run_id=cfg.run_id,
-        restart_count=restart_count, max_restarts=cfg.max_restarts, role=cfg.role,
-        master_addr=master[0], master_port=master[1],
-        store_addr=store.host if store else None, store_port=store.port if store else None,
-        store_token=store.token if store else None, shm_prefix=shm)
+        rank=slot.rank,
+        local_rank=slot.local_rank,
+        world_size=slot.world_size,
+        local_world_size=slot.local_world_size,
+        node_rank=slot.node_rank,
+        num_nodes=slot.num_nodes,
+        node_id=str(slot.node_rank),
+        run_id=cfg.run_id,
+        restart_count=restart_count,
+        max_restarts=cfg.max_restarts,
+        role=cfg.role,
+        master_addr=master[0],
+        master_port=master[1],
+        store_addr=store.host if store else None,
+        store_port=store.port if store else None,
+        store_token=store.token if store else None,
+        shm_prefix=shm,
+    )
     if cfg.env:
         base = {**base, **dict(cfg.env)}
     env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
@@ -116,10 +133,17 @@ class NodeAgent:
     stop too (the store's host waits briefly for them to read it).
     """
 
-    def __init__(self, cfg: LaunchConfig, store: StoreAddress, opts: NodeOptions,
-                 guard: OrphanGuard, on_event: Callable[[str], None],
-                 base_env: dict[str, str] | None = None, master_addr: str | None = None,
-                 events=None):
+    def __init__(
+        self,
+        cfg: LaunchConfig,
+        store: StoreAddress,
+        opts: NodeOptions,
+        guard: OrphanGuard,
+        on_event: Callable[[str], None],
+        base_env: dict[str, str] | None = None,
+        master_addr: str | None = None,
+        events=None,
+    ):
         self.cfg, self.store_addr, self.opts = cfg, store, opts
         self.events = events  # events.EventLog, or None (a remote agent: the head reports)
         self.guard, self.on_event = guard, on_event
@@ -154,14 +178,19 @@ class NodeAgent:
             # not outwait a store that stopped answering by much.
             with relay.interruptible():
                 try:
-                    client = StoreClient(self.store_addr.host, self.store_addr.port,
-                                         token=self.store_addr.token, timeout=60.0,
-                                         connect_timeout=o.join_timeout,
-                                         on_retry=self._connect_report())
+                    client = StoreClient(
+                        self.store_addr.host,
+                        self.store_addr.port,
+                        token=self.store_addr.token,
+                        timeout=60.0,
+                        connect_timeout=o.join_timeout,
+                        on_retry=self._connect_report(),
+                    )
                 except StoreError as e:  # never reached: not "lost"
                     raise RendezvousError(str(e)) from e
-            rdzv = Rendezvous(client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout,
-                              on_wait=self.on_event)
+            rdzv = Rendezvous(
+                client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout, on_wait=self.on_event
+            )
             while True:
                 if o.node_id is not None:  # head mode: the head decides each round
                     try:
@@ -193,8 +222,9 @@ class NodeAgent:
                 self._spread_signal(rdzv, e.signum, relay)
             raise
         except StoreError as e:  # the agent's own calls: the store died or stopped answering
-            raise RendezvousError(f"lost the store at {self.store_addr.host}:"
-                                  f"{self.store_addr.port} ({e}); workers stopped") from e
+            raise RendezvousError(
+                f"lost the store at {self.store_addr.host}:{self.store_addr.port} ({e}); workers stopped"
+            ) from e
         finally:
             if o.hosts_store and rdzv is not None and rdzv.num_nodes > 1 and self._left == rnd:
                 self._let_others_leave(rdzv, rnd, relay)
@@ -211,8 +241,11 @@ class NodeAgent:
 
         def report(problem: str, waited: float) -> None:
             if progress.due() is not None:
-                self.on_event(f"waiting for the store at {a.host}:{a.port} ({waited:.0f} s of "
-                              f"{self.opts.join_timeout:g} s): {problem}{note}")
+                self.on_event(
+                    f"waiting for the store at {a.host}:{a.port} ({waited:.0f} s of "
+                    f"{self.opts.join_timeout:g} s): {problem}{note}"
+                )
+
         return report
 
     def _spread_signal(self, rdzv: Rendezvous | None, signum: int, relay: SignalRelay) -> None:
@@ -241,13 +274,13 @@ class NodeAgent:
         except StoreError:
             pass  # the store is gone: nobody is left to tell
 
-    def _make_group(self, rdzv: Rendezvous, rnd: int, restarts: int,
-                    relay: SignalRelay) -> tuple[WorkerGroup, int]:
+    def _make_group(
+        self, rdzv: Rendezvous, rnd: int, restarts: int, relay: SignalRelay
+    ) -> tuple[WorkerGroup, int]:
         """Join round ``rnd`` and prepare this node's workers; returns the group and the
         job's restart count (node 0's, which a late joiner does not know)."""
         o = self.opts
-        me = (o.slots or self.cfg.nproc_per_node, o.host_label or socket.gethostname(),
-              self.master_addr)
+        me = (o.slots or self.cfg.nproc_per_node, o.host_label or socket.gethostname(), self.master_addr)
         self._signal_phase = (rnd, "join")
         with relay.interruptible():
             if o.max_nodes:  # dynamic membership: node ranks by arrival, every round anew
@@ -259,10 +292,14 @@ class NodeAgent:
             addr, port, restarts = rdzv.master(rnd)
         self._emit(round_event(rnd, restarts, members))
         slots = assign_ranks([m.slots for m in members])[rdzv.node_rank]
-        group = WorkerGroup(self._specs(slots, rnd, (addr, port), restarts), relay, self.guard,
-                            self.cfg.stop_timeout,
-                            on_started=lambda pids: rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids])),
-                            on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))))
+        group = WorkerGroup(
+            self._specs(slots, rnd, (addr, port), restarts),
+            relay,
+            self.guard,
+            self.cfg.stop_timeout,
+            on_started=lambda pids: rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids])),
+            on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
+        )
         return group, restarts
 
     def _next_round(self, rdzv: Rendezvous, cause: Cause, rnd: int, restarts: int) -> int:
@@ -272,10 +309,12 @@ class NodeAgent:
         from ..policy import DynamicMembership, End, FixedSize, History
 
         o = self.opts
-        policy = (DynamicMembership(self.cfg.max_restarts, o.min_nodes) if o.max_nodes
-                  else FixedSize(self.cfg.max_restarts, o.heartbeat_timeout))
-        decision = policy.decide(History(rnd, restarts, rdzv.num_nodes, frozenset(self._lost)),
-                                 cause)
+        policy = (
+            DynamicMembership(self.cfg.max_restarts, o.min_nodes)
+            if o.max_nodes
+            else FixedSize(self.cfg.max_restarts, o.heartbeat_timeout)
+        )
+        decision = policy.decide(History(rnd, restarts, rdzv.num_nodes, frozenset(self._lost)), cause)
         if isinstance(decision, End):
             raise decision.error
         self.on_event(decision.note)
@@ -287,8 +326,7 @@ class NodeAgent:
         cause = rdzv.request_stop(late.rnd, Join())
         if isinstance(cause, Over):
             raise RendezvousError("the job finished before this node could join")
-        rdzv.wait_members_done(late.rnd, late.size,
-                               self.opts.exit_barrier_timeout + self.cfg.stop_timeout)
+        rdzv.wait_members_done(late.rnd, late.size, self.opts.exit_barrier_timeout + self.cfg.stop_timeout)
 
     def _emit(self, event: dict) -> None:
         if self.events is not None:
@@ -304,8 +342,7 @@ class NodeAgent:
             return self.cfg.master_port
         return free_port()
 
-    def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int,
-                   relay: SignalRelay) -> Cause | None:
+    def _run_round(self, rdzv: Rendezvous, group: WorkerGroup, rnd: int, relay: SignalRelay) -> Cause | None:
         """Run one round to its end; return the cause that stopped it (None: success)."""
         import threading
 
@@ -323,11 +360,15 @@ class NodeAgent:
         # A store we were just talking to accepts at once; one that does not is gone.
         heartbeat = None
         if rdzv.num_nodes > 1:
-            heartbeat = Heartbeat(rdzv.store.clone(connect_timeout=5.0), rdzv, rnd,
-                                  o.heartbeat_interval, o.heartbeat_timeout,
-                                  lambda k, secs: rdzv.request_stop(
-                                      rnd, Lost(k, f"no heartbeat for {secs:.0f} s")),
-                                  lambda: (wake("lost"), rdzv.store.close()))  # wakes its calls
+            heartbeat = Heartbeat(
+                rdzv.store.clone(connect_timeout=5.0),
+                rdzv,
+                rnd,
+                o.heartbeat_interval,
+                o.heartbeat_timeout,
+                lambda k, secs: rdzv.request_stop(rnd, Lost(k, f"no heartbeat for {secs:.0f} s")),
+                lambda: (wake("lost"), rdzv.store.close()),
+            )  # wakes its calls
         watcher = StopWatcher(rdzv.store.clone(connect_timeout=5.0), rdzv, rnd, wake)
         group.stop_fd = wake_r
         group.stop_signal = lambda: signal.SIGTERM if why[0] == "lost" else self._signal_for(rdzv, rnd)
@@ -343,9 +384,11 @@ class NodeAgent:
                 relay.acted()
                 self._stop_everyone(rdzv, rnd, Signal(result.stop_signal))
             if why and why[0] == "lost":
-                raise RendezvousError(f"lost the store at {self.store_addr.host}:"
-                                      f"{self.store_addr.port} (its host stopped, or it stopped "
-                                      f"answering); workers stopped")
+                raise RendezvousError(
+                    f"lost the store at {self.store_addr.host}:"
+                    f"{self.store_addr.port} (its host stopped, or it stopped "
+                    f"answering); workers stopped"
+                )
             if relay.kill_now:  # a second Ctrl-C: no exit barrier
                 raise LaunchInterrupted(result.stop_signal)
             lost = (lambda: heartbeat.lost) if heartbeat else set
@@ -354,8 +397,12 @@ class NodeAgent:
             # leaves it at once: the workers are gone already.
             self._signal_phase = (rnd, "barrier")
             with relay.interruptible():
-                cause = rdzv.finish(rnd, self.opts.exit_barrier_timeout + self.cfg.stop_timeout,
-                                    lost, abort=lambda: bool(why) and why[0] == "lost")
+                cause = rdzv.finish(
+                    rnd,
+                    self.opts.exit_barrier_timeout + self.cfg.stop_timeout,
+                    lost,
+                    abort=lambda: bool(why) and why[0] == "lost",
+                )
             self._signal_phase = None
             self._lost = set(lost())
             watcher.thread.join(5.0)  # finish() set the stop key, which releases it
@@ -377,8 +424,12 @@ class NodeAgent:
         """The store's host keeps it up until every node has read how the job ended (at
         most 10 s; a new stop signal or a second Ctrl-C ends the wait)."""
         try:
-            rdzv.wait_left(rnd, rdzv.num_nodes - len(self._lost), 10.0,
-                           abort=lambda: relay.pending is not None or relay.kill_now)
+            rdzv.wait_left(
+                rnd,
+                rdzv.num_nodes - len(self._lost),
+                10.0,
+                abort=lambda: relay.pending is not None or relay.kill_now,
+            )
         except StoreError:
             pass
 
@@ -396,8 +447,9 @@ class NodeAgent:
         except Exception:  # the store may be gone; stopping here matters more
             pass
 
-    def _specs(self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int],
-               restarts: int) -> list[LaunchSpec]:
+    def _specs(
+        self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int], restarts: int
+    ) -> list[LaunchSpec]:
         specs = []
         cpus = cpu_sets(self.cfg.bind_to, len(slots), os.sched_getaffinity(0))
         for slot in slots:
@@ -407,12 +459,23 @@ class NodeAgent:
                 try:
                     os.makedirs(attempt_dir, exist_ok=True)
                 except OSError as e:  # disk full, EIO ...: this worker runs without log files
-                    warn_once("logs", f"cannot create {attempt_dir} ({e.strerror}); "
-                                      f"worker logs there are dropped, the job goes on")
+                    warn_once(
+                        "logs",
+                        f"cannot create {attempt_dir} ({e.strerror}); "
+                        f"worker logs there are dropped, the job goes on",
+                    )
                     attempt_dir = None
             error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
-            env = worker_env(self.cfg, slot, self.base_env, restarts, master, self.store_addr,
-                             error_file, shm_prefix(self.cfg.run_id, os.getpid(), rnd))
+            env = worker_env(
+                self.cfg,
+                slot,
+                self.base_env,
+                restarts,
+                master,
+                self.store_addr,
+                error_file,
+                shm_prefix(self.cfg.run_id, os.getpid(), rnd),
+            )
             out, err = self._sinks(slot, attempt_dir)
             specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, cpus[slot.local_rank]))
         return specs

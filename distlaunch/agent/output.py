@@ -69,16 +69,14 @@ class StreamSink:
     that receives the raw stream (None: no file). ``keep_tail``: keep the last TAIL_BYTES.
     """
 
-    def __init__(self, prefix: bytes, console_fd: int | None, log_path: str | None,
-                 keep_tail: bool):
+    def __init__(self, prefix: bytes, console_fd: int | None, log_path: str | None, keep_tail: bool):
         self.prefix = prefix
         self.console_fd = console_fd
         self.log_path = log_path
         self.log: int | None = None  # unbuffered: a write error shows at once, nothing held
         if log_path:
             try:
-                self.log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                                   0o666)
+                self.log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
             except OSError as e:
                 self._log_failed(e)
         self.keep_tail = keep_tail
@@ -99,8 +97,8 @@ class StreamSink:
                 self._emit(self.pending + b"\n")
                 self.pending = b""
             return
-        self._emit(self.pending + data[:cut + 1])
-        self.pending = data[cut + 1:]
+        self._emit(self.pending + data[: cut + 1])
+        self.pending = data[cut + 1 :]
 
     def close(self) -> None:
         """End of stream: flush a last line that had no newline, close the log file."""
@@ -119,15 +117,18 @@ class StreamSink:
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(self.log, view):]
+                view = view[os.write(self.log, view) :]
         except OSError as e:
             os.close(self.log)
             self.log = None
             self._log_failed(e)
 
     def _log_failed(self, e: OSError) -> None:
-        warn_once("log", f"cannot write worker log {self.log_path}: {e.strerror or e}; worker "
-                         f"logs stop where they fail, the job and its console output go on")
+        warn_once(
+            "log",
+            f"cannot write worker log {self.log_path}: {e.strerror or e}; worker "
+            f"logs stop where they fail, the job and its console output go on",
+        )
 
     def _emit(self, lines: bytes) -> None:
         # lines ends with b"\n": prefix the first line and every line after a newline.
@@ -137,6 +138,9 @@ class StreamSink:
             if write_all(self.console_fd, out):
                 return
         except OSError as e:  # e.g. stdout is a file on a full disk: supervision goes on
-            warn_once(f"console{self.console_fd}", f"cannot write worker output to fd "
-                      f"{self.console_fd}: {e.strerror or e}; it is dropped, the job goes on")
+            warn_once(
+                f"console{self.console_fd}",
+                f"cannot write worker output to fd "
+                f"{self.console_fd}: {e.strerror or e}; it is dropped, the job goes on",
+            )
         self.console_fd = None  # console reader gone (e.g. `| head`); keep supervising

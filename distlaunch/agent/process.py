@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from ..errors import SpawnError
 from ..topology import WorkerSlot
 
-
 # (soft, hard) RLIMIT_NOFILE before any store in this process raised the soft limit.
 USER_NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)
 
@@ -90,8 +89,14 @@ class WorkerProcess:
     ``poll()``. Raises SpawnError when the program cannot be started.
     """
 
-    def __init__(self, slot: WorkerSlot, argv: list[str], env: dict[str, str],
-                 cwd: str | None = None, cpus: frozenset[int] | None = None):
+    def __init__(
+        self,
+        slot: WorkerSlot,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str | None = None,
+        cpus: frozenset[int] | None = None,
+    ):
         self.slot = slot
         self.argv = argv
         # CPU affinity is per thread and inherited at fork: bind the spawning thread for
@@ -100,8 +105,15 @@ class WorkerProcess:
         restore = _bind_thread(cpus) if cpus is not None else None
         try:
             self.popen = subprocess.Popen(
-                argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, bufsize=0)
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                bufsize=0,
+            )
         except OSError as e:
             raise SpawnError(f"cannot start rank {slot.rank}: {argv[0]!r}: {e.strerror}") from e
         finally:
@@ -155,6 +167,14 @@ class WorkerProcess:
                     text = f.read()
             except OSError:
                 pass
-        return WorkerFailure(self.slot.rank, self.slot.local_rank, self.slot.node_rank,
-                             socket.gethostname(), self.pid, self.returncode,
-                             self.exit_time or time.time(), stderr_tail, text)
+        return WorkerFailure(
+            self.slot.rank,
+            self.slot.local_rank,
+            self.slot.node_rank,
+            socket.gethostname(),
+            self.pid,
+            self.returncode,
+            self.exit_time or time.time(),
+            stderr_tail,
+            text,
+        )

@@ -16,12 +16,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..errors import LaunchInterrupted
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-             signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
 
 

@@ -27,7 +27,7 @@ to the others, so every rank gets bit-identical floats.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -66,6 +66,7 @@ def _pieces(length: int, unit: int) -> list:
 
 # --------------------------------------------------------------------- barrier
 
+
 def barrier(ctx: OpContext) -> None:
     """Dissemination barrier: in round k, send to r + 2^k and receive from r - 2^k."""
     n, r = ctx.group.size, ctx.group.rank
@@ -77,6 +78,7 @@ def barrier(ctx: OpContext) -> None:
 
 
 # --------------------------------------------------------------------- broadcast
+
 
 def broadcast(ctx: OpContext, buf: np.ndarray, root: int) -> None:
     n = ctx.group.size
@@ -126,8 +128,15 @@ def _chain_broadcast(ctx: OpContext, mv, root):
 
 # --------------------------------------------------------------------- ring building blocks
 
-def ring_reduce_scatter(ctx: OpContext, work: np.ndarray, bounds: list, op: ReduceOp, phase0: int = 0,
-                        after_step: Callable[[int], None] | None = None) -> None:
+
+def ring_reduce_scatter(
+    ctx: OpContext,
+    work: np.ndarray,
+    bounds: list,
+    op: ReduceOp,
+    phase0: int = 0,
+    after_step: Callable[[int], None] | None = None,
+) -> None:
     """In place on ``work``: afterwards block ``bounds[r]`` of ``work`` holds the
     reduction of that block over all ranks (other blocks hold partial results).
 
@@ -145,17 +154,23 @@ def ring_reduce_scatter(ctx: OpContext, work: np.ndarray, bounds: list, op: Redu
     recvs = []
     for s in range(n - 1):
         a, b = bounds[(r - s - 2) % n]
-        sb = scratch[s * biggest:s * biggest + (b - a)]
-        recvs.append([(pa, pb, sb, ctx.recv(left, byte_view(sb[pa:pb]), _step(phase0 + s, i)))
-                      for i, (pa, pb) in enumerate(_pieces(b - a, unit))])
+        sb = scratch[s * biggest : s * biggest + (b - a)]
+        recvs.append(
+            [
+                (pa, pb, sb, ctx.recv(left, byte_view(sb[pa:pb]), _step(phase0 + s, i)))
+                for i, (pa, pb) in enumerate(_pieces(b - a, unit))
+            ]
+        )
     for s in range(n - 1):
         a, b = bounds[(r - s - 1) % n]
-        sends = [ctx.send(right, byte_view(work[a + pa:a + pb]), _step(phase0 + s, i))
-                 for i, (pa, pb) in enumerate(_pieces(b - a, unit))]
+        sends = [
+            ctx.send(right, byte_view(work[a + pa : a + pb]), _step(phase0 + s, i))
+            for i, (pa, pb) in enumerate(_pieces(b - a, unit))
+        ]
         a, _ = bounds[(r - s - 2) % n]
         for pa, pb, sb, req in recvs[s]:
             ctx.wait(req)
-            target = work[a + pa:a + pb]
+            target = work[a + pa : a + pb]
             combine(sb[pa:pb], target, target, op)
         ctx.wait(*sends)
         if after_step is not None:
@@ -187,6 +202,7 @@ def ring_all_gather(ctx: OpContext, views: list, phase0: int = 0, recvs: list | 
 
 # --------------------------------------------------------------------- reductions
 
+
 def all_reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
     n = ctx.group.size
     if n > 1:
@@ -198,8 +214,9 @@ def all_reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
             # block r-s-1 is final on this rank once reduce-scatter step s sent it: the
             # all-gather may receive into it from then on
             early = []
-            ring_reduce_scatter(ctx, buf, bounds, op,
-                                after_step=lambda s: early.append(_all_gather_recv(ctx, views, s, n)))
+            ring_reduce_scatter(
+                ctx, buf, bounds, op, after_step=lambda s: early.append(_all_gather_recv(ctx, views, s, n))
+            )
             ring_all_gather(ctx, views, phase0=n, recvs=early)
     finalize(buf, op, n)
 
@@ -217,7 +234,7 @@ def _recursive_doubling(ctx: OpContext, buf, op):
             newrank = -1
         else:
             ctx.wait(ctx.recv(r - 1, tmv, 0))
-            combine(tmp, buf, buf, op)   # lower rank's data first
+            combine(tmp, buf, buf, op)  # lower rank's data first
             newrank = r // 2
     else:
         newrank = r - rem
@@ -252,7 +269,9 @@ def reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp, root: int) -> None:
             bounds = block_bounds(buf.size, n)
             ring_reduce_scatter(ctx, work, bounds, op)
             if r == root:
-                ctx.wait(*[ctx.recv(i, byte_view(buf[a:b]), _step(n)) for i, (a, b) in enumerate(bounds) if i != r])
+                ctx.wait(
+                    *[ctx.recv(i, byte_view(buf[a:b]), _step(n)) for i, (a, b) in enumerate(bounds) if i != r]
+                )
             else:
                 a, b = bounds[r]
                 ctx.wait(ctx.send(root, byte_view(work[a:b]), _step(n)))
@@ -263,7 +282,7 @@ def reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp, root: int) -> None:
 def _binomial_reduce(ctx: OpContext, buf, op, root):
     n, r = ctx.group.size, ctx.group.rank
     vr = (r - root) % n
-    acc = buf if vr == 0 else None   # non-roots accumulate in a copy: their input stays intact
+    acc = buf if vr == 0 else None  # non-roots accumulate in a copy: their input stays intact
     tmp = np.empty_like(buf)
     mask = 1
     while mask < n:
@@ -286,11 +305,12 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, work: np.ndarray, op: Reduce
     bounds = [(i * m, (i + 1) * m) for i in range(n)]
     if n > 1:
         ring_reduce_scatter(ctx, work, bounds, op)
-    out[:] = work[r * m:(r + 1) * m]
+    out[:] = work[r * m : (r + 1) * m]
     finalize(out, op, n)
 
 
 # --------------------------------------------------------------------- data movement
+
 
 def all_gather(ctx: OpContext, views: list) -> None:
     """``views``: byte views of the n (equal-sized) output blocks; block r already holds
@@ -315,13 +335,15 @@ def _bruck_all_gather(ctx: OpContext, views):
     have, k, step = 1, 1, 0
     while have < n:
         cnt = min(k, n - have)
-        ctx.wait(ctx.recv((r + k) % n, tmp[have * b:(have + cnt) * b], step),
-                 ctx.send((r - k) % n, tmp[:cnt * b], step))
+        ctx.wait(
+            ctx.recv((r + k) % n, tmp[have * b : (have + cnt) * b], step),
+            ctx.send((r - k) % n, tmp[: cnt * b], step),
+        )
         have += cnt
         k <<= 1
         step += 1
     for j in range(1, n):
-        views[(r + j) % n][:] = tmp[j * b:(j + 1) * b]
+        views[(r + j) % n][:] = tmp[j * b : (j + 1) * b]
 
 
 def scatter(ctx: OpContext, out_mv: memoryview, in_mvs: list | None, root: int) -> None:

@@ -36,7 +36,8 @@ spanning nodes); semantics: torch.distributed.
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -85,15 +86,20 @@ def _same(arrs: list, ref: np.ndarray, what: str, size: int | None = None) -> No
     for i, a in enumerate(arrs):
         if a.dtype != ref.dtype or a.size != (ref.size if size is None else size):
             raise CollectiveArgumentError(
-                f"{what}[{i}] has {a.size} x {a.dtype}; expected {ref.size if size is None else size} x {ref.dtype}")
+                f"{what}[{i}] has {a.size} x {a.dtype}; "
+                f"expected {ref.size if size is None else size} x {ref.dtype}"
+            )
 
 
 # --------------------------------------------------------------------- point to point
 
+
 def _p2p_peer(g: ProcessGroup, rank: int | None, group_rank: int | None, what: str) -> int:
     peer = root_of(g, rank, group_rank, what)
     if peer == g.rank:
-        raise CollectiveArgumentError(f"{what}={g.ranks[peer]} is this rank: sending to oneself is not supported")
+        raise CollectiveArgumentError(
+            f"{what}={g.ranks[peer]} is this rank: sending to oneself is not supported"
+        )
     return peer
 
 
@@ -103,8 +109,9 @@ def _check_tag(tag: int) -> int:
     return tag
 
 
-def isend(tensor: Buffer, dst: int | None = None, group: Group = None, tag: int = 0,
-          group_dst: int | None = None) -> Work | None:
+def isend(
+    tensor: Buffer, dst: int | None = None, group: Group = None, tag: int = 0, group_dst: int | None = None
+) -> Work | None:
     """Start sending ``tensor`` to ``dst``; returns a Work (None on a non-member).
     ``tensor`` must not be modified until the Work completes (no copy is made). Completes
     once the data was handed to the operating system."""
@@ -116,8 +123,9 @@ def isend(tensor: Buffer, dst: int | None = None, group: Group = None, tag: int 
     return g.isend(arr, peer, _check_tag(tag))
 
 
-def irecv(tensor: Buffer, src: int | None = None, group: Group = None, tag: int = 0,
-          group_src: int | None = None) -> Work | None:
+def irecv(
+    tensor: Buffer, src: int | None = None, group: Group = None, tag: int = 0, group_src: int | None = None
+) -> Work | None:
     """Start receiving into ``tensor`` from ``src`` (None: any source); returns a Work
     whose ``result()`` is the sender's rank (global, or group rank if ``group_src`` was
     given). The sender must send the same dtype and element count
@@ -130,8 +138,9 @@ def irecv(tensor: Buffer, src: int | None = None, group: Group = None, tag: int 
     return g.irecv(arr, peer, _check_tag(tag), group_src=group_src is not None)
 
 
-def send(tensor: Buffer, dst: int | None = None, group: Group = None, tag: int = 0,
-         group_dst: int | None = None) -> None:
+def send(
+    tensor: Buffer, dst: int | None = None, group: Group = None, tag: int = 0, group_dst: int | None = None
+) -> None:
     """Send ``tensor`` to ``dst`` (blocks until the data is handed to the OS, at most
     the group timeout: CollectiveTimeoutError)."""
     work = isend(tensor, dst, group, tag, group_dst)
@@ -139,8 +148,9 @@ def send(tensor: Buffer, dst: int | None = None, group: Group = None, tag: int =
         work.wait()
 
 
-def recv(tensor: Buffer, src: int | None = None, group: Group = None, tag: int = 0,
-         group_src: int | None = None) -> int:
+def recv(
+    tensor: Buffer, src: int | None = None, group: Group = None, tag: int = 0, group_src: int | None = None
+) -> int:
     """Receive into ``tensor`` from ``src`` (None: any source); returns the sender's rank
     (-1 on a non-member). Blocks up to the group timeout (CollectiveTimeoutError, and the
     receive is withdrawn)."""
@@ -156,8 +166,10 @@ def recv(tensor: Buffer, src: int | None = None, group: Group = None, tag: int =
 
 # --------------------------------------------------------------------- collectives
 
-def barrier(group: Group = None, async_op: bool = False, device_ids: Any = None,
-            timeout: Timeout = None) -> Work | None:
+
+def barrier(
+    group: Group = None, async_op: bool = False, device_ids: Any = None, timeout: Timeout = None
+) -> Work | None:
     """Block until every rank of ``group`` called barrier (dissemination algorithm,
     ceil(log2 n) rounds). ``timeout``: seconds or timedelta for this call only."""
     g = resolve_group(group)
@@ -166,8 +178,13 @@ def barrier(group: Group = None, async_op: bool = False, device_ids: Any = None,
     return g.barrier(async_op, to_seconds(timeout))
 
 
-def broadcast(tensor: Buffer, src: int | None = None, group: Group = None, async_op: bool = False,
-              group_src: int | None = None) -> Work | None:
+def broadcast(
+    tensor: Buffer,
+    src: int | None = None,
+    group: Group = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Work | None:
     """Copy ``tensor`` of rank ``src`` into ``tensor`` on every rank (same shape/dtype
     everywhere; the root's buffer may be read-only)."""
     g = resolve_group(group)
@@ -177,7 +194,9 @@ def broadcast(tensor: Buffer, src: int | None = None, group: Group = None, async
     return g.broadcast(flat(as_array(tensor, "tensor", writable=g.rank != root)), root, async_op)
 
 
-def all_reduce(tensor: Buffer, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False) -> Work | None:
+def all_reduce(
+    tensor: Buffer, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False
+) -> Work | None:
     """Reduce ``tensor`` over all ranks with ``op``; every rank gets the (bit-identical)
     result in ``tensor``."""
     g = resolve_group(group)
@@ -186,8 +205,14 @@ def all_reduce(tensor: Buffer, op: Any = ReduceOp.SUM, group: Group = None, asyn
     return g.all_reduce(flat(as_array(tensor, "tensor")), as_reduce_op(op), async_op)
 
 
-def reduce(tensor: Buffer, dst: int | None = None, op: Any = ReduceOp.SUM, group: Group = None,
-           async_op: bool = False, group_dst: int | None = None) -> Work | None:
+def reduce(
+    tensor: Buffer,
+    dst: int | None = None,
+    op: Any = ReduceOp.SUM,
+    group: Group = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
     """Reduce ``tensor`` over all ranks into ``tensor`` on ``dst``; the other ranks'
     tensors are not modified."""
     g = resolve_group(group)
@@ -198,8 +223,9 @@ def reduce(tensor: Buffer, dst: int | None = None, op: Any = ReduceOp.SUM, group
     return g.reduce(arr, as_reduce_op(op), root, async_op)
 
 
-def all_gather(tensor_list: Sequence[Buffer], tensor: Buffer, group: Group = None,
-               async_op: bool = False) -> Work | None:
+def all_gather(
+    tensor_list: Sequence[Buffer], tensor: Buffer, group: Group = None, async_op: bool = False
+) -> Work | None:
     """``tensor_list[i]`` receives rank i's ``tensor`` (n tensors of tensor's size and dtype)."""
     g = resolve_group(group)
     if g is None:
@@ -210,8 +236,9 @@ def all_gather(tensor_list: Sequence[Buffer], tensor: Buffer, group: Group = Non
     return g.all_gather(outs, inp, async_op)
 
 
-def all_gather_into_tensor(output_tensor: Buffer, input_tensor: Buffer, group: Group = None,
-                           async_op: bool = False) -> Work | None:
+def all_gather_into_tensor(
+    output_tensor: Buffer, input_tensor: Buffer, group: Group = None, async_op: bool = False
+) -> Work | None:
     """``output_tensor`` (n x input's elements, same dtype) receives the inputs of ranks
     0..n-1 concatenated."""
     g = resolve_group(group)
@@ -223,8 +250,14 @@ def all_gather_into_tensor(output_tensor: Buffer, input_tensor: Buffer, group: G
     return g.all_gather_into_tensor(out, inp, async_op)
 
 
-def scatter(tensor: Buffer, scatter_list: Sequence[Buffer] | None = None, src: int | None = None,
-            group: Group = None, async_op: bool = False, group_src: int | None = None) -> Work | None:
+def scatter(
+    tensor: Buffer,
+    scatter_list: Sequence[Buffer] | None = None,
+    src: int | None = None,
+    group: Group = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Work | None:
     """Rank i receives ``scatter_list[i]`` of rank ``src`` in ``tensor``
     (``scatter_list``: n tensors of tensor's size and dtype, only on ``src``)."""
     g = resolve_group(group)
@@ -239,8 +272,14 @@ def scatter(tensor: Buffer, scatter_list: Sequence[Buffer] | None = None, src: i
     return g.scatter(out, ins, root, async_op)
 
 
-def gather(tensor: Buffer, gather_list: Sequence[Buffer] | None = None, dst: int | None = None,
-           group: Group = None, async_op: bool = False, group_dst: int | None = None) -> Work | None:
+def gather(
+    tensor: Buffer,
+    gather_list: Sequence[Buffer] | None = None,
+    dst: int | None = None,
+    group: Group = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Work | None:
     """``gather_list[i]`` on ``dst`` receives rank i's ``tensor`` (``gather_list``: n
     tensors of tensor's size and dtype, only on ``dst``)."""
     g = resolve_group(group)
@@ -255,8 +294,13 @@ def gather(tensor: Buffer, gather_list: Sequence[Buffer] | None = None, dst: int
     return g.gather(inp, outs, root, async_op)
 
 
-def reduce_scatter(output: Buffer, input_list: Sequence[Buffer], op: Any = ReduceOp.SUM, group: Group = None,
-                   async_op: bool = False) -> Work | None:
+def reduce_scatter(
+    output: Buffer,
+    input_list: Sequence[Buffer],
+    op: Any = ReduceOp.SUM,
+    group: Group = None,
+    async_op: bool = False,
+) -> Work | None:
     """``output`` on rank i receives the reduction over ranks of ``input_list[i]``
     (n tensors of output's size and dtype; inputs are not modified)."""
     g = resolve_group(group)
@@ -268,8 +312,9 @@ def reduce_scatter(output: Buffer, input_list: Sequence[Buffer], op: Any = Reduc
     return g.reduce_scatter(out, ins, as_reduce_op(op), async_op)
 
 
-def reduce_scatter_tensor(output: Buffer, input: Buffer, op: Any = ReduceOp.SUM, group: Group = None,
-                          async_op: bool = False) -> Work | None:
+def reduce_scatter_tensor(
+    output: Buffer, input: Buffer, op: Any = ReduceOp.SUM, group: Group = None, async_op: bool = False
+) -> Work | None:
     """``output`` on rank i receives block i (output's size) of the reduction over ranks
     of ``input`` (n x output's elements; not modified)."""
     g = resolve_group(group)
@@ -281,8 +326,12 @@ def reduce_scatter_tensor(output: Buffer, input: Buffer, op: Any = ReduceOp.SUM,
     return g.reduce_scatter(out, inp, as_reduce_op(op), async_op)
 
 
-def all_to_all(output_tensor_list: Sequence[Buffer], input_tensor_list: Sequence[Buffer], group: Group = None,
-               async_op: bool = False) -> Work | None:
+def all_to_all(
+    output_tensor_list: Sequence[Buffer],
+    input_tensor_list: Sequence[Buffer],
+    group: Group = None,
+    async_op: bool = False,
+) -> Work | None:
     """``output_tensor_list[i]`` receives rank i's ``input_tensor_list[r]`` (both lists
     of n tensors of one dtype; sizes may differ per pair but must agree between the
     sender's input and the receiver's output)."""
@@ -297,7 +346,9 @@ def all_to_all(output_tensor_list: Sequence[Buffer], input_tensor_list: Sequence
             if a.dtype != ref.dtype:
                 raise CollectiveArgumentError(f"{name}[{i}] has dtype {a.dtype}; expected {ref.dtype}")
     if outs[g.rank].size != ins[g.rank].size:
-        raise CollectiveArgumentError(f"output_tensor_list[{g.rank}] and input_tensor_list[{g.rank}] differ in size")
+        raise CollectiveArgumentError(
+            f"output_tensor_list[{g.rank}] and input_tensor_list[{g.rank}] differ in size"
+        )
     return g.all_to_all(outs, ins, async_op)
 
 
@@ -319,9 +370,14 @@ def _splits(arr: np.ndarray, sizes: Sequence[int] | None, n: int, what: str) -> 
     return bounds
 
 
-def all_to_all_single(output: Buffer, input: Buffer, output_split_sizes: Sequence[int] | None = None,
-                      input_split_sizes: Sequence[int] | None = None, group: Group = None,
-                      async_op: bool = False) -> Work | None:
+def all_to_all_single(
+    output: Buffer,
+    input: Buffer,
+    output_split_sizes: Sequence[int] | None = None,
+    input_split_sizes: Sequence[int] | None = None,
+    group: Group = None,
+    async_op: bool = False,
+) -> Work | None:
     """Split ``input`` along dim 0 (``input_split_sizes`` rows per rank, default equal),
     send split i to rank i, and concatenate what arrives into ``output`` (split by
     ``output_split_sizes``)."""
@@ -347,8 +403,15 @@ class P2POp:
     ``op`` is :func:`isend` or :func:`irecv`; ``peer`` a global rank (or ``group_peer``
     a rank in ``group``)."""
 
-    def __init__(self, op: Callable[..., Work | None], tensor: Buffer, peer: int | None = None, group: Group = None,
-                 tag: int = 0, group_peer: int | None = None):
+    def __init__(
+        self,
+        op: Callable[..., Work | None],
+        tensor: Buffer,
+        peer: int | None = None,
+        group: Group = None,
+        tag: int = 0,
+        group_peer: int | None = None,
+    ):
         if op not in (isend, irecv):
             raise CollectiveArgumentError(f"P2POp op must be isend or irecv, not {op!r}")
         self.op, self.tensor, self.peer, self.group = op, tensor, peer, group

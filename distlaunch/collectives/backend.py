@@ -46,7 +46,7 @@ class Backend:
 
     kind = "tcp"
     native_ops: frozenset = frozenset()
-    channel: ShmChannel | None = None   # set as ctx.shm for every operation
+    channel: ShmChannel | None = None  # set as ctx.shm for every operation
 
     def barrier(self, ctx: OpContext) -> None:
         alg.barrier(ctx)
@@ -69,7 +69,9 @@ class Backend:
         views[ctx.group.rank][:] = byte_view(inp)
         alg.all_gather(ctx, views)
 
-    def reduce_scatter(self, ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp) -> None:
+    def reduce_scatter(
+        self, ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp
+    ) -> None:
         """``blocks``: n arrays (or one array of n blocks) of ``out``'s size, not
         modified; ``out`` receives block r of their reduction over the ranks."""
         work, fresh = joined(blocks)
@@ -113,8 +115,18 @@ class ShmBackend(Backend):
     """
 
     kind = "shm"
-    native_ops = frozenset({"barrier", "broadcast", "all_reduce", "reduce", "all_gather",
-                            "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor"})
+    native_ops = frozenset(
+        {
+            "barrier",
+            "broadcast",
+            "all_reduce",
+            "reduce",
+            "all_gather",
+            "all_gather_into_tensor",
+            "reduce_scatter",
+            "reduce_scatter_tensor",
+        }
+    )
     small_all_reduce = staticmethod(shm_alg.small_all_reduce)
 
     def __init__(self, channel: ShmChannel):
@@ -137,7 +149,9 @@ class ShmBackend(Backend):
     def all_gather(self, ctx: OpContext, outs: list, inp: np.ndarray) -> None:
         shm_alg.all_gather(ctx, [o.view(np.uint8) for o in outs], inp.view(np.uint8))
 
-    def reduce_scatter(self, ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp) -> None:
+    def reduce_scatter(
+        self, ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp
+    ) -> None:
         shm_alg.reduce_scatter(ctx, out, joined(blocks)[0], op)
 
     def scatter(self, ctx: OpContext, out: np.ndarray, ins: list | None, root: int) -> None:

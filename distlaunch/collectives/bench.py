@@ -38,8 +38,19 @@ import numpy as np
 import distlaunch.collectives as dist
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+}
 
 
 def parse_size(text: str) -> int:
@@ -91,7 +102,7 @@ class Case:
         isz = dtype.itemsize
         blocked = op in ("all_gather", "reduce_scatter", "all_to_all")
         per = max(1, nbytes // isz // n) if blocked else max(1, nbytes // isz)
-        self.count = per * n if blocked else per   # elements of the size-defining buffer
+        self.count = per * n if blocked else per  # elements of the size-defining buffer
         self.per = per
         self.nbytes = self.count * isz
         if op == "all_reduce":
@@ -109,7 +120,7 @@ class Case:
         self.reset()
 
     def reset(self):
-        d, r, n = self.dtype, self.rank, self.n
+        d, r = self.dtype, self.rank
         if self.op in ("all_reduce", "broadcast"):
             self.buf[:] = _pattern(self.per, d, r)
         else:
@@ -146,12 +157,12 @@ class Case:
         elif self.op == "all_gather":
             want, got = np.concatenate([_pattern(per, d, k) for k in range(n)]), self.out
         elif self.op == "reduce_scatter":
-            want = _pattern(per * n, d, 0)[r * per:(r + 1) * per]
+            want = _pattern(per * n, d, 0)[r * per : (r + 1) * per]
             for k in range(1, n):
-                want = np.add(want, _pattern(per * n, d, k)[r * per:(r + 1) * per], dtype=d)
+                want = np.add(want, _pattern(per * n, d, k)[r * per : (r + 1) * per], dtype=d)
             got = self.out
         elif self.op == "all_to_all":
-            want = np.concatenate([_pattern(per * n, d, k)[r * per:(r + 1) * per] for k in range(n)])
+            want = np.concatenate([_pattern(per * n, d, k)[r * per : (r + 1) * per] for k in range(n)])
             got = self.out
         else:
             want, got = _pattern(per, d, (r - 1) % n), self.out
@@ -178,7 +189,9 @@ def measure(dist, case, iters, reps=5):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m distlaunch.collectives.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m distlaunch.collectives.bench", description=__doc__.split("\n")[0]
+    )
     p.add_argument("op", choices=OPS)
     p.add_argument("--sizes", default="8B..64MiB")
     p.add_argument("--dtype", default="float32")
@@ -196,8 +209,10 @@ def main(argv=None) -> int:
     rank, n = dist.get_rank(), dist.get_world_size()
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         if rank == 0:
-            print("bench: --plot needs matplotlib, which is not installed (pip install matplotlib)",
-                  file=sys.stderr)
+            print(
+                "bench: --plot needs matplotlib, which is not installed (pip install matplotlib)",
+                file=sys.stderr,
+            )
         dist.destroy_process_group()
         return 2
     world = dist.GroupMember.WORLD
@@ -205,10 +220,15 @@ def main(argv=None) -> int:
     transport = "shared memory" if world.backend == "shm" else "tcp"
     rows = []
     if rank == 0 and not args.json:
-        print(f"# distlaunch.collectives {args.op}: {n} ranks, dtype {dtype}, transport {transport}, "
-              f"time = median of 5 x mean of iters calls (slowest rank)")
-        print(f"# {'size':>12} {'count':>12} {'type':>8} {'iters':>6} {'time(us)':>11} "
-              f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}", flush=True)
+        print(
+            f"# distlaunch.collectives {args.op}: {n} ranks, dtype {dtype}, transport {transport}, "
+            f"time = median of 5 x mean of iters calls (slowest rank)"
+        )
+        print(
+            f"# {'size':>12} {'count':>12} {'type':>8} {'iters':>6} {'time(us)':>11} "
+            f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7}",
+            flush=True,
+        )
     bad = 0
     for nbytes in sizes:
         case = Case(dist, args.op, nbytes, dtype, rank, n)
@@ -222,16 +242,29 @@ def main(argv=None) -> int:
         bad += wrong
         algbw = case.nbytes / t / 1e9
         busbw = algbw * bus_factor(args.op, n)
-        row = dict(op=args.op, size=case.nbytes, count=case.count, dtype=str(dtype), world_size=n,
-                   transport=transport, iters=iters, time_us=round(t * 1e6, 2), algbw_gbps=round(algbw, 4),
-                   busbw_gbps=round(busbw, 4), wrong=wrong)
+        row = dict(
+            op=args.op,
+            size=case.nbytes,
+            count=case.count,
+            dtype=str(dtype),
+            world_size=n,
+            transport=transport,
+            iters=iters,
+            time_us=round(t * 1e6, 2),
+            algbw_gbps=round(algbw, 4),
+            busbw_gbps=round(busbw, 4),
+            wrong=wrong,
+        )
         rows.append(row)
         if rank == 0:
             if args.json:
                 print(json.dumps(row), flush=True)
             else:
-                print(f"  {case.nbytes:>12} {case.count:>12} {str(dtype):>8} {iters:>6} {t * 1e6:>11.2f} "
-                      f"{algbw:>12.3f} {busbw:>12.3f} {wrong:>7}", flush=True)
+                print(
+                    f"  {case.nbytes:>12} {case.count:>12} {str(dtype):>8} {iters:>6} {t * 1e6:>11.2f} "
+                    f"{algbw:>12.3f} {busbw:>12.3f} {wrong:>7}",
+                    flush=True,
+                )
     if rank == 0 and args.plot:
         _plot(rows, args.plot, f"{args.op}, {n} ranks, {dtype} ({transport})")
     dist.destroy_process_group()
@@ -240,8 +273,10 @@ def main(argv=None) -> int:
 
 def _plot(rows, path, title):
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4))
     x = [r["size"] for r in rows]
     ax.plot(x, [r["algbw_gbps"] for r in rows], "o-", label="algbw")

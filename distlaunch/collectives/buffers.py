@@ -23,7 +23,9 @@ def _is_torch_tensor(obj) -> bool:
 
 def _from_torch(t, name: str) -> np.ndarray:
     if str(getattr(t, "layout", "torch.strided")) != "torch.strided":
-        raise CollectiveArgumentError(f"{name} has layout {t.layout}; only dense (strided) CPU tensors are supported")
+        raise CollectiveArgumentError(
+            f"{name} has layout {t.layout}; only dense (strided) CPU tensors are supported"
+        )
     if t.device.type != "cpu":
         raise CollectiveArgumentError(f"{name} is on device {t.device}; only CPU tensors are supported")
     if not t.is_contiguous():
@@ -31,7 +33,9 @@ def _from_torch(t, name: str) -> np.ndarray:
     try:
         return t.detach().numpy()
     except (TypeError, RuntimeError) as e:  # e.g. bfloat16 (no numpy dtype), conjugate views
-        raise CollectiveArgumentError(f"{name} (dtype {t.dtype}) cannot be viewed as a numpy array: {e}") from e
+        raise CollectiveArgumentError(
+            f"{name} (dtype {t.dtype}) cannot be viewed as a numpy array: {e}"
+        ) from e
 
 
 def as_array(obj: Any, name: str, writable: bool = True) -> np.ndarray:
@@ -51,11 +55,13 @@ def as_array(obj: Any, name: str, writable: bool = True) -> np.ndarray:
         except TypeError:
             raise CollectiveArgumentError(
                 f"{name} must be a numpy array, a torch CPU tensor or a writable buffer, "
-                f"not {type(obj).__name__}") from None
+                f"not {type(obj).__name__}"
+            ) from None
     if not arr.flags.c_contiguous:
         raise CollectiveArgumentError(
             f"{name} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
-            f"pass np.ascontiguousarray(...) / tensor.contiguous()")
+            f"pass np.ascontiguousarray(...) / tensor.contiguous()"
+        )
     if writable and not arr.flags.writeable:
         raise CollectiveArgumentError(f"{name} is read-only; the result is written into it")
     if arr.dtype not in DTYPE_CODES:

@@ -31,7 +31,9 @@ def to_seconds(timeout: float | datetime.timedelta | None, name: str = "timeout"
     if isinstance(timeout, datetime.timedelta):
         timeout = timeout.total_seconds()
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise CollectiveArgumentError(f"{name} must be a positive number of seconds or a timedelta, not {timeout!r}")
+        raise CollectiveArgumentError(
+            f"{name} must be a positive number of seconds or a timedelta, not {timeout!r}"
+        )
     return float(timeout)
 
 
@@ -83,19 +85,23 @@ class Members:
         try:
             return self._index[global_rank]
         except (KeyError, TypeError):
-            raise CollectiveArgumentError(f"{what}={global_rank!r} is not a rank of {self.name} "
-                                          f"(ranks {self.ranks})") from None
+            raise CollectiveArgumentError(
+                f"{what}={global_rank!r} is not a rank of {self.name} (ranks {self.ranks})"
+            ) from None
 
     def check_group_rank(self, group_rank: int, what: str) -> int:
         """``group_rank`` itself; CollectiveArgumentError when it is not an int in 0..size-1."""
         if isinstance(group_rank, bool) or not isinstance(group_rank, int) or not 0 <= group_rank < self.size:
-            raise CollectiveArgumentError(f"{what}={group_rank!r} is outside 0..{self.size - 1} of {self.name}")
+            raise CollectiveArgumentError(
+                f"{what}={group_rank!r} is outside 0..{self.size - 1} of {self.name}"
+            )
         return group_rank
 
 
 class SmallCall(NamedTuple):
     """A call as the group's small-operation fast path records it (the fields of
     OpContext it sets)."""
+
     name: str
     op: int
     dtype: int
@@ -123,8 +129,17 @@ class OpContext:
     choice), or None.
     """
 
-    def __init__(self, group: Members, name: str, seq: int, dtype: int | None = None, count: int = 0,
-                 root: int = -1, redop: int | None = None, timeout: float | None = None):
+    def __init__(
+        self,
+        group: Members,
+        name: str,
+        seq: int,
+        dtype: int | None = None,
+        count: int = 0,
+        root: int = -1,
+        redop: int | None = None,
+        timeout: float | None = None,
+    ):
         self.group = group
         self.name = name
         self.seq = seq
@@ -136,14 +151,25 @@ class OpContext:
         self.timeout = group.timeout if timeout is None else timeout
         self.deadline = time.monotonic() + self.timeout
         self._posted: list[Request] = []
-        self.shm = None   # the ShmChannel while the operation runs on shared memory
+        self.shm = None  # the ShmChannel while the operation runs on shared memory
         self.call = None  # the SmallCall a reused context (the group's fast path) describes
         self._transport = group.runtime.transport
         self._me = group.runtime.rank
 
     def _header(self, step: int, nbytes: int) -> Header:
-        return Header(COLL, self.dtype, self.op, self.redop, self._me, self.group.gid, self.seq,
-                      step, self.root, self.count, nbytes)
+        return Header(
+            COLL,
+            self.dtype,
+            self.op,
+            self.redop,
+            self._me,
+            self.group.gid,
+            self.seq,
+            step,
+            self.root,
+            self.count,
+            nbytes,
+        )
 
     def describe(self, op: int, dtype: int, count: int, root: int, redop: int) -> str:
         """A call (this one's fields, or a peer's) as text for mismatch errors."""
@@ -155,7 +181,13 @@ class OpContext:
     def _check(self, step: int) -> Check:
         def check(h):
             if (h.op, h.dtype, h.count, h.root, h.redop, h.step) == (
-                    self.op, self.dtype, self.count, self.root, self.redop, step):
+                self.op,
+                self.dtype,
+                self.count,
+                self.root,
+                self.redop,
+                step,
+            ):
                 return None
             theirs = self.describe(h.op, h.dtype, h.count, h.root, h.redop)
             mine = self.describe_mine()
@@ -163,13 +195,19 @@ class OpContext:
                 theirs += f" at protocol step {h.step}"
                 mine += f" at protocol step {step}"
             return CollectiveMismatchError(f"rank {h.src} called {theirs} but rank {self._me} called {mine}")
+
         return check
 
     def send(self, peer: int, payload: memoryview, step: int = 0) -> Request:
         """Post ``payload`` (bytes view, kept unchanged until waited) to group rank ``peer``."""
         try:
-            req = self._transport.isend(self.group.ranks[peer], self._header(step, len(payload)), payload,
-                                        self.deadline, owner=self.group.gid)
+            req = self._transport.isend(
+                self.group.ranks[peer],
+                self._header(step, len(payload)),
+                payload,
+                self.deadline,
+                owner=self.group.gid,
+            )
         except CollectiveTimeoutError:
             raise OpTimeout([peer]) from None
         req.grank = peer
@@ -179,8 +217,13 @@ class OpContext:
 
     def recv(self, peer: int, buf: memoryview, step: int = 0) -> Request:
         """Post a receive from group rank ``peer`` into ``buf`` (bytes view)."""
-        req = self._transport.irecv(self.group.ranks[peer], (COLL, self.group.gid, self.seq), buf,
-                                    self._check(step), owner=self.group.gid)
+        req = self._transport.irecv(
+            self.group.ranks[peer],
+            (COLL, self.group.gid, self.seq),
+            buf,
+            self._check(step),
+            owner=self.group.gid,
+        )
         req.grank = peer
         self._posted.append(req)
         self._check_broken()
@@ -206,8 +249,9 @@ class OpContext:
         if late:
             h = late[0]
             theirs = self.describe(h.op, h.dtype, h.count, h.root, h.redop)
-            raise CollectiveMismatchError(f"rank {h.src} sent data for {theirs} that this rank did not expect "
-                                          f"in {self.describe_mine()}")
+            raise CollectiveMismatchError(
+                f"rank {h.src} sent data for {theirs} that this rank did not expect in {self.describe_mine()}"
+            )
 
     def cancel_pending(self) -> None:
         """Withdraw this operation's receives that have not started to match."""

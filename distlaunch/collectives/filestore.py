@@ -66,11 +66,11 @@ class FileStore:
             end = vpos + _VALLEN.size + max(vlen, 0)
             if end > len(raw):
                 break  # a record still being written (cannot happen under flock, but be safe)
-            key = raw[pos + _KEYLEN.size:vpos].decode()
+            key = raw[pos + _KEYLEN.size : vpos].decode()
             if vlen < 0:
                 self._data.pop(key, None)
             else:
-                self._data[key] = raw[vpos + _VALLEN.size:end]
+                self._data[key] = raw[vpos + _VALLEN.size : end]
             pos = end
         self._offset += pos
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -43,8 +44,19 @@ from .hierarchy import HierarchicalBackend
 from .ops import ReduceOp, check_op
 from .shm import ShmChannel
 from .transport import Request
-from .wire import (ABORT, ABORT_MISMATCH, ABORT_OTHER, ABORT_PEER_LOST, DTYPE_CODES, DTYPE_NAMES, NO_REDOP,
-                   OP_CODES, OP_NAMES, P2P, Header)
+from .wire import (
+    ABORT,
+    ABORT_MISMATCH,
+    ABORT_OTHER,
+    ABORT_PEER_LOST,
+    DTYPE_CODES,
+    DTYPE_NAMES,
+    NO_REDOP,
+    OP_CODES,
+    OP_NAMES,
+    P2P,
+    Header,
+)
 from .work import Executor, RequestWork, Work
 
 __all__ = ["ProcessGroup", "Work", "DEFAULT_TIMEOUT", "to_seconds"]
@@ -59,7 +71,9 @@ Body = Callable[[Backend, OpContext], Any]
 
 def _meta(arr: np.ndarray, count: int | None = None, root: int = -1, redop: ReduceOp | None = None) -> dict:
     """Header fields of an operation on ``arr`` (checked against every peer's)."""
-    return dict(dtype=DTYPE_CODES[arr.dtype], count=arr.size if count is None else count, root=root, redop=redop)
+    return dict(
+        dtype=DTYPE_CODES[arr.dtype], count=arr.size if count is None else count, root=root, redop=redop
+    )
 
 
 class ProcessGroup(Members):
@@ -82,13 +96,13 @@ class ProcessGroup(Members):
         self._seq_lock = threading.Lock()
         self._executor = Executor(f"distlaunch-coll-{name}")
         self.completed = 0  # sequence number of the last finished collective
-        self._backend: Backend | None = None   # chosen by the first collective
-        self._fast: ShmBackend | None = None   # the backend when it has a small-op fast path
+        self._backend: Backend | None = None  # chosen by the first collective
+        self._fast: ShmBackend | None = None  # the backend when it has a small-op fast path
         self._fast_ctx: OpContext | None = None  # reused by _run_small
 
     @property
     def backend(self) -> str | None:
-        """"tcp", "shm" or "hierarchical" once the first collective chose it, else None."""
+        """ "tcp", "shm" or "hierarchical" once the first collective chose it, else None."""
         return None if self._backend is None else self._backend.kind
 
     def shutdown(self) -> None:
@@ -127,8 +141,11 @@ class ProcessGroup(Members):
     def check_usable(self) -> None:
         """Raise the first failure's class when the group is broken."""
         if self.broken is not None:
-            raise _reraise(self.broken, f"{self.name} is unusable after an earlier failure "
-                                        f"(destroy and re-initialise the process group)")
+            raise _reraise(
+                self.broken,
+                f"{self.name} is unusable after an earlier failure "
+                f"(destroy and re-initialise the process group)",
+            )
 
     def run(self, name: str, body: Body, async_op: bool, timeout: float | None = None, **meta: Any) -> Any:
         """Run collective ``body(backend, ctx)`` as the group's next operation; blocking
@@ -209,9 +226,15 @@ class ProcessGroup(Members):
         """``arr`` of ``root`` into ``arr`` on every member (read-only on the root is fine)."""
         fast = self._fast
         if fast is not None and not async_op and arr.nbytes <= fast.small:
-            return self._run_small(SmallCall("broadcast", OP_CODES["broadcast"], DTYPE_CODES[arr.dtype], arr.size,
-                                             root), fast.broadcast, arr, root)
-        return self.run("broadcast", lambda b, ctx: b.broadcast(ctx, arr, root), async_op, **_meta(arr, root=root))
+            return self._run_small(
+                SmallCall("broadcast", OP_CODES["broadcast"], DTYPE_CODES[arr.dtype], arr.size, root),
+                fast.broadcast,
+                arr,
+                root,
+            )
+        return self.run(
+            "broadcast", lambda b, ctx: b.broadcast(ctx, arr, root), async_op, **_meta(arr, root=root)
+        )
 
     def all_reduce(self, arr: np.ndarray, op: ReduceOp, async_op: bool = False) -> Work | None:
         """``arr`` reduced over the members with ``op``, bit-identical on every member.
@@ -221,13 +244,16 @@ class ProcessGroup(Members):
             plan = fast.small_all_reduce_plan(arr, op)  # checks op against the dtype once
             return self._run_small(plan, fast.small_all_reduce, arr, plan)
         check_op(op, arr.dtype)
-        return self.run("all_reduce", lambda b, ctx: b.all_reduce(ctx, arr, op), async_op, **_meta(arr, redop=op))
+        return self.run(
+            "all_reduce", lambda b, ctx: b.all_reduce(ctx, arr, op), async_op, **_meta(arr, redop=op)
+        )
 
     def reduce(self, arr: np.ndarray, op: ReduceOp, root: int, async_op: bool = False) -> Work | None:
         """The reduction into ``arr`` on ``root``; other members' ``arr`` is unchanged."""
         check_op(op, arr.dtype)
-        return self.run("reduce", lambda b, ctx: b.reduce(ctx, arr, op, root), async_op,
-                        **_meta(arr, root=root, redop=op))
+        return self.run(
+            "reduce", lambda b, ctx: b.reduce(ctx, arr, op, root), async_op, **_meta(arr, root=root, redop=op)
+        )
 
     def all_gather(self, outs: list, inp: np.ndarray, async_op: bool = False) -> Work | None:
         """``outs[i]`` (n arrays of ``inp``'s size and dtype) receives member i's ``inp``."""
@@ -236,43 +262,51 @@ class ProcessGroup(Members):
     def all_gather_into_tensor(self, out: np.ndarray, inp: np.ndarray, async_op: bool = False) -> Work | None:
         """``out`` (n times ``inp``'s size) receives the members' inputs concatenated."""
         m = inp.size
-        outs = [out[i * m:(i + 1) * m] for i in range(self.size)]
-        return self.run("all_gather_into_tensor", lambda b, ctx: b.all_gather(ctx, outs, inp), async_op,
-                        **_meta(inp))
+        outs = [out[i * m : (i + 1) * m] for i in range(self.size)]
+        return self.run(
+            "all_gather_into_tensor", lambda b, ctx: b.all_gather(ctx, outs, inp), async_op, **_meta(inp)
+        )
 
-    def reduce_scatter(self, out: np.ndarray, ins: list | np.ndarray, op: ReduceOp,
-                       async_op: bool = False) -> Work | None:
+    def reduce_scatter(
+        self, out: np.ndarray, ins: list | np.ndarray, op: ReduceOp, async_op: bool = False
+    ) -> Work | None:
         """``out`` on member i receives the reduction of block i of every member's input:
         ``ins[i]`` of a list of n arrays, or the i-th of n equal blocks of one array
         (``reduce_scatter_tensor``); inputs are not modified."""
         check_op(op, out.dtype)
         name = "reduce_scatter_tensor" if isinstance(ins, np.ndarray) else "reduce_scatter"
-        return self.run(name, lambda b, ctx: b.reduce_scatter(ctx, out, ins, op), async_op,
-                        **_meta(out, redop=op))
+        return self.run(
+            name, lambda b, ctx: b.reduce_scatter(ctx, out, ins, op), async_op, **_meta(out, redop=op)
+        )
 
     def scatter(self, out: np.ndarray, ins: list | None, root: int, async_op: bool = False) -> Work | None:
         """``out`` on member i receives ``ins[i]`` of ``root`` (``ins`` None elsewhere)."""
-        return self.run("scatter", lambda b, ctx: b.scatter(ctx, out, ins, root), async_op,
-                        **_meta(out, root=root))
+        return self.run(
+            "scatter", lambda b, ctx: b.scatter(ctx, out, ins, root), async_op, **_meta(out, root=root)
+        )
 
     def gather(self, inp: np.ndarray, outs: list | None, root: int, async_op: bool = False) -> Work | None:
         """``outs[i]`` on ``root`` receives member i's ``inp`` (``outs`` None elsewhere)."""
-        return self.run("gather", lambda b, ctx: b.gather(ctx, inp, outs, root), async_op,
-                        **_meta(inp, root=root))
+        return self.run(
+            "gather", lambda b, ctx: b.gather(ctx, inp, outs, root), async_op, **_meta(inp, root=root)
+        )
 
     def all_to_all(self, outs: list, ins: list, async_op: bool = False) -> Work | None:
         """``ins[i]`` goes to member i, ``outs[i]`` comes from member i (one dtype; sizes
         agree between sender and receiver)."""
-        return self.run("all_to_all", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op,
-                        **_meta(ins[0], count=0))
+        return self.run(
+            "all_to_all", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op, **_meta(ins[0], count=0)
+        )
 
-    def all_to_all_single(self, out: np.ndarray, inp: np.ndarray, out_bounds: list, in_bounds: list,
-                          async_op: bool = False) -> Work | None:
+    def all_to_all_single(
+        self, out: np.ndarray, inp: np.ndarray, out_bounds: list, in_bounds: list, async_op: bool = False
+    ) -> Work | None:
         """As all_to_all on the element ranges ``[(start, end)]`` of ``out`` and ``inp``."""
         outs = [out[a:b] for a, b in out_bounds]
         ins = [inp[a:b] for a, b in in_bounds]
-        return self.run("all_to_all_single", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op,
-                        **_meta(inp, count=0))
+        return self.run(
+            "all_to_all_single", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op, **_meta(inp, count=0)
+        )
 
     # -- point to point (over TCP on every backend; not sequenced)
 
@@ -280,12 +314,24 @@ class ProcessGroup(Members):
         """Start sending ``arr`` (C-contiguous; unchanged until the Work completes) to member
         ``peer``; the Work completes once the data was handed to the operating system."""
         rt = self.runtime
-        hdr = Header(P2P, DTYPE_CODES[arr.dtype], OP_CODES["send"], NO_REDOP, rt.rank, self.gid, tag, 0, -1,
-                     arr.size, arr.nbytes)
+        hdr = Header(
+            P2P,
+            DTYPE_CODES[arr.dtype],
+            OP_CODES["send"],
+            NO_REDOP,
+            rt.rank,
+            self.gid,
+            tag,
+            0,
+            -1,
+            arr.size,
+            arr.nbytes,
+        )
         what = f"send to rank {self.ranks[peer]} (tag {tag}, {arr.size} x {arr.dtype})"
         try:
-            req = rt.transport.isend(self.ranks[peer], hdr, byte_view(arr), time.monotonic() + self.timeout,
-                                     owner=None)
+            req = rt.transport.isend(
+                self.ranks[peer], hdr, byte_view(arr), time.monotonic() + self.timeout, owner=None
+            )
         except CollectiveError as e:
             raise type(e)(f"{what}: {e}") from e
 
@@ -294,6 +340,7 @@ class ProcessGroup(Members):
                 return f"{what} did not complete within the timeout (is rank {self.ranks[peer]} receiving?)"
             if r.error is not None:
                 raise type(r.error)(f"{what}: {r.error}")
+
         return RequestWork(what, self.timeout, req, rt.transport, done)
 
     def irecv(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool = False) -> RequestWork:
@@ -309,13 +356,15 @@ class ProcessGroup(Members):
             if h.dtype != dtype or h.count != arr.size:
                 return CollectiveMismatchError(
                     f"rank {h.src} sent {h.count} x {DTYPE_NAMES.get(h.dtype, '?')} (tag {tag}) but rank "
-                    f"{rt.rank} receives {arr.size} x {arr.dtype}")
+                    f"{rt.rank} receives {arr.size} x {arr.dtype}"
+                )
             if not self.is_member(h.src):
                 return CollectiveMismatchError(f"rank {h.src} is not in {self.name}")
             return None
 
-        req = rt.transport.irecv(None if peer is None else self.ranks[peer], (P2P, self.gid, tag), byte_view(arr),
-                                 check)
+        req = rt.transport.irecv(
+            None if peer is None else self.ranks[peer], (P2P, self.gid, tag), byte_view(arr), check
+        )
 
         def done(r: Request, timed_out: bool):
             if timed_out:
@@ -324,6 +373,7 @@ class ProcessGroup(Members):
                 raise type(r.error)(f"{what}: {r.error}")
             src_rank = r.header.src
             return self.group_rank(src_rank) if group_src else src_rank
+
         return RequestWork(what, self.timeout, req, rt.transport, done)
 
     # -- failure handling
@@ -342,8 +392,11 @@ class ProcessGroup(Members):
             # a peer's ABORT (or an earlier failure) broke the group: that is the root
             # cause, whatever this rank then ran into (e.g. the aborting peer has exited)
             b = self.broken
-            err = b if getattr(b, "seq", None) == ctx.seq else _reraise(
-                b, f"{what}: {self.name} is unusable after an earlier failure")
+            err = (
+                b
+                if getattr(b, "seq", None) == ctx.seq
+                else _reraise(b, f"{what}: {self.name} is unusable after an earlier failure")
+            )
         elif isinstance(e, OpTimeout):
             err = self._diagnose_timeout(ctx, what, e.peers)
         elif isinstance(e, CollectiveError) and getattr(e, "_from_abort", False):
@@ -411,26 +464,29 @@ class ProcessGroup(Members):
             f"{self.name} (rank {self.runtime.rank}): rank {hdr.src} sent data for "
             f"{OP_NAMES[hdr.op] if hdr.op < len(OP_NAMES) else hdr.op} #{hdr.seq} "
             f"(root={self.ranks[hdr.root] if 0 <= hdr.root < self.size else hdr.root}) that this rank "
-            f"did not expect: ranks disagree on the operation, its root or its size")
+            f"did not expect: ranks disagree on the operation, its root or its size"
+        )
         err.seq = hdr.seq
         self.broken = err
-        threading.Thread(target=self._abort_members, args=(hdr.seq, ABORT_MISMATCH, str(err)),
-                         daemon=True).start()
+        threading.Thread(
+            target=self._abort_members, args=(hdr.seq, ABORT_MISMATCH, str(err)), daemon=True
+        ).start()
 
     def on_abort(self, hdr: Header, text: str) -> None:
         """Progress thread: a peer aborted operation ``hdr.seq``; fail ours."""
-        cls = {ABORT_MISMATCH: CollectiveMismatchError, ABORT_PEER_LOST: PeerLostError}.get(hdr.op, CollectiveError)
+        cls = {ABORT_MISMATCH: CollectiveMismatchError, ABORT_PEER_LOST: PeerLostError}.get(
+            hdr.op, CollectiveError
+        )
         err = cls(f"rank {hdr.src} aborted {self.name}: {text}")
         err._from_abort = True
         err.seq = hdr.seq
         if self.broken is None:
             self.broken = err
         self.runtime.transport.fail_owner(self.gid, err)
-        for c in (self._backend.children() if self._backend is not None else []):
+        for c in self._backend.children() if self._backend is not None else []:
             if c.broken is None:
                 c.broken = err
             self.runtime.transport.fail_owner(c.gid, err)
-
 
 
 def _reraise(cause: BaseException, message: str) -> BaseException:
@@ -438,5 +494,3 @@ def _reraise(cause: BaseException, message: str) -> BaseException:
     err = cls(f"{message}; first error: {cause}")
     err.__cause__ = cause
     return err
-
-

@@ -27,7 +27,8 @@ Reference: the two-level scheme of MPICH's SMP-aware collectives (MPIR_Allreduce
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,8 +53,9 @@ class HierarchicalBackend(Backend):
     kind = "hierarchical"
     native_ops = frozenset({"barrier", "broadcast", "all_reduce"})
 
-    def __init__(self, group: Members, node_keys: list, shm_name: Callable[[Members], str | None],
-                 config: ShmConfig):
+    def __init__(
+        self, group: Members, node_keys: list, shm_name: Callable[[Members], str | None], config: ShmConfig
+    ):
         self.group = group
         self._shm_name = shm_name
         self._config = config
@@ -64,25 +66,40 @@ class HierarchicalBackend(Backend):
             by_node.setdefault(key, []).append(grank)
         nodes = sorted(by_node.values())
         me = group.rank
-        self.local = next(m for m in nodes if me in m)           # group ranks of my node
-        self.leaders = [m[0] for m in nodes]                      # group ranks
+        self.local = next(m for m in nodes if me in m)  # group ranks of my node
+        self.leaders = [m[0] for m in nodes]  # group ranks
         self.node_of = {g: i for i, m in enumerate(nodes) for g in m}
         self.is_leader = self.local[0] == me
         rt = group.runtime
         self.local_pg = self.leader_pg = None
         if len(self.local) > 1:
-            self.local_pg = Members(rt, LOCAL_BIT | group.gid, [group.ranks[g] for g in self.local],
-                                    group.timeout, f"{group.name} (node-local)")
+            self.local_pg = Members(
+                rt,
+                LOCAL_BIT | group.gid,
+                [group.ranks[g] for g in self.local],
+                group.timeout,
+                f"{group.name} (node-local)",
+            )
         if self.is_leader:
-            self.leader_pg = Members(rt, LEADER_BIT | group.gid, [group.ranks[g] for g in self.leaders],
-                                     group.timeout, f"{group.name} (node leaders)")
+            self.leader_pg = Members(
+                rt,
+                LEADER_BIT | group.gid,
+                [group.ranks[g] for g in self.leaders],
+                group.timeout,
+                f"{group.name} (node leaders)",
+            )
         # equal node sizes: the ranks with the same index on every node form a "column"
         # that carries 1/(ranks per node) of a large all_reduce across nodes (2D scheme)
         self.column_pg = None
         if len(self.local) > 1 and len({len(m) for m in nodes}) == 1:
             i = self.local.index(me)
-            self.column_pg = Members(rt, COLUMN_BIT | group.gid, [group.ranks[m[i]] for m in nodes],
-                                     group.timeout, f"{group.name} (column {i})")
+            self.column_pg = Members(
+                rt,
+                COLUMN_BIT | group.gid,
+                [group.ranks[m[i]] for m in nodes],
+                group.timeout,
+                f"{group.name} (column {i})",
+            )
 
     def children(self) -> list[Members]:
         return [c for c in (self.local_pg, self.leader_pg, self.column_pg) if c is not None]
@@ -97,8 +114,16 @@ class HierarchicalBackend(Backend):
 
     def _sub(self, pg: Members, ctx: OpContext, root: int = -1) -> OpContext:
         """An OpContext of sub-group ``pg`` inside the parent operation ``ctx``."""
-        sub = OpContext(pg, ctx.name, pg.next_seq(), dtype=ctx.dtype, count=ctx.count, root=root,
-                        redop=ctx.redop, timeout=ctx.timeout)
+        sub = OpContext(
+            pg,
+            ctx.name,
+            pg.next_seq(),
+            dtype=ctx.dtype,
+            count=ctx.count,
+            root=root,
+            redop=ctx.redop,
+            timeout=ctx.timeout,
+        )
         sub.deadline = ctx.deadline
         if pg is self.local_pg:
             sub.shm = self._local_shm()
@@ -112,7 +137,7 @@ class HierarchicalBackend(Backend):
             if sub.shm is None:
                 sub.check_leftovers()
         except OpTimeout as e:
-            if getattr(e, "mapped", False):   # from a nested sub-operation: already mapped
+            if getattr(e, "mapped", False):  # from a nested sub-operation: already mapped
                 raise
             err = OpTimeout([self.group.group_rank(pg.ranks[p]) for p in e.peers])
             err.mapped = True
@@ -128,8 +153,13 @@ class HierarchicalBackend(Backend):
             # column, every column at once; node-local all-gather
             def across(piece):
                 self._run(col, ctx, lambda c: alg.all_reduce(c, piece, opx))
+
             # whole buffers per chunk: every chunk costs one TCP operation's latency
-            self._run(self.local_pg, ctx, lambda c: shm_alg.all_reduce(c, arr, opx, between=across, chunk=c.shm.slot))
+            self._run(
+                self.local_pg,
+                ctx,
+                lambda c: shm_alg.all_reduce(c, arr, opx, between=across, chunk=c.shm.slot),
+            )
             finalize(arr, op, self.group.size)
             return
         if col is not None:

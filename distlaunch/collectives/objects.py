@@ -28,8 +28,13 @@ def _load(arr: np.ndarray) -> Any:
     return pickle.loads(arr.tobytes())
 
 
-def broadcast_object_list(object_list: list, src: int | None = None, group: Group = None, device: Any = None,
-                          group_src: int | None = None) -> None:
+def broadcast_object_list(
+    object_list: list,
+    src: int | None = None,
+    group: Group = None,
+    device: Any = None,
+    group_src: int | None = None,
+) -> None:
     """Replace the elements of ``object_list`` on every rank by those of ``src``'s list
     (all ranks pass a list of the same length). Blocking."""
     g = api.resolve_group(group)
@@ -48,8 +53,9 @@ def broadcast_object_list(object_list: list, src: int | None = None, group: Grou
     if g.rank != root:
         objs = _load(data)
         if len(objs) != len(object_list):
-            raise CollectiveArgumentError(f"object_list has {len(object_list)} elements but the source "
-                                          f"sent {len(objs)}")
+            raise CollectiveArgumentError(
+                f"object_list has {len(object_list)} elements but the source sent {len(objs)}"
+            )
         object_list[:] = objs
 
 
@@ -58,7 +64,7 @@ def _padded_all_gather(g, group, data):
     api.all_gather_into_tensor(sizes, np.array([data.size], np.int64), group=group)
     width = int(sizes.max())
     mine = np.zeros(width, np.uint8)
-    mine[:data.size] = data
+    mine[: data.size] = data
     return sizes, width, mine
 
 
@@ -73,28 +79,40 @@ def all_gather_object(object_list: list, obj: Any, group: Group = None) -> None:
     out = np.empty(width * g.size, np.uint8)
     api.all_gather_into_tensor(out, mine, group=group)
     for i in range(g.size):
-        object_list[i] = _load(out[i * width:i * width + int(sizes[i])])
+        object_list[i] = _load(out[i * width : i * width + int(sizes[i])])
 
 
-def gather_object(obj: Any, object_gather_list: list | None = None, dst: int | None = None, group: Group = None,
-                  group_dst: int | None = None) -> None:
+def gather_object(
+    obj: Any,
+    object_gather_list: list | None = None,
+    dst: int | None = None,
+    group: Group = None,
+    group_dst: int | None = None,
+) -> None:
     """On ``dst``, ``object_gather_list[i]`` (group-size list) becomes rank i's ``obj``."""
     g = api.resolve_group(group)
     if g is None:
         return
     root = api.root_of(g, dst, group_dst, "dst")
     if g.rank == root and (object_gather_list is None or len(object_gather_list) != g.size):
-        raise CollectiveArgumentError(f"object_gather_list must be a list of {g.size} elements on the destination")
+        raise CollectiveArgumentError(
+            f"object_gather_list must be a list of {g.size} elements on the destination"
+        )
     sizes, width, mine = _padded_all_gather(g, group, _dump(obj))
     outs = [np.empty(width, np.uint8) for _ in range(g.size)] if g.rank == root else None
     api.gather(mine, outs, group=group, group_dst=root)
     if g.rank == root:
         for i in range(g.size):
-            object_gather_list[i] = _load(outs[i][:int(sizes[i])])
+            object_gather_list[i] = _load(outs[i][: int(sizes[i])])
 
 
-def scatter_object_list(scatter_object_output_list: list, scatter_object_input_list: list | None = None,
-                        src: int | None = None, group: Group = None, group_src: int | None = None) -> None:
+def scatter_object_list(
+    scatter_object_output_list: list,
+    scatter_object_input_list: list | None = None,
+    src: int | None = None,
+    group: Group = None,
+    group_src: int | None = None,
+) -> None:
     """``scatter_object_output_list[0]`` on rank i becomes element i of ``src``'s
     ``scatter_object_input_list`` (group-size list, only needed on ``src``)."""
     g = api.resolve_group(group)
@@ -106,7 +124,9 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     sizes = np.zeros(g.size, np.int64)
     if g.rank == root:
         if scatter_object_input_list is None or len(scatter_object_input_list) != g.size:
-            raise CollectiveArgumentError(f"scatter_object_input_list must have {g.size} elements on the source")
+            raise CollectiveArgumentError(
+                f"scatter_object_input_list must have {g.size} elements on the source"
+            )
         blobs = [_dump(o) for o in scatter_object_input_list]
         sizes[:] = [b.size for b in blobs]
     api.broadcast(sizes, group=group, group_src=root)
@@ -115,22 +135,34 @@ def scatter_object_list(scatter_object_output_list: list, scatter_object_input_l
     if g.rank == root:
         ins = [np.zeros(width, np.uint8) for _ in range(g.size)]
         for buf, b in zip(ins, blobs):
-            buf[:b.size] = b
+            buf[: b.size] = b
     mine = np.empty(width, np.uint8)
     api.scatter(mine, ins, group=group, group_src=root)
-    scatter_object_output_list[0] = _load(mine[:int(sizes[g.rank])])
+    scatter_object_output_list[0] = _load(mine[: int(sizes[g.rank])])
 
 
-def send_object_list(object_list: list, dst: int | None = None, group: Group = None, device: Any = None,
-                     group_dst: int | None = None, use_batch: bool = False) -> None:
+def send_object_list(
+    object_list: list,
+    dst: int | None = None,
+    group: Group = None,
+    device: Any = None,
+    group_dst: int | None = None,
+    use_batch: bool = False,
+) -> None:
     """Send the objects of ``object_list`` to ``dst`` (size first, then the pickle)."""
     data = _dump(list(object_list))
     api.send(np.array([data.size], np.int64), dst, group, 0, group_dst)
     api.send(data, dst, group, 0, group_dst)
 
 
-def recv_object_list(object_list: list, src: int | None = None, group: Group = None, device: Any = None,
-                     group_src: int | None = None, use_batch: bool = False) -> int:
+def recv_object_list(
+    object_list: list,
+    src: int | None = None,
+    group: Group = None,
+    device: Any = None,
+    group_src: int | None = None,
+    use_batch: bool = False,
+) -> int:
     """Fill ``object_list`` (of the sender's length) with the objects sent by ``src``
     (None: any source); returns the sender's rank."""
     size = np.zeros(1, np.int64)
@@ -144,7 +176,8 @@ def recv_object_list(object_list: list, src: int | None = None, group: Group = N
         api.recv(data, sender, group, 0)
     objs = _load(data)
     if len(objs) != len(object_list):
-        raise CollectiveArgumentError(f"object_list has {len(object_list)} elements but rank {sender} "
-                                      f"sent {len(objs)}")
+        raise CollectiveArgumentError(
+            f"object_list has {len(object_list)} elements but rank {sender} sent {len(objs)}"
+        )
     object_list[:] = objs
     return sender

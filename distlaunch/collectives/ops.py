@@ -66,20 +66,22 @@ def as_reduce_op(op: Any) -> ReduceOp:
             return ReduceOp(op)
     except (KeyError, ValueError):
         pass
-    raise CollectiveArgumentError(f"op={op!r} is not a ReduceOp "
-                                  f"(one of {', '.join(o.name for o in ReduceOp)})")
+    raise CollectiveArgumentError(
+        f"op={op!r} is not a ReduceOp (one of {', '.join(o.name for o in ReduceOp)})"
+    )
 
 
 def check_op(op: ReduceOp, dtype: np.dtype, name: str = "tensor") -> None:
     """Raise CollectiveArgumentError when ``op`` is not defined for ``dtype``."""
     if op in _BITWISE and dtype.kind not in "biu":
         raise CollectiveArgumentError(
-            f"ReduceOp.{op.name} is a bitwise op and needs an integer or bool dtype; "
-            f"{name} has dtype {dtype}")
+            f"ReduceOp.{op.name} is a bitwise op and needs an integer or bool dtype; {name} has dtype {dtype}"
+        )
     if op is ReduceOp.AVG and dtype.kind not in "fc":
         raise CollectiveArgumentError(
             f"ReduceOp.AVG needs a floating-point dtype ({name} has dtype {dtype}); "
-            f"an integer average would truncate: use SUM and divide")
+            f"an integer average would truncate: use SUM and divide"
+        )
     if op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.kind == "c":
         raise CollectiveArgumentError(f"ReduceOp.{op.name} is not defined for complex dtype {dtype}")
 
@@ -105,8 +107,7 @@ class _DeprecatedReduceOp:
     """``reduce_op``: the deprecated alias of ReduceOp (as in torch.distributed)."""
 
     def __getattr__(self, name):
-        warnings.warn("reduce_op is deprecated, use ReduceOp instead",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn("reduce_op is deprecated, use ReduceOp instead", DeprecationWarning, stacklevel=2)
         return getattr(ReduceOp, name)
 
 

@@ -34,13 +34,14 @@ import secrets
 import socket
 import threading
 import time
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from ..secret import shared_token
+from .context import DEFAULT_TIMEOUT, Members, to_seconds
 from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
 from .filestore import FileStore
-from .context import DEFAULT_TIMEOUT, Members, to_seconds
 from .group import ProcessGroup
 from .shm import ShmConfig
 from .shm import available as shm_available
@@ -76,14 +77,24 @@ class _LockedStore:
         def call(*args, **kwargs):
             with self._lock:
                 return fn(*args, **kwargs)
+
         return call
 
 
 class Runtime:
     """Everything one initialised process group owns: store, transport, groups."""
 
-    def __init__(self, rank: int, world_size: int, store: Any, prefix: str, timeout: float, host: str,
-                 owned: Iterable[Any] = (), node_id: str | None = None):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        store: Any,
+        prefix: str,
+        timeout: float,
+        host: str,
+        owned: Iterable[Any] = (),
+        node_id: str | None = None,
+    ):
         self.rank = rank
         # which ranks may share memory: only the launcher's node id says so (never a host
         # name: loopback multi-node jobs must use TCP); published as <ns>node/<rank>
@@ -109,9 +120,17 @@ class Runtime:
             self.store.set(f"{ns}secret", secrets.token_hex(16).encode())
         secret = self._init_wait([f"{ns}secret"], deadline, timeout)
         self.secret = secret.decode(errors="replace")
-        self.transport = TcpTransport(rank, world_size, self.store, ns, host, secret,
-                                      self._status, self._abort,
-                                      handshake_timeout=min(HANDSHAKE_TIMEOUT, timeout))
+        self.transport = TcpTransport(
+            rank,
+            world_size,
+            self.store,
+            ns,
+            host,
+            secret,
+            self._status,
+            self._abort,
+            handshake_timeout=min(HANDSHAKE_TIMEOUT, timeout),
+        )
         self.transport.late_handler = self._late
         try:
             self.store.set(f"{ns}node/{rank}", self._shm_node.encode())
@@ -130,11 +149,17 @@ class Runtime:
             self.store.wait(keys, max(0.01, deadline - time.monotonic()))
             return self.store.get(keys[0])
         except Exception as e:
-            absent = [r for r in range(self.world_size) if not self.store.check([f"{self.prefix}arrived/{r}"])]
-            why = (f"ranks {absent} did not join" if absent else
-                   f"every rank arrived, but store key {keys[0]!r} did not appear")
-            raise CollectiveTimeoutError(f"init_process_group timed out after {timeout:g} s: {why} "
-                                         f"(world size {self.world_size}): {e}") from e
+            absent = [
+                r for r in range(self.world_size) if not self.store.check([f"{self.prefix}arrived/{r}"])
+            ]
+            why = (
+                f"ranks {absent} did not join"
+                if absent
+                else f"every rank arrived, but store key {keys[0]!r} did not appear"
+            )
+            raise CollectiveTimeoutError(
+                f"init_process_group timed out after {timeout:g} s: {why} (world size {self.world_size}): {e}"
+            ) from e
 
     def _status(self, gid):
         g = self.groups.get(gid)
@@ -171,7 +196,9 @@ class Runtime:
         """Every rank's published node key ("L:<launcher node id>" when it can use
         shared memory, else unique per rank); fetched once from the store."""
         if self._node_ids is None:
-            self._node_ids = [self.store.get(f"{self.prefix}node/{r}").decode() for r in range(self.world_size)]
+            self._node_ids = [
+                self.store.get(f"{self.prefix}node/{r}").decode() for r in range(self.world_size)
+            ]
         return self._node_ids
 
     def node_keys(self, group: Members) -> list:
@@ -209,7 +236,9 @@ _servers: dict = {}  # (host, port) -> StoreServer this process hosts for env://
 
 def current_runtime() -> Runtime:
     if _runtime is None:
-        raise NotInitializedError("the default process group is not initialized; call init_process_group() first")
+        raise NotInitializedError(
+            "the default process group is not initialized; call init_process_group() first"
+        )
     return _runtime
 
 
@@ -250,6 +279,7 @@ def _tcp_store(host, port, rank, token, timeout, deadline):
     # lazy: only env:// / tcp:// need the store package (the server side is not light)
     from ..errors import StoreError
     from ..store import StoreClient, StoreServer
+
     if rank == 0 and (host, port) not in _servers:
         bind = "127.0.0.1" if _local_host_towards(host) == "127.0.0.1" else "0.0.0.0"
         try:
@@ -259,18 +289,26 @@ def _tcp_store(host, port, rank, token, timeout, deadline):
             raise ConfigError(f"rank 0 cannot host the store on {bind}:{port}: {e}") from e
         _servers[(host, port)] = server
     try:
-        return StoreClient(host, port, token=token, timeout=timeout,
-                           connect_timeout=max(0.1, deadline - time.monotonic()))
+        return StoreClient(
+            host, port, token=token, timeout=timeout, connect_timeout=max(0.1, deadline - time.monotonic())
+        )
     except StoreError as e:
         if isinstance(e, TimeoutError):
             raise CollectiveTimeoutError(f"cannot reach the store at {host}:{port}: {e}") from e
         raise ConfigError(f"cannot use the store at {host}:{port}: {e}") from e
 
 
-def init_process_group(backend: str | None = None, init_method: str | None = None,
-                       timeout: float | datetime.timedelta | None = None, world_size: int = -1, rank: int = -1,
-                       store: Any = None, group_name: str = "", pg_options: Any = None,
-                       device_id: Any = None) -> None:
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: float | datetime.timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Any = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
     """Initialise the default process group (``torch.distributed.init_process_group``).
 
     ``backend``: None, "auto", "cpu" or "gloo" (all the same CPU runtime); anything else
@@ -284,11 +322,14 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     """
     global _runtime
     if _runtime is not None:
-        raise CollectiveArgumentError("the default process group is already initialized "
-                                      "(call destroy_process_group() first)")
+        raise CollectiveArgumentError(
+            "the default process group is already initialized (call destroy_process_group() first)"
+        )
     if (backend.lower() if isinstance(backend, str) else backend) not in _BACKENDS:
-        raise ConfigError(f"backend {backend!r} is not supported: distlaunch.collectives is a CPU runtime "
-                          f"(use None, 'auto', 'cpu' or 'gloo')")
+        raise ConfigError(
+            f"backend {backend!r} is not supported: distlaunch.collectives is a CPU runtime "
+            f"(use None, 'auto', 'cpu' or 'gloo')"
+        )
     timeout = to_seconds(timeout) or DEFAULT_TIMEOUT
     deadline = time.monotonic() + timeout
     if store is not None and init_method is not None:
@@ -299,6 +340,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         prefix, host = "distlaunch/coll/", _local_host_towards(getattr(store, "host", "127.0.0.1"))
     elif init_method is None and os.environ.get("DISTLAUNCH_STORE_PORT"):
         from ..env import read_worker_env  # lazy: only under `distlaunch run`
+
         ident = read_worker_env()
         r, n = ident.rank, ident.world_size
         for given, actual, what in ((rank, r, "rank"), (world_size, n, "world_size")):
@@ -339,8 +381,10 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
             prefix = f"distlaunch/coll/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
             host = _local_host_towards(addr)
         else:
-            raise ConfigError(f"init_method {init_method!r}: unsupported scheme (use env://, tcp://host:port "
-                              f"or file:///path)")
+            raise ConfigError(
+                f"init_method {init_method!r}: unsupported scheme (use env://, tcp://host:port "
+                f"or file:///path)"
+            )
     if not 0 <= r < n:
         raise ConfigError(f"rank {r} is outside 0..world_size-1 (world_size {n})")
     try:
@@ -374,10 +418,16 @@ def destroy_process_group(group: ProcessGroup | None = None) -> None:
         raise CollectiveArgumentError(f"{group!r} is not a live group of this runtime")
 
 
-def new_group(ranks: Iterable[int] | None = None, timeout: float | datetime.timedelta | None = None,
-              backend: str | None = None, pg_options: Any = None, use_local_synchronization: bool = False,
-              group_desc: str | None = None, device_id: Any = None,
-              sort_ranks: bool = True) -> ProcessGroup | _NonGroupMember:
+def new_group(
+    ranks: Iterable[int] | None = None,
+    timeout: float | datetime.timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+    device_id: Any = None,
+    sort_ranks: bool = True,
+) -> ProcessGroup | _NonGroupMember:
     """Create a group of the global ``ranks`` (None: all). Every rank must call
     new_group, in the same order, with the same ranks (as torch.distributed). Returns the
     ProcessGroup on members and ``GroupMember.NON_GROUP_MEMBER`` elsewhere. Does not

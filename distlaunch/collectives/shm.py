@@ -48,7 +48,8 @@ import platform
 import struct
 import threading
 import time
-from typing import Any, Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,8 +58,8 @@ from .errors import CollectiveError, CollectiveMismatchError, PeerLostError
 from .ops import ReduceOp, check_op, ufunc
 from .wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, OP_CODES
 
-SLOT = 4 << 20          # default bytes per data buffer
-CHUNK = 2 << 20         # default all_reduce bytes per chunk
+SLOT = 4 << 20  # default bytes per data buffer
+CHUNK = 2 << 20  # default all_reduce bytes per chunk
 # all_reduce: one-phase algorithm up to here (measured: it wins below ~384 KiB at n = 2
 # and 4); one buffer must hold it
 SMALL_MAX = 256 * 1024
@@ -66,7 +67,7 @@ _HDR, _CTL = 4096, 256
 # phase counters are u32 and wrap: a reached b when (a - b) & PHASE_MASK < PHASE_HALF
 PHASE_MASK, PHASE_HALF = 0xFFFFFFFF, 0x80000000
 _M, _H = PHASE_MASK, PHASE_HALF
-_SLICE = 0.05                # seconds per futex sleep between liveness checks
+_SLICE = 0.05  # seconds per futex sleep between liveness checks
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202}.get(platform.machine().lower())
 
@@ -84,18 +85,26 @@ def _futex_fn():
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.syscall
         fn.restype = ctypes.c_long
-        fn.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_int]
+        fn.argtypes = [
+            ctypes.c_long,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
+        ]
         _futex = fn
     return _futex
 
 
 class ShmConfig(NamedTuple):
     """Sizes and spinning of every shared-memory channel of one initialisation."""
-    slot: int = SLOT          # bytes per data buffer
-    chunk: int = CHUNK        # all_reduce bytes per chunk
-    spin: int = 400           # counter checks before sleeping in the kernel
-    yield_spin: bool = True   # sched_yield between checks
+
+    slot: int = SLOT  # bytes per data buffer
+    chunk: int = CHUNK  # all_reduce bytes per chunk
+    spin: int = 400  # counter checks before sleeping in the kernel
+    yield_spin: bool = True  # sched_yield between checks
 
     @property
     def small(self) -> int:
@@ -103,22 +112,26 @@ class ShmConfig(NamedTuple):
         return min(SMALL_MAX, self.slot)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "ShmConfig":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> ShmConfig:
         """DISTLAUNCH_SHM_SLOT, DISTLAUNCH_SHM_CHUNK (bytes), DISTLAUNCH_SHM_SPIN (count),
         DISTLAUNCH_SHM_YIELD ("0": spin without yielding); unset means the default."""
         spin = env.get("DISTLAUNCH_SHM_SPIN", "")
-        return cls(slot=int(env.get("DISTLAUNCH_SHM_SLOT", SLOT)), chunk=int(env.get("DISTLAUNCH_SHM_CHUNK", CHUNK)),
-                   spin=int(spin) if spin.isdigit() else 400,
-                   # yield while spinning: other processes on the machine (other ranks, other
-                   # nodes of a loopback job, their progress threads) may need this core
-                   yield_spin=env.get("DISTLAUNCH_SHM_YIELD", "1") != "0")
+        return cls(
+            slot=int(env.get("DISTLAUNCH_SHM_SLOT", SLOT)),
+            chunk=int(env.get("DISTLAUNCH_SHM_CHUNK", CHUNK)),
+            spin=int(spin) if spin.isdigit() else 400,
+            # yield while spinning: other processes on the machine (other ranks, other
+            # nodes of a loopback job, their progress threads) may need this core
+            yield_spin=env.get("DISTLAUNCH_SHM_YIELD", "1") != "0",
+        )
 
 
 def available() -> bool:
     """True when this platform supports the shared-memory transport (Linux x86-64 with
     /dev/shm) and DISTLAUNCH_SHM is not "0"."""
-    return (os.environ.get("DISTLAUNCH_SHM", "1") != "0" and _SYS_FUTEX is not None
-            and os.path.isdir("/dev/shm"))
+    return (
+        os.environ.get("DISTLAUNCH_SHM", "1") != "0" and _SYS_FUTEX is not None and os.path.isdir("/dev/shm")
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -167,8 +180,10 @@ class ShmChannel:
         self._futex = _futex_fn()
         self._ts = _Timespec()
         data = _HDR + _round(self.n * _CTL)
-        self.bufs = [[self.raw[data + (2 * j + k) * slot: data + (2 * j + k + 1) * slot] for k in (0, 1)]
-                     for j in range(self.n)]
+        self.bufs = [
+            [self.raw[data + (2 * j + k) * slot : data + (2 * j + k + 1) * slot] for k in (0, 1)]
+            for j in range(self.n)
+        ]
         self._sidx = self._ctl(self.r) // 4
         self._flag_idx = [self._ctl(j) // 4 + 1 for j in range(self.n)]  # rank j sleeps on rank w-1
         self._fence = threading.Lock()
@@ -176,10 +191,12 @@ class ShmChannel:
         self._plans = {}
         # byte offsets of every rank's two meta records
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
-        self._peer_meta_offs = [[(j, o) for j, o in enumerate(offs) if j != self.r] for offs in self._meta_offs]
-        self.phase = 0          # last phase this rank published
-        self.all_at = 0         # every rank is known to have reached this phase
-        self.ops = 0            # operations run (selects the meta record)
+        self._peer_meta_offs = [
+            [(j, o) for j, o in enumerate(offs) if j != self.r] for offs in self._meta_offs
+        ]
+        self.phase = 0  # last phase this rank published
+        self.all_at = 0  # every rank is known to have reached this phase
+        self.ops = 0  # operations run (selects the meta record)
         self.quads[self._ctl(self.r) // 8 + 1] = os.getpid()
         self._next_check = 0.0
         self.spin = config.spin
@@ -193,7 +210,7 @@ class ShmChannel:
     def view(self, j: int, p: int, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
         """Rank j's buffer of phase p as ``count`` elements of ``dtype`` from byte
         ``offset``."""
-        return self.bufs[j][p & 1][offset:offset + count * dtype.itemsize].view(dtype)
+        return self.bufs[j][p & 1][offset : offset + count * dtype.itemsize].view(dtype)
 
     def views(self, p: int, dtype: np.dtype, count: int) -> list:
         """Every rank's buffer of phase p as ``count`` x ``dtype`` (cached: small
@@ -219,7 +236,7 @@ class ShmChannel:
         self.phase = p
         w = self.words
         w[self._sidx] = p & _M
-        self._fence.acquire()   # a locked instruction: full memory barrier on x86
+        self._fence.acquire()  # a locked instruction: full memory barrier on x86
         self._fence.release()
         me = self.r + 1
         for i in self._flag_idx:
@@ -247,7 +264,7 @@ class ShmChannel:
         ts, addr, flag = self._ts, self.base + self._ctl(j), self._flag_idx[self.r]
         try:
             while True:
-                w[flag] = j + 1       # before re-reading the counter (see signal)
+                w[flag] = j + 1  # before re-reading the counter (see signal)
                 v = w[idx]
                 if (v - p) & _M < _H:
                     return
@@ -280,8 +297,10 @@ class ShmChannel:
         left = ctx.deadline - now
         if left <= 0:
             p = self.phase
-            raise OpTimeout([k for k in range(self.n) if k != self.r
-                             and (self.words[self._ctl(k) // 4] - p) & _M >= _H] or [j])
+            raise OpTimeout(
+                [k for k in range(self.n) if k != self.r and (self.words[self._ctl(k) // 4] - p) & _M >= _H]
+                or [j]
+            )
         if now >= self._next_check:
             self._next_check = now + _SLICE
             pid = self.quads[self._ctl(j) // 8 + 1]
@@ -291,12 +310,14 @@ class ShmChannel:
 
     def _raise_abort(self, reason):
         g = self.group
-        end = time.monotonic() + 0.2   # the TCP ABORT carries the full message
+        end = time.monotonic() + 0.2  # the TCP ABORT carries the full message
         while g.broken is None and time.monotonic() < end:
             time.sleep(0.005)
         if g.broken is not None:
             raise g.broken
-        cls = {ABORT_MISMATCH: CollectiveMismatchError, ABORT_PEER_LOST: PeerLostError}.get(reason, CollectiveError)
+        cls = {ABORT_MISMATCH: CollectiveMismatchError, ABORT_PEER_LOST: PeerLostError}.get(
+            reason, CollectiveError
+        )
         err = cls(f"rank {g.ranks[self.words[1] % g.size]} aborted {g.name}")
         err._from_abort = True
         raise err
@@ -343,7 +364,7 @@ class ShmChannel:
             if callable(data):
                 data(self.bufs[self.r][p & 1])
             elif len(data):
-                self.bufs[self.r][p & 1][:len(data)] = data
+                self.bufs[self.r][p & 1][: len(data)] = data
         self.exchange_calls(ctx, p, _CALL.pack(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop))
         return p
 
@@ -357,25 +378,27 @@ class ShmChannel:
         off = offs[self.r]
         mm = self.mm
         self.quads[off >> 3] = ctx.seq
-        mm[off + 8:off + 48] = call
+        mm[off + 8 : off + 48] = call
         self.signal(p)
         self.need_all(p, ctx)
-        mine = mm[off:off + 48]
+        mine = mm[off : off + 48]
         for j, oj in self._peer_meta_offs[k]:
-            if mm[oj:oj + 48] != mine:
+            if mm[oj : oj + 48] != mine:
                 theirs = ctx.describe(*_META.unpack_from(mm, oj)[1:6])
                 mine_text = ctx.describe_mine()
                 if theirs == mine_text:  # same call, different position in the sequence
                     theirs += f" as call #{_META.unpack_from(mm, oj)[0]}"
                     mine_text += f" as call #{ctx.seq}"
-                raise CollectiveMismatchError(f"rank {self.group.ranks[j]} called {theirs} but rank "
-                                              f"{self.group.runtime.rank} called {mine_text}")
+                raise CollectiveMismatchError(
+                    f"rank {self.group.ranks[j]} called {theirs} but rank "
+                    f"{self.group.runtime.rank} called {mine_text}"
+                )
         if not self._unlinked:
             self._unlinked = True  # every member has mapped the segment
             if self.r == 0:
                 _unlink(self.path)
 
-    def small_all_reduce_plan(self, arr: np.ndarray, op: ReduceOp) -> "SmallAllReduce":
+    def small_all_reduce_plan(self, arr: np.ndarray, op: ReduceOp) -> SmallAllReduce:
         """The cached SmallAllReduce for ``arr``'s dtype and size and ``op`` (raises
         CollectiveArgumentError for an op the dtype does not support)."""
         key = (arr.dtype.char, arr.size, op)
@@ -400,8 +423,8 @@ class ShmChannel:
             pass  # a user-visible view still exists: the mapping goes with it
 
 
-_META = struct.Struct("<6q")   # op seq, op, dtype, count, root, redop
-_CALL = struct.Struct("<5q")   # the same without the sequence number
+_META = struct.Struct("<6q")  # op seq, op, dtype, count, root, redop
+_CALL = struct.Struct("<5q")  # the same without the sequence number
 
 
 class SmallAllReduce:
@@ -414,7 +437,12 @@ class SmallAllReduce:
 
     def __init__(self, s: ShmChannel, arr: np.ndarray, op: ReduceOp):
         check_op(op, arr.dtype)
-        self.name, self.op, self.dtype, self.count = "all_reduce", OP_CODES["all_reduce"], DTYPE_CODES[arr.dtype], arr.size
+        self.name, self.op, self.dtype, self.count = (
+            "all_reduce",
+            OP_CODES["all_reduce"],
+            DTYPE_CODES[arr.dtype],
+            arr.size,
+        )
         self.root, self.redop = -1, int(op)
         self.record = _CALL.pack(self.op, self.dtype, self.count, self.root, self.redop)
         self.uf, self.avg = ufunc(op), op is ReduceOp.AVG
@@ -431,5 +459,3 @@ def _unlink(path):
     except OSError as e:
         if e.errno != errno.ENOENT:
             raise
-
-

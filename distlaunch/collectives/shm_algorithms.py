@@ -21,7 +21,7 @@ rank gets bit-identical results):
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -64,8 +64,14 @@ def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> N
         finalize(arr, ReduceOp.AVG, s.n)
 
 
-def all_reduce(ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int | None = None,
-               between: Callable[[np.ndarray], None] | None = None, chunk: int | None = None) -> None:
+def all_reduce(
+    ctx: OpContext,
+    arr: np.ndarray,
+    op: ReduceOp,
+    root: int | None = None,
+    between: Callable[[np.ndarray], None] | None = None,
+    chunk: int | None = None,
+) -> None:
     """In place on ``arr`` (flat, C-contiguous). ``root``: None for all_reduce, else the
     only group rank whose ``arr`` receives the result (reduce). ``between(slice)``: run
     on this rank's reduced slice of every chunk before the others copy it (hierarchical
@@ -89,15 +95,16 @@ def all_reduce(ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int | None =
 
             def publish(buf, a=a, m=m, bounds=bounds):
                 # our own slice never leaves this process: we reduce it ourselves
-                dst = buf[:m * dt.itemsize].view(dt)
+                dst = buf[: m * dt.itemsize].view(dt)
                 for j, (jl, jh) in enumerate(bounds):
                     if j != r:
-                        dst[jl:jh] = arr[a + jl:a + jh]
+                        dst[jl:jh] = arr[a + jl : a + jh]
+
             p1 = s.step(ctx, publish, first=a == 0)
             p2 = p1 + 1
             mine = s.view(r, p2, dt, m)[lo:hi]
             if hi > lo:
-                own = arr[a + lo:a + hi]
+                own = arr[a + lo : a + hi]
                 srcs = [own if j == r else s.view(j, p1, dt, m)[lo:hi] for j in range(n)]
                 # not in place: the own slice is an operand after the output's first write
                 _reduce_into(uf, srcs, mine)
@@ -107,7 +114,7 @@ def all_reduce(ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int | None =
             s.need_all(p2, ctx)
             if root is None or root == r:
                 for j, (jl, jh) in enumerate(bounds):
-                    arr[a + jl:a + jh] = s.view(j, p2, dt, m)[jl:jh]
+                    arr[a + jl : a + jh] = s.view(j, p2, dt, m)[jl:jh]
     if root is None or root == r:
         finalize(arr, op, n)
 
@@ -127,13 +134,13 @@ def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
             p = s.phase + 1
             if r == root:
                 s.need_all(p - 1, ctx)
-                s.bufs[r][p & 1][:b - a] = u8[a:b]
+                s.bufs[r][p & 1][: b - a] = u8[a:b]
                 s.signal(p)
                 continue
             s.signal(p)
             s.need(root, p, ctx)
         if r != root:
-            u8[a:b] = s.bufs[root][p & 1][:b - a]
+            u8[a:b] = s.bufs[root][p & 1][: b - a]
 
 
 def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
@@ -149,11 +156,11 @@ def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
         else:
             p = s.phase + 1
             s.need_all(p - 1, ctx)
-            s.bufs[s.r][p & 1][:b - a] = inp[a:b]
+            s.bufs[s.r][p & 1][: b - a] = inp[a:b]
             s.signal(p)
             s.need_all(p, ctx)
         for j in range(n):
-            outs[j][a:b] = s.bufs[j][p & 1][:b - a]
+            outs[j][a:b] = s.bufs[j][p & 1][: b - a]
 
 
 def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceOp) -> None:
@@ -170,7 +177,8 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
 
         def write(buf, a=a, b=b, L=L):  # pieces [a, b) of the n blocks, contiguous
             if L:
-                buf[:n * L * dt.itemsize].view(dt).reshape(n, L)[:] = blocks[:, a:b]
+                buf[: n * L * dt.itemsize].view(dt).reshape(n, L)[:] = blocks[:, a:b]
+
         p = s.step(ctx, write, first=i == 0)
         if L:
             srcs = [s.view(j, p, dt, L, r * L * dt.itemsize) for j in range(n)]

@@ -43,12 +43,12 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
 from .transport import Check, Request, Transport
-from .wire import (COLL, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, DTYPE_NAMES, Header,
-                   unpack_header)
+from .wire import COLL, DTYPE_NAMES, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, Header, unpack_header
 
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _SUSPECT_GRACE = 1.0  # seconds; see _conn_failed_locked
@@ -71,24 +71,38 @@ class _HandshakeRetry(Exception):
 
 
 class _Conn:
-    __slots__ = ("sock", "peer", "outgoing", "sendq", "events", "closed",
-                 "hdr_buf", "hdr_mv", "hdr_got", "hdr", "target", "got", "req", "hs")
+    __slots__ = (
+        "sock",
+        "peer",
+        "outgoing",
+        "sendq",
+        "events",
+        "closed",
+        "hdr_buf",
+        "hdr_mv",
+        "hdr_got",
+        "hdr",
+        "target",
+        "got",
+        "req",
+        "hs",
+    )
 
     def __init__(self, sock, peer, outgoing):
         self.sock = sock
-        self.peer = peer            # None until an incoming connection said HELLO
+        self.peer = peer  # None until an incoming connection said HELLO
         self.outgoing = outgoing
-        self.sendq = collections.deque()   # [list of memoryviews, Request or None]
+        self.sendq = collections.deque()  # [list of memoryviews, Request or None]
         self.events = 0
         self.closed = False
         self.hdr_buf = bytearray(HEADER_SIZE)
         self.hdr_mv = memoryview(self.hdr_buf)
         self.hdr_got = 0
-        self.hdr = None             # header of the message being read
-        self.target = None          # memoryview the payload goes into
+        self.hdr = None  # header of the message being read
+        self.target = None  # memoryview the payload goes into
         self.got = 0
-        self.req = None             # matched receive, or None (unexpected / control)
-        self.hs = None              # incoming, mid-handshake: (claimed rank, Nc, Na)
+        self.req = None  # matched receive, or None (unexpected / control)
+        self.hs = None  # incoming, mid-handshake: (claimed rank, Nc, Na)
 
 
 def _tune(sock):
@@ -115,9 +129,18 @@ class TcpTransport(Transport):
     connections accepted after a change.
     """
 
-    def __init__(self, rank: int, world_size: int, store: Any, prefix: str, host: str, secret: bytes,
-                 status_provider: Callable[[int], tuple], abort_handler: Callable[[Header, str], None],
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        store: Any,
+        prefix: str,
+        host: str,
+        secret: bytes,
+        status_provider: Callable[[int], tuple],
+        abort_handler: Callable[[Header, str], None],
+        handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    ):
         self.rank = rank
         self.world_size = world_size
         self._store = store
@@ -128,22 +151,22 @@ class TcpTransport(Transport):
         self._lock = threading.Lock()
         self._status_cv = threading.Condition(self._lock)
         self._connect_locks = collections.defaultdict(threading.Lock)
-        self._out = {}                      # peer -> outgoing _Conn
+        self._out = {}  # peer -> outgoing _Conn
         self._conns = set()
         self._addrs = {}
-        self._posted = {}                   # (key, src) -> deque[Request]
-        self._posted_any = {}               # key -> deque[Request]
-        self._unexpected = {}               # (key, src) -> deque[(Header, bytearray)]
-        self._lost = {}                     # peer -> reason
-        self._suspects = {}                 # peer -> (deadline, reason): see _conn_failed_locked
-        self._status = {}                   # (group, peer) -> (seq, op)
+        self._posted = {}  # (key, src) -> deque[Request]
+        self._posted_any = {}  # key -> deque[Request]
+        self._unexpected = {}  # (key, src) -> deque[(Header, bytearray)]
+        self._lost = {}  # peer -> reason
+        self._suspects = {}  # peer -> (deadline, reason): see _conn_failed_locked
+        self._status = {}  # (group, peer) -> (seq, op)
         self._new_conns = []
         self._dirty = set()
         self._closed = False
         self.handshake_timeout = handshake_timeout
         self.max_pending = max(64, 2 * world_size)
-        self._pending = {}                  # unauthenticated incoming _Conn -> deadline, oldest first
-        self._accept_paused_until = None    # monotonic time, while out of descriptors
+        self._pending = {}  # unauthenticated incoming _Conn -> deadline, oldest first
+        self._accept_paused_until = None  # monotonic time, while out of descriptors
         # late_handler(header): called on the progress thread for an unmatched collective
         # message, so the runtime can spot messages of operations it already finished
         self.late_handler = None
@@ -175,7 +198,8 @@ class TcpTransport(Transport):
                 host, _, port = self._store.get(key).decode().rpartition(":")
             except Exception as e:  # store timeout or connection problem
                 raise CollectiveTimeoutError(
-                    f"rank {peer} did not publish its address in the store ({e})") from e
+                    f"rank {peer} did not publish its address in the store ({e})"
+                ) from e
             addr = self._addrs[peer] = (host, int(port))
         return addr
 
@@ -199,7 +223,8 @@ class TcpTransport(Transport):
                     if time.monotonic() + pause >= deadline:
                         raise CollectiveTimeoutError(
                             f"could not complete the transport handshake with rank {peer} at "
-                            f"{addr[0]}:{addr[1]} before the deadline: {e}") from e
+                            f"{addr[0]}:{addr[1]} before the deadline: {e}"
+                        ) from e
                     time.sleep(pause)  # the acceptor may be flooded by outsiders: back off
                     pause = min(2 * pause, 0.5)
             conn = _Conn(sock, peer, outgoing=True)
@@ -232,16 +257,26 @@ class TcpTransport(Transport):
                 sock.settimeout(max(0.001, deadline - time.monotonic()))
                 n = sock.recv_into(view[got:])
                 if n == 0:
-                    raise _HandshakeRetry(f"rank {peer} at {where} closed the connection during the handshake")
+                    raise _HandshakeRetry(
+                        f"rank {peer} at {where} closed the connection during the handshake"
+                    )
                 got += n
             hdr = unpack_header(reply[:HEADER_SIZE])
-            na = bytes(reply[HEADER_SIZE:HEADER_SIZE + _NONCE])
-            if (hdr.kind, hdr.step, hdr.src, hdr.root, hdr.nbytes) != (HELLO, 1, peer, self.rank, _NONCE + _MAC) \
-                    or not hmac.compare_digest(bytes(reply[-_MAC:]),
-                                               _proof(self._secret, b"acceptor", self.rank, peer, nc, na)):
+            na = bytes(reply[HEADER_SIZE : HEADER_SIZE + _NONCE])
+            if (hdr.kind, hdr.step, hdr.src, hdr.root, hdr.nbytes) != (
+                HELLO,
+                1,
+                peer,
+                self.rank,
+                _NONCE + _MAC,
+            ) or not hmac.compare_digest(
+                bytes(reply[-_MAC:]), _proof(self._secret, b"acceptor", self.rank, peer, nc, na)
+            ):
                 raise ValueError("its handshake reply does not prove it knows this group's secret")
-            sock.sendall(Header(HELLO, 0, 0, 0, self.rank, 0, 0, 2, peer, 0, _MAC).pack()
-                         + _proof(self._secret, b"connector", self.rank, peer, nc, na))
+            sock.sendall(
+                Header(HELLO, 0, 0, 0, self.rank, 0, 0, 2, peer, 0, _MAC).pack()
+                + _proof(self._secret, b"connector", self.rank, peer, nc, na)
+            )
             sock.setblocking(False)
             return sock
         except BaseException as e:
@@ -249,8 +284,11 @@ class TcpTransport(Transport):
                 sock.close()
             if isinstance(e, socket.timeout):
                 raise CollectiveTimeoutError(f"connecting to rank {peer} at {where} timed out") from e
-            if isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)) or \
-                    isinstance(e, OSError) and e.errno in _OUT_OF_FDS:
+            if (
+                isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError))
+                or isinstance(e, OSError)
+                and e.errno in _OUT_OF_FDS
+            ):
                 raise _HandshakeRetry(str(e)) from e
             if isinstance(e, (OSError, ValueError)):
                 self._peer_lost(peer, f"connection to {where} failed: {e}")
@@ -265,7 +303,9 @@ class TcpTransport(Transport):
 
     # ---------------------------------------------------------------- sending
 
-    def isend(self, peer: int, header: Header, payload: memoryview, deadline: float, owner: Any = None) -> Request:
+    def isend(
+        self, peer: int, header: Header, payload: memoryview, deadline: float, owner: Any = None
+    ) -> Request:
         req = Request(True, peer, None, payload, owner=owner)
         conn = self._connection(peer, deadline)
         bufs = [memoryview(header.pack())]
@@ -273,7 +313,9 @@ class TcpTransport(Transport):
             bufs.append(payload)
         with self._lock:
             if conn.closed:
-                req.complete(PeerLostError(f"rank {peer} is lost: {self._lost.get(peer, 'connection closed')}"))
+                req.complete(
+                    PeerLostError(f"rank {peer} is lost: {self._lost.get(peer, 'connection closed')}")
+                )
                 return req
             self._enqueue(conn, bufs, req)
         return req
@@ -322,8 +364,9 @@ class TcpTransport(Transport):
 
     # ---------------------------------------------------------------- receiving
 
-    def irecv(self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None,
-              owner: Any = None) -> Request:
+    def irecv(
+        self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None, owner: Any = None
+    ) -> Request:
         req = Request(False, peer, key, buf, check, owner)
         with self._lock:
             item = self._take_unexpected(key, peer)
@@ -380,7 +423,8 @@ class TcpTransport(Transport):
         if err is None and hdr.nbytes != len(req.buf):
             err = CollectiveMismatchError(
                 f"rank {hdr.src} sent {hdr.nbytes} bytes ({DTYPE_NAMES.get(hdr.dtype, '?')}) "
-                f"where this rank expected {len(req.buf)} bytes")
+                f"where this rank expected {len(req.buf)} bytes"
+            )
         return err
 
     def take_leftovers(self, key: tuple) -> list:
@@ -429,8 +473,10 @@ class TcpTransport(Transport):
             if self.send_control(p, hdr, b"", deadline):
                 reachable.append(p)
         with self._status_cv:
-            self._status_cv.wait_for(lambda: all((group, p) in self._status for p in reachable),
-                                     max(0.0, deadline - time.monotonic()))
+            self._status_cv.wait_for(
+                lambda: all((group, p) in self._status for p in reachable),
+                max(0.0, deadline - time.monotonic()),
+            )
             return {p: self._status.get((group, p)) for p in peers}
 
     # ---------------------------------------------------------------- progress thread
@@ -445,7 +491,9 @@ class TcpTransport(Transport):
                             self._sel.register(conn.sock, conn.events, conn)
                     self._new_conns.clear()
                     self._update_interest()
-                    wait = _earliest(self._check_suspects(), self._check_pending(), self._check_accept_pause())
+                    wait = _earliest(
+                        self._check_suspects(), self._check_pending(), self._check_accept_pause()
+                    )
                 for key, mask in self._sel.select(wait):
                     what = key.data
                     if what == "wake":
@@ -531,7 +579,7 @@ class TcpTransport(Transport):
                 # select returns at once, forever), and free descriptors for the ranks'
                 # own connections by closing the older half of the unauthenticated ones
                 with self._lock:
-                    for conn in list(self._pending)[:(len(self._pending) + 1) // 2]:
+                    for conn in list(self._pending)[: (len(self._pending) + 1) // 2]:
                         self._close_conn_locked(conn)
                     self._sel.unregister(self._listen)
                     self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
@@ -551,9 +599,9 @@ class TcpTransport(Transport):
         for _ in range(64):  # bounded, so one busy connection cannot starve the others
             try:
                 if conn.target is None:
-                    n = conn.sock.recv_into(conn.hdr_mv[conn.hdr_got:])
+                    n = conn.sock.recv_into(conn.hdr_mv[conn.hdr_got :])
                 else:
-                    n = conn.sock.recv_into(conn.target[conn.got:])
+                    n = conn.sock.recv_into(conn.target[conn.got :])
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:

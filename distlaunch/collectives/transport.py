@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from .wire import Header
 
 # check(header) -> None if the message is acceptable, else the exception to fail with
-Check = Callable[[Header], Optional[BaseException]]
+Check = Callable[[Header], BaseException | None]
 
 
 class Request:
@@ -32,18 +33,25 @@ class Request:
 
     __slots__ = ("is_send", "peer", "key", "buf", "check", "header", "error", "_event", "owner", "grank")
 
-    def __init__(self, is_send: bool, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None,
-                 owner: Any = None):
+    def __init__(
+        self,
+        is_send: bool,
+        peer: int | None,
+        key: tuple,
+        buf: memoryview,
+        check: Check | None = None,
+        owner: Any = None,
+    ):
         self.is_send = is_send
-        self.peer = peer          # global rank, or None for an any-source receive
-        self.key = key            # (kind, group, seq)
-        self.buf = buf            # memoryview of bytes
+        self.peer = peer  # global rank, or None for an any-source receive
+        self.key = key  # (kind, group, seq)
+        self.buf = buf  # memoryview of bytes
         self.check = check
         self.header: Header | None = None
         self.error: BaseException | None = None
         self._event = threading.Event()
-        self.owner = owner        # e.g. the group id, for failing a whole group
-        self.grank = None         # the peer's group rank (set by the runtime, for messages)
+        self.owner = owner  # e.g. the group id, for failing a whole group
+        self.grank = None  # the peer's group rank (set by the runtime, for messages)
 
     @property
     def done(self) -> bool:
@@ -67,14 +75,17 @@ class Transport(abc.ABC):
     world_size: int
 
     @abc.abstractmethod
-    def isend(self, peer: int, header: Header, payload: memoryview, deadline: float, owner: Any = None) -> Request:
+    def isend(
+        self, peer: int, header: Header, payload: memoryview, deadline: float, owner: Any = None
+    ) -> Request:
         """Queue ``header`` + ``payload`` for ``peer``. ``payload`` must stay unchanged
         until the request completes (no copy is made). May block up to ``deadline``
         (``time.monotonic()`` seconds) to establish the connection."""
 
     @abc.abstractmethod
-    def irecv(self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None,
-              owner: Any = None) -> Request:
+    def irecv(
+        self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None, owner: Any = None
+    ) -> Request:
         """Post a receive of the next message from ``peer`` (None: any source) matching
         ``key`` into ``buf``. A message whose payload length differs from ``len(buf)``
         or that ``check`` rejects fails the request (the payload is discarded)."""

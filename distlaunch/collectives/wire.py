@@ -44,15 +44,39 @@ ABORT_MISMATCH, ABORT_PEER_LOST, ABORT_OTHER = 1, 2, 3
 NO_REDOP = 255
 
 OP_NAMES = (
-    "none", "barrier", "broadcast", "reduce", "all_reduce", "scatter", "gather",
-    "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-    "all_to_all", "all_to_all_single", "send", "recv",
+    "none",
+    "barrier",
+    "broadcast",
+    "reduce",
+    "all_reduce",
+    "scatter",
+    "gather",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
 )
 OP_CODES = {name: i for i, name in enumerate(OP_NAMES)}
 
 _DTYPES = (
-    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
+    "bool",
+    "int8",
+    "uint8",
+    "int16",
+    "uint16",
+    "int32",
+    "uint32",
+    "int64",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
 )
 DTYPE_CODES = {np.dtype(name): i + 1 for i, name in enumerate(_DTYPES)}
 DTYPE_NAMES = {i + 1: name for i, name in enumerate(_DTYPES)}

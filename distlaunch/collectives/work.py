@@ -12,7 +12,8 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .context import to_seconds
 from .errors import CollectiveError, CollectiveTimeoutError
@@ -75,8 +76,9 @@ class RequestWork(Work):
     otherwise the result, or raises the operation's CollectiveError.
     """
 
-    def __init__(self, name: str, timeout: float, req: Request, transport: Any,
-                 on_done: Callable[[Request, bool], Any]):
+    def __init__(
+        self, name: str, timeout: float, req: Request, transport: Any, on_done: Callable[[Request, bool], Any]
+    ):
         super().__init__(name, timeout)
         self._req = req
         self._transport = transport
@@ -111,7 +113,7 @@ class Executor:
     def __init__(self, name: str):
         self._name = name
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.pending = 0   # jobs submitted and not finished (only the submitting thread reads it unlocked)
+        self.pending = 0  # jobs submitted and not finished (only the submitting thread reads it unlocked)
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
 

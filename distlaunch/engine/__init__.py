@@ -15,7 +15,8 @@ when its agent does not stop. Importing this package imports no engine.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Protocol, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 __all__ = ["AgentEngine", "OnEnd"]
 
@@ -41,8 +42,9 @@ class AgentEngine(Protocol):
     def running(self) -> list[int]:
         """Node ids of the agents started and not yet ended."""
 
-    def pump(self, timeout: float | None, extra_fds: Sequence[int] = (),
-             on_end: OnEnd | None = None) -> list[int]:
+    def pump(
+        self, timeout: float | None, extra_fds: Sequence[int] = (), on_end: OnEnd | None = None
+    ) -> list[int]:
         """Relay output and notice ends for up to ``timeout`` s (None: until something
         happens); calls ``on_end`` once per agent that ended. Returns the ``extra_fds``
         that became readable."""

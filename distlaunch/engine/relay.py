@@ -6,7 +6,7 @@ ends. Works with any process handle shaped like ``remote.ssh.RemoteProcess`` (``
 from __future__ import annotations
 
 import select
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..agent.output import StreamSink
 from . import OnEnd
@@ -29,8 +29,9 @@ class AgentRelay:
     def running(self) -> list[int]:
         return [k for k in self.procs if k not in self.status]
 
-    def pump(self, timeout: float | None, extra_fds: Sequence[int] = (),
-             on_end: OnEnd | None = None) -> list[int]:
+    def pump(
+        self, timeout: float | None, extra_fds: Sequence[int] = (), on_end: OnEnd | None = None
+    ) -> list[int]:
         """Wait up to ``timeout`` s for output or exits; returns the ready ``extra_fds``."""
         poller = select.poll()  # not select(): fds above 1024 with many hosts
         draining = []  # exited, output not closed yet: their fd stays readable, so look

@@ -6,7 +6,7 @@ and remote kills run over the same connection (or a fresh one if it broke).
 from __future__ import annotations
 
 import json
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 from ..hosts import Host
@@ -25,16 +25,23 @@ class SSHEngine:
     ``cmd_env`` on the command line (nothing secret: see remote.command). See
     ``engine.AgentEngine`` for the methods."""
 
-    def __init__(self, conns: Mapping[int, SSHConnection], python: str, cwd: str,
-                 cmd_env: Mapping[str, str]):
+    def __init__(self, conns: Mapping[int, SSHConnection], python: str, cwd: str, cmd_env: Mapping[str, str]):
         self.conns = dict(conns)
         self.python, self.cwd, self.cmd_env = python, cwd, dict(cmd_env)
         self.relay = AgentRelay()
 
     @classmethod
-    def connect(cls, hosts: Mapping[int, Host], ssh: SSHOptions, python: str, cwd: str,
-                cmd_env: Mapping[str, str], version: str, on_event: Callable[[str], None],
-                on_progress: Callable[[str, bool], None] | None = None) -> "SSHEngine":
+    def connect(
+        cls,
+        hosts: Mapping[int, Host],
+        ssh: SSHOptions,
+        python: str,
+        cwd: str,
+        cmd_env: Mapping[str, str],
+        version: str,
+        on_event: Callable[[str], None],
+        on_progress: Callable[[str, bool], None] | None = None,
+    ) -> SSHEngine:
         """Connect to every host and preflight it (each report goes to ``on_event``).
         Blocks. Raises ConfigError when a host cannot be reached or fails its check
         (nothing was started)."""
@@ -53,8 +60,10 @@ class SSHEngine:
                 on_event(f"preflight {r.host.name}: {'ok' if r.ok else r.problem}")
             bad = [r for r in reports if not r.ok]
             if bad:
-                raise ConfigError(f"preflight failed on {len(bad)} of {len(reports)} host(s) "
-                                  f"({', '.join(r.host.name for r in bad)}); nothing was started")
+                raise ConfigError(
+                    f"preflight failed on {len(bad)} of {len(reports)} host(s) "
+                    f"({', '.join(r.host.name for r in bad)}); nothing was started"
+                )
         except BaseException:
             engine.close()
             raise
@@ -76,8 +85,9 @@ class SSHEngine:
     def running(self) -> list[int]:
         return self.relay.running
 
-    def pump(self, timeout: float | None, extra_fds: Sequence[int] = (),
-             on_end: OnEnd | None = None) -> list[int]:
+    def pump(
+        self, timeout: float | None, extra_fds: Sequence[int] = (), on_end: OnEnd | None = None
+    ) -> list[int]:
         return self.relay.pump(timeout, extra_fds, on_end)
 
     def abandon(self, node_id: int) -> None:
@@ -85,8 +95,7 @@ class SSHEngine:
 
     def kill(self, node_id: int, records: list[tuple[int, int]]) -> None:
         if records and node_id in self.conns:
-            kill_remote(self.conns[node_id],
-                        kill_command(self.python, self.cwd, self.cmd_env, records))
+            kill_remote(self.conns[node_id], kill_command(self.python, self.cwd, self.cmd_env, records))
 
     def close(self) -> None:
         self.relay.close()
@@ -94,13 +103,13 @@ class SSHEngine:
             c.close()
 
 
-def kill_command(python: str, cwd: str, env: Mapping[str, str],
-                 records: list[tuple[int, int]]) -> str:
+def kill_command(python: str, cwd: str, env: Mapping[str, str], records: list[tuple[int, int]]) -> str:
     """The command that kills a host's recorded processes (``agent.kill``; ``records``
     validated by ``parse_records``), run like the agent: same interpreter, directory and
     command-line environment. Pure."""
-    return remote_command(python, cwd, ["-m", "distlaunch.agent.kill",
-                                        *(f"{p}:{t}" for p, t in records)], env)
+    return remote_command(
+        python, cwd, ["-m", "distlaunch.agent.kill", *(f"{p}:{t}" for p, t in records)], env
+    )
 
 
 def kill_remote(conn: SSHConnection, cmd: str) -> None:

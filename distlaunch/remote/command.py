@@ -15,7 +15,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import shlex
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..env import DISTLAUNCH_VARS, MPI_VARS, STALE_VARS, TORCHRUN_VARS
 from ..errors import ConfigError
@@ -25,22 +25,53 @@ __all__ = ["HOST_SPECIFIC", "shipped_env", "remote_command"]
 # Not shipped by env_all: they describe the head's machine, login or terminal, and the
 # remote sshd/login sets its own. Patterns use fnmatch syntax.
 HOST_SPECIFIC = (
-    "SSH_*",                              # the head's own SSH session and agent socket
-    "DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "XDG_*", "DBUS_SESSION_BUS_ADDRESS",
-    "HOSTNAME", "HOST", "HOSTTYPE",
-    "PWD", "OLDPWD",                      # the remote cwd is set by `cd`
-    "HOME", "USER", "LOGNAME", "MAIL", "SHELL",   # the remote account may differ
-    "TERM", "TERMCAP", "COLORTERM", "COLUMNS", "LINES", "TMUX", "TMUX_PANE", "STY",
-    "WINDOW", "SHLVL", "_", "PS1", "PS2", "PROMPT_COMMAND",
-    "TMPDIR", "KRB5CCNAME",               # per-machine paths
-    "CUDA_VISIBLE_DEVICES",               # per-machine device ids: ship explicitly if equal
-    "SLURM_*", "PMI_*", "PMIX_*", "OMPI_*", "PRTE_*", "HYDRA_*", "MPI_LOCAL*",  # schedulers
-    "BASH_FUNC_*",                        # exported shell functions
+    "SSH_*",  # the head's own SSH session and agent socket
+    "DISPLAY",
+    "XAUTHORITY",
+    "WAYLAND_DISPLAY",
+    "XDG_*",
+    "DBUS_SESSION_BUS_ADDRESS",
+    "HOSTNAME",
+    "HOST",
+    "HOSTTYPE",
+    "PWD",
+    "OLDPWD",  # the remote cwd is set by `cd`
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "MAIL",
+    "SHELL",  # the remote account may differ
+    "TERM",
+    "TERMCAP",
+    "COLORTERM",
+    "COLUMNS",
+    "LINES",
+    "TMUX",
+    "TMUX_PANE",
+    "STY",
+    "WINDOW",
+    "SHLVL",
+    "_",
+    "PS1",
+    "PS2",
+    "PROMPT_COMMAND",
+    "TMPDIR",
+    "KRB5CCNAME",  # per-machine paths
+    "CUDA_VISIBLE_DEVICES",  # per-machine device ids: ship explicitly if equal
+    "SLURM_*",
+    "PMI_*",
+    "PMIX_*",
+    "OMPI_*",
+    "PRTE_*",
+    "HYDRA_*",
+    "MPI_LOCAL*",  # schedulers
+    "BASH_FUNC_*",  # exported shell functions
 )
 
 # Set per worker by the agent (env.py); shipping the head's values would only be noise.
-_LAUNCHER_SET = frozenset(TORCHRUN_VARS) | frozenset(MPI_VARS) | frozenset(DISTLAUNCH_VARS) \
-    | frozenset(STALE_VARS)
+_LAUNCHER_SET = (
+    frozenset(TORCHRUN_VARS) | frozenset(MPI_VARS) | frozenset(DISTLAUNCH_VARS) | frozenset(STALE_VARS)
+)
 _SECRET = "DISTLAUNCH_STORE_TOKEN"
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -66,22 +97,29 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
     """
     out: dict[str, str] = {}
     if env_all:
-        out.update((k, v) for k, v in environ.items()
-                   if _NAME_RE.match(k) and not _host_specific(k) and k not in _LAUNCHER_SET)
+        out.update(
+            (k, v)
+            for k, v in environ.items()
+            if _NAME_RE.match(k) and not _host_specific(k) and k not in _LAUNCHER_SET
+        )
     if "PYTHONPATH" in environ:
         out["PYTHONPATH"] = environ["PYTHONPATH"]
     for item in names:
         name, eq, value = item.partition("=")
         if not _NAME_RE.match(name):
-            raise ConfigError(f"-x {item!r}: {name!r} is not a variable name; use NAME or "
-                              f"NAME=VALUE (letters, digits, _)")
+            raise ConfigError(
+                f"-x {item!r}: {name!r} is not a variable name; use NAME or NAME=VALUE (letters, digits, _)"
+            )
         if name == _SECRET:
-            raise ConfigError(f"-x {name}: the store token is never shipped on a command "
-                              f"line; remove it (distlaunch passes it to agents itself)")
+            raise ConfigError(
+                f"-x {name}: the store token is never shipped on a command "
+                f"line; remove it (distlaunch passes it to agents itself)"
+            )
         if not eq:
             if name not in environ:
-                raise ConfigError(f"-x {name}: not set in this environment; export it "
-                                  f"first or write -x {name}=VALUE")
+                raise ConfigError(
+                    f"-x {name}: not set in this environment; export it first or write -x {name}=VALUE"
+                )
             value = environ[name]
         out[name] = value
     return out
@@ -100,16 +138,16 @@ def remote_command(python: str, cwd: str, argv: list[str], env: Mapping[str, str
     assignment), ``cwd`` empty.
     """
     if not python or "=" in python or python.startswith("-"):
-        raise ConfigError(f"remote python {python!r}: give an interpreter path (no '=', "
-                          f"not starting with '-')")
+        raise ConfigError(
+            f"remote python {python!r}: give an interpreter path (no '=', not starting with '-')"
+        )
     if not cwd:
         raise ConfigError("remote working directory is empty; give a directory")
     if cwd.startswith("-"):  # `cd -x` would be read as an option
         cwd = "./" + cwd
     for name in env:
         if not _NAME_RE.match(name):
-            raise ConfigError(f"environment name {name!r} is not a variable name (letters, "
-                              f"digits, _)")
+            raise ConfigError(f"environment name {name!r} is not a variable name (letters, digits, _)")
     assignments = [shlex.quote(f"{k}={v}") for k, v in env.items()]
     program = [shlex.quote(python), *(shlex.quote(a) for a in argv)]
     return " ".join(["cd", shlex.quote(cwd), "&&", "exec", "env", *assignments, *program])

@@ -48,8 +48,9 @@ class HostReport:
 
 
 def _script(python: str, cwd: str) -> bytes:
-    return _SCRIPT.format(cwd=shlex.quote(cwd), python=shlex.quote(python), mark=_MARK,
-                          probe=shlex.quote(_PROBE)).encode()
+    return _SCRIPT.format(
+        cwd=shlex.quote(cwd), python=shlex.quote(python), mark=_MARK, probe=shlex.quote(_PROBE)
+    ).encode()
 
 
 def _verdict(python: str, cwd: str, version: str, status: int, out: str, err: str) -> str | None:
@@ -58,7 +59,7 @@ def _verdict(python: str, cwd: str, version: str, status: int, out: str, err: st
     other = []
     for line in out.splitlines():
         if line.startswith(_MARK + " "):
-            key, _, value = line[len(_MARK) + 1:].partition(" ")
+            key, _, value = line[len(_MARK) + 1 :].partition(" ")
             marks[key] = value.strip()
         elif line.strip():
             other.append(line.strip())
@@ -70,8 +71,7 @@ def _verdict(python: str, cwd: str, version: str, status: int, out: str, err: st
         return f"python {python} not found or not executable"
     if "version" in marks:
         found = marks["version"]
-        return None if found == version else f"distlaunch {version} expected, found {found} " \
-                                              f"(python {python})"
+        return None if found == version else f"distlaunch {version} expected, found {found} (python {python})"
     if "rc" in marks:
         detail = other[-1] if other else f"exit status {marks['rc']}"
         return f"distlaunch not importable by python {python} in {cwd}: {detail}"
@@ -79,19 +79,18 @@ def _verdict(python: str, cwd: str, version: str, status: int, out: str, err: st
     return f"the check script did not run: {detail}"
 
 
-def _check(conn: SSHConnection, python: str, cwd: str, version: str,
-           timeout: float) -> HostReport:
+def _check(conn: SSHConnection, python: str, cwd: str, version: str, timeout: float) -> HostReport:
     try:
-        status, out, err = conn.run("sh -s", timeout=timeout,
-                                    stdin_data=_script(python, cwd))
+        status, out, err = conn.run("sh -s", timeout=timeout, stdin_data=_script(python, cwd))
     except RemoteError as e:
         return HostReport(conn.host, False, str(e))
     problem = _verdict(python, cwd, version, status, out, err)
     return HostReport(conn.host, problem is None, problem)
 
 
-def preflight(conns: list[SSHConnection], python: str, cwd: str, version: str,
-              timeout: float = 30.0) -> list[HostReport]:
+def preflight(
+    conns: list[SSHConnection], python: str, cwd: str, version: str, timeout: float = 30.0
+) -> list[HostReport]:
     """Check every connected host in parallel; one :class:`HostReport` per connection, in
     order. ``python`` is the remote interpreter, ``cwd`` the remote working directory,
     ``version`` the head's ``distlaunch.__version__``.
@@ -102,6 +101,7 @@ def preflight(conns: list[SSHConnection], python: str, cwd: str, version: str,
     """
     if not conns:
         return []
-    with ThreadPoolExecutor(max_workers=min(64, len(conns)),
-                            thread_name_prefix="distlaunch-preflight") as pool:
+    with ThreadPoolExecutor(
+        max_workers=min(64, len(conns)), thread_name_prefix="distlaunch-preflight"
+    ) as pool:
         return list(pool.map(lambda c: _check(c, python, cwd, version, timeout), conns))

@@ -49,7 +49,7 @@ __all__ = ["SSHOptions", "SSHConnection", "RemoteProcess", "connect_all"]
 DEFAULT_CONFIG = "~/.ssh/config"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 DEFAULT_GLOBAL_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
-EOF_GRACE = 2.0           # seconds output may trail the exit status before eof() gives up on it
+EOF_GRACE = 2.0  # seconds output may trail the exit status before eof() gives up on it
 KEEPALIVE_INTERVAL = 15.0  # seconds; notices a dead peer on an otherwise idle connection
 
 # paramiko logs failed handshakes with tracebacks at ERROR; with no handler configured,
@@ -85,13 +85,13 @@ class SSHOptions:
 class _Settings:
     """Where and how to connect, after merging OpenSSH config and SSHOptions."""
 
-    label: str               # the host as the user listed it, for messages
+    label: str  # the host as the user listed it, for messages
     hostname: str
     port: int
     user: str
     key_files: tuple[str, ...]
     allow_agent: bool
-    known_hosts: tuple[str, ...]        # first one is written to
+    known_hosts: tuple[str, ...]  # first one is written to
     global_known_hosts: tuple[str, ...]
     accept_new: bool
     proxy_jump: tuple[str, ...]
@@ -113,26 +113,31 @@ def _split_paths(value: str | None) -> list[str]:
     return [os.path.expanduser(p) for p in (value or "").split()]
 
 
-def _resolve(host: Host, opts: SSHOptions, config: paramiko.SSHConfig,
-             via: tuple[str, ...] | None = None) -> _Settings:
+def _resolve(
+    host: Host, opts: SSHOptions, config: paramiko.SSHConfig, via: tuple[str, ...] | None = None
+) -> _Settings:
     cfg = config.lookup(host.name)
     label = str(host)
     try:
         port = opts.port or host.port or int(cfg.get("port", 22))
     except ValueError as e:
-        raise RemoteError(f"{label}: bad Port in ssh config ({cfg.get('port')!r})",
-                          host=label) from e
+        raise RemoteError(f"{label}: bad Port in ssh config ({cfg.get('port')!r})", host=label) from e
     if opts.key_file:
         key_file = os.path.expanduser(opts.key_file)
         if not os.path.isfile(key_file):
-            raise RemoteError(f"--ssh-key {opts.key_file}: no such file; give the path "
-                              f"of a private key", host=label)
+            raise RemoteError(
+                f"--ssh-key {opts.key_file}: no such file; give the path of a private key", host=label
+            )
         key_files = (key_file,)
     else:  # OpenSSH silently skips IdentityFile entries that do not exist
-        key_files = tuple(p for p in (os.path.expanduser(k) for k in cfg.get("identityfile", []))
-                          if os.path.isfile(p))
-    known = (_split_paths(opts.known_hosts_file) or _split_paths(cfg.get("userknownhostsfile"))
-             or [os.path.expanduser(DEFAULT_KNOWN_HOSTS)])
+        key_files = tuple(
+            p for p in (os.path.expanduser(k) for k in cfg.get("identityfile", [])) if os.path.isfile(p)
+        )
+    known = (
+        _split_paths(opts.known_hosts_file)
+        or _split_paths(cfg.get("userknownhostsfile"))
+        or [os.path.expanduser(DEFAULT_KNOWN_HOSTS)]
+    )
     global_known = _split_paths(cfg.get("globalknownhostsfile")) or [DEFAULT_GLOBAL_KNOWN_HOSTS]
     strict = cfg.get("stricthostkeychecking", "yes").lower()
     if via is None:
@@ -189,8 +194,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with _known_hosts_lock:
-            os.makedirs(os.path.dirname(os.path.abspath(self.save_to)), mode=0o700,
-                        exist_ok=True)
+            os.makedirs(os.path.dirname(os.path.abspath(self.save_to)), mode=0o700, exist_ok=True)
             with open(self.save_to, "a", encoding="utf-8") as f:
                 f.write(line)
 
@@ -200,10 +204,15 @@ def _is_transient(e: BaseException) -> bool:
     if isinstance(e, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError, EOFError)):
         return True
     if isinstance(e, paramiko.SSHException) and not isinstance(
-            e, (paramiko.AuthenticationException, paramiko.BadHostKeyException, _UnknownHostKey)):
+        e, (paramiko.AuthenticationException, paramiko.BadHostKeyException, _UnknownHostKey)
+    ):
         text = str(e).lower()
-        return ("banner" in text or "reset" in text or "eof" in text
-                or isinstance(e.__cause__ or e.__context__, (EOFError, ConnectionError)))
+        return (
+            "banner" in text
+            or "reset" in text
+            or "eof" in text
+            or isinstance(e.__cause__ or e.__context__, (EOFError, ConnectionError))
+        )
     return False
 
 
@@ -250,8 +259,7 @@ class SSHConnection:
         try:
             load(path)
         except (OSError, paramiko.SSHException, ValueError) as e:
-            raise RemoteError(f"cannot read known_hosts file {path}: {e}",
-                              host=self.settings.label) from e
+            raise RemoteError(f"cannot read known_hosts file {path}: {e}", host=self.settings.label) from e
 
     def _open_sock(self, s: _Settings, opts: SSHOptions):
         """A socket-like object through ProxyJump/ProxyCommand, or None for direct TCP."""
@@ -261,24 +269,26 @@ class SSHConnection:
             # --ssh-port/--ssh-user overrides are for the destination only.
             jump_host = _parse_jump(s.proxy_jump[-1])
             try:
-                self._jump = SSHConnection(jump_host, replace(opts, port=None, user=None),
-                                           _via=s.proxy_jump[:-1])
+                self._jump = SSHConnection(
+                    jump_host, replace(opts, port=None, user=None), _via=s.proxy_jump[:-1]
+                )
             except RemoteError as e:
-                raise RemoteError(f"{s.label}: via jump host: {e}", host=s.label,
-                                  transient=e.transient) from e
+                raise RemoteError(
+                    f"{s.label}: via jump host: {e}", host=s.label, transient=e.transient
+                ) from e
             try:
                 return self._jump.transport.open_channel(
-                    "direct-tcpip", (s.hostname, s.port), ("127.0.0.1", 0),
-                    timeout=opts.connect_timeout)
+                    "direct-tcpip", (s.hostname, s.port), ("127.0.0.1", 0), timeout=opts.connect_timeout
+                )
             except (paramiko.SSHException, OSError, EOFError) as e:
-                raise RemoteError(f"{s.label}: jump host {jump_host} cannot reach "
-                                  f"{s.hostname}:{s.port} ({e})", host=s.label) from e
+                raise RemoteError(
+                    f"{s.label}: jump host {jump_host} cannot reach {s.hostname}:{s.port} ({e})", host=s.label
+                ) from e
         if s.proxy_command:  # %h %p %r were expanded by paramiko.SSHConfig.lookup
             try:
                 return paramiko.ProxyCommand(s.proxy_command)
             except (paramiko.SSHException, OSError) as e:
-                raise RemoteError(f"{s.label}: ProxyCommand failed to start: {e}",
-                                  host=s.label) from e
+                raise RemoteError(f"{s.label}: ProxyCommand failed to start: {e}", host=s.label) from e
         return None
 
     def _connect(self, s: _Settings, opts: SSHOptions) -> None:
@@ -290,49 +300,74 @@ class SSHConnection:
         sock = self._open_sock(s, opts)
         try:
             self.client.connect(
-                s.hostname, port=s.port, username=s.user, sock=sock,
+                s.hostname,
+                port=s.port,
+                username=s.user,
+                sock=sock,
                 key_filename=list(s.key_files) or None,
-                look_for_keys=not s.key_files, allow_agent=s.allow_agent,
-                timeout=t, banner_timeout=t, auth_timeout=t, channel_timeout=t)
+                look_for_keys=not s.key_files,
+                allow_agent=s.allow_agent,
+                timeout=t,
+                banner_timeout=t,
+                auth_timeout=t,
+                channel_timeout=t,
+            )
         except _UnknownHostKey as e:
             raise RemoteError(
                 f"{where}: host key not known (no entry {key_name} in "
                 f"{', '.join(s.known_hosts)}); add it (e.g. ssh-keyscan -p {s.port} "
                 f"{s.hostname} >> {s.known_hosts[0]}) or use --ssh-accept-new-host-keys",
-                host=s.label) from e
+                host=s.label,
+            ) from e
         except paramiko.BadHostKeyException as e:
             raise RemoteError(
                 f"{where}: host key CHANGED (differs from {', '.join(s.known_hosts)}): "
                 f"possible man-in-the-middle; if the host was reinstalled, remove the old "
                 f"entry: ssh-keygen -R '{key_name}' -f {s.known_hosts[0]}",
-                host=s.label) from e
+                host=s.label,
+            ) from e
         except paramiko.PasswordRequiredException as e:
-            raise RemoteError(f"{where}: private key is encrypted; add it to ssh-agent "
-                              f"(ssh-add) or use an unencrypted key", host=s.label) from e
+            raise RemoteError(
+                f"{where}: private key is encrypted; add it to ssh-agent (ssh-add) or use an unencrypted key",
+                host=s.label,
+            ) from e
         except paramiko.AuthenticationException as e:
             tried = ", ".join(s.key_files) or "default keys and ssh-agent"
-            raise RemoteError(f"{where}: authentication failed (tried {tried}); check "
-                              f"--ssh-key/IdentityFile, --ssh-user/User and the remote "
-                              f"authorized_keys", host=s.label) from e
+            raise RemoteError(
+                f"{where}: authentication failed (tried {tried}); check "
+                f"--ssh-key/IdentityFile, --ssh-user/User and the remote "
+                f"authorized_keys",
+                host=s.label,
+            ) from e
         except paramiko.ssh_exception.NoValidConnectionsError as e:
-            raise RemoteError(f"{where}: connection refused or unreachable; is sshd running "
-                              f"there, and is the port right (--ssh-port/Port)?",
-                              host=s.label) from e
+            raise RemoteError(
+                f"{where}: connection refused or unreachable; is sshd running "
+                f"there, and is the port right (--ssh-port/Port)?",
+                host=s.label,
+            ) from e
         except socket.gaierror as e:
-            raise RemoteError(f"{where}: cannot resolve host name {s.hostname!r} "
-                              f"({e.strerror}); check the name or add a HostName to the ssh "
-                              f"config", host=s.label) from e
+            raise RemoteError(
+                f"{where}: cannot resolve host name {s.hostname!r} "
+                f"({e.strerror}); check the name or add a HostName to the ssh "
+                f"config",
+                host=s.label,
+            ) from e
         except (socket.timeout, TimeoutError) as e:
-            raise RemoteError(f"{where}: timed out after {t:g} s connecting; check the "
-                              f"address, firewall, or raise the connect timeout",
-                              host=s.label) from e
+            raise RemoteError(
+                f"{where}: timed out after {t:g} s connecting; check the "
+                f"address, firewall, or raise the connect timeout",
+                host=s.label,
+            ) from e
         except (paramiko.SSHException, OSError, EOFError) as e:
             transient = _is_transient(e)
             detail = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             if transient:
-                raise RemoteError(f"{where}: connection dropped during the SSH handshake "
-                                  f"({detail}); sshd may be overloaded (MaxStartups)",
-                                  host=s.label, transient=True) from e
+                raise RemoteError(
+                    f"{where}: connection dropped during the SSH handshake "
+                    f"({detail}); sshd may be overloaded (MaxStartups)",
+                    host=s.label,
+                    transient=True,
+                ) from e
             raise RemoteError(f"{where}: SSH error: {detail}", host=s.label) from e
 
     @property
@@ -350,8 +385,9 @@ class SSHConnection:
         sock = self.transport.sock
         return sock.getpeername()[0] if isinstance(sock, socket.socket) else self.hostname
 
-    def exec(self, command: str, stdin_data: bytes | None = None,
-             keep_stdin_open: bool = False) -> "RemoteProcess":
+    def exec(
+        self, command: str, stdin_data: bytes | None = None, keep_stdin_open: bool = False
+    ) -> RemoteProcess:
         """Start ``command`` (run by the remote user's login shell, as ``ssh host cmd``)
         on a new channel without a terminal, and return at once.
 
@@ -374,12 +410,14 @@ class SSHConnection:
             if not keep_stdin_open:
                 chan.shutdown_write()
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise RemoteError(f"{self.settings.label}: cannot run a command: {e}",
-                              host=self.settings.label) from e
+            raise RemoteError(
+                f"{self.settings.label}: cannot run a command: {e}", host=self.settings.label
+            ) from e
         return proc
 
-    def run(self, command: str, timeout: float = 30.0,
-            stdin_data: bytes | None = None) -> tuple[int, str, str]:
+    def run(
+        self, command: str, timeout: float = 30.0, stdin_data: bytes | None = None
+    ) -> tuple[int, str, str]:
         """Run ``command`` to completion: ``(exit status, stdout, stderr)``, output decoded
         as UTF-8 (undecodable bytes replaced).
 
@@ -404,9 +442,10 @@ class SSHConnection:
                     break
                 now = time.monotonic()
                 if now >= deadline:
-                    raise RemoteError(f"{self.settings.label}: command did not finish "
-                                      f"within {timeout:g} s: {command[:80]}",
-                                      host=self.settings.label)
+                    raise RemoteError(
+                        f"{self.settings.label}: command did not finish within {timeout:g} s: {command[:80]}",
+                        host=self.settings.label,
+                    )
                 # after the status the fd stays readable: sleep a little while output trails
                 poller.poll(max(1, int((deadline - now) * 1000)))
                 if proc.exited() and not proc.eof():
@@ -415,8 +454,7 @@ class SSHConnection:
             err += proc.read_stderr()
         finally:
             proc.close()
-        return (proc.exit_status(), out.decode("utf-8", "replace"),
-                err.decode("utf-8", "replace"))
+        return (proc.exit_status(), out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     def close(self) -> None:
         """Close the connection (and its channels, and any jump-host connection).
@@ -517,8 +555,9 @@ class RemoteProcess:
         """Block until the exit status arrives, at most ``timeout`` seconds (None: no
         limit); output is not read. Raises RemoteError on timeout."""
         if not self.channel.status_event.wait(timeout):
-            raise RemoteError(f"{self.label}: remote command still running after "
-                              f"{timeout:g} s", host=self.label)
+            raise RemoteError(
+                f"{self.label}: remote command still running after {timeout:g} s", host=self.label
+            )
         return self.channel.recv_exit_status()
 
     def close(self) -> None:
@@ -530,8 +569,9 @@ class RemoteProcess:
             pass
 
 
-def connect_all(hosts: list[Host], opts: SSHOptions, max_concurrent: int = 16,
-                attempts: int = 4) -> list[SSHConnection]:
+def connect_all(
+    hosts: list[Host], opts: SSHOptions, max_concurrent: int = 16, attempts: int = 4
+) -> list[SSHConnection]:
     """Connect to every host in parallel; return the connections in ``hosts`` order.
 
     At most ``max_concurrent`` connections are being set up at once (OpenSSH's sshd drops
@@ -554,11 +594,12 @@ def connect_all(hosts: list[Host], opts: SSHOptions, max_concurrent: int = 16,
             except RemoteError as e:
                 if not e.transient or attempt == attempts - 1:
                     raise
-            time.sleep(0.5 * 2 ** attempt * (0.5 + random.random()))
+            time.sleep(0.5 * 2**attempt * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
-    with ThreadPoolExecutor(max_workers=max(1, min(max_concurrent, len(hosts))),
-                            thread_name_prefix="distlaunch-ssh") as pool:
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(max_concurrent, len(hosts))), thread_name_prefix="distlaunch-ssh"
+    ) as pool:
         futures = [pool.submit(one, h) for h in hosts]
     conns, failures = [], []
     for host, fut in zip(hosts, futures):
@@ -571,6 +612,7 @@ def connect_all(hosts: list[Host], opts: SSHOptions, max_concurrent: int = 16,
     if failures:
         for c in conns:
             c.close()
-        raise RemoteError(f"cannot connect to {len(failures)} of {len(hosts)} hosts:\n  "
-                          + "\n  ".join(failures))
+        raise RemoteError(
+            f"cannot connect to {len(failures)} of {len(hosts)} hosts:\n  " + "\n  ".join(failures)
+        )
     return conns

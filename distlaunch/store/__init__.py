@@ -19,5 +19,6 @@ __all__ = ["StoreClient", "StoreServer", "PrefixStore", "serve_forever"]
 def __getattr__(name):
     if name in ("StoreServer", "serve_forever"):
         from . import server
+
         return getattr(server, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,8 +19,7 @@ import sys
 import threading
 import time
 
-from ..errors import (StoreAuthError, StoreConnectionError, StoreError, StoreProtocolError,
-                      StoreTimeoutError)
+from ..errors import StoreAuthError, StoreConnectionError, StoreError, StoreProtocolError, StoreTimeoutError
 from . import protocol as P
 from .protocol import HEADER, HEADER_SIZE, Reader
 
@@ -32,11 +31,19 @@ _TIMEVAL = struct.Struct("@ll") if sys.platform.startswith("linux") else None
 # should already have answered TIMEOUT (it is then hung or the network is).
 _REPLY_GRACE = 10.0
 _SET_HEADER = struct.Struct("!IBH")  # frame header + the key's length prefix
-_RETRYABLE_CONNECT = {errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED,
-                      errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT, errno.EAGAIN}
+_RETRYABLE_CONNECT = {
+    errno.ECONNREFUSED,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ETIMEDOUT,
+    errno.EAGAIN,
+}
 # Name lookups that may succeed later (a node's DNS entry appears after it starts).
 _RETRYABLE_LOOKUP = {socket.EAI_NONAME, socket.EAI_AGAIN} | (
-    {socket.EAI_NODATA} if hasattr(socket, "EAI_NODATA") else set())
+    {socket.EAI_NODATA} if hasattr(socket, "EAI_NODATA") else set()
+)
 # A store greets at once; an accepting peer silent this long is not one (or is stuck).
 _GREETING_SECONDS = 3.0
 # One connection attempt at most this long (a host that drops SYNs), so the retry
@@ -132,9 +139,16 @@ class StoreClient:
     otherwise answer the next call. Thread-safe; see the module docstring.
     """
 
-    def __init__(self, host: str, port: int, token=None, timeout: float = 300.0,
-                 connect_timeout: float | None = None, ack_set: bool = False,
-                 on_retry=None):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token=None,
+        timeout: float = 300.0,
+        connect_timeout: float | None = None,
+        ack_set: bool = False,
+        on_retry=None,
+    ):
         self.host = host
         self.port = int(port)
         if token is None:
@@ -165,15 +179,18 @@ class StoreClient:
             if remaining <= 0:
                 raise StoreTimeoutError(
                     f"could not connect to the store at {self.host}:{self.port} within "
-                    f"{self._connect_timeout:g} s: {problem}")
+                    f"{self._connect_timeout:g} s: {problem}"
+                )
             try:
-                sock = socket.create_connection((self.host, self.port),
-                                                timeout=min(remaining, _ATTEMPT_SECONDS))
+                sock = socket.create_connection(
+                    (self.host, self.port), timeout=min(remaining, _ATTEMPT_SECONDS)
+                )
             except OSError as e:
                 problem = self._connect_problem(e)
                 if problem is None:
                     raise StoreConnectionError(
-                        f"cannot connect to the store at {self.host}:{self.port}: {e}") from e
+                        f"cannot connect to the store at {self.host}:{self.port}: {e}"
+                    ) from e
             else:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._sock = sock
@@ -201,11 +218,12 @@ class StoreClient:
                 return f"the host name {self.host!r} does not resolve ({e.strerror})"
             return None
         if isinstance(e, socket.timeout) or e.errno == errno.ETIMEDOUT:
-            return ("connecting timed out (a wrong or unreachable address, or a firewall "
-                    "dropping the packets)")
+            return "connecting timed out (a wrong or unreachable address, or a firewall dropping the packets)"
         if e.errno == errno.ECONNREFUSED:
-            return ("connection refused (nothing listens on that port yet; a socket bound "
-                    "there without listening looks the same)")
+            return (
+                "connection refused (nothing listens on that port yet; a socket bound "
+                "there without listening looks the same)"
+            )
         if e.errno in _RETRYABLE_CONNECT:
             return f"cannot reach it ({e.strerror or e})"
         return None
@@ -219,37 +237,44 @@ class StoreClient:
         try:
             mtype, body = self._read_frame()
         except StoreTimeoutError:
-            raise _NoGreeting(f"the process listening there accepted the connection but sent "
-                              f"no greeting within {greeting:g} s (another program on that "
-                              f"port, not a distlaunch store?)") from None
+            raise _NoGreeting(
+                f"the process listening there accepted the connection but sent "
+                f"no greeting within {greeting:g} s (another program on that "
+                f"port, not a distlaunch store?)"
+            ) from None
         except StoreConnectionError:
-            raise _NoGreeting("the process listening there closed the connection before "
-                              "greeting (another program on that port, not a distlaunch "
-                              "store?)") from None
+            raise _NoGreeting(
+                "the process listening there closed the connection before "
+                "greeting (another program on that port, not a distlaunch "
+                "store?)"
+            ) from None
         self._sock.settimeout(timeout)
-        if mtype != P.HELLO or len(body) != len(P.MAGIC) + P.NONCE_BYTES or \
-                not body.startswith(P.MAGIC):
+        if mtype != P.HELLO or len(body) != len(P.MAGIC) + P.NONCE_BYTES or not body.startswith(P.MAGIC):
             raise StoreProtocolError(f"{where} did not greet like a distlaunch store")
-        server_nonce = body[len(P.MAGIC):]
+        server_nonce = body[len(P.MAGIC) :]
         client_nonce = os.urandom(P.NONCE_BYTES)
         proof = P.mac(self._secret, P.AUTH_LABEL_CLIENT, server_nonce, client_nonce)
         self._sendall(P.frame(P.AUTH, client_nonce + proof))
-        hint = ("no token was given (pass token= or set DISTLAUNCH_STORE_TOKEN)"
-                if self._token is None else "the token does not match the store's")
+        hint = (
+            "no token was given (pass token= or set DISTLAUNCH_STORE_TOKEN)"
+            if self._token is None
+            else "the token does not match the store's"
+        )
         try:
             mtype, body = self._read_frame()
         except StoreConnectionError:
             # No AUTH_FAIL: not a token mismatch (the server always says so first) but, e.g.,
             # a store that dropped this pending connection under a flood of unauthenticated
             # ones: retried like a missing greeting.
-            raise _NoGreeting(f"{where} closed the connection during authentication without "
-                              f"rejecting the token (a busy store?)") from None
+            raise _NoGreeting(
+                f"{where} closed the connection during authentication without "
+                f"rejecting the token (a busy store?)"
+            ) from None
         if mtype == P.AUTH_FAIL:
             raise StoreAuthError(f"{where} rejected the secret token: {hint}")
         if mtype != P.AUTH_OK or len(body) != P.MAC_BYTES:
             raise StoreProtocolError(f"{where} sent message type {mtype:#x} during authentication")
-        if not P.macs_equal(body, P.mac(self._secret, P.AUTH_LABEL_SERVER, server_nonce,
-                                        client_nonce)):
+        if not P.macs_equal(body, P.mac(self._secret, P.AUTH_LABEL_SERVER, server_nonce, client_nonce)):
             raise StoreAuthError(f"{where} could not prove it knows the secret token")
 
     def _set_sock_limit(self, sock, limit: float) -> None:
@@ -288,8 +313,9 @@ class StoreClient:
         try:
             self._sock.sendall(data)
         except OSError as e:
-            raise StoreConnectionError(f"lost the connection to the store at "
-                                       f"{self.host}:{self.port}: {e}") from e
+            raise StoreConnectionError(
+                f"lost the connection to the store at {self.host}:{self.port}: {e}"
+            ) from e
 
     def _read_frame(self):
         """Read one whole frame (type, payload) from the socket."""
@@ -299,8 +325,7 @@ class StoreClient:
             while len(buf) < HEADER_SIZE:
                 chunk = sock.recv(65536)
                 if not chunk:
-                    raise StoreConnectionError(
-                        f"the store at {self.host}:{self.port} closed the connection")
+                    raise StoreConnectionError(f"the store at {self.host}:{self.port} closed the connection")
                 buf += chunk
             length, mtype = HEADER.unpack_from(buf)
             if length > P.MAX_FRAME_BYTES:
@@ -313,18 +338,19 @@ class StoreClient:
                     chunk = sock.recv(max(65536, min(end - have, 1 << 22)))
                     if not chunk:
                         raise StoreConnectionError(
-                            f"the store at {self.host}:{self.port} closed the connection")
+                            f"the store at {self.host}:{self.port} closed the connection"
+                        )
                     parts.append(chunk)
                     have += len(chunk)
                 buf = b"".join(parts)
         except StoreError:  # (StoreConnectionError is an OSError too: let ours through)
             raise
         except (socket.timeout, BlockingIOError):
-            raise StoreTimeoutError(
-                f"no reply from the store at {self.host}:{self.port} in time") from None
+            raise StoreTimeoutError(f"no reply from the store at {self.host}:{self.port} in time") from None
         except OSError as e:
             raise StoreConnectionError(
-                f"lost the connection to the store at {self.host}:{self.port}: {e}") from e
+                f"lost the connection to the store at {self.host}:{self.port}: {e}"
+            ) from e
         self._buf = buf[end:]
         return mtype, buf[HEADER_SIZE:end]
 
@@ -342,7 +368,8 @@ class StoreClient:
             if sock is None:
                 raise StoreConnectionError(
                     f"store {_what(what)}: the connection to {self.host}:{self.port} is "
-                    f"closed ({self._broken})")
+                    f"closed ({self._broken})"
+                )
             try:
                 limit = self.timeout if wait is None else wait + _REPLY_GRACE
                 if limit != self._sock_limit:
@@ -362,7 +389,8 @@ class StoreClient:
                             return rtype, body
                     if not data:
                         raise StoreConnectionError(
-                            f"the store at {self.host}:{self.port} closed the connection")
+                            f"the store at {self.host}:{self.port} closed the connection"
+                        )
                     self._buf = data
                 rtype, body = self._read_frame()
                 self._unacked = False
@@ -372,17 +400,20 @@ class StoreClient:
                 # A half-finished exchange leaves the stream out of step: never reuse it.
                 self._drop(str(e))
                 if self._broken == "closed by the client":
-                    raise StoreConnectionError(f"store {_what(what)}: the client was closed "
-                                               f"while the call waited") from None
+                    raise StoreConnectionError(
+                        f"store {_what(what)}: the client was closed while the call waited"
+                    ) from None
                 raise type(e)(f"store {_what(what)}: {e}") from None
             except (socket.timeout, BlockingIOError):  # BlockingIOError: SO_RCVTIMEO expired
                 self._drop("timed out waiting for a reply")
-                raise StoreTimeoutError(f"store {_what(what)}: no reply from the store at "
-                                        f"{self.host}:{self.port} in time") from None
+                raise StoreTimeoutError(
+                    f"store {_what(what)}: no reply from the store at {self.host}:{self.port} in time"
+                ) from None
             except OSError as e:
                 self._drop(str(e))
-                raise StoreConnectionError(f"store {_what(what)}: lost the connection to the "
-                                           f"store at {self.host}:{self.port}: {e}") from e
+                raise StoreConnectionError(
+                    f"store {_what(what)}: lost the connection to the store at {self.host}:{self.port}: {e}"
+                ) from e
             except BaseException:  # e.g. KeyboardInterrupt mid-call: its reply is still due
                 self._drop(f"a {_what(what)} call was interrupted")
                 raise
@@ -399,8 +430,7 @@ class StoreClient:
         r = Reader(body)
         missing = [k.decode("utf-8", "replace") for k in r.keys()]
         names = ", ".join(repr(k) for k in missing)
-        return StoreTimeoutError(f"store {what} timed out after {timeout:g} s waiting for "
-                                 f"key(s) {names}")
+        return StoreTimeoutError(f"store {what} timed out after {timeout:g} s waiting for key(s) {names}")
 
     # --- c10d Store API ----------------------------------------------------------------------
 
@@ -419,28 +449,29 @@ class StoreClient:
         k = _key(key)
         v = _value(value)
         if self._ack_set:
-            rtype, _ = self._request(("set", key), P.SET,
-                                     P.U16.pack(len(k)) + k + P.U32.pack(len(v)) + v)
+            rtype, _ = self._request(("set", key), P.SET, P.U16.pack(len(k)) + k + P.U32.pack(len(v)) + v)
             self._expect("set", rtype, P.OK)
             return
-        frame = _SET_HEADER.pack(len(k) + len(v) + 6, P.SET_NOREPLY, len(k)) + k + \
-            P.U32.pack(len(v)) + v
+        frame = _SET_HEADER.pack(len(k) + len(v) + 6, P.SET_NOREPLY, len(k)) + k + P.U32.pack(len(v)) + v
         with self._lock:
             sock = self._sock
             if sock is None:
                 raise StoreConnectionError(
                     f"store set({key!r}): the connection to {self.host}:{self.port} is "
-                    f"closed ({self._broken})")
+                    f"closed ({self._broken})"
+                )
             try:
                 sock.sendall(frame)
                 self._unacked = True
             except OSError as e:
                 self._drop(str(e))
                 if isinstance(e, (socket.timeout, BlockingIOError)):
-                    raise StoreTimeoutError(f"store set({key!r}): the store at {self.host}:"
-                                            f"{self.port} is not reading requests") from None
-                raise StoreConnectionError(f"store set({key!r}): lost the connection to the "
-                                           f"store at {self.host}:{self.port}: {e}") from e
+                    raise StoreTimeoutError(
+                        f"store set({key!r}): the store at {self.host}:{self.port} is not reading requests"
+                    ) from None
+                raise StoreConnectionError(
+                    f"store set({key!r}): lost the connection to the store at {self.host}:{self.port}: {e}"
+                ) from e
             except BaseException:  # interrupted: part of the frame may have been sent
                 self._drop("a set call was interrupted")
                 raise
@@ -476,9 +507,11 @@ class StoreClient:
         ``desired`` is returned); a missing key with non-empty ``expected`` is left
         missing and ``expected`` is returned (TCPStore does exactly this)."""
         k = _key(key)
-        rtype, body = self._request(("compare_set", key), P.COMPARE_SET,
-                                    P.enc_key(k) + P.enc_value(_value(expected)) +
-                                    P.enc_value(_value(desired)))
+        rtype, body = self._request(
+            ("compare_set", key),
+            P.COMPARE_SET,
+            P.enc_key(k) + P.enc_value(_value(expected)) + P.enc_value(_value(desired)),
+        )
         self._expect("compare_set", rtype, P.VALUE)
         return body[4:]
 
@@ -561,17 +594,22 @@ class StoreClient:
         """Change the default timeout (seconds) of blocking calls."""
         self.timeout = _timeout(timeout)
 
-    def prefixed(self, prefix: str) -> "PrefixStore":
+    def prefixed(self, prefix: str) -> PrefixStore:
         """A view that puts ``prefix + "/"`` before every key (torch ``PrefixStore``)."""
         return PrefixStore(prefix, self)
 
-    def clone(self, connect_timeout: float | None = None) -> "StoreClient":
+    def clone(self, connect_timeout: float | None = None) -> StoreClient:
         """A new, independent connection with the same address, token and timeout.
         ``connect_timeout`` (seconds) bounds its connecting; default this client's.
         Blocks and raises as the constructor."""
-        return StoreClient(self.host, self.port, token=self._token, timeout=self.timeout,
-                           connect_timeout=connect_timeout or self._connect_timeout,
-                           ack_set=self._ack_set)
+        return StoreClient(
+            self.host,
+            self.port,
+            token=self._token,
+            timeout=self.timeout,
+            connect_timeout=connect_timeout or self._connect_timeout,
+            ack_set=self._ack_set,
+        )
 
     def close(self) -> None:
         """Close the connection (idempotent). Later calls raise StoreConnectionError; a
@@ -604,7 +642,7 @@ class StoreClient:
     def closed(self) -> bool:
         return self._sock is None
 
-    def __enter__(self) -> "StoreClient":
+    def __enter__(self) -> StoreClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -683,7 +721,7 @@ class PrefixStore:
     def timeout(self):
         return self.underlying_store.timeout
 
-    def prefixed(self, prefix: str) -> "PrefixStore":
+    def prefixed(self, prefix: str) -> PrefixStore:
         return PrefixStore(prefix, self)
 
     def __repr__(self) -> str:

@@ -22,11 +22,11 @@ import struct
 from ..errors import StoreProtocolError
 
 # --- limits (documented in docs/store.md) -------------------------------------------------
-MAX_KEY_BYTES = 4096                # one key, UTF-8 encoded
+MAX_KEY_BYTES = 4096  # one key, UTF-8 encoded
 MAX_VALUE_BYTES = 64 * 1024 * 1024  # one value (also the cap for append's result)
-MAX_KEYS_PER_REQUEST = 65536        # check / wait / multi_get / multi_set
-MAX_FRAME_BYTES = 128 * 1024 * 1024 # one frame's payload, either direction
-AUTH_TIMEOUT = 30.0                 # seconds a new connection has to authenticate
+MAX_KEYS_PER_REQUEST = 65536  # check / wait / multi_get / multi_set
+MAX_FRAME_BYTES = 128 * 1024 * 1024  # one frame's payload, either direction
+AUTH_TIMEOUT = 30.0  # seconds a new connection has to authenticate
 
 # --- framing ---------------------------------------------------------------------------------
 HEADER = struct.Struct("!IB")
@@ -42,39 +42,49 @@ NONCE_BYTES = 32
 MAC_BYTES = 32  # HMAC-SHA256
 
 # handshake
-HELLO = 0x01      # S->C  MAGIC(8) | server_nonce(32)
-AUTH = 0x02       # C->S  client_nonce(32) | client_mac(32)
-AUTH_OK = 0x03    # S->C  server_mac(32)
+HELLO = 0x01  # S->C  MAGIC(8) | server_nonce(32)
+AUTH = 0x02  # C->S  client_nonce(32) | client_mac(32)
+AUTH_OK = 0x03  # S->C  server_mac(32)
 AUTH_FAIL = 0x04  # S->C  empty; the server then closes the connection
 
 # requests (C->S)
-SET = 0x10          # key | value                     -> OK
-GET = 0x11          # key | timeout                   -> VALUE | TIMEOUT
-ADD = 0x12          # key | i64 amount                -> INT | ERROR
+SET = 0x10  # key | value                     -> OK
+GET = 0x11  # key | timeout                   -> VALUE | TIMEOUT
+ADD = 0x12  # key | i64 amount                -> INT | ERROR
 COMPARE_SET = 0x13  # key | value expected | value desired -> VALUE
-CHECK = 0x14        # keys                            -> BOOL
-WAIT = 0x15         # keys | timeout                  -> OK | TIMEOUT
-DELETE_KEY = 0x16   # key                             -> BOOL
-NUM_KEYS = 0x17     # (empty)                         -> INT
-APPEND = 0x18       # key | value                     -> OK | ERROR
-MULTI_GET = 0x19    # keys | timeout                  -> VALUES | TIMEOUT
-MULTI_SET = 0x1A    # u32 n | n x (key | value)       -> OK
-PING = 0x1B         # (empty)                         -> OK
+CHECK = 0x14  # keys                            -> BOOL
+WAIT = 0x15  # keys | timeout                  -> OK | TIMEOUT
+DELETE_KEY = 0x16  # key                             -> BOOL
+NUM_KEYS = 0x17  # (empty)                         -> INT
+APPEND = 0x18  # key | value                     -> OK | ERROR
+MULTI_GET = 0x19  # keys | timeout                  -> VALUES | TIMEOUT
+MULTI_SET = 0x1A  # u32 n | n x (key | value)       -> OK
+PING = 0x1B  # (empty)                         -> OK
 SET_NOREPLY = 0x1C  # key | value                     -> no reply (TCPStore's set)
 
 # replies (S->C)
-OK = 0x80       # empty
-VALUE = 0x81    # value
-INT = 0x82      # i64
-BOOL = 0x83     # u8 (0 or 1)
-VALUES = 0x84   # u32 n | n x value
+OK = 0x80  # empty
+VALUE = 0x81  # value
+INT = 0x82  # i64
+BOOL = 0x83  # u8 (0 or 1)
+VALUES = 0x84  # u32 n | n x value
 TIMEOUT = 0x85  # keys (the keys still missing at the deadline)
-ERROR = 0x86    # UTF-8 message (the rest of the payload)
+ERROR = 0x86  # UTF-8 message (the rest of the payload)
 
 REQUEST_NAMES = {
-    SET: "set", GET: "get", ADD: "add", COMPARE_SET: "compare_set", CHECK: "check",
-    WAIT: "wait", DELETE_KEY: "delete_key", NUM_KEYS: "num_keys", APPEND: "append",
-    MULTI_GET: "multi_get", MULTI_SET: "multi_set", PING: "ping", SET_NOREPLY: "set_noreply",
+    SET: "set",
+    GET: "get",
+    ADD: "add",
+    COMPARE_SET: "compare_set",
+    CHECK: "check",
+    WAIT: "wait",
+    DELETE_KEY: "delete_key",
+    NUM_KEYS: "num_keys",
+    APPEND: "append",
+    MULTI_GET: "multi_get",
+    MULTI_SET: "multi_set",
+    PING: "ping",
+    SET_NOREPLY: "set_noreply",
 }
 
 AUTH_LABEL_CLIENT = b"distlaunch-store-v1 client"
@@ -89,13 +99,15 @@ def frame(mtype: int, payload: bytes = b"") -> bytes:
 def mac(secret: bytes, label: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
     """HMAC-SHA256 proof of knowing ``secret`` bound to both nonces and a direction label
     (so a client's proof cannot be replayed as the server's)."""
-    import hmac  # imported on first connect, not on ``import distlaunch.store`` (~4 ms)
     import hashlib
+    import hmac  # imported on first connect, not on ``import distlaunch.store`` (~4 ms)
+
     return hmac.new(secret, label + server_nonce + client_nonce, hashlib.sha256).digest()
 
 
 def macs_equal(a: bytes, b: bytes) -> bool:
     import hmac
+
     return hmac.compare_digest(a, b)
 
 
@@ -109,6 +121,7 @@ def secret_bytes(token) -> bytes:
 
 
 # --- encoding (both sides) ---------------------------------------------------------------------
+
 
 def enc_key(key: bytes) -> bytes:
     return U16.pack(len(key)) + key
@@ -127,6 +140,7 @@ def enc_timeout(seconds: float) -> bytes:
 
 
 # --- decoding (robust: every failure is a StoreProtocolError) ----------------------------------
+
 
 class Reader:
     """Cursor over one frame's payload. Every read checks bounds and limits."""
@@ -150,14 +164,14 @@ class Reader:
         if n == 0 or n > MAX_KEY_BYTES:
             raise StoreProtocolError(f"key length {n} outside 1..{MAX_KEY_BYTES}")
         p = self._take(n)
-        return bytes(self.buf[p:p + n])
+        return bytes(self.buf[p : p + n])
 
     def value(self) -> bytes:
         (n,) = U32.unpack_from(self.buf, self._take(4))
         if n > MAX_VALUE_BYTES:
             raise StoreProtocolError(f"value length {n} exceeds {MAX_VALUE_BYTES}")
         p = self._take(n)
-        return bytes(self.buf[p:p + n])
+        return bytes(self.buf[p : p + n])
 
     def count(self) -> int:
         (n,) = U32.unpack_from(self.buf, self._take(4))
@@ -182,7 +196,7 @@ class Reader:
 
     def rest(self) -> bytes:
         p, self.pos = self.pos, self.end
-        return bytes(self.buf[p:self.end])
+        return bytes(self.buf[p : self.end])
 
     def done(self) -> None:
         if self.pos != self.end:

@@ -82,19 +82,31 @@ class _Poller:
 
 
 class _Conn:
-    __slots__ = ("sock", "fd", "inbuf", "out", "outpos", "outq", "authed", "nonce",
-                 "waiter", "closed", "events", "peer")
+    __slots__ = (
+        "sock",
+        "fd",
+        "inbuf",
+        "out",
+        "outpos",
+        "outq",
+        "authed",
+        "nonce",
+        "waiter",
+        "closed",
+        "events",
+        "peer",
+    )
 
     def __init__(self, sock, peer):
         self.sock = sock
         self.fd = sock.fileno()
         self.inbuf = bytearray()
-        self.out = None      # the reply being sent (no frame is handled until it is)
+        self.out = None  # the reply being sent (no frame is handled until it is)
         self.outpos = 0
-        self.outq = []       # replies queued behind ``out`` (in order; normally empty)
+        self.outq = []  # replies queued behind ``out`` (in order; normally empty)
         self.authed = False
         self.nonce = os.urandom(P.NONCE_BYTES)
-        self.waiter = None   # the blocked request, if any (requests are answered in order)
+        self.waiter = None  # the blocked request, if any (requests are answered in order)
         self.closed = False
         self.events = _IN
         self.peer = peer
@@ -161,16 +173,21 @@ class StoreServer:
     Semantics follow torch's c10d TCPStore; see docs/store.md.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, token=None, backlog: int = 4096,
-                 max_unauthenticated: int = 4096):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token=None,
+        backlog: int = 4096,
+        max_unauthenticated: int = 4096,
+    ):
         if token is None:
             token = os.urandom(32).hex()
         secret = P.secret_bytes(token)
         if not secret:
             raise ValueError("store token must not be empty")
         if not isinstance(max_unauthenticated, int) or max_unauthenticated < 1:
-            raise ValueError(f"max_unauthenticated must be an int >= 1, got "
-                             f"{max_unauthenticated!r}")
+            raise ValueError(f"max_unauthenticated must be an int >= 1, got {max_unauthenticated!r}")
         self.max_unauthenticated = max_unauthenticated
         self.host = host
         self.token = token
@@ -191,21 +208,35 @@ class StoreServer:
         self._pending: dict[_Conn, float] = {}
         self._resume: list = []
         self._listen_paused_until = 0.0
-        self.stats = {"accepted": 0, "auth_failures": 0, "unauthenticated_dropped": 0,
-                      "protocol_errors": 0, "closed": 0, "requests": 0, "internal_errors": 0}
+        self.stats = {
+            "accepted": 0,
+            "auth_failures": 0,
+            "unauthenticated_dropped": 0,
+            "protocol_errors": 0,
+            "closed": 0,
+            "requests": 0,
+            "internal_errors": 0,
+        }
         self.last_internal_error: str | None = None
         self._handlers = {
-            P.SET: self._h_set, P.GET: self._h_get, P.ADD: self._h_add,
-            P.COMPARE_SET: self._h_compare_set, P.CHECK: self._h_check, P.WAIT: self._h_wait,
-            P.DELETE_KEY: self._h_delete, P.NUM_KEYS: self._h_num_keys,
-            P.APPEND: self._h_append, P.MULTI_GET: self._h_multi_get,
-            P.MULTI_SET: self._h_multi_set, P.PING: self._h_ping,
+            P.SET: self._h_set,
+            P.GET: self._h_get,
+            P.ADD: self._h_add,
+            P.COMPARE_SET: self._h_compare_set,
+            P.CHECK: self._h_check,
+            P.WAIT: self._h_wait,
+            P.DELETE_KEY: self._h_delete,
+            P.NUM_KEYS: self._h_num_keys,
+            P.APPEND: self._h_append,
+            P.MULTI_GET: self._h_multi_get,
+            P.MULTI_SET: self._h_multi_set,
+            P.PING: self._h_ping,
             P.SET_NOREPLY: self._h_set_noreply,
         }
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> "StoreServer":
+    def start(self) -> StoreServer:
         """Bind, listen and start the event-loop thread. Returns self. Raises StoreError
         when already started or when the address cannot be bound."""
         if self._thread is not None or self._stopped:
@@ -213,8 +244,9 @@ class StoreServer:
         _raise_nofile_limit()
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
-            lsock = socket.create_server((self.host, self._requested_port), family=family,
-                                         backlog=self._backlog)
+            lsock = socket.create_server(
+                (self.host, self._requested_port), family=family, backlog=self._backlog
+            )
         except OSError as e:
             raise StoreError(f"store cannot listen on {self.host}:{self._requested_port}: {e}") from e
         lsock.setblocking(False)
@@ -226,8 +258,7 @@ class StoreServer:
         self._wake_w.setblocking(False)
         self._poller.register(lsock.fileno(), _IN)
         self._poller.register(self._wake_r.fileno(), _IN)
-        self._thread = threading.Thread(target=self._run, name=f"distlaunch-store:{self.port}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"distlaunch-store:{self.port}", daemon=True)
         self._thread.start()
         return self
 
@@ -249,7 +280,7 @@ class StoreServer:
 
     close = stop
 
-    def __enter__(self) -> "StoreServer":
+    def __enter__(self) -> StoreServer:
         if self._thread is None:
             self.start()
         return self
@@ -267,8 +298,11 @@ class StoreServer:
         return (self.host, self.port)
 
     def __repr__(self) -> str:
-        state = "running" if self._thread is not None and not self._stopped else \
-            ("stopped" if self._stopped else "not started")
+        state = (
+            "running"
+            if self._thread is not None and not self._stopped
+            else ("stopped" if self._stopped else "not started")
+        )
         return f"StoreServer({self.host!r}, {self.port}, {state})"
 
     def serve_forever(self, on_ready=None) -> None:
@@ -279,6 +313,7 @@ class StoreServer:
         once the server listens, e.g. to print ``server.port``.
         """
         import signal
+
         got = threading.Event()
 
         def _handler(signum, frame):
@@ -311,8 +346,10 @@ class StoreServer:
             while not self._stopping:
                 timeout = None
                 if heap or pending:
-                    first = min(heap[0][0] if heap else math.inf,
-                                next(iter(pending.values())) if pending else math.inf)
+                    first = min(
+                        heap[0][0] if heap else math.inf,
+                        next(iter(pending.values())) if pending else math.inf,
+                    )
                     timeout = max(0.0, first - time.monotonic())
                 if self._listen_paused_until:
                     t = max(0.0, self._listen_paused_until - time.monotonic())
@@ -466,7 +503,7 @@ class StoreServer:
 
     def _flush(self, c: _Conn) -> None:
         try:
-            n = c.sock.send(memoryview(c.out)[c.outpos:])
+            n = c.sock.send(memoryview(c.out)[c.outpos :])
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -550,13 +587,14 @@ class StoreServer:
                         elif mtype == _GET:
                             v = None
                             if kend + 8 == end and _F64.unpack_from(buf, kend)[0] >= 0.0:
-                                v = self._data.get(bytes(buf[p + 2:kend]))
-                            reply = None if v is None else \
-                                _VALUE_HDR.pack(len(v) + 4, P.VALUE, len(v)) + v
-                        elif kend + 4 <= end and \
-                                kend + 4 + _U32.unpack_from(buf, kend)[0] == end and \
-                                end - kend - 4 <= _MAX_VALUE:
-                            self._put(bytes(buf[p + 2:kend]), bytes(buf[kend + 4:end]))
+                                v = self._data.get(bytes(buf[p + 2 : kend]))
+                            reply = None if v is None else _VALUE_HDR.pack(len(v) + 4, P.VALUE, len(v)) + v
+                        elif (
+                            kend + 4 <= end
+                            and kend + 4 + _U32.unpack_from(buf, kend)[0] == end
+                            and end - kend - 4 <= _MAX_VALUE
+                        ):
+                            self._put(bytes(buf[p + 2 : kend]), bytes(buf[kend + 4 : end]))
                             if mtype == _SET:
                                 reply = _R_OK
                         else:
@@ -590,8 +628,8 @@ class StoreServer:
             c.inbuf = bytearray(memoryview(buf)[pos:])
 
     def _auth(self, c: _Conn, buf, p: int) -> None:
-        client_nonce = bytes(buf[p:p + P.NONCE_BYTES])
-        proof = bytes(buf[p + P.NONCE_BYTES:p + P.NONCE_BYTES + P.MAC_BYTES])
+        client_nonce = bytes(buf[p : p + P.NONCE_BYTES])
+        proof = bytes(buf[p + P.NONCE_BYTES : p + P.NONCE_BYTES + P.MAC_BYTES])
         expected = P.mac(self._secret, P.AUTH_LABEL_CLIENT, c.nonce, client_nonce)
         if not P.macs_equal(proof, expected):
             self.stats["auth_failures"] += 1
@@ -605,8 +643,7 @@ class StoreServer:
             return
         c.authed = True
         del self._pending[c]
-        self._send(c, P.frame(P.AUTH_OK, P.mac(self._secret, P.AUTH_LABEL_SERVER, c.nonce,
-                                               client_nonce)))
+        self._send(c, P.frame(P.AUTH_OK, P.mac(self._secret, P.AUTH_LABEL_SERVER, c.nonce, client_nonce)))
 
     # --- waiters and deadlines ---------------------------------------------------------------
 
@@ -777,8 +814,7 @@ class StoreServer:
         r.done()
         old = self._data.get(k, b"")
         if len(old) + len(v) > P.MAX_VALUE_BYTES:
-            return P.frame(P.ERROR, f"append: the value would exceed {P.MAX_VALUE_BYTES} "
-                                    f"bytes".encode())
+            return P.frame(P.ERROR, f"append: the value would exceed {P.MAX_VALUE_BYTES} bytes".encode())
         self._put(k, old + v)
         return _R_OK
 

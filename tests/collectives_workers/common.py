@@ -17,11 +17,13 @@ def init(timeout=60.0, **kw):
     """init_process_group with the method the test harness chose (None under the launcher)."""
     if os.environ.get("COLL_TIMEOUT_TIMEDELTA"):
         import datetime
+
         timeout = datetime.timedelta(seconds=timeout)
     if os.environ.get("COLL_SKIP_INIT_RANK") == os.environ.get("RANK"):
         print("skipping init_process_group")
         sys.exit(0)
     import faulthandler
+
     seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else timeout
     if seconds >= 10:
         faulthandler.dump_traceback_later(seconds * 0.8)  # stacks, should init hang
@@ -48,6 +50,7 @@ def wrap(arr, use_torch):
     if not use_torch:
         return arr
     import torch
+
     return torch.from_numpy(arr)
 
 
@@ -78,8 +81,12 @@ class Failures:
             self.exit()  # the group is unusable after a failure
 
     def exit(self):
-        if os.environ.get("COLL_EXPECT_SHM") and dist.is_initialized() and dist.get_world_size() > 1 \
-                and dist.GroupMember.WORLD.backend != "shm":
+        if (
+            os.environ.get("COLL_EXPECT_SHM")
+            and dist.is_initialized()
+            and dist.get_world_size() > 1
+            and dist.GroupMember.WORLD.backend != "shm"
+        ):
             self.items.append("COLL_EXPECT_SHM is set but the world group did not use shared memory")
         if self.items:
             print(f"rank {self.rank}: {len(self.items)} of {self.count} checks FAILED", file=sys.stderr)

@@ -18,9 +18,9 @@ import threading
 import time
 
 import numpy as np
+from common import init
 
 import distlaunch.collectives as dist
-from common import init
 
 mode = sys.argv[1]
 timeout = {"skip": 1.5, "recv-timeout": 1.5}.get(mode, 20.0)
@@ -59,6 +59,7 @@ elif mode.startswith("mismatch-"):
             dist.broadcast(x, src=0)
         else:
             dist.all_reduce(x, op=dist.ReduceOp.MAX if odd and what == "op" else dist.ReduceOp.SUM)
+
     where = "call"
     try:
         op()
@@ -69,8 +70,10 @@ elif mode.startswith("mismatch-"):
         took = time.monotonic() - t0
         result(took < 10, f"CollectiveMismatchError in the {where} after {took:.2f}s: {e}")
     except Exception as e:
-        result(False, f"{type(e).__name__} instead of CollectiveMismatchError after "
-                      f"{time.monotonic() - t0:.2f}s: {e}")
+        result(
+            False,
+            f"{type(e).__name__} instead of CollectiveMismatchError after {time.monotonic() - t0:.2f}s: {e}",
+        )
 
 elif mode == "kill":
     big = np.ones(4 << 20, np.float32)  # 16 MiB: ring all-reduce

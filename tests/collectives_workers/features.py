@@ -13,9 +13,9 @@ import os
 import sys
 
 import numpy as np
+from common import Failures, data, init, wrap
 
 import distlaunch.collectives as dist
-from common import Failures, data, init, wrap
 
 mode = sys.argv[1]
 USE_TORCH = "--torch" in sys.argv
@@ -72,7 +72,7 @@ elif mode == "subgroups":
         F.check("get_global_rank", dist.get_global_rank(upper, 2), 3)
         F.check("get_group_rank", dist.get_group_rank(upper, 3), 2)
         F.check("get_process_group_ranks", dist.get_process_group_ranks(upper), [1, 2, 3])
-    for rep in range(3):
+    for _rep in range(3):
         # ops on both groups issued async at once (rank 2 is in both), then the world
         x = np.full(5, rank + 1.0)
         y = np.full(4, 10.0 * (rank + 1))
@@ -93,8 +93,12 @@ elif mode == "subgroups":
         F.check("evens broadcast group_src=1", z, np.full(3, 2.0) if in_evens else np.full(3, float(rank)))
         if in_upper:  # gather to global rank 1 (group rank 0)
             outs = [np.zeros(2) for _ in range(3)] if rank == 1 else None
-            F.run("upper gather", lambda: dist.gather(W(np.full(2, float(rank))), outs and [W(o) for o in outs],
-                                                     dst=1, group=upper))
+            F.run(
+                "upper gather",
+                lambda: dist.gather(
+                    W(np.full(2, float(rank))), outs and [W(o) for o in outs], dst=1, group=upper
+                ),
+            )
             if rank == 1:
                 F.check("upper gather", np.stack(outs), np.array([[1.0, 1], [2, 2], [3, 3]]))
             # p2p inside the group, group ranks
@@ -109,8 +113,12 @@ elif mode == "subgroups":
         F.run("world2 all_reduce", lambda: dist.all_reduce(W(ws), group=world2))
         F.check("world2 all_reduce", ws, np.full(2, 4.0))
         F.run("world barrier", dist.barrier)
-    expect_error("src outside group", dist.CollectiveArgumentError,
-                 lambda: dist.broadcast(np.zeros(1), src=0, group=upper), ["not a rank"]) if in_upper else None
+    expect_error(
+        "src outside group",
+        dist.CollectiveArgumentError,
+        lambda: dist.broadcast(np.zeros(1), src=0, group=upper),
+        ["not a rank"],
+    ) if in_upper else None
     dist.destroy_process_group(evens)
     F.run("world after destroying a subgroup", dist.barrier)
 
@@ -137,9 +145,12 @@ elif mode == "async":
         F.check("exchange", b, data(peer, "float64", 300_000, 9))
     # batch_isend_irecv: receives listed before sends, both neighbours at once
     fl, fr = np.zeros(1000), np.zeros(1000)
-    ops = [dist.P2POp(dist.irecv, W(fl), left), dist.P2POp(dist.irecv, W(fr), right, tag=1),
-           dist.P2POp(dist.isend, W(np.full(1000, float(rank))), right),
-           dist.P2POp(dist.isend, W(np.full(1000, float(rank))), left, tag=1)]
+    ops = [
+        dist.P2POp(dist.irecv, W(fl), left),
+        dist.P2POp(dist.irecv, W(fr), right, tag=1),
+        dist.P2POp(dist.isend, W(np.full(1000, float(rank))), right),
+        dist.P2POp(dist.isend, W(np.full(1000, float(rank))), left, tag=1),
+    ]
     if n > 1:
         for w in dist.batch_isend_irecv(ops):
             F.run("batch wait", w.wait)
@@ -186,6 +197,7 @@ elif mode == "async":
             dist.send(W(np.array([7.0])), dst=0, tag=1234)
 
 elif mode == "objects":
+
     class Point:
         def __init__(self, x, y):
             self.x, self.y = x, y
@@ -194,11 +206,18 @@ elif mode == "objects":
             return (self.x, self.y) == (other.x, other.y)
 
     def obj(r):
-        return {"rank": r, "name": f"worker-{r}", "nested": [r, (r, r * 2), {r}], "p": Point(r, -r),
-                "arr": np.arange(r + 1), "blob": b"x" * (r * 1000)}
+        return {
+            "rank": r,
+            "name": f"worker-{r}",
+            "nested": [r, (r, r * 2), {r}],
+            "p": Point(r, -r),
+            "arr": np.arange(r + 1),
+            "blob": b"x" * (r * 1000),
+        }
 
     def same(a, b):
         return all((np.array_equal(a[k], b[k]) if k == "arr" else a[k] == b[k]) for k in a)
+
     for root in range(n):
         lst = [obj(root), "two", 3] if rank == root else [None, None, None]
         F.run("broadcast_object_list", lambda: dist.broadcast_object_list(lst, src=root))
@@ -208,9 +227,12 @@ elif mode == "objects":
         if rank == root:
             F.check(f"gather_object root={root}", all(same(out[i], obj(i)) for i in range(n)), True)
         mine = [None]
-        F.run("scatter_object_list",
-              lambda: dist.scatter_object_list(mine, [obj(10 + i) for i in range(n)] if rank == root else None,
-                                               src=root))
+        F.run(
+            "scatter_object_list",
+            lambda: dist.scatter_object_list(
+                mine, [obj(10 + i) for i in range(n)] if rank == root else None, src=root
+            ),
+        )
         F.check(f"scatter_object_list root={root}", same(mine[0], obj(10 + rank)), True)
     out = [None] * n
     F.run("all_gather_object", lambda: dist.all_gather_object(out, obj(rank)))
@@ -218,8 +240,11 @@ elif mode == "objects":
     huge = {"big": np.arange(300_000) * rank}  # ~2.4 MB pickled: crosses the ring threshold
     out = [None] * n
     F.run("all_gather_object large", lambda: dist.all_gather_object(out, huge))
-    F.check("all_gather_object large", all(np.array_equal(out[i]["big"], np.arange(300_000) * i) for i in range(n)),
-            True)
+    F.check(
+        "all_gather_object large",
+        all(np.array_equal(out[i]["big"], np.arange(300_000) * i) for i in range(n)),
+        True,
+    )
     if n > 1:
         if rank == 0:
             F.run("send_object_list", lambda: dist.send_object_list([obj(0), "tail"], dst=n - 1))
@@ -230,6 +255,7 @@ elif mode == "objects":
 
 elif mode == "large":
     from distlaunch.collectives.shm import ShmConfig
+
     small = ShmConfig.from_env().small
     # bytes of float32, around the TCP and shared-memory algorithm switches
     sizes = [8, 4096, 65535, 65536, 65537, small - 4, small, small + 4, 1 << 20, 16 << 20]
@@ -249,13 +275,21 @@ elif mode == "large":
             F.check(f"broadcast {nbytes}B root={root}", x, ins[root])
         if nbytes <= 1 << 20:
             out = np.zeros(size * n, np.float32)
-            F.run(f"all_gather_into_tensor {nbytes}B", lambda: dist.all_gather_into_tensor(W(out), W(ins[rank])))
+            F.run(
+                f"all_gather_into_tensor {nbytes}B", lambda: dist.all_gather_into_tensor(W(out), W(ins[rank]))
+            )
             F.check(f"all_gather_into_tensor {nbytes}B", out, np.concatenate(ins))
             blocks = [data(r, "float32", size * n, nbytes + 1) for r in range(n)]
             out = np.zeros(size, np.float32)
-            F.run(f"reduce_scatter_tensor {nbytes}B", lambda: dist.reduce_scatter_tensor(W(out), W(blocks[rank])))
-            F.check(f"reduce_scatter_tensor {nbytes}B", out,
-                    np.sum(blocks, axis=0, dtype=np.float32)[rank * size:(rank + 1) * size])
+            F.run(
+                f"reduce_scatter_tensor {nbytes}B",
+                lambda: dist.reduce_scatter_tensor(W(out), W(blocks[rank])),
+            )
+            F.check(
+                f"reduce_scatter_tensor {nbytes}B",
+                out,
+                np.sum(blocks, axis=0, dtype=np.float32)[rank * size : (rank + 1) * size],
+            )
         if n > 1:
             got = np.zeros(size, np.float32)
             w = dist.isend(W(ins[rank]), dst=(rank + 1) % n)
@@ -282,11 +316,19 @@ elif mode == "badargs":
     expect_error("not a buffer", A, lambda: dist.all_reduce([1, 2, 3]), ["tensor"])
     expect_error("src out of range", A, lambda: dist.broadcast(np.zeros(2), src=n), ["src"])
     expect_error("no src", A, lambda: dist.broadcast(np.zeros(2)), ["src"])
-    expect_error("list length", A, lambda: dist.all_gather([np.zeros(2)] * (n + 1), np.zeros(2)), ["tensor_list"])
+    expect_error(
+        "list length", A, lambda: dist.all_gather([np.zeros(2)] * (n + 1), np.zeros(2)), ["tensor_list"]
+    )
     expect_error("list sizes", A, lambda: dist.all_gather([np.zeros(3)] * n, np.zeros(2)), ["tensor_list[0]"])
-    expect_error("output size", A, lambda: dist.all_gather_into_tensor(np.zeros(2 * n + 1), np.zeros(2)),
-                 ["output_tensor"])
-    expect_error("splits", A, lambda: dist.all_to_all_single(np.zeros(n), np.zeros(n), [5] * n, None), ["split"])
+    expect_error(
+        "output size",
+        A,
+        lambda: dist.all_gather_into_tensor(np.zeros(2 * n + 1), np.zeros(2)),
+        ["output_tensor"],
+    )
+    expect_error(
+        "splits", A, lambda: dist.all_to_all_single(np.zeros(n), np.zeros(n), [5] * n, None), ["split"]
+    )
     expect_error("send to self", A, lambda: dist.send(np.zeros(1), dst=rank), ["oneself"])
     expect_error("bad tag", A, lambda: dist.send(np.zeros(1), dst=(rank + 1) % n, tag="x"), ["tag"])
     expect_error("bad timeout", A, lambda: dist.barrier(timeout=-1), ["timeout"])
@@ -294,9 +336,12 @@ elif mode == "badargs":
     expect_error("double init", A, lambda: dist.init_process_group(), ["already"])
     if USE_TORCH:
         import torch
+
         t = torch.zeros(4, 4)
         expect_error("torch non-contiguous", A, lambda: dist.all_reduce(t.t()), ["contiguous"])
-        expect_error("torch bfloat16", A, lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bfloat16)), ["bfloat16"])
+        expect_error(
+            "torch bfloat16", A, lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bfloat16)), ["bfloat16"]
+        )
         g = torch.ones(3, requires_grad=True)
         x = g.detach().clone()
         dist.all_reduce(x)

@@ -19,9 +19,9 @@ import resource
 import sys
 
 import numpy as np
+from common import init
 
 import distlaunch.collectives as dist
-from common import init
 from distlaunch.collectives.runtime import current_runtime
 
 rank, n = init(timeout=float(os.environ.get("COLL_GROUP_TIMEOUT", "20")))

@@ -56,11 +56,19 @@ def _launcher_available() -> bool:
     if os.environ.get("COLL_TEST_SPAWNER") == "popen":
         return False
     if _probe is None:
-        cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "1", os.path.join(WORKERS, "probe.py")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "distlaunch",
+            "run",
+            "--nproc-per-node",
+            "1",
+            os.path.join(WORKERS, "probe.py"),
+        ]
         try:
             p = subprocess.run(cmd, env=_base_env(None), capture_output=True, text=True, timeout=60, cwd=REPO)
             ok = p.returncode == 0 and "probe ok" in p.stdout
-            why = f"exit code {p.returncode}\n--- stdout ---\n{p.stdout[-2000:]}\n--- stderr ---\n{p.stderr[-2000:]}"
+            why = f"exit code {p.returncode}\n--- stdout ---\n{p.stdout[-2000:]}\n--- stderr ---\n{p.stderr[-2000:]}"  # noqa: E501
         except (OSError, subprocess.TimeoutExpired) as e:
             ok, why = False, str(e)
         _probe = True if ok else f"`{' '.join(cmd)}` does not work ({why})"
@@ -73,14 +81,30 @@ def launch(script, n, args=(), env=None, timeout=120, spawner=None, launcher_arg
     script = script if os.path.isabs(script) else os.path.join(WORKERS, script)
     use_launcher = spawner == "distlaunch" or (spawner is None and _launcher_available())
     if use_launcher:
-        cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(n), *launcher_args, script, *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "distlaunch",
+            "run",
+            "--nproc-per-node",
+            str(n),
+            *launcher_args,
+            script,
+            *args,
+        ]
         try:
-            p = subprocess.run(cmd, env=_base_env(env), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+            p = subprocess.run(
+                cmd, env=_base_env(env), capture_output=True, text=True, timeout=timeout, cwd=REPO
+            )
         except subprocess.TimeoutExpired as e:  # show where it hung instead of a bare timeout
+
             def tail(b):
                 return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-4000:]
-            raise AssertionError(f"{' '.join(cmd)} still ran after {timeout} s\n--- stdout ---\n"
-                                 f"{tail(e.stdout)}\n--- stderr ---\n{tail(e.stderr)}") from None
+
+            raise AssertionError(
+                f"{' '.join(cmd)} still ran after {timeout} s\n--- stdout ---\n"
+                f"{tail(e.stdout)}\n--- stderr ---\n{tail(e.stderr)}"
+            ) from None
         return p.returncode, p.stdout, p.stderr
     return spawn(script, n, args, env, timeout)
 
@@ -96,18 +120,40 @@ def spawn(script, n, args=(), env=None, timeout=120, init_method=None):
         e = _base_env(env)
         for k in ("DISTLAUNCH_STORE_PORT", "DISTLAUNCH_STORE_ADDR", "DISTLAUNCH_STORE_TOKEN"):
             e.pop(k, None)
-        e.update(RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n),
-                 GROUP_RANK="0", GROUP_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                 TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_RUN_ID="test", COLL_INIT_METHOD=init_method)
-        procs.append(subprocess.Popen([sys.executable, script, *args], env=e, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, cwd=REPO))
+        e.update(
+            RANK=str(r),
+            WORLD_SIZE=str(n),
+            LOCAL_RANK=str(r),
+            LOCAL_WORLD_SIZE=str(n),
+            GROUP_RANK="0",
+            GROUP_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            TORCHELASTIC_RESTART_COUNT="0",
+            TORCHELASTIC_RUN_ID="test",
+            COLL_INIT_METHOD=init_method,
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, script, *args],
+                env=e,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
+        )
     out = {r: ([], []) for r in range(n)}
 
     def pump(r, stream, sink):
         for line in stream:
             sink.append(f"[{r}]: {line}")
-    threads = [threading.Thread(target=pump, args=(r, s, out[r][i]))
-               for r, p in enumerate(procs) for i, s in enumerate((p.stdout, p.stderr))]
+
+    threads = [
+        threading.Thread(target=pump, args=(r, s, out[r][i]))
+        for r, p in enumerate(procs)
+        for i, s in enumerate((p.stdout, p.stderr))
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + timeout

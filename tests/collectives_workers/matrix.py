@@ -7,9 +7,9 @@ Exits 1 naming the failing cases.
 import sys
 
 import numpy as np
+from common import DTYPES, Failures, data, init, wrap
 
 import distlaunch.collectives as dist
-from common import DTYPES, Failures, data, init, wrap
 
 USE_TORCH = "--torch" in sys.argv
 rank, n = init()
@@ -30,8 +30,16 @@ def valid_ops(dtype):
 
 
 def reference(inputs, op, dtype):
-    ufunc = {R.SUM: np.add, R.AVG: np.add, R.PRODUCT: np.multiply, R.MIN: np.minimum, R.MAX: np.maximum,
-             R.BAND: np.bitwise_and, R.BOR: np.bitwise_or, R.BXOR: np.bitwise_xor}[op]
+    ufunc = {
+        R.SUM: np.add,
+        R.AVG: np.add,
+        R.PRODUCT: np.multiply,
+        R.MIN: np.minimum,
+        R.MAX: np.maximum,
+        R.BAND: np.bitwise_and,
+        R.BOR: np.bitwise_or,
+        R.BXOR: np.bitwise_xor,
+    }[op]
     acc = inputs[0].copy()
     for x in inputs[1:]:
         ufunc(acc, x, out=acc)
@@ -62,8 +70,10 @@ for dtype in DTYPES:
 
             x = data(rank, dtype, size, seed)
             outs = [np.zeros(size, dtype) for _ in range(n)] if rank == root else None
-            F.run(f"gather {tag} root={root}",
-                  lambda: dist.gather(W(x), [W(o) for o in outs] if outs else None, dst=root))
+            F.run(
+                f"gather {tag} root={root}",
+                lambda: dist.gather(W(x), [W(o) for o in outs] if outs else None, dst=root),
+            )
             if rank == root:
                 for i in range(n):
                     F.check(f"gather {tag} root={root} from {i}", outs[i], data(i, dtype, size, seed))
@@ -79,16 +89,22 @@ for dtype in DTYPES:
                 F.run(f"reduce {tag} {op.name} root={root}", lambda: dist.reduce(W(x), dst=root, op=op))
                 F.check(f"reduce {tag} {op.name} root={root}", x, want if rank == root else ins[rank])
             # reduce_scatter: rank i gets block i of the reduction of the concatenations
-            blocks = [[data(r, dtype, size, seed + 200 + i, op == R.PRODUCT) for i in range(n)] for r in range(n)]
+            blocks = [
+                [data(r, dtype, size, seed + 200 + i, op == R.PRODUCT) for i in range(n)] for r in range(n)
+            ]
             want_rs = reference([b[rank] for b in blocks], op, dtype)
             out = np.zeros(size, dtype)
-            F.run(f"reduce_scatter {tag} {op.name}",
-                  lambda: dist.reduce_scatter(W(out), [W(b) for b in blocks[rank]], op=op))
+            F.run(
+                f"reduce_scatter {tag} {op.name}",
+                lambda: dist.reduce_scatter(W(out), [W(b) for b in blocks[rank]], op=op),
+            )
             F.check(f"reduce_scatter {tag} {op.name}", out, want_rs)
             out = np.zeros(size, dtype)
             flat_in = np.concatenate(blocks[rank])
-            F.run(f"reduce_scatter_tensor {tag} {op.name}",
-                  lambda: dist.reduce_scatter_tensor(W(out), W(flat_in), op=op))
+            F.run(
+                f"reduce_scatter_tensor {tag} {op.name}",
+                lambda: dist.reduce_scatter_tensor(W(out), W(flat_in), op=op),
+            )
             F.check(f"reduce_scatter_tensor {tag} {op.name}", out, want_rs)
             F.check(f"reduce_scatter_tensor {tag} input unchanged", flat_in, np.concatenate(blocks[rank]))
 
@@ -99,7 +115,11 @@ for dtype in DTYPES:
             F.check(f"all_gather {tag} from {i}", outs[i], data(i, dtype, size, seed))
         out = np.zeros(size * n, dtype)
         F.run(f"all_gather_into_tensor {tag}", lambda: dist.all_gather_into_tensor(W(out), W(x)))
-        F.check(f"all_gather_into_tensor {tag}", out, np.concatenate([data(i, dtype, size, seed) for i in range(n)]))
+        F.check(
+            f"all_gather_into_tensor {tag}",
+            out,
+            np.concatenate([data(i, dtype, size, seed) for i in range(n)]),
+        )
 
         # all_to_all: rank r sends block j = data(r, seed*1000+j) of size (r+j)%3+size to rank j
         sz = lambda src, dst: (src + dst) % 3 + size  # noqa: E731
@@ -111,37 +131,50 @@ for dtype in DTYPES:
         # all_to_all_single with uneven splits along dim 0 (rows of 2 elements)
         in_splits = [sz(rank, j) for j in range(n)]
         out_splits = [sz(j, rank) for j in range(n)]
-        inp = np.concatenate([data(rank, dtype, 2 * s, seed + 400 + j) for j, s in enumerate(in_splits)]).reshape(-1, 2)
+        inp = np.concatenate(
+            [data(rank, dtype, 2 * s, seed + 400 + j) for j, s in enumerate(in_splits)]
+        ).reshape(-1, 2)
         out = np.zeros((sum(out_splits), 2), dtype)
-        F.run(f"all_to_all_single {tag}",
-              lambda: dist.all_to_all_single(W(out), W(inp), out_splits, in_splits))
-        F.check(f"all_to_all_single {tag}", out.reshape(-1),
-                np.concatenate([data(j, dtype, 2 * s, seed + 400 + rank) for j, s in enumerate(out_splits)]))
+        F.run(
+            f"all_to_all_single {tag}", lambda: dist.all_to_all_single(W(out), W(inp), out_splits, in_splits)
+        )
+        F.check(
+            f"all_to_all_single {tag}",
+            out.reshape(-1),
+            np.concatenate([data(j, dtype, 2 * s, seed + 400 + rank) for j, s in enumerate(out_splits)]),
+        )
         if size == 5:  # equal splits (defaults)
             inp = data(rank, dtype, n * 3, seed + 500).reshape(n, 3)
             out = np.zeros((n, 3), dtype)
             F.run(f"all_to_all_single equal {tag}", lambda: dist.all_to_all_single(W(out), W(inp)))
-            F.check(f"all_to_all_single equal {tag}", out,
-                    np.stack([data(j, dtype, n * 3, seed + 500).reshape(n, 3)[rank] for j in range(n)]))
+            F.check(
+                f"all_to_all_single equal {tag}",
+                out,
+                np.stack([data(j, dtype, n * 3, seed + 500).reshape(n, 3)[rank] for j in range(n)]),
+            )
 
         # point to point: ring shift, blocking and async
         if n > 1:
             right, left = (rank + 1) % n, (rank - 1) % n
             x = data(rank, dtype, size, seed + 600)
             got = np.zeros(size, dtype)
+
             def shift():  # noqa: E306
                 w = dist.isend(W(x), dst=right, tag=size)
                 src = dist.recv(W(got), src=left, tag=size)
                 w.wait()
                 assert src == left, src
+
             F.run(f"isend/recv {tag}", shift)
             F.check(f"isend/recv {tag}", got, data(left, dtype, size, seed + 600))
             got = np.zeros(size, dtype)
+
             def shift_any():  # noqa: E306
                 w = dist.irecv(W(got), tag=7)
                 dist.send(W(x), dst=right, tag=7)
                 assert w.wait() and w.is_completed()
                 assert w.result() == left, w.result()
+
             F.run(f"irecv(any)/send {tag}", shift_any)
             F.check(f"irecv(any)/send {tag}", got, data(left, dtype, size, seed + 600))
 
@@ -156,8 +189,11 @@ for size in (0, 40_000):
             for root in range(n):
                 x = ins[rank].copy()
                 F.run(f"reduce {dtype}[{size}] root={root}", lambda: dist.reduce(W(x), dst=root, op=op))
-                F.check(f"reduce {dtype}[{size}] root={root}", x,
-                        reference(ins, op, dtype) if rank == root else ins[rank])
+                F.check(
+                    f"reduce {dtype}[{size}] root={root}",
+                    x,
+                    reference(ins, op, dtype) if rank == root else ins[rank],
+                )
             x = data(rank, dtype, size, 78)
             F.run(f"broadcast {dtype}[{size}]", lambda: dist.broadcast(W(x), src=n - 1))
             F.check(f"broadcast {dtype}[{size}]", x, data(n - 1, dtype, size, 78))
@@ -182,8 +218,11 @@ for size in (1000, 100_000):
         allx = np.zeros(size * n, dtype)
         F.run("all_gather bits", lambda: dist.all_gather_into_tensor(W(allx), W(x)))
         for i in range(n):
-            F.check(f"all_reduce bit-identical {dtype}[{size}] rank {i}",
-                    allx[i * size:(i + 1) * size].view(np.uint8), x.view(np.uint8))
+            F.check(
+                f"all_reduce bit-identical {dtype}[{size}] rank {i}",
+                allx[i * size : (i + 1) * size].view(np.uint8),
+                x.view(np.uint8),
+            )
 
 F.run("barrier", dist.barrier)
 F.exit()

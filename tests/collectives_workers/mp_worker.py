@@ -1,4 +1,5 @@
 """Target for multiprocessing-started ranks (no launcher, no environment variables)."""
+
 import numpy as np
 
 import distlaunch.collectives as dist

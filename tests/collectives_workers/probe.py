@@ -1,4 +1,5 @@
 """Trivial worker: proves `distlaunch run` starts workers with the collectives runtime."""
+
 import distlaunch.collectives as dist
 
 dist.init_process_group(timeout=30)

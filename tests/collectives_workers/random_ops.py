@@ -6,9 +6,9 @@ Usage: random_ops.py SEED COUNT"""
 import sys
 
 import numpy as np
+from common import Failures, data, init
 
 import distlaunch.collectives as dist
-from common import Failures, data, init
 
 seed, count = int(sys.argv[1]), int(sys.argv[2])
 rank, n = init(timeout=60)
@@ -20,17 +20,27 @@ for members in ([0, n - 1], list(range(1, n)), list(range(0, n, 2))):
     members = sorted(set(members))
     g = dist.new_group(members)
     groups.append((g, members))
-UF = {R.SUM: np.add, R.PRODUCT: np.multiply, R.MIN: np.minimum, R.MAX: np.maximum,
-      R.BAND: np.bitwise_and, R.BOR: np.bitwise_or, R.BXOR: np.bitwise_xor}
+UF = {
+    R.SUM: np.add,
+    R.PRODUCT: np.multiply,
+    R.MIN: np.minimum,
+    R.MAX: np.maximum,
+    R.BAND: np.bitwise_and,
+    R.BOR: np.bitwise_or,
+    R.BXOR: np.bitwise_xor,
+}
 pending = []  # (work, check) of async collectives, checked after their wait
 
 for i in range(count):
     g, members = groups[rng.integers(len(groups))]
     dtype = str(rng.choice(["float32", "float64", "int32", "int64", "uint8", "bool", "float16"]))
     size = int(np.exp(rng.uniform(0, np.log(150_000)))) - 1
-    kind = str(rng.choice(["all_reduce", "reduce", "broadcast", "all_gather_into_tensor",
-                           "reduce_scatter_tensor"]))
-    ops = [R.SUM, R.MIN, R.MAX] + ([R.BAND, R.BOR, R.BXOR] if dtype in ("int32", "int64", "uint8", "bool") else [])
+    kind = str(
+        rng.choice(["all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"])
+    )
+    ops = [R.SUM, R.MIN, R.MAX] + (
+        [R.BAND, R.BOR, R.BXOR] if dtype in ("int32", "int64", "uint8", "bool") else []
+    )
     op = ops[rng.integers(len(ops))]
     if dtype in ("float16", "uint8", "bool") and op == R.SUM:
         op = R.MAX  # keep sums exact/meaningful in narrow dtypes
@@ -49,18 +59,18 @@ for i in range(count):
     x = ins[me].copy()
     if kind == "all_reduce":
         w = dist.all_reduce(x, op=op, group=g, async_op=async_op)
-        check = (lambda x=x, red=red, name=name: F.check(name, x, red))
+        check = lambda x=x, red=red, name=name: F.check(name, x, red)
     elif kind == "reduce":
         w = dist.reduce(x, dst=members[root_pos], op=op, group=g, async_op=async_op)
         want = red if me == root_pos else ins[me]
-        check = (lambda x=x, want=want, name=name: F.check(name, x, want))
+        check = lambda x=x, want=want, name=name: F.check(name, x, want)
     elif kind == "broadcast":
         w = dist.broadcast(x, src=members[root_pos], group=g, async_op=async_op)
-        check = (lambda x=x, want=ins[root_pos], name=name: F.check(name, x, want))
+        check = lambda x=x, want=ins[root_pos], name=name: F.check(name, x, want)
     elif kind == "all_gather_into_tensor":
         out = np.zeros(size * m, dtype)
         w = dist.all_gather_into_tensor(out, x, group=g, async_op=async_op)
-        check = (lambda out=out, want=np.concatenate(ins), name=name: F.check(name, out, want))
+        check = lambda out=out, want=np.concatenate(ins), name=name: F.check(name, out, want)
     else:
         big = [data(r, dtype, size * m, seed * 100000 + i + 7) for r in members]
         redb = big[0].copy()
@@ -68,7 +78,7 @@ for i in range(count):
             UF[op](redb, b, out=redb)
         out = np.zeros(size, dtype)
         w = dist.reduce_scatter_tensor(out, big[me], op=op, group=g, async_op=async_op)
-        check = (lambda out=out, want=redb[me * size:(me + 1) * size], name=name: F.check(name, out, want))
+        check = lambda out=out, want=redb[me * size : (me + 1) * size], name=name: F.check(name, out, want)
     if async_op:
         pending.append((w, check))
         if len(pending) > 4 or flush:

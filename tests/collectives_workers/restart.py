@@ -1,13 +1,13 @@
 """Under `distlaunch run --max-restarts 1`: the first attempt does one all_reduce, then
 rank 1 fails; the restarted group must initialise on fresh store keys and work.
 destroy_process_group must unmap the group's shared-memory segment at once."""
+
 import os
 import sys
 
 import numpy as np
 
 import distlaunch.collectives as dist
-
 
 
 def mapped_segments():
@@ -31,6 +31,7 @@ if attempt == 0:
     if rank == 1:
         sys.exit(3)
     import time
+
     time.sleep(30)  # stopped by the launcher
 dist.destroy_process_group()
 assert not mapped_segments(), mapped_segments()

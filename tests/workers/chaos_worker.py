@@ -1,5 +1,6 @@
 """The chaos suite's worker: all-reduces for about ``seconds`` with a short collective
 timeout, so a stopped or dead peer turns into an error (and a restart), not a hang."""
+
 import os
 import sys
 import time

@@ -1,4 +1,5 @@
 """A worker for tests/test_supervision_faults.py: each flag is one behaviour."""
+
 import argparse
 import os
 import resource
@@ -8,9 +9,12 @@ import time
 p = argparse.ArgumentParser()
 p.add_argument("--lines", type=int, default=0, help="print this many numbered 100-byte lines")
 p.add_argument("--nofile", action="store_true", help="print this worker's RLIMIT_NOFILE")
-p.add_argument("--escape", choices=("setsid", "daemon"),
-               help="leave a process that calls setsid: a child (setsid) or, after a double "
-                    "fork, an orphan (daemon); its pid goes to DIR/escaped.<rank>")
+p.add_argument(
+    "--escape",
+    choices=("setsid", "daemon"),
+    help="leave a process that calls setsid: a child (setsid) or, after a double "
+    "fork, an orphan (daemon); its pid goes to DIR/escaped.<rank>",
+)
 p.add_argument("--mark-dir", help="where --escape writes, and DIR/pid.<rank> at start")
 p.add_argument("--fail-rank", type=int, help="this rank exits 3 once every rank has escaped")
 p.add_argument("--ranks", type=int, default=1, help="how many ranks --fail-rank waits for")

@@ -7,6 +7,7 @@ A seccomp filter (inherited by every descendant, kept across exec) makes pidfd_o
 with that errno; every other system call is untouched. Exits 77 when the filter cannot
 be installed (an unknown architecture, or seccomp unavailable).
 """
+
 import ctypes
 import errno
 import os

@@ -1,5 +1,6 @@
 """The PyTorch distributed tutorial's operations with gloo, each checked; prints one
 result line per operation so two launchers' outputs can be compared."""
+
 import os
 import sys
 
@@ -7,8 +8,9 @@ import torch
 import torch.distributed as dist
 
 init = sys.argv[1] if len(sys.argv) > 1 else "env://"
-dist.init_process_group("gloo", init_method=init, rank=int(os.environ["RANK"]),
-                        world_size=int(os.environ["WORLD_SIZE"]))
+dist.init_process_group(
+    "gloo", init_method=init, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"])
+)
 rank, world = dist.get_rank(), dist.get_world_size()
 results = []
 
@@ -62,7 +64,7 @@ dist.all_reduce(a, op=dist.ReduceOp.PRODUCT)
 fact = 1.0
 for i in range(1, world + 1):
     fact *= i
-check("all_reduce", a, torch.tensor([fact, 2.0 ** world]))
+check("all_reduce", a, torch.tensor([fact, 2.0**world]))
 
 dist.barrier()
 results.append("barrier ok")
