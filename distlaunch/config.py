@@ -70,14 +70,10 @@ def run_id_from(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]", "-", text).lstrip(".-")[:128] or "job"
 
 
-# --rdzv-conf keys (torchrun's names where torchrun has one) -> NodeOptions fields.
-RDZV_KEYS = {
-    "join_timeout": "join_timeout",
-    "heartbeat_timeout": "heartbeat_timeout",
-    "heartbeat_interval": "heartbeat_interval",
-    "exit_barrier_timeout": "exit_barrier_timeout",
-    "last_call_timeout": "last_call_timeout",
-}
+# --rdzv-conf keys (torchrun's names where torchrun has one), each a NodeOptions field.
+RDZV_KEYS = frozenset(
+    {"join_timeout", "heartbeat_timeout", "heartbeat_interval", "exit_barrier_timeout", "last_call_timeout"}
+)
 
 
 def parse_rdzv_conf(text: str | None) -> tuple[tuple[str, str], ...]:
@@ -207,7 +203,7 @@ class LaunchConfig:
                 value = -1.0
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--rdzv-conf {key}={raw!r} is invalid: give a positive number of seconds")
-            out[RDZV_KEYS[key]] = value
+            out[key] = value
         return out
 
     def validate(self) -> LaunchConfig:

@@ -51,7 +51,6 @@ class LaunchSpec:
 class AttemptResult:
     failure: WorkerFailure | None  # the first worker of this group that failed, if any
     stop_signal: int | None  # the launcher was told to stop by this signal
-    stopped_from_outside: bool = False  # another node failed or the job was stopped
 
 
 class WorkerGroup:
@@ -176,7 +175,7 @@ class WorkerGroup:
                     if w.reap() != 0 and not stopping:
                         failure = self._fail(w, spec)
                         kill_at = self._stop_group(signal.SIGTERM)
-        return AttemptResult(failure, self.relay.stop_signal, outside)
+        return AttemptResult(failure, self.relay.stop_signal)
 
     def _stop_group(self, sig: int) -> float:
         """Signal every live worker's group; return when SIGKILL is due."""

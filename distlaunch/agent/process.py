@@ -94,7 +94,6 @@ class WorkerProcess:
         slot: WorkerSlot,
         argv: list[str],
         env: dict[str, str],
-        cwd: str | None = None,
         cpus: frozenset[int] | None = None,
     ):
         self.slot = slot
@@ -107,7 +106,6 @@ class WorkerProcess:
             self.popen = subprocess.Popen(
                 argv,
                 env=env,
-                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

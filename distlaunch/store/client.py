@@ -485,7 +485,7 @@ class StoreClient:
         k = _key(key)
         t = self.timeout if timeout is None else _timeout(timeout)
         what = ("get", key)
-        rtype, body = self._request(what, P.GET, P.U16.pack(len(k)) + k + P.F64.pack(t), wait=t)
+        rtype, body = self._request(what, P.GET, P.enc_key(k) + P.enc_timeout(t), wait=t)
         if rtype == P.VALUE:
             return body[4:]
         if rtype == P.TIMEOUT:
@@ -528,7 +528,7 @@ class StoreClient:
         ks = _keys(keys)
         t = self.timeout if timeout is None else _timeout(timeout)
         what = f"wait({_names(ks)})"
-        rtype, body = self._request(what, P.WAIT, P.enc_keys(ks) + P.F64.pack(t), wait=t)
+        rtype, body = self._request(what, P.WAIT, P.enc_keys(ks) + P.enc_timeout(t), wait=t)
         if rtype == P.TIMEOUT:
             raise self._timed_out(_what(what), body, t)
         self._expect(what, rtype, P.OK)
@@ -559,7 +559,7 @@ class StoreClient:
         ks = _keys(keys)
         t = self.timeout if timeout is None else _timeout(timeout)
         what = f"multi_get({_names(ks)})"
-        rtype, body = self._request(what, P.MULTI_GET, P.enc_keys(ks) + P.F64.pack(t), wait=t)
+        rtype, body = self._request(what, P.MULTI_GET, P.enc_keys(ks) + P.enc_timeout(t), wait=t)
         if rtype == P.TIMEOUT:
             raise self._timed_out(_what(what), body, t)
         self._expect(what, rtype, P.VALUES)

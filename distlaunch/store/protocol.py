@@ -16,7 +16,6 @@ the server answers it by dropping that one connection.
 
 from __future__ import annotations
 
-import math
 import struct
 
 from ..errors import StoreProtocolError
@@ -202,6 +201,3 @@ class Reader:
         if self.pos != self.end:
             raise StoreProtocolError(f"{self.end - self.pos} trailing bytes in frame")
 
-
-def is_finite_deadline(timeout: float) -> bool:
-    return not math.isinf(timeout)
