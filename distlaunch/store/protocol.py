@@ -17,6 +17,7 @@ the server answers it by dropping that one connection.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 from ..errors import StoreProtocolError
 
@@ -110,7 +111,7 @@ def macs_equal(a: bytes, b: bytes) -> bool:
     return hmac.compare_digest(a, b)
 
 
-def secret_bytes(token) -> bytes:
+def secret_bytes(token: str | bytes | bytearray) -> bytes:
     """The shared secret as bytes (str tokens are UTF-8 encoded)."""
     if isinstance(token, str):
         return token.encode("utf-8")
@@ -130,7 +131,7 @@ def enc_value(value: bytes) -> bytes:
     return U32.pack(len(value)) + value
 
 
-def enc_keys(keys) -> bytes:
+def enc_keys(keys: Sequence[bytes]) -> bytes:
     return U32.pack(len(keys)) + b"".join(U16.pack(len(k)) + k for k in keys)
 
 
@@ -146,7 +147,11 @@ class Reader:
 
     __slots__ = ("buf", "pos", "end")
 
-    def __init__(self, buf, pos: int = 0, end: int | None = None):
+    buf: bytes | bytearray | memoryview
+    pos: int
+    end: int
+
+    def __init__(self, buf: bytes | bytearray | memoryview, pos: int = 0, end: int | None = None) -> None:
         self.buf = buf
         self.pos = pos
         self.end = len(buf) if end is None else end
@@ -178,7 +183,7 @@ class Reader:
             raise StoreProtocolError(f"{n} keys in one request exceeds {MAX_KEYS_PER_REQUEST}")
         return n
 
-    def keys(self) -> list:
+    def keys(self) -> list[bytes]:
         return [self.key() for _ in range(self.count())]
 
     def i64(self) -> int:
@@ -200,4 +205,3 @@ class Reader:
     def done(self) -> None:
         if self.pos != self.end:
             raise StoreProtocolError(f"{self.end - self.pos} trailing bytes in frame")
-

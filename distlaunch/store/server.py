@@ -31,6 +31,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from ..errors import StoreError
 from . import protocol as P
@@ -60,9 +61,11 @@ _R_AUTH_FAIL = P.frame(P.AUTH_FAIL)
 class _Poller:
     """epoll where available, else poll; one interface (timeouts in seconds, None = forever)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
+        self._p: select.epoll | select.poll
+        self._epoll: select.epoll | None = None  # to close (a poll object has no close)
         if hasattr(select, "epoll"):
-            self._p = select.epoll()
+            self._p = self._epoll = select.epoll()
             self._ms = False
         else:  # pragma: no cover - non-Linux
             self._p = select.poll()
@@ -71,14 +74,14 @@ class _Poller:
         self.modify = self._p.modify
         self.unregister = self._p.unregister
 
-    def poll(self, timeout):
+    def poll(self, timeout: float | None) -> list[tuple[int, int]]:
         if self._ms:  # pragma: no cover
             return self._p.poll(None if timeout is None else timeout * 1000.0)
         return self._p.poll(-1 if timeout is None else timeout)
 
-    def close(self):
-        if not self._ms:
-            self._p.close()
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
 
 
 class _Conn:
@@ -97,16 +100,16 @@ class _Conn:
         "peer",
     )
 
-    def __init__(self, sock, peer):
+    def __init__(self, sock: socket.socket, peer: object) -> None:
         self.sock = sock
         self.fd = sock.fileno()
         self.inbuf = bytearray()
-        self.out = None  # the reply being sent (no frame is handled until it is)
+        self.out: bytes | None = None  # the reply being sent (no frame is handled until it is)
         self.outpos = 0
-        self.outq = []  # replies queued behind ``out`` (in order; normally empty)
+        self.outq: list[bytes] = []  # replies queued behind ``out`` (in order; normally empty)
         self.authed = False
         self.nonce = os.urandom(P.NONCE_BYTES)
-        self.waiter = None  # the blocked request, if any (requests are answered in order)
+        self.waiter: _Waiter | None = None  # the blocked request, if any (answered in order)
         self.closed = False
         self.events = _IN
         self.peer = peer
@@ -115,11 +118,11 @@ class _Conn:
 class _Waiter:
     __slots__ = ("conn", "op", "keys", "registered", "done")
 
-    def __init__(self, conn, op, keys):
+    def __init__(self, conn: _Conn, op: int, keys: list[bytes]) -> None:
         self.conn = conn
         self.op = op
         self.keys = keys
-        self.registered = set()
+        self.registered: set[bytes] = set()
         self.done = False
 
 
@@ -177,10 +180,10 @@ class StoreServer:
         self,
         host: str = "127.0.0.1",
         port: int = 0,
-        token=None,
+        token: str | bytes | None = None,
         backlog: int = 4096,
         max_unauthenticated: int = 4096,
-    ):
+    ) -> None:
         if token is None:
             token = os.urandom(32).hex()
         secret = P.secret_bytes(token)
@@ -190,23 +193,22 @@ class StoreServer:
             raise ValueError(f"max_unauthenticated must be an int >= 1, got {max_unauthenticated!r}")
         self.max_unauthenticated = max_unauthenticated
         self.host = host
-        self.token = token
+        self.token: str | bytes = token
         self._secret = secret
         self._requested_port = port
         self._backlog = backlog
         self.port: int | None = None
-        self._lsock = None
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self._stopping = False
         self._stopped = False
         self._data: dict[bytes, bytes] = {}
-        self._waiters: dict[bytes, dict] = {}
-        self._heap: list = []  # (deadline, seq, waiter)
+        self._waiters: dict[bytes, dict[_Waiter, None]] = {}  # key -> waiters (ordered set)
+        self._heap: list[tuple[float, int, _Waiter]] = []  # (deadline, seq, waiter)
         self._seq = 0
         self._conns: dict[int, _Conn] = {}
         # Unauthenticated connections -> auth deadline, in accept (= deadline) order.
         self._pending: dict[_Conn, float] = {}
-        self._resume: list = []
+        self._resume: list[_Conn] = []
         self._listen_paused_until = 0.0
         self.stats = {
             "accepted": 0,
@@ -218,7 +220,7 @@ class StoreServer:
             "internal_errors": 0,
         }
         self.last_internal_error: str | None = None
-        self._handlers = {
+        self._handlers: dict[int, Callable[[_Conn, Reader], bytes | None]] = {
             P.SET: self._h_set,
             P.GET: self._h_get,
             P.ADD: self._h_add,
@@ -250,7 +252,6 @@ class StoreServer:
         except OSError as e:
             raise StoreError(f"store cannot listen on {self.host}:{self._requested_port}: {e}") from e
         lsock.setblocking(False)
-        self._lsock = lsock
         self.port = lsock.getsockname()[1]
         self._poller = _Poller()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -258,7 +259,9 @@ class StoreServer:
         self._wake_w.setblocking(False)
         self._poller.register(lsock.fileno(), _IN)
         self._poller.register(self._wake_r.fileno(), _IN)
-        self._thread = threading.Thread(target=self._run, name=f"distlaunch-store:{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(lsock,), name=f"distlaunch-store:{self.port}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -285,7 +288,7 @@ class StoreServer:
             self.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     @property
@@ -294,7 +297,7 @@ class StoreServer:
         return len(self._conns)
 
     @property
-    def address(self) -> tuple:
+    def address(self) -> tuple[str, int | None]:
         return (self.host, self.port)
 
     def __repr__(self) -> str:
@@ -305,7 +308,7 @@ class StoreServer:
         )
         return f"StoreServer({self.host!r}, {self.port}, {state})"
 
-    def serve_forever(self, on_ready=None) -> None:
+    def serve_forever(self, on_ready: Callable[[StoreServer], object] | None = None) -> None:
         """Start (if needed) and block until SIGINT or SIGTERM, then stop and return.
 
         Must be called from the main thread (signal handlers are installed there, and
@@ -316,17 +319,19 @@ class StoreServer:
 
         got = threading.Event()
 
-        def _handler(signum, frame):
+        def _handler(signum: int, frame: object) -> None:
             got.set()
 
         previous = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             if self._thread is None:
                 self.start()
+            thread = self._thread
+            assert thread is not None  # start() set it, or raised
             if on_ready is not None:
                 on_ready(self)
             while not got.wait(0.5):
-                if not self._thread.is_alive():  # loop died: don't pretend to serve
+                if not thread.is_alive():  # loop died: don't pretend to serve
                     raise StoreError("store event loop exited unexpectedly")
         finally:
             for s, h in previous.items():
@@ -335,16 +340,16 @@ class StoreServer:
 
     # --- event loop --------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, lsock: socket.socket) -> None:
         poll = self._poller.poll
         conns = self._conns
-        lfd = self._lsock.fileno()
+        lfd = lsock.fileno()
         wfd = self._wake_r.fileno()
         heap = self._heap
         pending = self._pending
         try:
             while not self._stopping:
-                timeout = None
+                timeout: float | None = None
                 if heap or pending:
                     first = min(
                         heap[0][0] if heap else math.inf,
@@ -365,14 +370,14 @@ class StoreServer:
                     if c is not None:
                         try:
                             if ev & _OUT and c.out is not None:
-                                self._flush(c)
+                                self._flush(c, c.out)
                             if ev & (_IN | _BAD) and not c.closed:
                                 self._on_readable(c)
                         except Exception as e:  # a bug must cost one connection, not all
                             self._internal_error(c, e)
                     elif fd == lfd:
                         try:
-                            self._accept()
+                            self._accept(lsock)
                         except Exception as e:  # pragma: no cover - e.g. ENOMEM registering
                             self.stats["internal_errors"] += 1
                             self.last_internal_error = repr(e)
@@ -394,18 +399,18 @@ class StoreServer:
                     self._listen_paused_until = 0.0
                     self._poller.register(lfd, _IN)
         finally:
-            self._shutdown()
+            self._shutdown(lsock)
 
     def _internal_error(self, c: _Conn, e: Exception) -> None:
         self.stats["internal_errors"] += 1
         self.last_internal_error = repr(e)
         self._close(c)
 
-    def _shutdown(self) -> None:
+    def _shutdown(self, lsock: socket.socket) -> None:
         for c in list(self._conns.values()):
             self._close(c, count=False)
         self._pending.clear()
-        for s in (self._lsock, self._wake_r, self._wake_w):
+        for s in (lsock, self._wake_r, self._wake_w):
             try:
                 s.close()
             except OSError:
@@ -414,8 +419,7 @@ class StoreServer:
         self._waiters.clear()
         self._heap.clear()
 
-    def _accept(self) -> None:
-        lsock = self._lsock
+    def _accept(self, lsock: socket.socket) -> None:
         pending = self._pending
         for _ in range(_ACCEPT_BATCH):  # the listener stays readable for the rest
             try:
@@ -501,16 +505,17 @@ class StoreServer:
             c.outpos = n
             self._set_events(c, _IN | _OUT)
 
-    def _flush(self, c: _Conn) -> None:
+    def _flush(self, c: _Conn, out: bytes) -> None:
+        """Send more of ``out`` (= ``c.out``, the reply being sent)."""
         try:
-            n = c.sock.send(memoryview(c.out)[c.outpos :])
+            n = c.sock.send(memoryview(out)[c.outpos :])
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close(c)
             return
         c.outpos += n
-        if c.outpos >= len(c.out):
+        if c.outpos >= len(out):
             c.outpos = 0
             if c.outq:
                 c.out = c.outq.pop(0)
@@ -551,10 +556,11 @@ class StoreServer:
         else:
             self._process(c, data, False)
 
-    def _process(self, c: _Conn, buf, in_place: bool) -> None:
+    def _process(self, c: _Conn, buf: bytes | bytearray, in_place: bool) -> None:
         """Handle the complete frames in ``buf`` one after another, stopping at one that
         blocks or whose reply is not fully sent (replies stay in request order; later
-        frames wait until it is answered); keep the rest."""
+        frames wait until it is answered); keep the rest. ``in_place``: ``buf`` is
+        ``c.inbuf`` (trimmed in place), else bytes just received."""
         pos = 0
         n = len(buf)
         try:
@@ -575,7 +581,7 @@ class StoreServer:
                         return
                 else:
                     self.stats["requests"] += 1
-                    reply = b""
+                    reply: bytes | None = b""
                     p = pos + HEADER_SIZE
                     # Inline fast path for the hot requests (set, get of an existing key);
                     # checks as strict as Reader's. Anything else takes the general path.
@@ -585,7 +591,7 @@ class StoreServer:
                         if not 0 < klen <= _MAX_KEY:
                             reply = None
                         elif mtype == _GET:
-                            v = None
+                            v: bytes | None = None
                             if kend + 8 == end and _F64.unpack_from(buf, kend)[0] >= 0.0:
                                 v = self._data.get(bytes(buf[p + 2 : kend]))
                             reply = None if v is None else _VALUE_HDR.pack(len(v) + 4, P.VALUE, len(v)) + v
@@ -621,13 +627,13 @@ class StoreServer:
             self.stats["protocol_errors"] += 1
             self._close(c)
             return
-        if in_place:
+        if in_place:  # buf is c.inbuf
             if pos:
-                del buf[:pos]
+                del c.inbuf[:pos]
         elif pos < n:
             c.inbuf = bytearray(memoryview(buf)[pos:])
 
-    def _auth(self, c: _Conn, buf, p: int) -> None:
+    def _auth(self, c: _Conn, buf: bytes | bytearray, p: int) -> None:
         client_nonce = bytes(buf[p : p + P.NONCE_BYTES])
         proof = bytes(buf[p + P.NONCE_BYTES : p + P.NONCE_BYTES + P.MAC_BYTES])
         expected = P.mac(self._secret, P.AUTH_LABEL_CLIENT, c.nonce, client_nonce)
@@ -674,7 +680,7 @@ class StoreServer:
                     del self._waiters[k]
         w.registered.clear()
 
-    def _block(self, c: _Conn, op: int, keys: list, timeout: float) -> None:
+    def _block(self, c: _Conn, op: int, keys: list[bytes], timeout: float) -> None:
         w = _Waiter(c, op, keys)
         c.waiter = w
         for k in keys:
@@ -715,7 +721,7 @@ class StoreServer:
         return _R_OK
 
     @staticmethod
-    def _values_reply(values: list) -> bytes:
+    def _values_reply(values: list[bytes]) -> bytes:
         body = P.U32.pack(len(values)) + b"".join(P.U32.pack(len(v)) + v for v in values)
         if len(body) > MAX_FRAME_BYTES:
             return P.frame(P.ERROR, b"multi_get reply would exceed the frame size limit")
@@ -728,18 +734,18 @@ class StoreServer:
 
     # --- request handlers: return the reply frame, or None when the request blocks -----------
 
-    def _h_set(self, c, r):
+    def _h_set(self, c: _Conn, r: Reader) -> bytes | None:
         k = r.key()
         v = r.value()
         r.done()
         self._put(k, v)
         return _R_OK
 
-    def _h_set_noreply(self, c, r):
+    def _h_set_noreply(self, c: _Conn, r: Reader) -> bytes | None:
         self._h_set(c, r)
         return b""
 
-    def _h_get(self, c, r):
+    def _h_get(self, c: _Conn, r: Reader) -> bytes | None:
         k = r.key()
         t = r.timeout()
         r.done()
@@ -749,7 +755,7 @@ class StoreServer:
         self._block(c, P.GET, [k], t)
         return None
 
-    def _h_add(self, c, r):
+    def _h_add(self, c: _Conn, r: Reader) -> bytes | None:
         k = r.key()
         amount = r.i64()
         r.done()
@@ -766,7 +772,7 @@ class StoreServer:
         self._put(k, str(new).encode("ascii"))
         return P.frame(P.INT, P.I64.pack(new))
 
-    def _h_compare_set(self, c, r):
+    def _h_compare_set(self, c: _Conn, r: Reader) -> bytes | None:
         k = r.key()
         expected = r.value()
         desired = r.value()
@@ -783,13 +789,13 @@ class StoreServer:
             cur = desired
         return P.frame(P.VALUE, P.enc_value(cur))
 
-    def _h_check(self, c, r):
+    def _h_check(self, c: _Conn, r: Reader) -> bytes | None:
         keys = r.keys()
         r.done()
         data = self._data
         return _R_TRUE if all(k in data for k in keys) else _R_FALSE
 
-    def _h_wait(self, c, r):
+    def _h_wait(self, c: _Conn, r: Reader) -> bytes | None:
         keys = r.keys()
         t = r.timeout()
         r.done()
@@ -799,16 +805,16 @@ class StoreServer:
         self._block(c, P.WAIT, keys, t)
         return None
 
-    def _h_delete(self, c, r):
+    def _h_delete(self, c: _Conn, r: Reader) -> bytes | None:
         k = r.key()
         r.done()
         return _R_TRUE if self._data.pop(k, None) is not None else _R_FALSE
 
-    def _h_num_keys(self, c, r):
+    def _h_num_keys(self, c: _Conn, r: Reader) -> bytes | None:
         r.done()
         return P.frame(P.INT, P.I64.pack(len(self._data)))
 
-    def _h_append(self, c, r):
+    def _h_append(self, c: _Conn, r: Reader) -> bytes | None:
         k = r.key()
         v = r.value()
         r.done()
@@ -818,7 +824,7 @@ class StoreServer:
         self._put(k, old + v)
         return _R_OK
 
-    def _h_multi_get(self, c, r):
+    def _h_multi_get(self, c: _Conn, r: Reader) -> bytes | None:
         keys = r.keys()
         t = r.timeout()
         r.done()
@@ -828,7 +834,7 @@ class StoreServer:
         self._block(c, P.MULTI_GET, keys, t)
         return None
 
-    def _h_multi_set(self, c, r):
+    def _h_multi_set(self, c: _Conn, r: Reader) -> bytes | None:
         n = r.count()
         pairs = [(r.key(), r.value()) for _ in range(n)]
         r.done()
@@ -836,7 +842,7 @@ class StoreServer:
             self._put(k, v)
         return _R_OK
 
-    def _h_ping(self, c, r):
+    def _h_ping(self, c: _Conn, r: Reader) -> bytes | None:
         r.done()
         return _R_OK
 
@@ -845,7 +851,12 @@ class _Drop(Exception):
     pass
 
 
-def serve_forever(host: str = "127.0.0.1", port: int = 0, token=None, on_ready=None) -> None:
+def serve_forever(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | bytes | None = None,
+    on_ready: Callable[[StoreServer], object] | None = None,
+) -> None:
     """Run a store server in the foreground until SIGINT or SIGTERM, then return.
 
     For the standalone ``distlaunch store`` command. ``token`` is the job's secret (str or
