@@ -6,8 +6,12 @@ for the launcher's dependencies. ``distlaunch.launch`` is loaded on first use.
 
 __version__ = "0.1.0"
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers know the name)
+if TYPE_CHECKING:
+    from .launch_api import launch as launch  # its real signature, for type checkers
 
-def __getattr__(name):
+
+def __getattr__(name: str) -> object:
     if name == "launch":
         from .launch_api import launch
 

@@ -241,7 +241,7 @@ class LaunchConfig:
             raise ConfigError(f"--bind-to {self.bind_to!r} is invalid: give one of {', '.join(BIND_MODES)}")
         self._check_entrypoint()
         if self.log_dir is not None:
-            self._check_log_dir()
+            self._check_log_dir(self.log_dir)
         return self
 
     def _check_entrypoint(self) -> None:
@@ -259,15 +259,16 @@ class LaunchConfig:
                 f"(use -m for a module, --no-python for a program)"
             )
 
-    def _check_log_dir(self) -> None:
+    @staticmethod
+    def _check_log_dir(log_dir: str) -> None:
         try:
-            os.makedirs(self.log_dir, exist_ok=True)
+            os.makedirs(log_dir, exist_ok=True)
         except OSError as e:
             raise ConfigError(
-                f"--log-dir {self.log_dir!r} cannot be created ({e.strerror}); choose a writable directory"
+                f"--log-dir {log_dir!r} cannot be created ({e.strerror}); choose a writable directory"
             ) from None
-        if not os.access(self.log_dir, os.W_OK | os.X_OK):
-            raise ConfigError(f"--log-dir {self.log_dir!r} is not writable; choose a writable directory")
+        if not os.access(log_dir, os.W_OK | os.X_OK):
+            raise ConfigError(f"--log-dir {log_dir!r} is not writable; choose a writable directory")
 
 
 def load_job_file(path: str) -> list[tuple[str, object, int]]:

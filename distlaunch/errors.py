@@ -8,6 +8,11 @@ wrapped with ``raise ... from``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for annotations only: this module stays a leaf at run time
+    from .agent.process import WorkerFailure
+
 
 class DistlaunchError(Exception):
     """Root of every error distlaunch raises on purpose; ``exit_code`` is what the
@@ -63,7 +68,7 @@ class WorkerFailedError(DistlaunchError):
     ``exit_code`` is what the launcher should exit with (signal N gives 128+N).
     """
 
-    def __init__(self, message: str, failure=None, exit_code: int = 1) -> None:
+    def __init__(self, message: str, failure: WorkerFailure | None = None, exit_code: int = 1) -> None:
         super().__init__(message)
         self.failure = failure
         self.exit_code = exit_code

@@ -267,9 +267,12 @@ def filter_hosts(hosts: list[Host], include: str | None, exclude: str | None) ->
     """
     if include is not None and exclude is not None:
         raise ConfigError("--include and --exclude are mutually exclusive; use one")
-    if include is None and exclude is None:
+    if include is not None:
+        flag, value = "--include", include
+    elif exclude is not None:
+        flag, value = "--exclude", exclude
+    else:
         return list(hosts)
-    flag, value = ("--include", include) if include is not None else ("--exclude", exclude)
     names = _names(value, flag)
     known = {h.name.lower() for h in hosts}
     unknown = [n for n in names if n not in known]

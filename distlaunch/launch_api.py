@@ -16,8 +16,12 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from .errors import ConfigError, WorkerFailedError
+
+T = TypeVar("T")
 
 PORT_VAR = "DISTLAUNCH_LAUNCH_PORT"
 TOKEN_VAR = "DISTLAUNCH_LAUNCH_TOKEN"
@@ -27,16 +31,16 @@ class LaunchFailedError(WorkerFailedError):
     """A worker of ``launch()`` failed; ``rank`` and ``traceback`` tell which and why
     (``traceback`` is None when the worker died without raising, e.g. by a signal)."""
 
-    def __init__(self, message: str, rank: int | None, traceback: str | None, exit_code: int):
+    def __init__(self, message: str, rank: int | None, traceback: str | None, exit_code: int) -> None:
         super().__init__(message, None, exit_code)
         self.rank = rank
         self.traceback = traceback
 
 
 def launch(
-    fn,
-    args=(),
-    kwargs=None,
+    fn: Callable[..., T],
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
     *,
     nproc_per_node: int = 1,
     hosts: str | None = None,
@@ -44,7 +48,7 @@ def launch(
     env: dict[str, str] | None = None,
     options: list[str] | tuple[str, ...] = (),
     timeout: float | None = None,
-) -> list:
+) -> list[T]:
     """Run ``fn(*args, **kwargs)`` on every worker; return the results as a list indexed
     by rank.
 

@@ -6,6 +6,7 @@ mpirun's default ``--map-by slot`` both do this).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # Upper bounds on what one job may ask for: far above any real machine or cluster, low
@@ -49,7 +50,7 @@ def node_slots(slots_per_node: list[int], node_rank: int) -> list[WorkerSlot]:
 BIND_MODES = ("auto", "core", "none")
 
 
-def cpu_sets(mode: str, local_world_size: int, cpus) -> list[frozenset[int] | None]:
+def cpu_sets(mode: str, local_world_size: int, cpus: Iterable[int]) -> list[frozenset[int] | None]:
     """CPU affinity for local ranks ``0 .. local_world_size - 1`` (None: leave the
     inherited affinity alone), from the CPUs the launcher may use (``cpus``, e.g.
     ``os.sched_getaffinity(0)``, which already honours taskset / cgroup cpusets).
@@ -65,17 +66,18 @@ def cpu_sets(mode: str, local_world_size: int, cpus) -> list[frozenset[int] | No
     """
     if mode not in BIND_MODES:
         raise ValueError(f"unknown binding mode {mode!r}")
-    cpus = sorted(cpus)
-    n, c = local_world_size, len(cpus)
-    if mode == "none" or not cpus or (mode == "auto" and n == 1):
+    ordered = sorted(cpus)
+    n, c = local_world_size, len(ordered)
+    if mode == "none" or not ordered or (mode == "auto" and n == 1):
         return [None] * n
     if mode == "core" or n >= c:
-        return [frozenset({cpus[i % c]}) for i in range(n)]
+        return [frozenset({ordered[i % c]}) for i in range(n)]
     per, extra = divmod(c, n)
-    out, start = [], 0
+    out: list[frozenset[int] | None] = []
+    start = 0
     for i in range(n):
         size = per + (i < extra)
-        out.append(frozenset(cpus[start : start + size]))
+        out.append(frozenset(ordered[start : start + size]))
         start += size
     return out
 
@@ -84,7 +86,8 @@ def format_cpus(cpus: frozenset[int] | None) -> str:
     """``{0, 1, 2, 5}`` -> ``0-2,5`` (taskset's list format); None -> ``all``."""
     if cpus is None:
         return "all"
-    parts, run = [], []
+    parts: list[list[int]] = []
+    run: list[int] = []
     for c in sorted(cpus):
         if run and c != run[-1] + 1:
             parts.append(run)

@@ -21,7 +21,9 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import IO, cast
 
+from ..topology import WorkerSlot
 from .guard import OrphanGuard
 from .output import StreamSink
 from .process import WorkerFailure, WorkerProcess
@@ -38,7 +40,7 @@ POLL_SECONDS = 0.05
 class LaunchSpec:
     """What to start for one worker."""
 
-    slot: object  # topology.WorkerSlot
+    slot: WorkerSlot
     argv: list[str]
     env: dict[str, str]
     stdout: StreamSink
@@ -94,10 +96,10 @@ class WorkerGroup:
                 w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus)
                 self.workers.append(w)
                 self.guard.watch(w.pid)
-                os.set_blocking(w.popen.stdout.fileno(), False)
-                os.set_blocking(w.popen.stderr.fileno(), False)
-                sel.register(w.popen.stdout, selectors.EVENT_READ, spec.stdout)
-                sel.register(w.popen.stderr, selectors.EVENT_READ, spec.stderr)
+                os.set_blocking(w.stdout.fileno(), False)
+                os.set_blocking(w.stderr.fileno(), False)
+                sel.register(w.stdout, selectors.EVENT_READ, spec.stdout)
+                sel.register(w.stderr, selectors.EVENT_READ, spec.stderr)
                 if w.pidfd is not None:
                     sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
             if self.relay.stop_signal is not None:  # it came during the spawns: reach every worker
@@ -145,13 +147,18 @@ class WorkerGroup:
                 deadlines.append(now + POLL_SECONDS)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             events = sel.select(timeout)
-            events += [(_Exited(target), None) for target in unwatched if target[0].poll()]
+            # a worker found exited by polling (it has no pidfd) comes as a stand-in key
+            events += [
+                (selectors.SelectorKey(-1, -1, selectors.EVENT_READ, target), selectors.EVENT_READ)
+                for target in unwatched
+                if target[0].poll()
+            ]
             for key, _ in events:
                 target = key.data
                 if target is None:
                     self.relay.drain()
                 elif target == "stop":
-                    sel.unregister(self.stop_fd)
+                    sel.unregister(key.fileobj)  # self.stop_fd
                     if failure is None and self.relay.stop_signal is None:
                         outside = True
                         kill_at = self._stop_group(self.stop_signal() if self.stop_signal else signal.SIGTERM)
@@ -164,7 +171,7 @@ class WorkerGroup:
                         target.feed(data)
                     else:
                         sel.unregister(key.fileobj)
-                        key.fileobj.close()
+                        cast(IO[bytes], key.fileobj).close()  # registered as a worker's pipe
                         open_pipes -= 1
                 else:
                     w, spec = target
@@ -186,7 +193,7 @@ class WorkerGroup:
     def _fail(self, w: WorkerProcess, spec: LaunchSpec) -> WorkerFailure:
         # The traceback was written before the exit; read what the pipe still holds.
         try:
-            while data := os.read(w.popen.stderr.fileno(), 1 << 16):
+            while data := os.read(w.stderr.fileno(), 1 << 16):
                 spec.stderr.feed(data)
         except (BlockingIOError, ValueError):  # ValueError: pipe already closed at EOF
             pass
@@ -210,10 +217,3 @@ class WorkerGroup:
         self.guard.kill_strays()
         for w in self.workers:
             self.guard.forget(w.pid)
-
-
-@dataclass(frozen=True)
-class _Exited:
-    """A selector-key stand-in for a worker found exited by polling (it has no pidfd)."""
-
-    data: tuple

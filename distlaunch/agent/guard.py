@@ -36,6 +36,7 @@ import os
 import select
 import signal
 import time
+from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
 # How often the guard records the launcher's descendants while workers run (seconds);
@@ -67,7 +68,7 @@ def process_table() -> dict[int, Proc]:
     """Every process visible in /proc, by pid (processes that exit meanwhile are left
     out; empty when /proc cannot be read). Reads one small file per process: about 15
     microseconds each."""
-    table = {}
+    table: dict[int, Proc] = {}
     try:
         names = os.listdir("/proc")
     except OSError:  # out of file descriptors: nothing to see this time
@@ -98,7 +99,7 @@ def job_processes(table: dict[int, Proc], roots: set[int], groups: set[int]) -> 
     return found
 
 
-def kill_processes(find) -> set[int]:
+def kill_processes(find: Callable[[dict[int, Proc]], set[int]]) -> set[int]:
     """SIGKILL what ``find(table)`` returns (a set of pids), freezing each with SIGSTOP
     first and looking again until nothing new appears, so a process forking meanwhile
     cannot leave a child behind. Returns the pids killed."""
@@ -125,7 +126,7 @@ class OrphanGuard:
     """Fork the guard now (call before any thread is started), and make this process a
     child subreaper. Children this process already has are never treated as strays."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         agent = os.getpid()
         self._spared = {p.pid for p in process_table().values() if p.ppid == agent}
         _become_subreaper()
@@ -141,7 +142,7 @@ class OrphanGuard:
         os.close(r)
         self.pid = pid
         self._spared.add(pid)
-        self._w = w
+        self._w: int | None = w
 
     def strays(self, table: dict[int, Proc]) -> set[int]:
         """This process's adopted children (not the guard, a worker or a child it had

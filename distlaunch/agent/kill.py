@@ -83,4 +83,4 @@ def kill_recorded(records: list[tuple[int, int]]) -> None:
 
 
 if __name__ == "__main__":
-    kill_recorded([tuple(map(int, item.split(":"))) for item in sys.argv[1:]])
+    kill_recorded([(int(pid), int(start)) for pid, start in (item.split(":") for item in sys.argv[1:])])

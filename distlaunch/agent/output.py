@@ -85,7 +85,7 @@ class StreamSink:
 
     def feed(self, data: bytes) -> None:
         if self.log is not None:
-            self._write_log(data)
+            self._write_log(self.log, data)
         if self.keep_tail:
             self.tail = (self.tail + data)[-TAIL_BYTES:]
         if self.console_fd is None:
@@ -94,16 +94,16 @@ class StreamSink:
         if cut < 0:
             self.pending += data
             if len(self.pending) >= MAX_PENDING:
-                self._emit(self.pending + b"\n")
+                self._emit(self.console_fd, self.pending + b"\n")
                 self.pending = b""
             return
-        self._emit(self.pending + data[: cut + 1])
+        self._emit(self.console_fd, self.pending + data[: cut + 1])
         self.pending = data[cut + 1 :]
 
     def close(self) -> None:
         """End of stream: flush a last line that had no newline, close the log file."""
         if self.pending and self.console_fd is not None:
-            self._emit(self.pending + b"\n")
+            self._emit(self.console_fd, self.pending + b"\n")
         self.pending = b""
         if self.log is not None:
             os.close(self.log)
@@ -113,13 +113,13 @@ class StreamSink:
         text = self.tail.decode("utf-8", "replace")
         return "\n".join(text.rstrip("\n").split("\n")[-lines:]) if text.strip() else ""
 
-    def _write_log(self, data: bytes) -> None:
+    def _write_log(self, log: int, data: bytes) -> None:
         view = memoryview(data)
         try:
             while view:
-                view = view[os.write(self.log, view) :]
+                view = view[os.write(log, view) :]
         except OSError as e:
-            os.close(self.log)
+            os.close(log)
             self.log = None
             self._log_failed(e)
 
@@ -130,17 +130,17 @@ class StreamSink:
             f"logs stop where they fail, the job and its console output go on",
         )
 
-    def _emit(self, lines: bytes) -> None:
+    def _emit(self, console_fd: int, lines: bytes) -> None:
         # lines ends with b"\n": prefix the first line and every line after a newline.
         p = self.prefix
         out = p + lines[:-1].replace(b"\n", b"\n" + p) + b"\n" if p else lines
         try:
-            if write_all(self.console_fd, out):
+            if write_all(console_fd, out):
                 return
         except OSError as e:  # e.g. stdout is a file on a full disk: supervision goes on
             warn_once(
-                f"console{self.console_fd}",
+                f"console{console_fd}",
                 f"cannot write worker output to fd "
-                f"{self.console_fd}: {e.strerror or e}; it is dropped, the job goes on",
+                f"{console_fd}: {e.strerror or e}; it is dropped, the job goes on",
             )
         self.console_fd = None  # console reader gone (e.g. `| head`); keep supervising

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import IO
 
 from ..errors import SpawnError
 from ..topology import WorkerSlot
@@ -118,6 +119,10 @@ class WorkerProcess:
             if restore is not None:
                 os.sched_setaffinity(0, restore)
         self.pid = self.popen.pid
+        # spawned with PIPE, so both exist (Popen types them Optional)
+        assert self.popen.stdout is not None and self.popen.stderr is not None
+        self.stdout: IO[bytes] = self.popen.stdout
+        self.stderr: IO[bytes] = self.popen.stderr
         self.returncode: int | None = None
         self.exit_time: float | None = None
         self.pidfd: int | None = None
@@ -171,7 +176,7 @@ class WorkerProcess:
             self.slot.node_rank,
             socket.gethostname(),
             self.pid,
-            self.returncode,
+            self.reap(),  # exited already: returns the recorded status
             self.exit_time or time.time(),
             stderr_tail,
             text,

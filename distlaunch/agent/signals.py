@@ -16,9 +16,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from ..errors import LaunchInterrupted
+
+if TYPE_CHECKING:
+    from .process import WorkerProcess
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
@@ -34,7 +39,7 @@ class SignalRelay:
     group acts on it by stopping its workers, then clears it with ``acted()``).
     """
 
-    def __init__(self, targets: Callable[[], Iterable]):
+    def __init__(self, targets: Callable[[], Iterable[WorkerProcess]]) -> None:
         self.targets = targets
         self.stop_signal: int | None = None
         self.pending: int | None = None
@@ -50,7 +55,7 @@ class SignalRelay:
     def kill_now(self) -> bool:
         return self.sigints >= 2
 
-    def _handle(self, signum: int, _frame) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT:
             self.sigints += 1
         if signum in STOPPING:
@@ -62,20 +67,24 @@ class SignalRelay:
             w.signal_group(sig)
         if self._raising and signum in STOPPING:
             self._raising = False  # once: the code that handles it must not be interrupted
-            raise LaunchInterrupted(self.stop_signal)
+            raise self._interrupted()
+
+    def _interrupted(self) -> LaunchInterrupted:
+        assert self.stop_signal is not None  # set by the first stopping signal, before pending
+        return LaunchInterrupted(self.stop_signal)
 
     def acted(self) -> None:
         """The pending stopping signal has been handled (the workers were stopped)."""
         self.pending = None
 
     @contextlib.contextmanager
-    def interruptible(self):
+    def interruptible(self) -> Iterator[None]:
         """Run the block so that a stopping signal raises LaunchInterrupted (128 + the
         first stopping signal) at once, wherever the main thread is in it; a signal still
         pending on entry raises at entry. Only for code that may be abandoned at any
         point (a store call so interrupted closes its connection). Main thread only."""
         if self.pending is not None:
-            raise LaunchInterrupted(self.stop_signal)
+            raise self._interrupted()
         self._raising = True
         try:
             yield

@@ -7,21 +7,34 @@ from __future__ import annotations
 
 import select
 from collections.abc import Sequence
+from typing import Protocol
 
 from ..agent.output import StreamSink
 from . import OnEnd
+
+
+class AgentProcess(Protocol):
+    """What the relay needs of an agent's process handle (``remote.ssh.RemoteProcess``)."""
+
+    def fileno(self) -> int: ...
+    def read_stdout(self) -> bytes: ...
+    def read_stderr(self) -> bytes: ...
+    def exited(self) -> bool: ...
+    def eof(self) -> bool: ...
+    def exit_status(self) -> int | None: ...
+    def close(self) -> None: ...
 
 
 class AgentRelay:
     """The agents' processes by node id. Their output is already prefixed by the agent;
     it goes to this process's stdout/stderr line by line."""
 
-    def __init__(self):
-        self.procs: dict = {}  # node id -> process handle
+    def __init__(self) -> None:
+        self.procs: dict[int, AgentProcess] = {}
         self.sinks: dict[int, tuple[StreamSink, StreamSink]] = {}
         self.status: dict[int, int | None] = {}
 
-    def add(self, node_id: int, proc) -> None:
+    def add(self, node_id: int, proc: AgentProcess) -> None:
         self.procs[node_id] = proc
         self.sinks[node_id] = (StreamSink(b"", 1, None, False), StreamSink(b"", 2, None, True))
 
@@ -34,7 +47,7 @@ class AgentRelay:
     ) -> list[int]:
         """Wait up to ``timeout`` s for output or exits; returns the ready ``extra_fds``."""
         poller = select.poll()  # not select(): fds above 1024 with many hosts
-        draining = []  # exited, output not closed yet: their fd stays readable, so look
+        draining: list[int] = []  # exited, output not closed yet: their fd stays readable, so look
         for k in self.running:  # again shortly instead of spinning on it
             proc = self.procs[k]
             if proc.exited():
