@@ -11,12 +11,17 @@ which only need the client, import as little as possible. See docs/store.md.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .client import PrefixStore, StoreClient
+
+if TYPE_CHECKING:  # imported lazily at run time, by __getattr__
+    from .server import StoreServer, serve_forever
 
 __all__ = ["StoreClient", "StoreServer", "PrefixStore", "serve_forever"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name in ("StoreServer", "serve_forever"):
         from . import server
 

@@ -18,12 +18,17 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 from ..errors import StoreAuthError, StoreConnectionError, StoreError, StoreProtocolError, StoreTimeoutError
 from . import protocol as P
 from .protocol import HEADER, HEADER_SIZE, Reader
 
 __all__ = ["StoreClient", "PrefixStore"]
+
+# What a value may be given as (str is UTF-8 encoded; the store keeps bytes).
+_ValueLike = str | bytes | bytearray | memoryview
 
 # struct timeval for SO_RCVTIMEO where its layout is known (two C longs on Linux).
 _TIMEVAL = struct.Struct("@ll") if sys.platform.startswith("linux") else None
@@ -56,7 +61,7 @@ class _NoGreeting(StoreConnectionError):
     (retried while connecting: a store that is starting, or another program's port)."""
 
 
-def _key(key) -> bytes:
+def _key(key: str) -> bytes:
     if not isinstance(key, str):
         raise TypeError(f"store keys are str, not {type(key).__name__}")
     b = key.encode("utf-8")
@@ -65,7 +70,7 @@ def _key(key) -> bytes:
     return b
 
 
-def _value(value) -> bytes:
+def _value(value: _ValueLike) -> bytes:
     if isinstance(value, str):
         b = value.encode("utf-8")
     elif isinstance(value, bytes):
@@ -79,7 +84,7 @@ def _value(value) -> bytes:
     return b
 
 
-def _keys(keys) -> list:
+def _keys(keys: Iterable[str]) -> list[bytes]:
     if isinstance(keys, str):
         raise TypeError("keys must be a list of str, not one str")
     ks = [_key(k) for k in keys]
@@ -88,21 +93,21 @@ def _keys(keys) -> list:
     return ks
 
 
-def _what(what) -> str:
+def _what(what: str | tuple[str, str]) -> str:
     if isinstance(what, tuple):
         return f"{what[0]}({what[1]!r})"
     return what
 
 
-def _names(ks: list) -> str:
+def _names(ks: list[bytes]) -> str:
     """The keys of a request for an error message (abbreviated when many)."""
     if len(ks) <= 8:
         return repr([k.decode("utf-8") for k in ks])
     return f"{len(ks)} keys"
 
 
-def _timeout(t) -> float:
-    t = float(t)
+def _timeout(timeout: float) -> float:
+    t = float(timeout)
     if not t > 0:  # also rejects NaN
         raise ValueError(f"timeout must be > 0 seconds (math.inf for none), got {t!r}")
     return t
@@ -143,12 +148,12 @@ class StoreClient:
         self,
         host: str,
         port: int,
-        token=None,
+        token: str | bytes | None = None,
         timeout: float = 300.0,
         connect_timeout: float | None = None,
         ack_set: bool = False,
-        on_retry=None,
-    ):
+        on_retry: Callable[[str, float], object] | None = None,
+    ) -> None:
         self.host = host
         self.port = int(port)
         if token is None:
@@ -161,10 +166,10 @@ class StoreClient:
         self._on_retry = on_retry
         self._unacked = False  # an unacknowledged set was sent since the last reply
         self._lock = threading.Lock()
-        self._sock = None
+        self._sock: socket.socket | None = None
         self._buf = b""
         self._broken: str | None = None
-        self._sock_limit = None  # the request limit the socket timeout is set for
+        self._sock_limit: float | None = None  # the request limit the socket timeout is set for
         self._connect()
 
     # --- connection -------------------------------------------------------------------------
@@ -173,7 +178,7 @@ class StoreClient:
         start = time.monotonic()
         deadline = start + self._connect_timeout
         delay = 0.01
-        problem = None
+        problem: str | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -195,7 +200,7 @@ class StoreClient:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self._sock = sock
                 try:
-                    self._handshake(max(deadline - time.monotonic(), 1.0))
+                    self._handshake(sock, max(deadline - time.monotonic(), 1.0))
                     break
                 except _NoGreeting as e:
                     self._drop("handshake failed")
@@ -228,14 +233,14 @@ class StoreClient:
             return f"cannot reach it ({e.strerror or e})"
         return None
 
-    def _handshake(self, timeout: float) -> None:
+    def _handshake(self, sock: socket.socket, timeout: float) -> None:
         """Read the greeting (raises _NoGreeting when the peer closes or stays silent for
         _GREETING_SECONDS) and authenticate within ``timeout`` s."""
         greeting = min(timeout, _GREETING_SECONDS)
-        self._sock.settimeout(greeting)
+        sock.settimeout(greeting)
         where = f"the store at {self.host}:{self.port}"
         try:
-            mtype, body = self._read_frame()
+            mtype, body = self._read_frame(sock)
         except StoreTimeoutError:
             raise _NoGreeting(
                 f"the process listening there accepted the connection but sent "
@@ -248,20 +253,20 @@ class StoreClient:
                 "greeting (another program on that port, not a distlaunch "
                 "store?)"
             ) from None
-        self._sock.settimeout(timeout)
+        sock.settimeout(timeout)
         if mtype != P.HELLO or len(body) != len(P.MAGIC) + P.NONCE_BYTES or not body.startswith(P.MAGIC):
             raise StoreProtocolError(f"{where} did not greet like a distlaunch store")
         server_nonce = body[len(P.MAGIC) :]
         client_nonce = os.urandom(P.NONCE_BYTES)
         proof = P.mac(self._secret, P.AUTH_LABEL_CLIENT, server_nonce, client_nonce)
-        self._sendall(P.frame(P.AUTH, client_nonce + proof))
+        self._sendall(sock, P.frame(P.AUTH, client_nonce + proof))
         hint = (
             "no token was given (pass token= or set DISTLAUNCH_STORE_TOKEN)"
             if self._token is None
             else "the token does not match the store's"
         )
         try:
-            mtype, body = self._read_frame()
+            mtype, body = self._read_frame(sock)
         except StoreConnectionError:
             # No AUTH_FAIL: not a token mismatch (the server always says so first) but, e.g.,
             # a store that dropped this pending connection under a flood of unauthenticated
@@ -277,7 +282,7 @@ class StoreClient:
         if not P.macs_equal(body, P.mac(self._secret, P.AUTH_LABEL_SERVER, server_nonce, client_nonce)):
             raise StoreAuthError(f"{where} could not prove it knows the secret token")
 
-    def _set_sock_limit(self, sock, limit: float) -> None:
+    def _set_sock_limit(self, sock: socket.socket, limit: float) -> None:
         """Bound each send/recv by ``limit`` seconds (a blocking request passes its
         server-side timeout plus ``_REPLY_GRACE``).
 
@@ -309,18 +314,17 @@ class StoreClient:
             except OSError:
                 pass
 
-    def _sendall(self, data: bytes) -> None:
+    def _sendall(self, sock: socket.socket, data: bytes) -> None:
         try:
-            self._sock.sendall(data)
+            sock.sendall(data)
         except OSError as e:
             raise StoreConnectionError(
                 f"lost the connection to the store at {self.host}:{self.port}: {e}"
             ) from e
 
-    def _read_frame(self):
-        """Read one whole frame (type, payload) from the socket."""
+    def _read_frame(self, sock: socket.socket) -> tuple[int, bytes]:
+        """Read one whole frame (type, payload) from ``sock`` (the client's socket)."""
         buf = self._buf
-        sock = self._sock
         try:
             while len(buf) < HEADER_SIZE:
                 chunk = sock.recv(65536)
@@ -354,7 +358,9 @@ class StoreClient:
         self._buf = buf[end:]
         return mtype, buf[HEADER_SIZE:end]
 
-    def _request(self, what, mtype: int, payload: bytes, wait: float | None = None):
+    def _request(
+        self, what: str | tuple[str, str], mtype: int, payload: bytes, wait: float | None = None
+    ) -> tuple[int, bytes]:
         """Send one request and return (reply type, payload).
 
         ``what`` names the call for error messages: a str, or (name, key) formatted only
@@ -392,7 +398,7 @@ class StoreClient:
                             f"the store at {self.host}:{self.port} closed the connection"
                         )
                     self._buf = data
-                rtype, body = self._read_frame()
+                rtype, body = self._read_frame(sock)
                 self._unacked = False
             except StoreError as e:
                 if type(e) is StoreError:  # an ERROR reply: the stream is still in step
@@ -421,12 +427,15 @@ class StoreClient:
             raise StoreError(f"store {_what(what)}: {body.decode('utf-8', 'replace')}")
         return rtype, body
 
-    def _expect(self, what, rtype, want):
+    def _expect(self, what: str | tuple[str, str], rtype: int, want: int) -> None:
         if rtype != want:
-            self._drop(f"unexpected reply type {rtype:#x}")
-            raise StoreProtocolError(f"store {_what(what)}: unexpected reply type {rtype:#x}")
+            self._unexpected(what, rtype)
 
-    def _timed_out(self, what: str, body: bytes, timeout: float):
+    def _unexpected(self, what: str | tuple[str, str], rtype: int) -> NoReturn:
+        self._drop(f"unexpected reply type {rtype:#x}")
+        raise StoreProtocolError(f"store {_what(what)}: unexpected reply type {rtype:#x}")
+
+    def _timed_out(self, what: str, body: bytes, timeout: float) -> StoreTimeoutError:
         r = Reader(body)
         missing = [k.decode("utf-8", "replace") for k in r.keys()]
         names = ", ".join(repr(k) for k in missing)
@@ -434,7 +443,7 @@ class StoreClient:
 
     # --- c10d Store API ----------------------------------------------------------------------
 
-    def set(self, key: str, value) -> None:
+    def set(self, key: str, value: _ValueLike) -> None:
         """Store ``value`` (bytes; str is UTF-8 encoded) under ``key``, replacing any value
         and waking blocked ``get``/``wait``/``multi_get`` calls on it.
 
@@ -490,7 +499,7 @@ class StoreClient:
             return body[4:]
         if rtype == P.TIMEOUT:
             raise self._timed_out(_what(what), body, t)
-        self._expect(what, rtype, P.VALUE)
+        self._unexpected(what, rtype)
 
     def add(self, key: str, amount: int = 1) -> int:
         """Atomically add ``amount`` (int64) to the integer stored under ``key`` (created as
@@ -501,7 +510,7 @@ class StoreClient:
         self._expect("add", rtype, P.INT)
         return P.I64.unpack(body)[0]
 
-    def compare_set(self, key: str, expected, desired) -> bytes:
+    def compare_set(self, key: str, expected: _ValueLike, desired: _ValueLike) -> bytes:
         """Set ``key`` to ``desired`` if its value equals ``expected``; return the value
         now stored. torch semantics: a missing key is set when ``expected`` is b"" (and
         ``desired`` is returned); a missing key with non-empty ``expected`` is left
@@ -515,14 +524,14 @@ class StoreClient:
         self._expect("compare_set", rtype, P.VALUE)
         return body[4:]
 
-    def check(self, keys) -> bool:
+    def check(self, keys: Iterable[str]) -> bool:
         """True if every key in ``keys`` exists now (True for an empty list). Does not block."""
         ks = _keys(keys)
         rtype, body = self._request("check", P.CHECK, P.enc_keys(ks))
         self._expect("check", rtype, P.BOOL)
         return body == b"\x01"
 
-    def wait(self, keys, timeout: float | None = None) -> None:
+    def wait(self, keys: Iterable[str], timeout: float | None = None) -> None:
         """Block until every key in ``keys`` exists. ``timeout`` in seconds (default the
         client's), enforced by the server; raises StoreTimeoutError naming the missing keys."""
         ks = _keys(keys)
@@ -546,14 +555,14 @@ class StoreClient:
         self._expect("num_keys", rtype, P.INT)
         return P.I64.unpack(body)[0]
 
-    def append(self, key: str, value) -> None:
+    def append(self, key: str, value: _ValueLike) -> None:
         """Append ``value`` to the value of ``key`` (created if missing), waking waiters.
         Raises StoreError if the result would exceed the value size limit."""
         k = _key(key)
         rtype, _ = self._request(("append", key), P.APPEND, P.enc_key(k) + P.enc_value(_value(value)))
         self._expect("append", rtype, P.OK)
 
-    def multi_get(self, keys, timeout: float | None = None) -> list:
+    def multi_get(self, keys: Iterable[str], timeout: float | None = None) -> list[bytes]:
         """Values of ``keys`` in order, blocking until all exist (as torch's TCPStore).
         ``timeout`` as for ``get``; raises StoreTimeoutError naming the missing keys."""
         ks = _keys(keys)
@@ -568,7 +577,7 @@ class StoreClient:
         r.pos = 4
         return [r.value() for _ in range(n)]
 
-    def multi_set(self, keys, values) -> None:
+    def multi_set(self, keys: Iterable[str], values: Iterable[_ValueLike]) -> None:
         """Set each ``keys[i]`` to ``values[i]`` in one request (applied in order, atomically
         with respect to other clients)."""
         ks = _keys(keys)
@@ -645,10 +654,10 @@ class StoreClient:
     def __enter__(self) -> StoreClient:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         sock = getattr(self, "_sock", None)
         if sock is not None:
             try:
@@ -668,7 +677,7 @@ class PrefixStore:
     whole underlying store (as torch). Closing is the underlying client's business.
     """
 
-    def __init__(self, prefix: str, store):
+    def __init__(self, prefix: str, store: StoreClient | PrefixStore) -> None:
         if not isinstance(prefix, str):
             raise TypeError("prefix must be str")
         self.prefix = prefix
@@ -679,46 +688,46 @@ class PrefixStore:
             raise TypeError(f"store keys are str, not {type(key).__name__}")
         return f"{self.prefix}/{key}"
 
-    def _ks(self, keys) -> list:
+    def _ks(self, keys: Iterable[str]) -> list[str]:
         if isinstance(keys, str):
             raise TypeError("keys must be a list of str, not one str")
         return [self._k(k) for k in keys]
 
-    def set(self, key, value):
+    def set(self, key: str, value: _ValueLike) -> None:
         return self.underlying_store.set(self._k(key), value)
 
-    def get(self, key, timeout=None):
+    def get(self, key: str, timeout: float | None = None) -> bytes:
         return self.underlying_store.get(self._k(key), timeout)
 
-    def add(self, key, amount=1):
+    def add(self, key: str, amount: int = 1) -> int:
         return self.underlying_store.add(self._k(key), amount)
 
-    def compare_set(self, key, expected, desired):
+    def compare_set(self, key: str, expected: _ValueLike, desired: _ValueLike) -> bytes:
         return self.underlying_store.compare_set(self._k(key), expected, desired)
 
-    def check(self, keys):
+    def check(self, keys: Iterable[str]) -> bool:
         return self.underlying_store.check(self._ks(keys))
 
-    def wait(self, keys, timeout=None):
+    def wait(self, keys: Iterable[str], timeout: float | None = None) -> None:
         return self.underlying_store.wait(self._ks(keys), timeout)
 
-    def delete_key(self, key):
+    def delete_key(self, key: str) -> bool:
         return self.underlying_store.delete_key(self._k(key))
 
-    def num_keys(self):
+    def num_keys(self) -> int:
         return self.underlying_store.num_keys()
 
-    def append(self, key, value):
+    def append(self, key: str, value: _ValueLike) -> None:
         return self.underlying_store.append(self._k(key), value)
 
-    def multi_get(self, keys, timeout=None):
+    def multi_get(self, keys: Iterable[str], timeout: float | None = None) -> list[bytes]:
         return self.underlying_store.multi_get(self._ks(keys), timeout)
 
-    def multi_set(self, keys, values):
+    def multi_set(self, keys: Iterable[str], values: Iterable[_ValueLike]) -> None:
         return self.underlying_store.multi_set(self._ks(keys), values)
 
     @property
-    def timeout(self):
+    def timeout(self) -> float:
         return self.underlying_store.timeout
 
     def prefixed(self, prefix: str) -> PrefixStore:
