@@ -21,6 +21,8 @@ import functools
 import operator
 import pickle
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +43,7 @@ class Op:
     """A reduction: ``reduce_op`` for buffers, ``fn`` (combining two values, applied in
     rank order) for Python objects."""
 
-    def __init__(self, name: str, reduce_op, fn):
+    def __init__(self, name: str, reduce_op: _dist.ReduceOp, fn: Callable[[Any, Any], Any]) -> None:
         self.name, self.reduce_op, self.fn = name, reduce_op, fn
 
     def __repr__(self) -> str:
@@ -62,8 +64,9 @@ LOR = Op("LOR", _dist.ReduceOp.MAX, lambda a, b: bool(a) or bool(b))
 class Status:
     """Filled by ``recv``/``Recv`` when passed as ``status=``."""
 
-    def __init__(self):
-        self.source, self.tag = ANY_SOURCE, ANY_TAG
+    def __init__(self) -> None:
+        self.source: int = ANY_SOURCE
+        self.tag: int = ANY_TAG
 
     def Get_source(self) -> int:
         return self.source
@@ -72,12 +75,12 @@ class Status:
         return self.tag
 
 
-def _buf(buf):
+def _buf(buf: Any) -> Any:
     """mpi4py's buffer spec -> the array: ``arr`` or ``[arr, datatype]``/``(arr, ...)``."""
     return buf[0] if isinstance(buf, (list, tuple)) else buf
 
 
-def _flat(arr):
+def _flat(arr: Any) -> np.ndarray:
     return np.asarray(arr).reshape(-1)
 
 
@@ -113,13 +116,15 @@ class Intracomm:
 
     # --- Python objects (pickle) ----------------------------------------------------------
 
-    def send(self, obj, dest: int, tag: int = 0) -> None:
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
         self._ready()
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         _dist.send(np.array([data.size], dtype=np.int64), dest, tag=tag)
         _dist.send(data, dest, tag=tag)
 
-    def recv(self, buf=None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None):
+    def recv(
+        self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None
+    ) -> Any:
         self._ready()
         n = np.zeros(1, dtype=np.int64)
         src = _dist.recv(n, None if source == ANY_SOURCE else source, tag=_tag(tag))
@@ -129,70 +134,73 @@ class Intracomm:
             status.source, status.tag = src, _tag(tag)
         return pickle.loads(data.tobytes())
 
-    def bcast(self, obj, root: int = 0):
+    def bcast(self, obj: Any, root: int = 0) -> Any:
         self._ready()
         box = [obj]
         _dist.broadcast_object_list(box, src=root)
         return box[0]
 
-    def scatter(self, sendobj, root: int = 0):
+    def scatter(self, sendobj: Any, root: int = 0) -> Any:
+        """``sendobj``: at ``root``, one object per rank (in rank order); ignored elsewhere."""
         self._ready()
-        out = [None]
+        out: list[Any] = [None]
         _dist.scatter_object_list(out, list(sendobj) if self.rank == root else None, src=root)
         return out[0]
 
-    def gather(self, sendobj, root: int = 0):
+    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
         self._ready()
-        out = [None] * self.size if self.rank == root else None
+        out: list[Any] | None = [None] * self.size if self.rank == root else None
         _dist.gather_object(sendobj, out, dst=root)
         return out
 
-    def allgather(self, sendobj) -> list:
+    def allgather(self, sendobj: Any) -> list[Any]:
         self._ready()
-        out = [None] * self.size
+        out: list[Any] = [None] * self.size
         _dist.all_gather_object(out, sendobj)
         return out
 
-    def reduce(self, sendobj, op: Op = SUM, root: int = 0):
+    def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
         values = self.gather(sendobj, root)
         return functools.reduce(op.fn, values) if values is not None else None
 
-    def allreduce(self, sendobj, op: Op = SUM):
+    def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
         return functools.reduce(op.fn, self.allgather(sendobj))
 
     # --- buffers (in place) ---------------------------------------------------------------
 
-    def Send(self, buf, dest: int, tag: int = 0) -> None:
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         self._ready()
         _dist.send(_buf(buf), dest, tag=tag)
 
-    def Recv(self, buf, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> None:
+    def Recv(
+        self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None
+    ) -> None:
         self._ready()
         src = _dist.recv(_buf(buf), None if source == ANY_SOURCE else source, tag=_tag(tag))
         if status is not None:
             status.source, status.tag = src, _tag(tag)
 
-    def Bcast(self, buf, root: int = 0) -> None:
+    def Bcast(self, buf: Any, root: int = 0) -> None:
         self._ready()
         _dist.broadcast(_buf(buf), src=root)
 
-    def Scatter(self, sendbuf, recvbuf, root: int = 0) -> None:
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """``sendbuf`` (root only) holds size x len(recvbuf) elements, in rank order."""
         self._ready()
         parts = np.split(_flat(_buf(sendbuf)), self.size) if self.rank == root else None
         _dist.scatter(_flat(_buf(recvbuf)), parts, src=root)
 
-    def Gather(self, sendbuf, recvbuf, root: int = 0) -> None:
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         """``recvbuf`` (root only) receives size x len(sendbuf) elements, in rank order."""
         self._ready()
         parts = np.split(_flat(_buf(recvbuf)), self.size) if self.rank == root else None
         _dist.gather(_flat(_buf(sendbuf)), parts, dst=root)
 
-    def Allgather(self, sendbuf, recvbuf) -> None:
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
         self._ready()
         _dist.all_gather_into_tensor(_flat(_buf(recvbuf)), _flat(_buf(sendbuf)))
 
-    def Reduce(self, sendbuf, recvbuf, op: Op = SUM, root: int = 0) -> None:
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:
         """``sendbuf`` is left unchanged (IN_PLACE at the root: ``recvbuf`` is the input)."""
         self._ready()
         if self.rank == root:
@@ -203,7 +211,7 @@ class Intracomm:
             work = np.array(_buf(sendbuf), copy=True)
         _dist.reduce(work, dst=root, op=op.reduce_op)
 
-    def Allreduce(self, sendbuf, recvbuf, op: Op = SUM) -> None:
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
         self._ready()
         out = _buf(recvbuf)
         if sendbuf is not IN_PLACE:
