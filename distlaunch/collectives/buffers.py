@@ -17,11 +17,11 @@ from .errors import CollectiveArgumentError
 from .wire import DTYPE_CODES
 
 
-def _is_torch_tensor(obj) -> bool:
+def _is_torch_tensor(obj: Any) -> bool:
     return type(obj).__module__.startswith("torch")
 
 
-def _from_torch(t, name: str) -> np.ndarray:
+def _from_torch(t: Any, name: str) -> np.ndarray:
     if str(getattr(t, "layout", "torch.strided")) != "torch.strided":
         raise CollectiveArgumentError(
             f"{name} has layout {t.layout}; only dense (strided) CPU tensors are supported"
@@ -87,4 +87,5 @@ def flat(arr: np.ndarray) -> np.ndarray:
 
 def byte_view(arr: np.ndarray) -> memoryview:
     """Writable (or read-only, as ``arr``) memoryview of ``arr``'s bytes, format 'B'."""
-    return memoryview(arr.reshape(-1).view(np.uint8))
+    # numpy's stubs declare ndarray.__buffer__ (the Buffer protocol) only for Python >= 3.12
+    return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]

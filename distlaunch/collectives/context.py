@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .errors import CollectiveArgumentError, CollectiveMismatchError, CollectiveTimeoutError
 from .ops import ReduceOp
 from .transport import Check, Request
 from .wire import COLL, DTYPE_NAMES, NO_REDOP, OP_CODES, OP_NAMES, Header
+
+if TYPE_CHECKING:  # shm imports this module
+    from .shm import ShmChannel
 
 DEFAULT_TIMEOUT = 1800.0
 
@@ -41,7 +44,9 @@ class OpTimeout(Exception):
     """Internal: a wait ran past the operation's deadline; ``peers`` are the group ranks
     waited on. The group turns it into CollectiveTimeoutError naming the missing ranks."""
 
-    def __init__(self, peers: list):
+    mapped = False  # True once its peers are the ranks of the parent group (hierarchy)
+
+    def __init__(self, peers: list[int]):
         super().__init__(peers)
         self.peers = peers
 
@@ -55,7 +60,7 @@ class Members:
     (set by failure handling, read by waits); ``seq`` the last sequence number taken.
     """
 
-    def __init__(self, runtime: Any, gid: int, ranks: list, timeout: float, name: str):
+    def __init__(self, runtime: Any, gid: int, ranks: list[int], timeout: float, name: str):
         self.runtime = runtime
         self.gid = gid
         self.ranks = list(ranks)
@@ -105,12 +110,12 @@ class SmallCall(NamedTuple):
     name: str
     op: int
     dtype: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count on purpose: OpContext's name
     root: int = -1
     redop: int = NO_REDOP
 
 
-def describe(op: int, dtype: int, count: int, root: int, redop: int, ranks: list) -> str:
+def describe(op: int, dtype: int, count: int, root: int, redop: int, ranks: list[int]) -> str:
     """``all_reduce(dtype=float32, count=4, op=SUM)``: a call for error messages (``root``
     is a group rank, shown as the global rank from ``ranks``)."""
     parts = [f"dtype={DTYPE_NAMES.get(dtype, '?')}", f"count={count}"]
@@ -151,8 +156,8 @@ class OpContext:
         self.timeout = group.timeout if timeout is None else timeout
         self.deadline = time.monotonic() + self.timeout
         self._posted: list[Request] = []
-        self.shm = None  # the ShmChannel while the operation runs on shared memory
-        self.call = None  # the SmallCall a reused context (the group's fast path) describes
+        self.shm: ShmChannel | None = None  # the channel while the operation runs on shared memory
+        self.call: SmallCall | None = None  # the SmallCall a reused context (the group's fast path) describes
         self._transport = group.runtime.transport
         self._me = group.runtime.rank
 
@@ -179,7 +184,7 @@ class OpContext:
         return self.describe(self.op, self.dtype, self.count, self.root, self.redop)
 
     def _check(self, step: int) -> Check:
-        def check(h):
+        def check(h: Header) -> CollectiveMismatchError | None:
             if (h.op, h.dtype, h.count, h.root, h.redop, h.step) == (
                 self.op,
                 self.dtype,

@@ -137,7 +137,7 @@ class HierarchicalBackend(Backend):
             if sub.shm is None:
                 sub.check_leftovers()
         except OpTimeout as e:
-            if getattr(e, "mapped", False):  # from a nested sub-operation: already mapped
+            if e.mapped:  # from a nested sub-operation: already mapped
                 raise
             err = OpTimeout([self.group.group_rank(pg.ranks[p]) for p in e.peers])
             err.mapped = True

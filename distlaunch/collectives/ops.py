@@ -106,7 +106,7 @@ def finalize(buf: np.ndarray, op: ReduceOp, group_size: int) -> None:
 class _DeprecatedReduceOp:
     """``reduce_op``: the deprecated alias of ReduceOp (as in torch.distributed)."""
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> ReduceOp:
         warnings.warn("reduce_op is deprecated, use ReduceOp instead", DeprecationWarning, stacklevel=2)
         return getattr(ReduceOp, name)
 

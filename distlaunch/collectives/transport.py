@@ -51,7 +51,7 @@ class Request:
         self.error: BaseException | None = None
         self._event = threading.Event()
         self.owner = owner  # e.g. the group id, for failing a whole group
-        self.grank = None  # the peer's group rank (set by the runtime, for messages)
+        self.grank = -1  # the peer's group rank (set by OpContext, for its messages)
 
     @property
     def done(self) -> bool:

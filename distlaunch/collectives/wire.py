@@ -93,14 +93,14 @@ class Header(NamedTuple):
     seq: int
     step: int
     root: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count on purpose: the wire field's name
     nbytes: int
 
     def pack(self) -> bytes:
         return HEADER.pack(MAGIC, *self)
 
 
-def unpack_header(data) -> Header:
+def unpack_header(data: bytes | bytearray | memoryview) -> Header:
     """Decode a header; raises ValueError on a bad magic (not a distlaunch peer)."""
     fields = HEADER.unpack(data)
     if fields[0] != MAGIC:
