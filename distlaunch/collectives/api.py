@@ -340,7 +340,7 @@ def all_to_all(
         return None
     outs = [flat(a) for a in as_array_list(output_tensor_list, "output_tensor_list", g.size)]
     ins = [flat(a) for a in as_array_list(input_tensor_list, "input_tensor_list", g.size, writable=False)]
-    ref = ins[0] if ins else None
+    ref = ins[0]  # (a group has at least this rank)
     for name, arrs in (("output_tensor_list", outs), ("input_tensor_list", ins)):
         for i, a in enumerate(arrs):
             if a.dtype != ref.dtype:

@@ -129,6 +129,8 @@ class ShmBackend(Backend):
     )
     small_all_reduce = staticmethod(shm_alg.small_all_reduce)
 
+    channel: ShmChannel  # never None here
+
     def __init__(self, channel: ShmChannel):
         self.channel = channel
         self.small = channel.config.small

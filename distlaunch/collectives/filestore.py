@@ -17,6 +17,7 @@ import fcntl
 import os
 import struct
 import time
+from collections.abc import Callable, Iterable
 
 from ..errors import StoreTimeoutError
 
@@ -43,7 +44,7 @@ class FileStore:
             os.close(self._fd)
             self._fd = -1
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
@@ -82,17 +83,17 @@ class FileStore:
         os.write(self._fd, record)
 
     class _Locked:
-        def __init__(self, store):
+        def __init__(self, store: FileStore) -> None:
             self.store = store
 
-        def __enter__(self):
+        def __enter__(self) -> None:
             fcntl.flock(self.store._fd, fcntl.LOCK_EX)
             self.store._refresh()
 
-        def __exit__(self, *exc):
+        def __exit__(self, *exc: object) -> None:
             fcntl.flock(self.store._fd, fcntl.LOCK_UN)
 
-    def _poll(self, ready, timeout: float | None, what: str):
+    def _poll(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         delay = 0.001
         while True:
@@ -111,7 +112,7 @@ class FileStore:
 
     # -- c10d API subset
 
-    def set(self, key: str, value) -> None:
+    def set(self, key: str, value: str | bytes | bytearray | memoryview) -> None:
         """Store ``value`` (bytes or str) under ``key``."""
         with self._Locked(self):
             self._append(key, value.encode() if isinstance(value, str) else bytes(value))
@@ -131,7 +132,7 @@ class FileStore:
             self._data[key] = str(value).encode()
         return value
 
-    def check(self, keys) -> bool:
+    def check(self, keys: Iterable[str]) -> bool:
         """True when every key in ``keys`` exists (does not block)."""
         fcntl.flock(self._fd, fcntl.LOCK_SH)
         try:
@@ -140,7 +141,7 @@ class FileStore:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         return all(k in self._data for k in keys)
 
-    def wait(self, keys, timeout: float | None = None) -> None:
+    def wait(self, keys: Iterable[str], timeout: float | None = None) -> None:
         """Block until every key exists; StoreTimeoutError after ``timeout`` seconds
         (default: the store's timeout)."""
         keys = list(keys)

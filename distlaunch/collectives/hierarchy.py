@@ -54,14 +54,18 @@ class HierarchicalBackend(Backend):
     native_ops = frozenset({"barrier", "broadcast", "all_reduce"})
 
     def __init__(
-        self, group: Members, node_keys: list, shm_name: Callable[[Members], str | None], config: ShmConfig
-    ):
+        self,
+        group: Members,
+        node_keys: list[str],
+        shm_name: Callable[[Members], str | None],
+        config: ShmConfig,
+    ) -> None:
         self.group = group
         self._shm_name = shm_name
         self._config = config
         self._local_channel: ShmChannel | None = None
         self.small_across = min(SMALL_ACROSS_MAX, config.slot)
-        by_node: dict = {}
+        by_node: dict[str, list[int]] = {}
         for grank, key in enumerate(node_keys):
             by_node.setdefault(key, []).append(grank)
         nodes = sorted(by_node.values())
@@ -71,7 +75,8 @@ class HierarchicalBackend(Backend):
         self.node_of = {g: i for i, m in enumerate(nodes) for g in m}
         self.is_leader = self.local[0] == me
         rt = group.runtime
-        self.local_pg = self.leader_pg = None
+        self.local_pg: Members | None = None
+        self.leader_pg: Members | None = None
         if len(self.local) > 1:
             self.local_pg = Members(
                 rt,
@@ -90,7 +95,7 @@ class HierarchicalBackend(Backend):
             )
         # equal node sizes: the ranks with the same index on every node form a "column"
         # that carries 1/(ranks per node) of a large all_reduce across nodes (2D scheme)
-        self.column_pg = None
+        self.column_pg: Members | None = None
         if len(self.local) > 1 and len({len(m) for m in nodes}) == 1:
             i = self.local.index(me)
             self.column_pg = Members(
@@ -104,12 +109,13 @@ class HierarchicalBackend(Backend):
     def children(self) -> list[Members]:
         return [c for c in (self.local_pg, self.leader_pg, self.column_pg) if c is not None]
 
-    def _local_shm(self) -> ShmChannel | None:
-        """The node-local sub-group's channel, created by its first operation."""
+    def _local_shm(self, local_pg: Members) -> ShmChannel | None:
+        """The channel of ``local_pg`` (the node-local sub-group), created by its first
+        operation."""
         if self._local_channel is None:
-            name = self._shm_name(self.local_pg)
+            name = self._shm_name(local_pg)
             if name is not None:
-                self._local_channel = ShmChannel(self.local_pg, name, self._config)
+                self._local_channel = ShmChannel(local_pg, name, self._config)
         return self._local_channel
 
     def _sub(self, pg: Members, ctx: OpContext, root: int = -1) -> OpContext:
@@ -126,7 +132,7 @@ class HierarchicalBackend(Backend):
         )
         sub.deadline = ctx.deadline
         if pg is self.local_pg:
-            sub.shm = self._local_shm()
+            sub.shm = self._local_shm(pg)
         return sub
 
     def _run(self, pg: Members, ctx: OpContext, fn: Callable[[OpContext], Any], root: int = -1) -> None:
@@ -147,26 +153,27 @@ class HierarchicalBackend(Backend):
 
     def all_reduce(self, ctx: OpContext, arr: np.ndarray, op: ReduceOp) -> None:
         opx = ReduceOp.SUM if op is ReduceOp.AVG else op  # divide once, by the whole group
-        col = self.column_pg
-        if col is not None and arr.nbytes > self.small_across:
+        col, local = self.column_pg, self.local_pg
+        if col is not None and local is not None and arr.nbytes > self.small_across:
+            # (a column implies a node-local sub-group)
             # 2D: node-local reduce-scatter; each slice all-reduced across nodes by its
             # column, every column at once; node-local all-gather
-            def across(piece):
+            def across(piece: np.ndarray) -> None:
                 self._run(col, ctx, lambda c: alg.all_reduce(c, piece, opx))
 
-            # whole buffers per chunk: every chunk costs one TCP operation's latency
-            self._run(
-                self.local_pg,
-                ctx,
-                lambda c: shm_alg.all_reduce(c, arr, opx, between=across, chunk=c.shm.slot),
-            )
+            def local_2d(c: OpContext) -> None:
+                assert c.shm is not None  # the node-local sub-group runs on shared memory
+                # whole buffers per chunk: every chunk costs one TCP operation's latency
+                shm_alg.all_reduce(c, arr, opx, between=across, chunk=c.shm.slot)
+
+            self._run(local, ctx, local_2d)
             finalize(arr, op, self.group.size)
             return
-        if col is not None:
+        if col is not None and local is not None:
             # small: every rank holds the (bit-identical) node sum after the one-phase
             # node-local all_reduce; every column then combines the node sums in the
             # same order, so all ranks end with the same bits -- no leader, no broadcast
-            self._run(self.local_pg, ctx, lambda c: shm_alg.all_reduce(c, arr, opx))
+            self._run(local, ctx, lambda c: shm_alg.all_reduce(c, arr, opx))
             self._run(col, ctx, lambda c: alg.all_reduce(c, arr, opx))
             finalize(arr, op, self.group.size)
             return

@@ -18,6 +18,7 @@ import numpy as np
 from . import api
 from .api import Group
 from .errors import CollectiveArgumentError
+from .group import ProcessGroup
 
 
 def _dump(obj: Any) -> np.ndarray:
@@ -59,7 +60,7 @@ def broadcast_object_list(
         object_list[:] = objs
 
 
-def _padded_all_gather(g, group, data):
+def _padded_all_gather(g: ProcessGroup, group: Group, data: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
     sizes = np.zeros(g.size, np.int64)
     api.all_gather_into_tensor(sizes, np.array([data.size], np.int64), group=group)
     width = int(sizes.max())
@@ -101,7 +102,7 @@ def gather_object(
     sizes, width, mine = _padded_all_gather(g, group, _dump(obj))
     outs = [np.empty(width, np.uint8) for _ in range(g.size)] if g.rank == root else None
     api.gather(mine, outs, group=group, group_dst=root)
-    if g.rank == root:
+    if outs is not None and object_gather_list is not None:  # (both exactly on the root)
         for i in range(g.size):
             object_gather_list[i] = _load(outs[i][: int(sizes[i])])
 
