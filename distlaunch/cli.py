@@ -8,15 +8,18 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from . import __version__
-from .errors import ConfigError, DistlaunchError
+from .errors import ConfigError, DistlaunchError, LaunchInterrupted, WorkerFailedError
 
 if TYPE_CHECKING:
+    from .agent.process import WorkerFailure
+    from .launcher import Plan
     from .modes import HeadNodes
+    from .store import StoreServer
 
 SECRET_VARS = ("DISTLAUNCH_STORE_TOKEN",)
 F = TypeVar("F", bound=Callable)
@@ -31,8 +34,8 @@ def say(msg: str) -> None:
 class _TtyStatus:
     """A live status line on a terminal: rewritten in place, kept once final."""
 
-    def __init__(self):
-        self.last = None
+    def __init__(self) -> None:
+        self.last: str | None = None
 
     def __call__(self, text: str, final: bool) -> None:
         if text != self.last or final:
@@ -59,7 +62,7 @@ WORKERS, NODES, HOSTS, OUTPUT, SUPERVISION = (
 class _GroupedOption(click.Option):
     """An option that names its --help section."""
 
-    def __init__(self, *args, group: str | None = None, **kw) -> None:
+    def __init__(self, *args: Any, group: str | None = None, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.group = group
 
@@ -69,8 +72,8 @@ class _GroupedCommand(click.Command):
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         sections: dict[str | None, list[tuple[str, str]]] = {None: []}
-        for group in (WORKERS, NODES, HOSTS, OUTPUT, SUPERVISION):
-            sections[group] = []
+        for name in (WORKERS, NODES, HOSTS, OUTPUT, SUPERVISION):
+            sections[name] = []
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is not None and isinstance(param, click.Option):
@@ -81,7 +84,7 @@ class _GroupedCommand(click.Command):
                     formatter.write_dl(records)
 
 
-def option(*names: str, group: str | None = None, **kw) -> Callable[[F], F]:
+def option(*names: str, group: str | None = None, **kw: Any) -> Callable[[F], F]:
     """A click option of `run` listed under ``group`` in --help."""
     return click.option(*names, cls=_GroupedOption, group=group, **kw)
 
@@ -92,7 +95,7 @@ def cli() -> None:
     """Launch, supervise and connect distributed Python programs (torchrun / mpirun style)."""
 
 
-def _load_config(ctx: click.Context, _param, path: str | None):
+def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> str | None:
     """Eager --config: the job file's values become the defaults that command-line options
     override (click's default_map); each value is checked against its option's type."""
     if path is None:
@@ -100,18 +103,20 @@ def _load_config(ctx: click.Context, _param, path: str | None):
     from .config import load_job_file
 
     params = {p.name: p for p in ctx.command.params}
-    defaults, job = {}, {}
+    defaults: dict[str, object] = {}
+    job: dict[str, object] = {}
     for key, value, line in load_job_file(path):
         name = key.replace("-", "_")
         where = f"{path}:{line}: {key}"
-        if name in ("script", "args"):
-            if name == "args" and not (
-                isinstance(value, list) and all(isinstance(a, (str, int, float)) for a in value)
-            ):
+        if name == "args":
+            if not (isinstance(value, list) and all(isinstance(a, (str, int, float)) for a in value)):
                 raise ConfigError(f"{where}: give a list of arguments")
-            if name == "script" and not isinstance(value, str):
+            job[name] = [str(a) for a in value]
+            continue
+        if name == "script":
+            if not isinstance(value, str):
                 raise ConfigError(f"{where}: give the script's path as a string")
-            job[name] = [str(a) for a in value] if name == "args" else value
+            job[name] = value
             continue
         if name == "env":
             name, value = "env_names", _env_entries(value, where)
@@ -133,7 +138,7 @@ def _load_config(ctx: click.Context, _param, path: str | None):
     return path
 
 
-def _env_entries(value, where: str) -> list[str]:
+def _env_entries(value: object, where: str) -> list[str]:
     if isinstance(value, dict):
         return [f"{k}={v}" for k, v in value.items()]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
@@ -418,7 +423,7 @@ def _env_entries(value, where: str) -> list[str]:
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **o) -> None:
+def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **o: Any) -> None:
     """Start SCRIPT on every worker and supervise it. Everything after SCRIPT goes to the
     script untouched."""
     from .modes import HeadNodes, resolve
@@ -455,7 +460,7 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
 
 
-def _print_config(script: str, args: tuple[str, ...], o: dict) -> None:
+def _print_config(script: str, args: tuple[str, ...], o: dict[str, Any]) -> None:
     import yaml
 
     merged = {k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items()}
@@ -467,6 +472,7 @@ def _print_head_plan(mode: HeadNodes) -> None:
     import os
     import sys
 
+    from .hosts import slots_of
     from .remote.command import remote_command, shipped_env
     from .topology import assign_ranks
 
@@ -479,7 +485,7 @@ def _print_head_plan(mode: HeadNodes) -> None:
         ["-m", "distlaunch", "agent"],
         cmd_env,
     )
-    nodes = assign_ranks([h.slots for h in head.hosts])
+    nodes = assign_ranks([slots_of(h) for h in head.hosts])
     click.echo(
         f"run id {cfg.run_id}: {sum(map(len, nodes))} workers on {len(nodes)} host(s), "
         f"max restarts {cfg.max_restarts}; the store secret goes over stdin (****)"
@@ -575,7 +581,9 @@ def completion(shell: str) -> None:
     """
     from click.shell_completion import get_completion_class
 
-    comp = get_completion_class(shell)(cli, {}, "distlaunch", "_DISTLAUNCH_COMPLETE")
+    comp_class = get_completion_class(shell)
+    assert comp_class is not None  # click has all the choices built in
+    comp = comp_class(cli, {}, "distlaunch", "_DISTLAUNCH_COMPLETE")
     click.echo(comp.source())
 
 
@@ -586,7 +594,6 @@ def agent() -> None:
     import json
 
     from .agent.entry import run_agent
-    from .errors import LaunchInterrupted, WorkerFailedError
 
     try:
         run_agent(json.loads(sys.stdin.readline()))
@@ -620,7 +627,7 @@ def store(host: str, port: int) -> None:
 
     token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or os.urandom(16).hex()
 
-    def ready(server) -> None:
+    def ready(server: StoreServer) -> None:
         say(f"store listening on {host}:{server.port}")
         if "DISTLAUNCH_STORE_TOKEN" not in os.environ:
             say(f"generated secret (export it for clients): DISTLAUNCH_STORE_TOKEN={token}")
@@ -628,7 +635,7 @@ def store(host: str, port: int) -> None:
     serve_forever(host, port, token, on_ready=ready)
 
 
-def _print_plan(plan) -> None:
+def _print_plan(plan: Plan) -> None:
     import os
     import shlex
 
@@ -656,9 +663,9 @@ def _print_plan(plan) -> None:
 def _report(e: DistlaunchError) -> None:
     """The user's view of the error that ends the launcher: a worker failure's root
     cause, a stop signal, or one line."""
-    if getattr(e, "failure", None) is not None:
-        _print_root_cause(e)
-    elif getattr(e, "signum", None) is not None:
+    if isinstance(e, WorkerFailedError) and e.failure is not None:
+        _print_root_cause(e, e.failure)
+    elif isinstance(e, LaunchInterrupted):
         say(f"stopped by signal {e.signum}; workers stopped")
     else:
         say(f"error: {_one_line(str(e))}")
@@ -670,8 +677,7 @@ def _one_line(text: str) -> str:
     return " ".join(ln if ln.endswith(":") or i == len(lines) - 1 else ln + ";" for i, ln in enumerate(lines))
 
 
-def _print_root_cause(e: DistlaunchError) -> None:
-    f = e.failure
+def _print_root_cause(e: DistlaunchError, f: WorkerFailure) -> None:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.timestamp))
     say("=" * 24 + " root cause (first failed worker) " + "=" * 24)
     say(

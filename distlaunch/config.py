@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass, field
+from typing import TypedDict, cast
 
 from .errors import ConfigError
 from .topology import MAX_SLOTS_PER_NODE
@@ -70,10 +71,18 @@ def run_id_from(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]", "-", text).lstrip(".-")[:128] or "job"
 
 
-# --rdzv-conf keys (torchrun's names where torchrun has one), each a NodeOptions field.
-RDZV_KEYS = frozenset(
-    {"join_timeout", "heartbeat_timeout", "heartbeat_interval", "exit_barrier_timeout", "last_call_timeout"}
-)
+class RdzvOptions(TypedDict, total=False):
+    """--rdzv-conf keys (torchrun's names where torchrun has one), each a NodeOptions
+    field, in seconds."""
+
+    join_timeout: float
+    heartbeat_timeout: float
+    heartbeat_interval: float
+    exit_barrier_timeout: float
+    last_call_timeout: float
+
+
+RDZV_KEYS = frozenset(RdzvOptions.__annotations__)
 
 
 def parse_rdzv_conf(text: str | None) -> tuple[tuple[str, str], ...]:
@@ -190,10 +199,10 @@ class LaunchConfig:
             d["local_ranks_filter"] = frozenset(d["local_ranks_filter"])
         return cls(**d)
 
-    def rdzv_options(self) -> dict[str, float]:
+    def rdzv_options(self) -> RdzvOptions:
         """--rdzv-conf as agent options (seconds). Raises ConfigError for unknown keys or
         values that are not positive numbers."""
-        out = {}
+        out: dict[str, float] = {}
         for key, raw in self.rdzv_conf:
             if key not in RDZV_KEYS:
                 raise ConfigError(f"--rdzv-conf key {key!r} is unknown; use {', '.join(sorted(RDZV_KEYS))}")
@@ -204,7 +213,7 @@ class LaunchConfig:
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--rdzv-conf {key}={raw!r} is invalid: give a positive number of seconds")
             out[key] = value
-        return out
+        return cast(RdzvOptions, out)  # its keys are checked against RDZV_KEYS above
 
     def validate(self) -> LaunchConfig:
         """Raise ConfigError (one line naming the bad value and the fix) or return self."""

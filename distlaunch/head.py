@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .agent.entry import quiet
 from .agent.guard import OrphanGuard
@@ -26,13 +27,22 @@ from .launcher import STORE_HOST
 from .policy import error_for
 from .rounds import Signal
 
+if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this module
+    from .engine import AgentEngine, OnEnd
+    from .engine.ssh import SSHEngine
+    from .head_controller import HeadController
+    from .hosts import Host
+    from .remote.ssh import SSHOptions
+    from .rendezvous import Rendezvous
+    from .store import StoreServer
+
 
 @dataclass(frozen=True)
 class HeadOptions:
     """What only head mode (-H / --hostfile) needs."""
 
-    hosts: tuple  # hosts.Host, slots resolved, in node-rank order
-    ssh: object  # remote.ssh.SSHOptions
+    hosts: tuple[Host, ...]  # slots resolved, in node-rank order
+    ssh: SSHOptions
     store_addr: str | None = None
     remote_python: str | None = None
     remote_cwd: str | None = None
@@ -67,10 +77,14 @@ def run_hosts(
     guard = OrphanGuard() if local else None  # forked before any thread exists
     # Until the agents run, a stop signal ends the head at once (exit 128+N), wherever
     # it waits (SSH connect, preflight, agent start); then the agents' stop path takes over.
-    relay: SignalRelay | None = SignalRelay(lambda: ())
+    relay: SignalRelay | None
+    relay = SignalRelay(lambda: ())
     startup = contextlib.ExitStack()
     startup.enter_context(relay.interruptible())
-    server = engine = controller = rdzv = None
+    server: StoreServer | None = None
+    engine: SSHEngine | None = None
+    controller: HeadController | None = None
+    rdzv: Rendezvous | None = None
     try:
         python = head.remote_python or sys.executable
         cwd = head.remote_cwd or os.getcwd()
@@ -91,6 +105,7 @@ def run_hosts(
         token = os.urandom(16).hex()
         server = StoreServer(store_addr, 0, token=token)
         server.start()
+        assert server.port is not None  # bound by start()
         store = StoreAddress(store_addr, server.port, token)
         client = StoreClient(store_addr, server.port, token=token, timeout=30)
         rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
@@ -106,6 +121,7 @@ def run_hosts(
 
         def kill(k: int) -> None:
             if k in engine.running:
+                assert controller is not None  # called by the controller, once it exists
                 engine.kill(k, controller.pgids(rdzv, k))
 
         controller = HeadController(
@@ -141,7 +157,7 @@ def run_hosts(
             if not rdzv.agent_exited(k):  # ended before the job
                 controller.agent_gone(k, status)
 
-        if local:
+        if guard is not None:  # an agent runs here (local)
             import threading
 
             pump = threading.Thread(target=lambda: _pump_until_done(engine, ended), daemon=True)
@@ -158,7 +174,7 @@ def run_hosts(
             raise error_for(cause)
         return restarts
     except LaunchInterrupted as e:
-        if relay is not None and engine is not None and engine.running:
+        if relay is not None and engine is not None and engine.running and rdzv is not None:
             # stopped while starting agents: stop those started
             rdzv.request_stop(0, Signal(e.signum))
             end = time.monotonic() + cfg.stop_timeout + 5
@@ -179,18 +195,18 @@ def run_hosts(
             guard.close()
 
 
-def _pump_until_done(engine, on_end) -> None:
+def _pump_until_done(engine: AgentEngine, on_end: OnEnd) -> None:
     while engine.running:
         engine.pump(1.0, on_end=on_end)
 
 
 def _supervise_remote(
-    engine,
-    on_end,
-    rdzv,
+    engine: AgentEngine,
+    on_end: OnEnd,
+    rdzv: Rendezvous,
     cfg: LaunchConfig,
-    hosts: list,
-    controller,
+    hosts: list[Host],
+    controller: HeadController,
     on_event: Callable[[str], None],
     kill: Callable[[int], None],
 ) -> None:

@@ -10,13 +10,18 @@ import dataclasses
 import queue
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from .config import LaunchConfig
 from .errors import DistlaunchError, StoreTimeoutError
 from .events import EventLog, round_end_event, round_event
+from .hosts import Host, slots_of
 from .policy import End, HeadHistory, HeadPlanned
 from .rendezvous import Rendezvous
-from .rounds import Lost, Over
+from .rounds import Cause, Lost, Over
+
+if TYPE_CHECKING:
+    from .store import StoreClient
 
 
 class HeadController:
@@ -32,14 +37,14 @@ class HeadController:
 
     def __init__(
         self,
-        client,
+        client: StoreClient,
         cfg: LaunchConfig,
-        hosts: list,
+        hosts: list[Host],
         min_nodes: int,
         events: EventLog,
         on_progress: Callable[[str, bool], None] | None,
         kill: Callable[[int], None],
-    ):
+    ) -> None:
         self.client, self.hosts = client, hosts
         self.events, self.on_progress, self.kill = events, on_progress, kill
         self.policy = HeadPlanned(cfg.max_restarts, min_nodes)
@@ -48,7 +53,7 @@ class HeadController:
         self.history = HeadHistory(tuple(range(len(hosts))))
         self.plans = {0: self.history.members}  # round -> member ids
         self.rdzv.publish_plan(0, list(self.history.members), 0)
-        self._gone: queue.SimpleQueue = queue.SimpleQueue()
+        self._gone: queue.SimpleQueue[tuple[int, int | None]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="head-controller", daemon=True)
         self.thread.start()
@@ -83,17 +88,17 @@ class HeadController:
                 self.rdzv.request_stop(
                     self.rnd, Lost(rank, (f"agent on {host.name} ended with status {status}"))
                 )
-                self.rdzv.stand_in(self.rnd, rank, host.slots, host.name)
+                self.rdzv.stand_in(self.rnd, rank, slots_of(host), host.name)
 
-    def _startup(self) -> None:
-        total = sum(h.slots for h in self.hosts)
+    def _startup(self, on_progress: Callable[[str, bool], None]) -> None:
+        total = sum(slots_of(h) for h in self.hosts)
         ready: set[int] = set()
         while not self._stop.is_set():
             ready |= self.rdzv.recorded(0, [k for k in range(len(self.hosts)) if k not in ready])
             done = len(ready) == len(self.hosts)
-            self.on_progress(
+            on_progress(
                 f"starting {total} workers on {len(self.hosts)} hosts: "
-                f"{sum(self.hosts[k].slots for k in ready)}/{total} ready",
+                f"{sum(slots_of(self.hosts[k]) for k in ready)}/{total} ready",
                 done,
             )
             if done:
@@ -105,7 +110,7 @@ class HeadController:
         r = self.rdzv
         try:
             if self.on_progress:
-                self._startup()
+                self._startup(self.on_progress)
             while self._wait(r.keys(self.rnd).master):
                 r.num_nodes = len(self.history.members)
                 _, _, restarts = r.master(self.rnd)
@@ -122,7 +127,7 @@ class HeadController:
         finally:
             self.client.close()
 
-    def _plan_next(self, cause) -> bool:
+    def _plan_next(self, cause: Cause) -> bool:
         """Decide and publish the next round after ``cause``; False when the job ends."""
         step = self.policy.decide(self.history, cause)
         if step.kill is not None:

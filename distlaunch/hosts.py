@@ -219,6 +219,14 @@ def parse_hostfile(path: str) -> list[Host]:
     return hosts
 
 
+def slots_of(host: Host) -> int:
+    """``host.slots`` once :func:`resolve_slots` filled it in (head mode does so first).
+    Raises ValueError for a host whose slots were never resolved."""
+    if host.slots is None:
+        raise ValueError(f"host {host.name}: slots not resolved (see resolve_slots)")
+    return host.slots
+
+
 def resolve_slots(hosts: list[Host], default_slots: int) -> list[Host]:
     """Return ``hosts`` with every ``slots=None`` replaced by ``default_slots``
     (``--nproc-per-node``); hosts that give slots keep them.

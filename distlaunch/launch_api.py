@@ -89,40 +89,39 @@ def launch(
     if hosts:
         cmd += ["-H", hosts]
     cmd += [*options, "-m", "distlaunch.launch_api"]
-    with (
-        StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server,
-        StoreClient("127.0.0.1", server.port, token=token, timeout=30) as store,
-    ):
-        store.set("payload", payload)
-        job = subprocess.Popen(cmd, env={**os.environ, PORT_VAR: str(server.port), TOKEN_VAR: token})
-        try:
-            code = job.wait(timeout)
-        except subprocess.TimeoutExpired:
-            job.terminate()
-            job.wait()
-            raise
-        # attempt = the restart count (TORCHELASTIC_RESTART_COUNT), as in the log
-        # directory's attempt_N; a round that is not a restart rewrites its keys
-        attempt = max((a for a in range(max_restarts + 1) if store.check([f"world/{a}"])), default=None)
-        if attempt is None and code == 2:  # usage error before any worker started
-            raise ConfigError(f"distlaunch run rejected the options {cmd[3:]}")
-        if attempt is None:
+    with StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server:
+        assert server.port is not None  # bound on entry
+        with StoreClient("127.0.0.1", server.port, token=token, timeout=30) as store:
+            store.set("payload", payload)
+            job = subprocess.Popen(cmd, env={**os.environ, PORT_VAR: str(server.port), TOKEN_VAR: token})
+            try:
+                code = job.wait(timeout)
+            except subprocess.TimeoutExpired:
+                job.terminate()
+                job.wait()
+                raise
+            # attempt = the restart count (TORCHELASTIC_RESTART_COUNT), as in the log
+            # directory's attempt_N; a round that is not a restart rewrites its keys
+            attempt = max((a for a in range(max_restarts + 1) if store.check([f"world/{a}"])), default=None)
+            if attempt is None and code == 2:  # usage error before any worker started
+                raise ConfigError(f"distlaunch run rejected the options {cmd[3:]}")
+            if attempt is None:
+                raise LaunchFailedError(
+                    f"no worker started (distlaunch run exited with {code})", None, None, code
+                )
+            world = int(store.get(f"world/{attempt}"))
+            if code == 0:
+                return [pickle.loads(store.get(f"result/{attempt}/{r}")) for r in range(world)]
+            for r in range(world):
+                if store.check([f"error/{attempt}/{r}"]):
+                    tb = store.get(f"error/{attempt}/{r}").decode()
+                    raise LaunchFailedError(f"rank {r} raised (exit code {code}):\n{tb}", r, tb, code)
             raise LaunchFailedError(
-                f"no worker started (distlaunch run exited with {code})", None, None, code
+                f"the job failed with exit code {code} (a worker died without raising; see its output above)",
+                None,
+                None,
+                code,
             )
-        world = int(store.get(f"world/{attempt}"))
-        if code == 0:
-            return [pickle.loads(store.get(f"result/{attempt}/{r}")) for r in range(world)]
-        for r in range(world):
-            if store.check([f"error/{attempt}/{r}"]):
-                tb = store.get(f"error/{attempt}/{r}").decode()
-                raise LaunchFailedError(f"rank {r} raised (exit code {code}):\n{tb}", r, tb, code)
-        raise LaunchFailedError(
-            f"the job failed with exit code {code} (a worker died without raising; see its output above)",
-            None,
-            None,
-            code,
-        )
 
 
 def _worker_main() -> None:

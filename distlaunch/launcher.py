@@ -16,6 +16,7 @@ import socket
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worker_env
@@ -23,6 +24,9 @@ from .config import LaunchConfig
 from .errors import ConfigError
 from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
 from .topology import WorkerSlot, node_slots
+
+if TYPE_CHECKING:
+    from .events import EventLog
 
 __all__ = ["Plan", "make_plan", "run", "STORE_HOST"]
 
@@ -98,7 +102,7 @@ def run(mode: NodeMode, on_event: Callable[[str], None], plan: Plan | None = Non
     if isinstance(mode, DynamicNodes):
         return _run_dynamic(mode, cfg, on_event)
     if isinstance(mode, StaticNodes):
-        store = StoreAddress(cfg.master_addr, cfg.master_port, _shared_token(cfg, mode.store_token_file))
+        store = StoreAddress(*mode.store_endpoint(), _shared_token(cfg, mode.store_token_file))
         return _run_fixed(cfg, mode, store, "0.0.0.0", plan, on_event)
     assert isinstance(mode, SingleNode)
     store = StoreAddress(STORE_HOST, 0, os.urandom(16).hex())
@@ -123,6 +127,7 @@ def _run_fixed(
         if mode.node_rank == 0:
             server = StoreServer(bind, store.port, token=store.token)
             server.start()
+            assert server.port is not None  # bound by start()
             store = dataclasses.replace(store, port=server.port)
         agent = NodeAgent(
             cfg,
@@ -145,7 +150,7 @@ def _run_fixed(
         guard.close()
 
 
-def _event_log(cfg: LaunchConfig, on_event: Callable[[str], None]):
+def _event_log(cfg: LaunchConfig, on_event: Callable[[str], None]) -> EventLog:
     """Round lines on the console (not the trivial first round of a one-node job) and
     every event in <log-dir>/<run-id>/events.jsonl."""
     from .events import EventLog

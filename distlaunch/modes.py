@@ -72,6 +72,13 @@ class StaticNodes:
     def store_text(self) -> str:
         return f"{self.job.master_addr}:{self.job.master_port} (hosted by node 0)"
 
+    def store_endpoint(self) -> tuple[str, int]:
+        """Where node 0 hosts the store: ``job.master_addr:job.master_port`` (both set:
+        ``resolve`` fills in this mode's defaults)."""
+        addr, port = self.job.master_addr, self.job.master_port
+        assert addr is not None and port is not None
+        return addr, port
+
 
 @dataclass(frozen=True)
 class DynamicNodes:

@@ -14,10 +14,15 @@ import json
 import math
 import threading
 import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import LaunchInterrupted, RendezvousError, StoreTimeoutError
 from .rounds import Cause, Lost, Over, RoundKeys, Signal, agent_exit_key, decode_cause, encode_cause
+
+if TYPE_CHECKING:  # imported by the agent when it connects: not on this module's import path
+    from .store import StoreClient
 
 # Blocking rendezvous waits go in slices this long (seconds) to look for a stop signal
 # recorded by another node, and to report a wait that lasts.
@@ -72,7 +77,7 @@ class Member:
 class Rendezvous:
     """The round protocol for one agent (``node_rank``) of a ``num_nodes`` job.
 
-    ``store`` is a StoreClient (or PrefixStore) used only from the agent's main thread;
+    ``store`` is a StoreClient used only from the agent's main thread;
     blocking calls honour ``join_timeout`` (seconds). Raises RendezvousError when nodes
     do not arrive in time, naming them, and LaunchInterrupted when another node recorded
     a stop signal for the round being joined. ``on_wait(text)``, if given, hears what a
@@ -80,8 +85,14 @@ class Rendezvous:
     """
 
     def __init__(
-        self, store, run_id: str, node_rank: int, num_nodes: int, join_timeout: float = 600.0, on_wait=None
-    ):
+        self,
+        store: StoreClient,
+        run_id: str,
+        node_rank: int,
+        num_nodes: int,
+        join_timeout: float = 600.0,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.node_rank = node_rank
@@ -95,10 +106,10 @@ class Rendezvous:
 
     def _wait_all(
         self,
-        keys,
+        keys: list[str] | Callable[[], list[str]],
         what: str,
         timeout: float,
-        abort=None,
+        abort: Callable[[], bool] | None = None,
         rnd: int | None = None,
         report: float = 5.0,
         awaited: str | None = None,
@@ -123,19 +134,21 @@ class Rendezvous:
                 if rnd is not None:
                     self.raise_if_signalled(rnd)
                 current = keys() if callable(keys) else keys
-                over = time.monotonic() >= end
-                if over or (self.on_wait is not None and (waited := progress.due()) is not None):
-                    missing = awaited or f"node(s) {', '.join(self._missing(current))}"
-                    if over:
-                        raise RendezvousError(
-                            f"{what}: gave up waiting for {missing} after {timeout:g} s"
-                        ) from None
+                if time.monotonic() >= end:
+                    missing = awaited or self._missing(current)
+                    raise RendezvousError(
+                        f"{what}: gave up waiting for {missing} after {timeout:g} s"
+                    ) from None
+                if self.on_wait is not None and (waited := progress.due()) is not None:
+                    missing = awaited or self._missing(current)
                     self.on_wait(f"{what}: waiting for {missing} ({waited:.0f} s of {timeout:g} s)")
         return [json.loads(v) for v in self.store.multi_get(current)]
 
-    def _missing(self, keys: list[str]) -> list[str]:
-        """The node ranks of the keys (``.../<K>``) that do not exist yet."""
-        return [k.rsplit("/", 1)[1] for k, ok in zip(keys, self._present(keys)) if not ok]
+    def _missing(self, keys: list[str]) -> str:
+        """``node(s) 1, 3``: the node ranks of the keys (``.../<K>``) that do not exist yet."""
+        return (
+            f"node(s) {', '.join(k.rsplit('/', 1)[1] for k, ok in zip(keys, self._present(keys)) if not ok)}"
+        )
 
     def raise_if_signalled(self, rnd: int) -> None:
         """Raise LaunchInterrupted if a node recorded a stop signal for round ``rnd``."""
@@ -286,7 +299,8 @@ class Rendezvous:
         """Head mode: the restart count of the last round that was stopped and its cause
         (None: success). Before any round stopped: (0, a Lost cause saying no agent
         joined)."""
-        rnd, last = 0, Lost(0, "no agent joined the job")
+        rnd = 0
+        last: Cause | None = Lost(0, "no agent joined the job")
         while (cause := self.stop_cause(rnd)) is not None:
             last = None if isinstance(cause, Over) else cause
             rnd += 1
@@ -302,7 +316,13 @@ class Rendezvous:
         """Head mode: whether host ``node_id``'s agent recorded a normal end."""
         return self.store.check([agent_exit_key(self.run_id, node_id)])
 
-    def finish(self, rnd: int, timeout: float, lost=frozenset, abort=None) -> Cause | None:
+    def finish(
+        self,
+        rnd: int,
+        timeout: float,
+        lost: Callable[[], Collection[int]] = frozenset,
+        abort: Callable[[], bool] | None = None,
+    ) -> Cause | None:
         """Exit barrier: say this node's workers are done, wait (up to ``timeout`` s, or
         until ``abort()``) for every node not in ``lost()`` (re-read while waiting: a node
         can be found lost meanwhile), and return the cause that stopped the round (None:
@@ -321,7 +341,9 @@ class Rendezvous:
     def leave(self, rnd: int) -> int:
         return self.store.add(self.keys(rnd).left, 1)
 
-    def wait_left(self, rnd: int, count: int, timeout: float, abort=lambda: False) -> None:
+    def wait_left(
+        self, rnd: int, count: int, timeout: float, abort: Callable[[], bool] = lambda: False
+    ) -> None:
         """The store's host: block until ``count`` agents read the outcome, ``timeout``
         seconds pass, or ``abort()`` is true (polled every 10 ms)."""
         end = time.monotonic() + timeout
@@ -342,7 +364,7 @@ class StopWatcher:
     calls ``wake(reason)`` once: "stop" when the key appears, "lost" when the store
     connection drops (the head or the store's node died)."""
 
-    def __init__(self, client, rdzv: Rendezvous, rnd: int, wake):
+    def __init__(self, client: StoreClient, rdzv: Rendezvous, rnd: int, wake: Callable[[str], None]) -> None:
         self.client = client
         self.key = rdzv.keys(rnd).stop
         self.wake = wake
@@ -368,8 +390,15 @@ class Heartbeat:
     connection; stops with ``stop()``."""
 
     def __init__(
-        self, client, rdzv: Rendezvous, rnd: int, interval: float, timeout: float, on_lost, on_store_lost
-    ):
+        self,
+        client: StoreClient,
+        rdzv: Rendezvous,
+        rnd: int,
+        interval: float,
+        timeout: float,
+        on_lost: Callable[[int, float], object],
+        on_store_lost: Callable[[], object],
+    ) -> None:
         self.client, self.rdzv, self.rnd = client, rdzv, rnd
         self.interval, self.timeout, self.on_lost = interval, timeout, on_lost
         self.on_store_lost = on_store_lost

@@ -62,7 +62,7 @@ class WorkerGroup:
         relay: SignalRelay,
         guard: OrphanGuard,
         stop_timeout: float,
-        on_failure: Callable[[WorkerFailure], None] | None = None,
+        on_failure: Callable[[WorkerFailure], object] | None = None,
         stop_fd: int | None = None,
         stop_signal: Callable[[], int] | None = None,
         on_started: Callable[[list[int]], None] | None = None,

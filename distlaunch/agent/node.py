@@ -14,13 +14,13 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
-from ..events import round_end_event, round_event
+from ..events import EventLog, round_end_event, round_event
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal
 from ..topology import WorkerSlot, assign_ranks, cpu_sets
@@ -77,7 +77,7 @@ def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
 def worker_env(
     cfg: LaunchConfig,
     slot: WorkerSlot,
-    base,
+    base: Mapping[str, str],
     restart_count: int,
     master: tuple[str, int],
     store: StoreAddress | None,
@@ -142,8 +142,8 @@ class NodeAgent:
         on_event: Callable[[str], None],
         base_env: dict[str, str] | None = None,
         master_addr: str | None = None,
-        events=None,
-    ):
+        events: EventLog | None = None,
+    ) -> None:
         self.cfg, self.store_addr, self.opts = cfg, store, opts
         self.events = events  # events.EventLog, or None (a remote agent: the head reports)
         self.guard, self.on_event = guard, on_event
@@ -197,6 +197,8 @@ class NodeAgent:
                         with relay.interruptible():
                             restarts = rdzv.follow_plan(rnd, o.node_id)
                     except PlanEnded:
+                        # only after a round that stopped: plan 0 always has members
+                        assert cause is not None
                         raise _error_for(cause) from None
                     except Dropped:
                         return restarts
@@ -218,8 +220,8 @@ class NodeAgent:
                     raise _error_for(cause)
                 rnd += 1
         except LaunchInterrupted as e:
-            if self._signal_phase is not None:
-                self._spread_signal(rdzv, e.signum, relay)
+            if self._signal_phase is not None and rdzv is not None:  # the phase is set after rdzv
+                self._spread_signal(rdzv, self._signal_phase, e.signum, relay)
             raise
         except StoreError as e:  # the agent's own calls: the store died or stopped answering
             raise RendezvousError(
@@ -233,7 +235,7 @@ class NodeAgent:
                 client.close()
             remove_matching(self.scratch)
 
-    def _connect_report(self):
+    def _connect_report(self) -> Callable[[str, float], None]:
         """The store client's retry callback: says what is wrong with the store's endpoint
         after 2 s, then at growing intervals (never silent for ``join_timeout``)."""
         progress, a = WaitReport(2.0), self.store_addr
@@ -248,15 +250,16 @@ class NodeAgent:
 
         return report
 
-    def _spread_signal(self, rdzv: Rendezvous | None, signum: int, relay: SignalRelay) -> None:
-        """A stop signal (here, or recorded by another node) ended a rendezvous phase:
-        record it as the round's stop cause (and the next round's, in case another cause
-        stood first and the others restart) so every node stops, leave the round, and, on
-        the store's host, give the others a moment to read it. Best effort, bounded: a
+    def _spread_signal(self, rdzv: Rendezvous, at: tuple[int, str], signum: int, relay: SignalRelay) -> None:
+        """A stop signal (here, or recorded by another node) ended the rendezvous phase
+        ``at`` (round, "join" or "barrier"): record it as the round's stop cause (and the
+        next round's, in case another cause stood first and the others restart) so every
+        node stops, leave the round, and, on the store's host, give the others a moment
+        to read it. Best effort, bounded: a
         fresh connection (an interrupted call closed the agent's own)."""
         from ..store import StoreClient
 
-        rnd, phase = self._signal_phase
+        rnd, phase = at
         a = self.store_addr
         try:
             with StoreClient(a.host, a.port, token=a.token, timeout=2.0, connect_timeout=1.0) as c:
@@ -316,6 +319,7 @@ class NodeAgent:
         )
         decision = policy.decide(History(rnd, restarts, rdzv.num_nodes, frozenset(self._lost)), cause)
         if isinstance(decision, End):
+            assert decision.error is not None  # set by every per-node policy
             raise decision.error
         self.on_event(decision.note)
         return decision.restarts
@@ -358,6 +362,10 @@ class NodeAgent:
                     os.write(wake_w, b"x")
 
         # A store we were just talking to accepts at once; one that does not is gone.
+        def store_lost() -> None:
+            wake("lost")
+            rdzv.store.close()  # wakes its calls
+
         heartbeat = None
         if rdzv.num_nodes > 1:
             heartbeat = Heartbeat(
@@ -367,8 +375,8 @@ class NodeAgent:
                 o.heartbeat_interval,
                 o.heartbeat_timeout,
                 lambda k, secs: rdzv.request_stop(rnd, Lost(k, f"no heartbeat for {secs:.0f} s")),
-                lambda: (wake("lost"), rdzv.store.close()),
-            )  # wakes its calls
+                store_lost,
+            )
         watcher = StopWatcher(rdzv.store.clone(connect_timeout=5.0), rdzv, rnd, wake)
         group.stop_fd = wake_r
         group.stop_signal = lambda: signal.SIGTERM if why[0] == "lost" else self._signal_for(rdzv, rnd)
@@ -389,7 +397,7 @@ class NodeAgent:
                     f"{self.store_addr.port} (its host stopped, or it stopped "
                     f"answering); workers stopped"
                 )
-            if relay.kill_now:  # a second Ctrl-C: no exit barrier
+            if relay.kill_now and result.stop_signal is not None:  # a second Ctrl-C: no exit barrier
                 raise LaunchInterrupted(result.stop_signal)
             lost = (lambda: heartbeat.lost) if heartbeat else set
             # Every round ends at the exit barrier, so no node leaves (or, on node 0, takes
@@ -465,6 +473,7 @@ class NodeAgent:
                         f"worker logs there are dropped, the job goes on",
                     )
                     attempt_dir = None
+            assert self.scratch is not None  # made by run()
             error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
             env = worker_env(
                 self.cfg,

@@ -36,6 +36,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -184,11 +185,11 @@ class _UnknownHostKey(paramiko.SSHException):
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     """Refuse unknown host keys, or (accept-new) record them in the known_hosts file."""
 
-    def __init__(self, accept_new: bool, save_to: str):
+    def __init__(self, accept_new: bool, save_to: str) -> None:
         self.accept_new = accept_new
         self.save_to = save_to
 
-    def missing_host_key(self, client, hostname, key):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         if not self.accept_new:
             raise _UnknownHostKey(hostname)
         client.get_host_keys().add(hostname, key.get_name(), key)
@@ -255,13 +256,13 @@ class SSHConnection:
             if os.path.isfile(path):
                 self._read_known_hosts(path, self.client.get_host_keys().load)
 
-    def _read_known_hosts(self, path, load) -> None:
+    def _read_known_hosts(self, path: str, load: Callable[[str], None]) -> None:
         try:
             load(path)
         except (OSError, paramiko.SSHException, ValueError) as e:
             raise RemoteError(f"cannot read known_hosts file {path}: {e}", host=self.settings.label) from e
 
-    def _open_sock(self, s: _Settings, opts: SSHOptions):
+    def _open_sock(self, s: _Settings, opts: SSHOptions) -> paramiko.Channel | paramiko.ProxyCommand | None:
         """A socket-like object through ProxyJump/ProxyCommand, or None for direct TCP."""
         if s.proxy_jump:
             # As ssh -J: the last jump host is reached through the ones before it (never
@@ -454,7 +455,9 @@ class SSHConnection:
             err += proc.read_stderr()
         finally:
             proc.close()
-        return (proc.exit_status(), out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+        status = proc.exit_status()
+        assert status is not None  # the loop above ends only once the command exited
+        return (status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     def close(self) -> None:
         """Close the connection (and its channels, and any jump-host connection).
@@ -465,10 +468,10 @@ class SSHConnection:
             if self._jump is not None:
                 self._jump.close()
 
-    def __enter__(self):
+    def __enter__(self) -> SSHConnection:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -480,12 +483,12 @@ class _StatusEvent(threading.Event):
     the channel's fileno readable. paramiko alone signals the fileno only for data and
     EOF, and EOF never comes while a background process holds the command's output."""
 
-    def __init__(self, chan: paramiko.Channel):
+    def __init__(self, chan: paramiko.Channel) -> None:
         super().__init__()
         self._chan = chan
         self.when: float | None = None  # time.monotonic() of the exit status
 
-    def set(self):
+    def set(self) -> None:
         if self.when is None:
             self.when = time.monotonic()
         super().set()
@@ -503,7 +506,7 @@ class RemoteProcess:
     true). Output can trail the exit status: keep reading until :meth:`eof`.
     """
 
-    def __init__(self, channel: paramiko.Channel, label: str = ""):
+    def __init__(self, channel: paramiko.Channel, label: str = "") -> None:
         self.channel = channel
         self.label = label
         self._fd = channel.fileno()  # creates paramiko's pipe: must exist before data
@@ -513,7 +516,7 @@ class RemoteProcess:
     def fileno(self) -> int:
         return self._fd
 
-    def _drain(self, ready, recv) -> bytes:
+    def _drain(self, ready: Callable[[], bool], recv: Callable[[int], bytes]) -> bytes:
         data = bytearray()
         while ready():
             chunk = recv(1 << 16)
