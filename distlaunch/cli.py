@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .store import StoreServer
 
 SECRET_VARS = ("DISTLAUNCH_STORE_TOKEN",)
-F = TypeVar("F", bound=Callable)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def say(msg: str) -> None:

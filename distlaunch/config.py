@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 from dataclasses import dataclass, field
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from .errors import ConfigError
 from .topology import MAX_SLOTS_PER_NODE
@@ -179,7 +179,7 @@ class LaunchConfig:
     env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
     bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (the head sends it to remote agents)."""
         import dataclasses
 
@@ -188,7 +188,7 @@ class LaunchConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> LaunchConfig:
+    def from_dict(cls, d: dict[str, Any]) -> LaunchConfig:
         d = dict(d)
         d["args"] = tuple(d["args"])
         d["redirects"] = StdSpec(d["redirects"]["default"], tuple(map(tuple, d["redirects"]["per_rank"])))

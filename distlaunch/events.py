@@ -18,11 +18,15 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from .rounds import Cause, Failure, Join, Lost, Signal, cause_from_dict, cause_to_dict
 
+if TYPE_CHECKING:  # rendezvous imports this module's users; for annotations only
+    from .rendezvous import Member
 
-def round_event(rnd: int, restarts: int, members: Iterable) -> dict:
+
+def round_event(rnd: int, restarts: int, members: Iterable[Member]) -> dict[str, Any]:
     """A round started with ``members`` (rendezvous.Member) and restart count ``restarts``."""
     return {
         "event": "round",
@@ -32,7 +36,7 @@ def round_event(rnd: int, restarts: int, members: Iterable) -> dict:
     }
 
 
-def round_end_event(rnd: int, cause: Cause | None) -> dict:
+def round_end_event(rnd: int, cause: Cause | None) -> dict[str, Any]:
     """Round ``rnd`` ended for ``cause`` (None: every worker succeeded)."""
     return {"event": "round_end", "round": rnd, "cause": None if cause is None else cause_to_dict(cause)}
 
@@ -58,7 +62,7 @@ def describe_cause(cause: Cause | None) -> str:
     return type(cause).__name__.lower()
 
 
-def one_line(event: dict) -> str:
+def one_line(event: dict[str, Any]) -> str:
     if event["event"] == "drop":
         return f"dropping host {event['host']}: {event['why']}"
     if event["event"] == "end":
@@ -85,13 +89,13 @@ class EventLog:
         log_dir: str | None,
         run_id: str,
         say: Callable[[str], None] | None,
-        verbose: Callable[[dict], bool] = lambda e: True,
+        verbose: Callable[[dict[str, Any]], bool] = lambda e: True,
     ):
         self.path = os.path.join(log_dir, run_id, "events.jsonl") if log_dir else None
         self.say, self.verbose = say, verbose
         self._lock = threading.Lock()
 
-    def emit(self, event: dict) -> None:
+    def emit(self, event: dict[str, Any]) -> None:
         event = {**event, "time": round(time.time(), 3)}
         with self._lock:
             if self.path:

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import LaunchInterrupted, RendezvousError, StoreTimeoutError
 from .rounds import Cause, Lost, Over, RoundKeys, Signal, agent_exit_key, decode_cause, encode_cause
@@ -113,7 +113,7 @@ class Rendezvous:
         rnd: int | None = None,
         report: float = 5.0,
         awaited: str | None = None,
-    ) -> list[dict]:
+    ) -> list[dict[str, Any]]:
         """Block until every key exists (``timeout`` s), waiting in SLICE-second slices;
         ``keys`` may be a callable re-read each slice (nodes found lost meanwhile drop
         out). Raises RendezvousError as soon as ``abort()`` is true, LaunchInterrupted

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from .agent.process import WorkerFailure
 
@@ -128,7 +129,7 @@ _KINDS = {"failure": Failure, "signal": Signal, "lost": Lost, "join": Join, "ove
 _NAMES = {cls: kind for kind, cls in _KINDS.items()}
 
 
-def cause_to_dict(cause: Cause) -> dict:
+def cause_to_dict(cause: Cause) -> dict[str, Any]:
     """The JSON form: ``{"kind": ..., <fields>}``; a failure's record is under
     ``"failure"``. Used for the stop key and for events.jsonl."""
     if isinstance(cause, Failure):
@@ -136,7 +137,7 @@ def cause_to_dict(cause: Cause) -> dict:
     return {"kind": _NAMES[type(cause)], **dataclasses.asdict(cause)}
 
 
-def cause_from_dict(d: dict) -> Cause:
+def cause_from_dict(d: dict[str, Any]) -> Cause:
     """Inverse of :func:`cause_to_dict`. Raises KeyError/TypeError for a malformed value."""
     cls = _KINDS[d["kind"]]
     if cls is Failure:

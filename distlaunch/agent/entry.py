@@ -9,6 +9,7 @@ workers}, "master_addr": the address to announce as MASTER_ADDR}``.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from ..config import LaunchConfig
 from ..rendezvous import Rendezvous
@@ -20,7 +21,7 @@ def quiet(_msg: str) -> None:
     """Agents in head mode say nothing of rounds: the head reports them once."""
 
 
-def run_agent(spec: dict) -> int:
+def run_agent(spec: dict[str, Any]) -> int:
     """Run one node's agent for ``spec`` (see the module docstring; it holds the store's
     secret). Returns the restarts taken; raises as NodeAgent.run. Records its end in the
     store so the head can tell a finished agent from a lost one."""

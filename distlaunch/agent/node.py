@@ -16,6 +16,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
@@ -332,7 +333,7 @@ class NodeAgent:
             raise RendezvousError("the job finished before this node could join")
         rdzv.wait_members_done(late.rnd, late.size, self.opts.exit_barrier_timeout + self.cfg.stop_timeout)
 
-    def _emit(self, event: dict) -> None:
+    def _emit(self, event: dict[str, Any]) -> None:
         if self.events is not None:
             self.events.emit(event)
 

@@ -16,7 +16,7 @@ when its agent does not stop. Importing this package imports no engine.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["AgentEngine", "OnEnd"]
 
@@ -35,7 +35,7 @@ class AgentEngine(Protocol):
     def master_address(self, node_id: int) -> str:
         """The address node ``node_id`` announces as MASTER_ADDR if it becomes node 0."""
 
-    def start(self, specs: Mapping[int, dict]) -> None:
+    def start(self, specs: Mapping[int, dict[str, Any]]) -> None:
         """Start one agent per node id with its spec (JSON on stdin). Raises RemoteError."""
 
     @property

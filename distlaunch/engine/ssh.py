@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 from ..hosts import Host
@@ -76,7 +77,7 @@ class SSHEngine:
     def master_address(self, node_id: int) -> str:
         return self.conns[node_id].peer_address
 
-    def start(self, specs: Mapping[int, dict]) -> None:
+    def start(self, specs: Mapping[int, dict[str, Any]]) -> None:
         cmd = remote_command(self.python, self.cwd, AGENT_ARGV, self.cmd_env)
         for k, spec in specs.items():
             self.relay.add(k, self.conns[k].exec(cmd, stdin_data=(json.dumps(spec) + "\n").encode()))
