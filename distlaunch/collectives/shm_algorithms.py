@@ -35,15 +35,19 @@ from .shm import SmallAllReduce
 
 def barrier(ctx: OpContext) -> None:
     """The first phase alone (which compares the ranks' calls)."""
-    ctx.shm.begin(ctx)
+    s = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    s.begin(ctx)
 
 
 def preamble(ctx: OpContext) -> None:
     """Mismatch check (and barrier) before an operation that runs over TCP."""
-    ctx.shm.begin(ctx)
+    s = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    s.begin(ctx)
 
 
-def _reduce_into(uf, srcs, out):
+def _reduce_into(uf: np.ufunc, srcs: list[np.ndarray], out: np.ndarray) -> None:
     uf(srcs[0], srcs[1], out=out)
     for s in srcs[2:]:
         uf(out, s, out=out)
@@ -53,6 +57,7 @@ def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> N
     """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
     reduces all n itself), with the constant work done once in ``plan``."""
     s = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
     p = s.phase + 1
     if (s.all_at - p + 1) & _M >= _H:  # our buffer of this parity may still be read
         s.need_all(p - 1, ctx)
@@ -78,6 +83,7 @@ def all_reduce(
     all_reduce: the slice is all-reduced across nodes there); forces the chunked
     algorithm. ``chunk``: bytes per chunk (default ``config.chunk``, at most the slot)."""
     s = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
     n, r = s.n, s.r
     dt, nb = arr.dtype, arr.nbytes
     uf = ufunc(op)
@@ -93,7 +99,9 @@ def all_reduce(
             bounds = block_bounds(m, n)
             lo, hi = bounds[r]
 
-            def publish(buf, a=a, m=m, bounds=bounds):
+            def publish(
+                buf: np.ndarray, a: int = a, m: int = m, bounds: list[tuple[int, int]] = bounds
+            ) -> None:
                 # our own slice never leaves this process: we reduce it ourselves
                 dst = buf[: m * dt.itemsize].view(dt)
                 for j, (jl, jh) in enumerate(bounds):
@@ -122,6 +130,7 @@ def all_reduce(
 def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
     """``u8``: the buffer as flat uint8 (written on non-roots)."""
     s = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
     r = s.r
     nb = len(u8)
     slot = s.slot
@@ -146,6 +155,7 @@ def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
 def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
     """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input."""
     s = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
     n = s.n
     nb = len(inp)
     slot = s.slot
@@ -166,16 +176,19 @@ def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
 def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceOp) -> None:
     """``out``: m elements; ``inp``: n*m elements (not modified), both flat."""
     s = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
     n, r = s.n, s.r
     dt, m = out.dtype, out.size
     uf = ufunc(op)
     per = max(1, s.slot // (n * dt.itemsize))
-    blocks = inp.reshape(n, m) if m else None
+    blocks = inp.reshape(n, m)  # (n, 0) when m == 0: then never read
     for i, a in enumerate(range(0, max(m, 1), per)):
         b = min(a + per, m)
         L = b - a
 
-        def write(buf, a=a, b=b, L=L):  # pieces [a, b) of the n blocks, contiguous
+        def write(
+            buf: np.ndarray, a: int = a, b: int = b, L: int = L
+        ) -> None:  # pieces [a, b) of the n blocks, contiguous
             if L:
                 buf[: n * L * dt.itemsize].view(dt).reshape(n, L)[:] = blocks[:, a:b]
 
