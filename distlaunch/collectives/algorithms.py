@@ -34,6 +34,7 @@ import numpy as np
 from .buffers import byte_view
 from .context import OpContext
 from .ops import ReduceOp, combine, finalize
+from .transport import Request
 
 RING_THRESHOLD = 64 * 1024
 CHAIN_THRESHOLD = 256 * 1024
@@ -91,7 +92,7 @@ def broadcast(ctx: OpContext, buf: np.ndarray, root: int) -> None:
         _chain_broadcast(ctx, mv, root)
 
 
-def _binomial_broadcast(ctx: OpContext, mv, root):
+def _binomial_broadcast(ctx: OpContext, mv: memoryview, root: int) -> None:
     n, r = ctx.group.size, ctx.group.rank
     vr = (r - root) % n
     mask = 1
@@ -109,7 +110,7 @@ def _binomial_broadcast(ctx: OpContext, mv, root):
     ctx.wait(*sends)
 
 
-def _chain_broadcast(ctx: OpContext, mv, root):
+def _chain_broadcast(ctx: OpContext, mv: memoryview, root: int) -> None:
     n, r = ctx.group.size, ctx.group.rank
     vr = (r - root) % n
     pieces = _pieces(len(mv), 1)
@@ -177,7 +178,7 @@ def ring_reduce_scatter(
             after_step(s)
 
 
-def _all_gather_recv(ctx: OpContext, views, t, phase0):
+def _all_gather_recv(ctx: OpContext, views: list[memoryview], t: int, phase0: int) -> Request:
     n, r = ctx.group.size, ctx.group.rank
     return ctx.recv((r - 1) % n, views[(r - t - 1) % n], _step(phase0 + t))
 
@@ -221,7 +222,7 @@ def all_reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
     finalize(buf, op, n)
 
 
-def _recursive_doubling(ctx: OpContext, buf, op):
+def _recursive_doubling(ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
     n, r = ctx.group.size, ctx.group.rank
     p2 = 1 << (n.bit_length() - 1)
     rem = n - p2
@@ -279,7 +280,7 @@ def reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp, root: int) -> None:
         finalize(buf, op, n)
 
 
-def _binomial_reduce(ctx: OpContext, buf, op, root):
+def _binomial_reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp, root: int) -> None:
     n, r = ctx.group.size, ctx.group.rank
     vr = (r - root) % n
     acc = buf if vr == 0 else None  # non-roots accumulate in a copy: their input stays intact
@@ -323,7 +324,7 @@ def all_gather(ctx: OpContext, views: list) -> None:
         ring_all_gather(ctx, views)
 
 
-def _bruck_all_gather(ctx: OpContext, views):
+def _bruck_all_gather(ctx: OpContext, views: list[memoryview]) -> None:
     """Bruck et al., "Efficient algorithms for all-to-all communications in multiport
     message-passing systems" (IEEE TPDS 1997): a scratch buffer holds the blocks of ranks
     r, r+1, ...; in step k (k = 1, 2, 4, ...) send the first min(k, n - have) blocks to
@@ -349,6 +350,7 @@ def _bruck_all_gather(ctx: OpContext, views):
 def scatter(ctx: OpContext, out_mv: memoryview, in_mvs: list | None, root: int) -> None:
     r = ctx.group.rank
     if r == root:
+        assert in_mvs is not None  # (given on the root)
         sends = [ctx.send(i, mv) for i, mv in enumerate(in_mvs) if i != r]
         out_mv[:] = in_mvs[r]
         ctx.wait(*sends)
@@ -359,6 +361,7 @@ def scatter(ctx: OpContext, out_mv: memoryview, in_mvs: list | None, root: int) 
 def gather(ctx: OpContext, in_mv: memoryview, out_mvs: list | None, root: int) -> None:
     r = ctx.group.rank
     if r == root:
+        assert out_mvs is not None  # (given on the root)
         recvs = [ctx.recv(i, mv) for i, mv in enumerate(out_mvs) if i != r]
         out_mvs[r][:] = in_mv
         ctx.wait(*recvs)
