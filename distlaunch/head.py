@@ -14,7 +14,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .agent.entry import quiet
@@ -23,7 +22,7 @@ from .agent.node import NodeAgent, NodeOptions, StoreAddress
 from .agent.signals import SignalRelay
 from .config import LaunchConfig
 from .errors import ConfigError, LaunchInterrupted
-from .launcher import STORE_HOST
+from .modes import STORE_HOST, HeadOptions
 from .policy import error_for
 from .rounds import Signal
 
@@ -32,23 +31,8 @@ if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this m
     from .engine.ssh import SSHEngine
     from .head_controller import HeadController
     from .hosts import Host
-    from .remote.ssh import SSHOptions
     from .rendezvous import Rendezvous
     from .store import StoreServer
-
-
-@dataclass(frozen=True)
-class HeadOptions:
-    """What only head mode (-H / --hostfile) needs."""
-
-    hosts: tuple[Host, ...]  # slots resolved, in node-rank order
-    ssh: SSHOptions
-    store_addr: str | None = None
-    remote_python: str | None = None
-    remote_cwd: str | None = None
-    env_all: bool = False
-    prefix_host: bool = False
-    min_nodes: int | None = None  # drop failing/lost hosts while this many remain
 
 
 def run_hosts(

@@ -39,7 +39,8 @@ from .errors import ConfigError
 from .topology import MAX_NODES
 
 if TYPE_CHECKING:
-    from .head import HeadOptions
+    from .hosts import Host
+    from .remote.ssh import SSHOptions
 
 STORE_HOST = "127.0.0.1"
 STATIC_MASTER_ADDR, STATIC_MASTER_PORT = "127.0.0.1", 29500  # torchrun's static defaults
@@ -97,6 +98,20 @@ class DynamicNodes:
 
     def store_text(self) -> str:
         return f"{self.endpoint} (hosted by the launcher that binds it first)"
+
+
+@dataclass(frozen=True)
+class HeadOptions:
+    """What only head mode (-H / --hostfile) needs."""
+
+    hosts: tuple[Host, ...]  # slots resolved, in node-rank order
+    ssh: SSHOptions
+    store_addr: str | None = None
+    remote_python: str | None = None
+    remote_cwd: str | None = None
+    env_all: bool = False
+    prefix_host: bool = False
+    min_nodes: int | None = None  # drop failing/lost hosts while this many remain
 
 
 @dataclass(frozen=True)
@@ -232,7 +247,6 @@ def worker_env(names: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...
 
 
 def _head_options(o: Mapping[str, Any], nnodes: int, nproc_per_node: int) -> HeadOptions:
-    from .head import HeadOptions
     from .hosts import check_one_local, filter_hosts, parse_host_list, parse_hostfile, resolve_slots
     from .remote.ssh import SSHOptions
 
