@@ -291,7 +291,8 @@ def test_checker_finds_cycles_and_upward_imports(tmp_path):
     assert find_cycle({"a": ["b"], "b": [], "c": ["a"]}) is None
     src = tmp_path / "m.py"
     src.write_text(
-        "from typing import TYPE_CHECKING\nfrom . import low\n\nif TYPE_CHECKING:\n    from .high import T\n\n"
+        "from typing import TYPE_CHECKING\nfrom . import low\n\n"
+        "if TYPE_CHECKING:\n    from .high import T\n\n"
         "def f():\n    from .high import x\n"
     )
     imps = imports_of("p.m", str(src), {"p.low", "p.high", "p.m"})
