@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # for annotations only: this module stays a leaf at run time
+    from collections.abc import Sequence
+
     from .agent.process import WorkerFailure
 
 
@@ -87,7 +89,17 @@ class LaunchInterrupted(DistlaunchError):
 
 
 class CollectiveError(DistlaunchError):
-    """A collective or point-to-point operation failed."""
+    """A collective or point-to-point operation failed.
+
+    ``seq``: the sequence number of the failed collective, once the process group knows
+    it (None before). ``missing_ranks`` / ``unreachable_ranks``: global ranks that had not
+    called the operation / could not be asked, set by a timeout diagnosis (empty
+    otherwise)."""
+
+    seq: int | None = None
+    missing_ranks: Sequence[int] = ()
+    unreachable_ranks: Sequence[int] = ()
+    _from_abort: bool = False  # raised because a peer sent ABORT: not reported again
 
 
 class CollectiveTimeoutError(CollectiveError, TimeoutError):

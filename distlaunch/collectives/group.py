@@ -42,7 +42,7 @@ from .context import DEFAULT_TIMEOUT, Members, OpContext, OpTimeout, SmallCall, 
 from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
 from .hierarchy import HierarchicalBackend
 from .ops import ReduceOp, check_op
-from .shm import ShmChannel
+from .shm import ShmChannel, SmallAllReduce
 from .transport import Request
 from .wire import (
     ABORT,
@@ -99,6 +99,7 @@ class ProcessGroup(Members):
         self._backend: Backend | None = None  # chosen by the first collective
         self._fast: ShmBackend | None = None  # the backend when it has a small-op fast path
         self._fast_ctx: OpContext | None = None  # reused by _run_small
+        self._fast_call: SmallCall | SmallAllReduce | None = None  # the call _fast_ctx describes
 
     @property
     def backend(self) -> str | None:
@@ -109,7 +110,7 @@ class ProcessGroup(Members):
         """Stop the group's async executor thread and unmap/unlink its shared memory
         (on destroy)."""
         self._executor.stop()
-        self._fast_ctx = None  # its cached call may hold views of the segment
+        self._fast_ctx = self._fast_call = None  # the cached call may hold views of the segment
         self._fast = None
         if self._backend is not None:
             self._backend.close()
@@ -182,13 +183,13 @@ class ProcessGroup(Members):
             self._executor.drain()
         return execute()
 
-    def _run_small(self, call: SmallCall, fn: Callable[..., None], *args: Any) -> None:
+    def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for a small operation on a shared-memory group
         (the caller checked ``self._fast``): ``fn(ctx, *args)`` with a reused context, no
-        closures, no TCP leftovers to check. ``call``: a SmallCall (or any object with
-        its fields) describing the call for mismatch checks; reusing the same object for
-        repeated calls skips copying it. Same sequence numbers, deadline and failure
-        handling as ``run``; returns None."""
+        closures, no TCP leftovers to check. ``call``: a SmallCall (or a SmallAllReduce
+        plan, which has its fields) describing the call for mismatch checks; reusing the
+        same object for repeated calls skips copying it. Same sequence numbers, deadline
+        and failure handling as ``run``; returns None."""
         if self.broken is not None:
             self.check_usable()
         with self._seq_lock:
@@ -199,10 +200,12 @@ class ProcessGroup(Members):
             self._executor.drain()
         ctx = self._fast_ctx
         if ctx is None:
+            assert self._fast is not None  # the caller checked it
             ctx = self._fast_ctx = OpContext(self, call.name, seq)
             ctx.shm = self._fast.channel
-        if ctx.call is not call:
-            ctx.call = call
+            self._fast_call = None
+        if self._fast_call is not call:
+            self._fast_call = call
             ctx.name, ctx.op, ctx.dtype, ctx.count = call.name, call.op, call.dtype, call.count
             ctx.root, ctx.redop = call.root, call.redop
         ctx.seq = seq
@@ -219,19 +222,21 @@ class ProcessGroup(Members):
         """Until every member called barrier; ``timeout``: seconds for this call only."""
         fast = self._fast
         if fast is not None and not async_op and timeout is None:
-            return self._run_small(_BARRIER, fast.barrier)
+            self._run_small(_BARRIER, fast.barrier)
+            return None
         return self.run("barrier", lambda b, ctx: b.barrier(ctx), async_op, dtype=0, count=0, timeout=timeout)
 
     def broadcast(self, arr: np.ndarray, root: int, async_op: bool = False) -> Work | None:
         """``arr`` of ``root`` into ``arr`` on every member (read-only on the root is fine)."""
         fast = self._fast
         if fast is not None and not async_op and arr.nbytes <= fast.small:
-            return self._run_small(
+            self._run_small(
                 SmallCall("broadcast", OP_CODES["broadcast"], DTYPE_CODES[arr.dtype], arr.size, root),
                 fast.broadcast,
                 arr,
                 root,
             )
+            return None
         return self.run(
             "broadcast", lambda b, ctx: b.broadcast(ctx, arr, root), async_op, **_meta(arr, root=root)
         )
@@ -242,7 +247,8 @@ class ProcessGroup(Members):
         fast = self._fast
         if fast is not None and not async_op and arr.nbytes <= fast.small:
             plan = fast.small_all_reduce_plan(arr, op)  # checks op against the dtype once
-            return self._run_small(plan, fast.small_all_reduce, arr, plan)
+            self._run_small(plan, fast.small_all_reduce, arr, plan)
+            return None
         check_op(op, arr.dtype)
         return self.run(
             "all_reduce", lambda b, ctx: b.all_reduce(ctx, arr, op), async_op, **_meta(arr, redop=op)
@@ -335,11 +341,12 @@ class ProcessGroup(Members):
         except CollectiveError as e:
             raise type(e)(f"{what}: {e}") from e
 
-        def done(r: Request, timed_out: bool):
+        def done(r: Request, timed_out: bool) -> str | None:
             if timed_out:
                 return f"{what} did not complete within the timeout (is rank {self.ranks[peer]} receiving?)"
             if r.error is not None:
                 raise type(r.error)(f"{what}: {r.error}")
+            return None
 
         return RequestWork(what, self.timeout, req, rt.transport, done)
 
@@ -352,7 +359,7 @@ class ProcessGroup(Members):
         who = "any rank" if peer is None else f"rank {self.ranks[peer]}"
         what = f"recv from {who} (tag {tag}, {arr.size} x {arr.dtype})"
 
-        def check(h: Header):
+        def check(h: Header) -> CollectiveMismatchError | None:
             if h.dtype != dtype or h.count != arr.size:
                 return CollectiveMismatchError(
                     f"rank {h.src} sent {h.count} x {DTYPE_NAMES.get(h.dtype, '?')} (tag {tag}) but rank "
@@ -366,11 +373,12 @@ class ProcessGroup(Members):
             None if peer is None else self.ranks[peer], (P2P, self.gid, tag), byte_view(arr), check
         )
 
-        def done(r: Request, timed_out: bool):
+        def done(r: Request, timed_out: bool) -> str | int:
             if timed_out:
                 return f"{what} did not complete within the timeout"
             if r.error is not None:
                 raise type(r.error)(f"{what}: {r.error}")
+            assert r.header is not None  # a receive completed without error has matched one
             src_rank = r.header.src
             return self.group_rank(src_rank) if group_src else src_rank
 
@@ -411,8 +419,8 @@ class ProcessGroup(Members):
             err = e  # a bug or KeyboardInterrupt: still leave the group broken
         if self.broken is None:
             self.broken = err
-            if isinstance(err, BaseException):
-                err.seq = ctx.seq
+            # any exception, a KeyboardInterrupt too, records the operation it broke
+            setattr(err, "seq", ctx.seq)  # noqa: B010  (BaseException declares no seq)
         return err
 
     def _abort_members(self, seq: int, reason: int, text: str) -> None:

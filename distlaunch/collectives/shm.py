@@ -49,7 +49,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -76,10 +76,10 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-_futex = None
+_futex: Callable[..., int] | None = None
 
 
-def _futex_fn():
+def _futex_fn() -> Callable[..., int]:
     global _futex
     if _futex is None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -187,8 +187,8 @@ class ShmChannel:
         self._sidx = self._ctl(self.r) // 4
         self._flag_idx = [self._ctl(j) // 4 + 1 for j in range(self.n)]  # rank j sleeps on rank w-1
         self._fence = threading.Lock()
-        self._views = {}
-        self._plans = {}
+        self._views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
+        self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
         # byte offsets of every rank's two meta records
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
         self._peer_meta_offs = [
@@ -204,7 +204,7 @@ class ShmChannel:
 
     # -- layout
 
-    def _ctl(self, j):
+    def _ctl(self, j: int) -> int:
         return _HDR + j * _CTL
 
     def view(self, j: int, p: int, dtype: np.dtype, count: int, offset: int = 0) -> np.ndarray:
@@ -225,7 +225,7 @@ class ShmChannel:
 
     # -- synchronisation
 
-    def _wake(self, j):
+    def _wake(self, j: int) -> None:
         self._futex(_SYS_FUTEX, self.base + self._ctl(j), 1, 0x7FFFFFFF, None, None, 0)
 
     def signal(self, p: int) -> None:
@@ -285,7 +285,7 @@ class ShmChannel:
                 self.need(j, p, ctx)
         self.all_at = p
 
-    def _check(self, j, ctx) -> float:
+    def _check(self, j: int, ctx: OpContext) -> float:
         """Raise if the operation cannot complete; else the seconds left."""
         g = self.group
         if g.broken is not None:
@@ -308,7 +308,7 @@ class ShmChannel:
                 raise PeerLostError(f"rank {g.ranks[j]} (pid {pid}) died: its process no longer exists")
         return left
 
-    def _raise_abort(self, reason):
+    def _raise_abort(self, reason: int) -> NoReturn:
         g = self.group
         end = time.monotonic() + 0.2  # the TCP ABORT carries the full message
         while g.broken is None and time.monotonic() < end:
@@ -331,7 +331,7 @@ class ShmChannel:
                 self.words[0] = reason
             for j in range(self.n):
                 self._wake(j)
-        except (ValueError, TypeError):  # already closed
+        except (ValueError, AttributeError):  # already closed
             pass
 
     # -- operations
@@ -412,14 +412,12 @@ class ShmChannel:
     def close(self) -> None:
         """Unlink the segment and unmap it (unless a user-visible view still holds it)."""
         _unlink(self.path)
-        self.bufs = None
-        self._views = self._plans = None
-        self.raw = None
-        self.words = self.quads = None
         try:
+            # drop every export of the mapping; a closed channel has none of these
+            del self.bufs, self._views, self._plans, self.raw, self.words, self.quads
             del self._anchor
             self.mm.close()
-        except (BufferError, AttributeError):
+        except (BufferError, AttributeError):  # AttributeError: closed before
             pass  # a user-visible view still exists: the mapping goes with it
 
 
@@ -449,11 +447,11 @@ class SmallAllReduce:
         self.views = [[s.view(j, p, arr.dtype, arr.size) for j in range(s.n)] for p in (0, 1)]
 
 
-def _round(x):
+def _round(x: int) -> int:
     return (x + 4095) // 4096 * 4096
 
 
-def _unlink(path):
+def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except OSError as e:
