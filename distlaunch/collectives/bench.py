@@ -32,6 +32,7 @@ import re
 import statistics
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -97,7 +98,7 @@ def _pattern(count, dtype, rank, salt=0):
 class Case:
     """Buffers and the call of one (op, size); ``expected()`` checks the last result."""
 
-    def __init__(self, dist, op, nbytes, dtype, rank, n):
+    def __init__(self, dist: Any, op: str, nbytes: int, dtype: np.dtype, rank: int, n: int) -> None:
         self.dist, self.op, self.dtype, self.rank, self.n = dist, op, dtype, rank, n
         isz = dtype.itemsize
         blocked = op in ("all_gather", "reduce_scatter", "all_to_all")
@@ -119,14 +120,14 @@ class Case:
             self.inp, self.out = np.empty(per, dtype), np.empty(per, dtype)
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         d, r = self.dtype, self.rank
         if self.op in ("all_reduce", "broadcast"):
             self.buf[:] = _pattern(self.per, d, r)
         else:
             self.inp[:] = _pattern(self.inp.size, d, r)
 
-    def call(self):
+    def call(self) -> None:
         dist, op, n, r = self.dist, self.op, self.n, self.rank
         if op == "all_reduce":
             dist.all_reduce(self.buf)
@@ -169,7 +170,7 @@ class Case:
         return int(np.count_nonzero(got != want))
 
 
-def measure(dist, case, iters, reps=5):
+def measure(dist: Any, case: Case, iters: int, reps: int = 5) -> float:
     """Median over ``reps`` of the slowest rank's mean time per call (seconds). In-place
     reductions repeated on one buffer overflow to inf: harmless here (the checked call
     starts from fresh inputs), so numpy's warnings are silenced."""
@@ -188,7 +189,7 @@ def measure(dist, case, iters, reps=5):
     return statistics.median(worst.tolist())
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m distlaunch.collectives.bench", description=__doc__.split("\n")[0]
     )
@@ -216,6 +217,7 @@ def main(argv=None) -> int:
         dist.destroy_process_group()
         return 2
     world = dist.GroupMember.WORLD
+    assert world is not None  # set by init_process_group
     dist.barrier()
     transport = "shared memory" if world.backend == "shm" else "tcp"
     rows = []
@@ -236,9 +238,9 @@ def main(argv=None) -> int:
         t = measure(dist, case, iters)
         case.reset()
         case.call()
-        wrong = np.array([case.wrong()], np.int64)
-        dist.all_reduce(wrong)
-        wrong = int(wrong[0])
+        wrong_counts = np.array([case.wrong()], np.int64)
+        dist.all_reduce(wrong_counts)
+        wrong = int(wrong_counts[0])
         bad += wrong
         algbw = case.nbytes / t / 1e9
         busbw = algbw * bus_factor(args.op, n)

@@ -34,7 +34,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -46,12 +46,13 @@ from .group import ProcessGroup
 from .shm import ShmConfig
 from .shm import available as shm_available
 from .tcp import HANDSHAKE_TIMEOUT, TcpTransport
+from .wire import Header
 
 _BACKENDS = {None, "auto", "cpu", "gloo", "cpu:gloo"}
 
 
 class _NonGroupMember:
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "GroupMember.NON_GROUP_MEMBER"
 
 
@@ -60,21 +61,21 @@ class GroupMember:
     initialised (None before), ``NON_GROUP_MEMBER`` what new_group returns to ranks
     outside the group."""
 
-    WORLD = None
+    WORLD: ProcessGroup | None = None
     NON_GROUP_MEMBER = _NonGroupMember()
 
 
 class _LockedStore:
     """Serialises calls to a store client shared by several threads."""
 
-    def __init__(self, store):
+    def __init__(self, store: Any) -> None:
         self.store = store
         self._lock = threading.Lock()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Callable[..., Any]:
         fn = getattr(self.store, name)
 
-        def call(*args, **kwargs):
+        def call(*args: Any, **kwargs: Any) -> Any:
             with self._lock:
                 return fn(*args, **kwargs)
 
@@ -104,7 +105,7 @@ class Runtime:
         self._shm_node = f"L:{launcher_node}" if use_shm else f"N:{rank}"
         # read once here, not at import: the sizes every shared-memory channel uses
         self.shm_config = ShmConfig.from_env()
-        self._node_ids = None
+        self._node_ids: list[str] | None = None
         self.world_size = world_size
         self.timeout = timeout
         self.store = _LockedStore(store)
@@ -142,7 +143,7 @@ class Runtime:
         self.world = ProcessGroup(self, 0, list(range(world_size)), timeout, "WORLD")
         self._add_group(self.world)
 
-    def _init_wait(self, keys, deadline, timeout) -> bytes:
+    def _init_wait(self, keys: list[str], deadline: float, timeout: float) -> bytes:
         """Wait for ``keys`` until the init deadline and return the first one's value;
         on timeout name the ranks that never arrived (CollectiveTimeoutError)."""
         try:
@@ -161,24 +162,24 @@ class Runtime:
                 f"init_process_group timed out after {timeout:g} s: {why} (world size {self.world_size}): {e}"
             ) from e
 
-    def _status(self, gid):
+    def _status(self, gid: int) -> tuple[int, int]:
         g = self.groups.get(gid)
         return g.status() if g is not None else (-1, 0)
 
-    def _abort(self, hdr, text):
+    def _abort(self, hdr: Header, text: str) -> None:
         g = self.groups.get(hdr.group)
         if g is not None:
             g.on_abort(hdr, text)
         else:  # this rank has not created the group yet (still in init / new_group)
             self._early_aborts.setdefault(hdr.group, (hdr, text))
 
-    def _add_group(self, g):
+    def _add_group(self, g: ProcessGroup) -> None:
         self.groups[g.gid] = g
         early = self._early_aborts.pop(g.gid, None)
         if early is not None:
             g.on_abort(*early)
 
-    def _late(self, hdr):
+    def _late(self, hdr: Header) -> None:
         g = self.groups.get(hdr.group)
         if g is not None:
             g.on_late(hdr)
@@ -192,7 +193,7 @@ class Runtime:
         self._add_group(g)
         return g
 
-    def node_ids(self) -> list:
+    def node_ids(self) -> list[str]:
         """Every rank's published node key ("L:<launcher node id>" when it can use
         shared memory, else unique per rank); fetched once from the store."""
         if self._node_ids is None:
@@ -346,6 +347,8 @@ def init_process_group(
         for given, actual, what in ((rank, r, "rank"), (world_size, n, "world_size")):
             if given not in (-1, None) and given != actual:
                 raise ConfigError(f"{what}={given} contradicts the launcher's environment ({actual})")
+        if ident.store_addr is None:  # the launcher sets both; a hand-made environment may not
+            raise ConfigError("DISTLAUNCH_STORE_PORT is set but DISTLAUNCH_STORE_ADDR is not")
         store = _tcp_store(ident.store_addr, ident.store_port, -1, ident.store_token, timeout, deadline)
         owned.append(store)
         prefix = f"distlaunch/coll/{ident.run_id}/{ident.restart_count}/"

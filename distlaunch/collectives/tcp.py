@@ -58,7 +58,7 @@ _NONCE, _MAC = 16, 32  # bytes
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
-def _proof(secret, role, connector, acceptor, nc, na) -> bytes:
+def _proof(secret: bytes, role: bytes, connector: int, acceptor: int, nc: bytes, na: bytes) -> bytes:
     """HMAC-SHA256 that ``role`` (b"connector" / b"acceptor") knows the secret, bound to
     both ranks and both nonces."""
     msg = b"distlaunch-coll-v2 %s %d>%d " % (role, connector, acceptor) + nc + na
@@ -150,26 +150,31 @@ class TcpTransport(Transport):
         self._abort_handler = abort_handler
         self._lock = threading.Lock()
         self._status_cv = threading.Condition(self._lock)
-        self._connect_locks = collections.defaultdict(threading.Lock)
-        self._out = {}  # peer -> outgoing _Conn
-        self._conns = set()
-        self._addrs = {}
-        self._posted = {}  # (key, src) -> deque[Request]
-        self._posted_any = {}  # key -> deque[Request]
-        self._unexpected = {}  # (key, src) -> deque[(Header, bytearray)]
-        self._lost = {}  # peer -> reason
-        self._suspects = {}  # peer -> (deadline, reason): see _conn_failed_locked
-        self._status = {}  # (group, peer) -> (seq, op)
-        self._new_conns = []
-        self._dirty = set()
+        self._connect_locks: collections.defaultdict[int, threading.Lock] = collections.defaultdict(
+            threading.Lock
+        )
+        self._out: dict[int, _Conn] = {}  # peer -> outgoing _Conn
+        self._conns: set[_Conn] = set()
+        self._addrs: dict[int, tuple[str, int]] = {}
+        self._posted: dict[tuple[tuple, int], collections.deque[Request]] = {}  # (key, src) -> requests
+        self._posted_any: dict[tuple, collections.deque[Request]] = {}  # key -> requests
+        # (key, src) -> the messages no receive was posted for yet
+        self._unexpected: dict[tuple[tuple, int], collections.deque[tuple[Header, bytearray]]] = {}
+        self._lost: dict[int, str] = {}  # peer -> reason
+        self._suspects: dict[
+            int, tuple[float, str]
+        ] = {}  # peer -> (deadline, reason): see _conn_failed_locked
+        self._status: dict[tuple[int, int], tuple[int, int]] = {}  # (group, peer) -> (seq, op)
+        self._new_conns: list[_Conn] = []
+        self._dirty: set[_Conn] = set()
         self._closed = False
         self.handshake_timeout = handshake_timeout
         self.max_pending = max(64, 2 * world_size)
-        self._pending = {}  # unauthenticated incoming _Conn -> deadline, oldest first
+        self._pending: dict[_Conn, float] = {}  # unauthenticated incoming _Conn -> deadline, oldest first
         self._accept_paused_until = None  # monotonic time, while out of descriptors
         # late_handler(header): called on the progress thread for an unmatched collective
         # message, so the runtime can spot messages of operations it already finished
-        self.late_handler = None
+        self.late_handler: Callable[[Header], None] | None = None
 
         self._listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -189,7 +194,7 @@ class TcpTransport(Transport):
 
     # ---------------------------------------------------------------- connections
 
-    def _addr_of(self, peer, deadline):
+    def _addr_of(self, peer: int, deadline: float) -> tuple[str, int]:
         addr = self._addrs.get(peer)
         if addr is None:
             key = f"{self._prefix}addr/{peer}"
@@ -203,7 +208,7 @@ class TcpTransport(Transport):
             addr = self._addrs[peer] = (host, int(port))
         return addr
 
-    def _connection(self, peer, deadline) -> _Conn:
+    def _connection(self, peer: int, deadline: float) -> _Conn:
         conn = self._out.get(peer)
         if conn is not None:
             return conn
@@ -238,7 +243,7 @@ class TcpTransport(Transport):
             self._wake()
             return conn
 
-    def _handshake(self, peer, addr, deadline) -> socket.socket:
+    def _handshake(self, peer: int, addr: tuple[str, int], deadline: float) -> socket.socket:
         """Connect to ``peer`` at ``addr`` and run the connector's side of the handshake
         (blocking, until ``deadline``); returns the authenticated non-blocking socket.
         Raises CollectiveTimeoutError, PeerLostError (refused, or the listener failed
@@ -306,7 +311,7 @@ class TcpTransport(Transport):
     def isend(
         self, peer: int, header: Header, payload: memoryview, deadline: float, owner: Any = None
     ) -> Request:
-        req = Request(True, peer, None, payload, owner=owner)
+        req = Request(True, peer, (), payload, owner=owner)  # a send is never matched by key
         conn = self._connection(peer, deadline)
         bufs = [memoryview(header.pack())]
         if len(payload):
@@ -444,7 +449,7 @@ class TcpTransport(Transport):
                         del table[k]
 
     def fail_owner(self, owner: Any, error: BaseException) -> None:
-        victims = []
+        victims: list[Request] = []
         with self._lock:
             for table in (self._posted, self._posted_any):
                 for k in list(table):
@@ -629,7 +634,7 @@ class TcpTransport(Transport):
                 if conn.got == len(conn.target):
                     self._end(conn)
 
-    def _begin(self, conn, hdr) -> bool:
+    def _begin(self, conn: _Conn, hdr: Header) -> bool:
         """Choose where the payload of ``hdr`` goes; False when the connection was dropped."""
         if conn.peer is None:
             expect = (HELLO, 0, _NONCE) if conn.hs is None else (HELLO, 2, _MAC)
@@ -791,7 +796,7 @@ class TcpTransport(Transport):
         for r in victims:
             r.complete(error)
 
-    def close(self):
+    def close(self) -> None:
         if self._closed:
             return
         self._closed = True
