@@ -157,7 +157,6 @@ class OpContext:
         self.deadline = time.monotonic() + self.timeout
         self._posted: list[Request] = []
         self.shm: ShmChannel | None = None  # the channel while the operation runs on shared memory
-        self.call: SmallCall | None = None  # the SmallCall a reused context (the group's fast path) describes
         self._transport = group.runtime.transport
         self._me = group.runtime.rank
 
