@@ -17,7 +17,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_nodes(*args, nnodes=2, extra=()):
+def launch_nodes(*args, nnodes=2, extra=(), env=None, nproc=2):
     port = free_port()
     return [
         dl_popen(
@@ -31,10 +31,11 @@ def launch_nodes(*args, nnodes=2, extra=()):
             "--master-port",
             port,
             "--nproc-per-node",
-            2,
+            nproc,
             *extra,
             WORKERS / "actor.py",
             *args,
+            env=env,
         )
         for k in range(nnodes)
     ]

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 from conftest import WORKERS, dl, dl_popen
-from test_pernode import finish, free_port
+from test_pernode import finish, free_port, launch_nodes
 from test_supervision import wait_for
 
 from distlaunch.errors import StoreAuthError
@@ -98,27 +98,7 @@ def test_dynamic_store_refuses_endpoint_derived_token(tmp_path):
 
 def test_two_nodes_agree_through_the_per_user_secret_file_created_concurrently(tmp_path):
     # both launchers start at once with no secret file: one creates it, both use it
-    port = free_port()
-    env = _env_without_secrets(tmp_path / "cfg")
-    procs = [
-        dl_popen(
-            "run",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            k,
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            port,
-            "--nproc-per-node",
-            2,
-            WORKERS / "actor.py",
-            env=env,
-        )
-        for k in range(2)
-    ]
-    results = finish(procs)
+    results = finish(launch_nodes(env=_env_without_secrets(tmp_path / "cfg")))
     assert [r[2] for r in results] == [0, 0], results
 
 
@@ -130,27 +110,8 @@ def _token_file(path: pathlib.Path, mode: int, text: str = "0123456789abcdef0123
 
 def test_store_token_file_is_shared_and_checked(tmp_path):
     good = _token_file(tmp_path / "token", 0o600)
-    port = free_port()
     env = _env_without_secrets(tmp_path / "no-such-config")
-    procs = [
-        dl_popen(
-            "run",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            k,
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            port,
-            "--store-token-file",
-            good,
-            WORKERS / "actor.py",
-            env=env,
-        )
-        for k in range(2)
-    ]
-    results = finish(procs)
+    results = finish(launch_nodes(env=env, nproc=1, extra=("--store-token-file", good)))
     assert [r[2] for r in results] == [0, 0], results
     assert not (tmp_path / "no-such-config").exists()  # the file was used, nothing created
 
