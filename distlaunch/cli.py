@@ -1,4 +1,5 @@
-"""The command line: parses, dispatches, and is the only module that prints for the user.
+"""The command line: parses, dispatches, and installs the reporter every layer tells the
+user through (``report.py``).
 Exit codes come from the errors themselves (``exit_code``: 0 success; the first failed
 worker's code, signal N -> 128+N; 2 bad usage). `run` resolves its options into a launch
 mode (``modes.py``) and hands it to ``launcher`` or ``head``."""
@@ -14,6 +15,7 @@ import click
 
 from . import __version__
 from .errors import ConfigError, DistlaunchError, LaunchInterrupted, WorkerFailedError
+from .report import Reporter, install, say
 
 if TYPE_CHECKING:
     from .agent.process import WorkerFailure
@@ -23,25 +25,6 @@ if TYPE_CHECKING:
 
 SECRET_VARS = ("DISTLAUNCH_STORE_TOKEN",)
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def say(msg: str) -> None:
-    """One launcher line on stderr (worker output has its own ``[rank]: `` prefix)."""
-    sys.stderr.write(f"distlaunch: {msg}\n")
-    sys.stderr.flush()
-
-
-class _TtyStatus:
-    """A live status line on a terminal: rewritten in place, kept once final."""
-
-    def __init__(self) -> None:
-        self.last: str | None = None
-
-    def __call__(self, text: str, final: bool) -> None:
-        if text != self.last or final:
-            sys.stderr.write(f"\r\x1b[Kdistlaunch: {text}" + ("\n" if final else ""))
-            sys.stderr.flush()
-            self.last = text
 
 
 def _dashes(name: str) -> str:
@@ -444,8 +427,7 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
             return
         from .head import run_hosts
 
-        status = _TtyStatus() if sys.stderr.isatty() else None
-        restarts = run_hosts(mode.job, mode.head, say, status)
+        restarts = run_hosts(mode.job, mode.head)
         if restarts:
             say(f"all workers succeeded after {restarts} restart(s)")
         return
@@ -455,7 +437,7 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     if dry_run:
         _print_plan(plan)
         return
-    restarts = launcher.run(mode, say, plan)
+    restarts = launcher.run(mode, plan)
     if restarts:
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
 
@@ -707,6 +689,7 @@ def _error_file_trace(text: str | None) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the CLI and exit with the right code."""
+    install(Reporter(live=sys.stderr.isatty()))  # the live status only on a terminal
     try:
         cli.main(args=argv, prog_name="distlaunch", standalone_mode=False)
     except click.exceptions.Exit as e:

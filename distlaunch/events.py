@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .report import say
 from .rounds import Cause, Failure, Join, Lost, Signal, cause_from_dict, cause_to_dict
 
 if TYPE_CHECKING:  # rendezvous imports this module's users; for annotations only
@@ -81,18 +82,17 @@ def one_line(event: dict[str, Any]) -> str:
 
 class EventLog:
     """Thread-safe. ``emit(event)`` appends to the events file (if ``log_dir``) and shows
-    the one-line form through ``say`` when ``verbose(event)`` says so. A file that cannot
-    be written is given up with one warning through ``say``; emit never raises."""
+    the one-line form through ``report.say`` when ``verbose(event)`` says so. A file that
+    cannot be written is given up with one warning said; emit never raises."""
 
     def __init__(
         self,
         log_dir: str | None,
         run_id: str,
-        say: Callable[[str], None] | None,
         verbose: Callable[[dict[str, Any]], bool] = lambda e: True,
     ):
         self.path = os.path.join(log_dir, run_id, "events.jsonl") if log_dir else None
-        self.say, self.verbose = say, verbose
+        self.verbose = verbose
         self._lock = threading.Lock()
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -105,10 +105,6 @@ class EventLog:
                         f.write(json.dumps(event) + "\n")
                 except OSError as e:  # disk full, EIO ...: the job goes on without the file
                     path, self.path = self.path, None
-                    if self.say:
-                        self.say(
-                            f"warning: cannot write {path} ({e.strerror}); events are "
-                            f"no longer recorded there"
-                        )
-            if self.say and self.verbose(event):
-                self.say(one_line(event))
+                    say(f"warning: cannot write {path} ({e.strerror}); events are no longer recorded there")
+            if self.verbose(event):
+                say(one_line(event))

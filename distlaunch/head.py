@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .agent.entry import quiet
 from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress
 from .agent.signals import SignalRelay
@@ -24,6 +23,7 @@ from .config import LaunchConfig
 from .errors import ConfigError, LaunchInterrupted
 from .modes import STORE_HOST, HeadOptions
 from .policy import error_for
+from .report import say
 from .rounds import Signal
 
 if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this module
@@ -38,8 +38,6 @@ if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this m
 def run_hosts(
     cfg: LaunchConfig,
     head: HeadOptions,
-    on_event: Callable[[str], None],
-    on_progress: Callable[[str, bool], None] | None = None,
 ) -> int:
     """Head mode: connect to every host, preflight them, host the store, start one agent
     per host (in-process for this machine), relay output, and return the restarts the
@@ -77,9 +75,7 @@ def run_hosts(
         # audit logs show, carries only PYTHONPATH, which the agent's interpreter needs.
         env = shipped_env(os.environ, [], head.env_all)
         cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}
-        engine = SSHEngine.connect(
-            {k: hosts[k] for k in remote}, head.ssh, python, cwd, cmd_env, __version__, on_event, on_progress
-        )
+        engine = SSHEngine.connect({k: hosts[k] for k in remote}, head.ssh, python, cwd, cmd_env, __version__)
         store_addr = head.store_addr or (engine.store_address() if remote else STORE_HOST)
         if store_addr is None:
             raise ConfigError(
@@ -113,8 +109,7 @@ def run_hosts(
             cfg,
             hosts,
             head.min_nodes or len(hosts),
-            EventLog(cfg.log_dir, cfg.run_id, on_event),
-            on_progress,
+            EventLog(cfg.log_dir, cfg.run_id),
             kill,
         )
         engine.start(
@@ -130,9 +125,7 @@ def run_hosts(
                 for k in remote
             }
         )
-        on_event(
-            f"started agents on {len(hosts)} host(s): " + ", ".join(f"{h.name}:{h.slots}" for h in hosts)
-        )
+        say(f"started agents on {len(hosts)} host(s): " + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
         startup.close()
         relay.restore()
         relay = None
@@ -147,11 +140,11 @@ def run_hosts(
             pump = threading.Thread(target=lambda: _pump_until_done(engine, ended), daemon=True)
             pump.start()
             try:
-                NodeAgent(cfg, store, node_options(local[0]), guard, quiet, master_addr=store_addr).run()
+                NodeAgent(cfg, store, node_options(local[0]), guard, master_addr=store_addr).run()
             finally:
                 pump.join(cfg.stop_timeout + 15)
         else:
-            _supervise_remote(engine, ended, rdzv, cfg, hosts, controller, on_event, kill)
+            _supervise_remote(engine, ended, rdzv, cfg, hosts, controller, kill)
         controller.thread.join(5.0)  # it reports the last round's end
         restarts, cause = rdzv.outcome()
         if cause is not None:
@@ -191,7 +184,6 @@ def _supervise_remote(
     cfg: LaunchConfig,
     hosts: list[Host],
     controller: HeadController,
-    on_event: Callable[[str], None],
     kill: Callable[[int], None],
 ) -> None:
     """The head's loop when it runs no workers itself: relay output until every agent has
@@ -212,7 +204,7 @@ def _supervise_remote(
                 deadline = time.monotonic() + cfg.stop_timeout + 10
             if relay.kill_now or (deadline is not None and time.monotonic() >= deadline):
                 for k in engine.running:
-                    on_event(f"agent on {hosts[k].name} did not stop; killing its processes")
+                    say(f"agent on {hosts[k].name} did not stop; killing its processes")
                     kill(k)
                     engine.abandon(k)
     finally:

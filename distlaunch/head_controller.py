@@ -18,6 +18,7 @@ from .events import EventLog, round_end_event, round_event
 from .hosts import Host, slots_of
 from .policy import End, HeadHistory, HeadPlanned
 from .rendezvous import Rendezvous
+from .report import live, progress
 from .rounds import Cause, Lost, Over
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class HeadController:
     """Runs on its own thread and store connection (``client``, closed at its end).
 
     Start-up status: "starting W workers on N hosts: k/W ready" through
-    ``on_progress(text, final)`` (None: not shown). ``kill(host id)`` is called (on this
+    ``report.progress`` (only followed when the reporter is live). ``kill(host id)`` is called (on this
     thread) for a host whose agent was lost.
 
     ``agent_gone(id, status)`` (any thread): an agent ended before the job; its round is
@@ -42,11 +43,10 @@ class HeadController:
         hosts: list[Host],
         min_nodes: int,
         events: EventLog,
-        on_progress: Callable[[str, bool], None] | None,
         kill: Callable[[int], None],
     ) -> None:
         self.client, self.hosts = client, hosts
-        self.events, self.on_progress, self.kill = events, on_progress, kill
+        self.events, self.kill = events, kill
         self.policy = HeadPlanned(cfg.max_restarts, min_nodes)
         self.rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
         self.rnd = 0
@@ -90,13 +90,13 @@ class HeadController:
                 )
                 self.rdzv.stand_in(self.rnd, rank, slots_of(host), host.name)
 
-    def _startup(self, on_progress: Callable[[str, bool], None]) -> None:
+    def _startup(self) -> None:
         total = sum(slots_of(h) for h in self.hosts)
         ready: set[int] = set()
         while not self._stop.is_set():
             ready |= self.rdzv.recorded(0, [k for k in range(len(self.hosts)) if k not in ready])
             done = len(ready) == len(self.hosts)
-            on_progress(
+            progress(
                 f"starting {total} workers on {len(self.hosts)} hosts: "
                 f"{sum(slots_of(self.hosts[k]) for k in ready)}/{total} ready",
                 done,
@@ -109,8 +109,8 @@ class HeadController:
     def _run(self) -> None:
         r = self.rdzv
         try:
-            if self.on_progress:
-                self._startup(self.on_progress)
+            if live():
+                self._startup()
             while self._wait(r.keys(self.rnd).master):
                 r.num_nodes = len(self.history.members)
                 _, _, restarts = r.master(self.rnd)

@@ -14,7 +14,6 @@ import errno
 import os
 import socket
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +22,7 @@ from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worke
 from .config import LaunchConfig
 from .errors import ConfigError
 from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
+from .report import say
 from .topology import WorkerSlot, node_slots
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def make_plan(mode: NodeMode) -> Plan:
     )
 
 
-def run(mode: NodeMode, on_event: Callable[[str], None], plan: Plan | None = None) -> int:
+def run(mode: NodeMode, plan: Plan | None = None) -> int:
     """Run this node's part of the job to the end; return the restarts it took.
 
     Single node: host the store on loopback and run the agent. Static per-node launch:
@@ -92,21 +92,21 @@ def run(mode: NodeMode, on_event: Callable[[str], None], plan: Plan | None = Non
     cfg = mode.job
     if (cfg.redirects.any or cfg.tee.any) and not cfg.log_dir:
         log_dir = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
-        on_event(f"worker logs go to {log_dir}/{cfg.run_id}")
+        say(f"worker logs go to {log_dir}/{cfg.run_id}")
         cfg = dataclasses.replace(cfg, log_dir=log_dir)
     if cfg.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
-        on_event(
+        say(
             f"setting OMP_NUM_THREADS=1 for each of the {cfg.nproc_per_node} workers "
             f"on this node; set it yourself to choose another value"
         )
     if isinstance(mode, DynamicNodes):
-        return _run_dynamic(mode, cfg, on_event)
+        return _run_dynamic(mode, cfg)
     if isinstance(mode, StaticNodes):
         store = StoreAddress(*mode.store_endpoint(), _shared_token(cfg, mode.store_token_file))
-        return _run_fixed(cfg, mode, store, "0.0.0.0", plan, on_event)
+        return _run_fixed(cfg, mode, store, "0.0.0.0", plan)
     assert isinstance(mode, SingleNode)
     store = StoreAddress(STORE_HOST, 0, os.urandom(16).hex())
-    return _run_fixed(cfg, mode, store, STORE_HOST, plan, on_event)
+    return _run_fixed(cfg, mode, store, STORE_HOST, plan)
 
 
 def _run_fixed(
@@ -115,7 +115,6 @@ def _run_fixed(
     store: StoreAddress,
     bind: str,
     plan: Plan,
-    on_event: Callable[[str], None],
 ) -> int:
     """A fixed set of nodes whose node 0 hosts the store at ``store`` (bound on ``bind``;
     port 0: any free port)."""
@@ -139,9 +138,8 @@ def _run_fixed(
                 **cfg.rdzv_options(),
             ),
             guard,
-            on_event,
             master_addr=plan.master_addr,
-            events=_event_log(cfg, on_event),
+            events=_event_log(cfg),
         )
         return agent.run()
     finally:
@@ -150,7 +148,7 @@ def _run_fixed(
         guard.close()
 
 
-def _event_log(cfg: LaunchConfig, on_event: Callable[[str], None]) -> EventLog:
+def _event_log(cfg: LaunchConfig) -> EventLog:
     """Round lines on the console (not the trivial first round of a one-node job) and
     every event in <log-dir>/<run-id>/events.jsonl."""
     from .events import EventLog
@@ -158,7 +156,6 @@ def _event_log(cfg: LaunchConfig, on_event: Callable[[str], None]) -> EventLog:
     return EventLog(
         cfg.log_dir,
         cfg.run_id,
-        on_event,
         lambda e: e["event"] == "round" and (e["round"] > 0 or len(e["members"]) > 1),
     )
 
@@ -181,7 +178,7 @@ def _address_towards(host: str, port: int) -> str:
             return socket.gethostname()
 
 
-def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig, on_event: Callable[[str], None]) -> int:
+def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig) -> int:
     """Per-node launch with dynamic membership through the store at the endpoint; the
     launcher that can bind that address hosts the store (torchrun's c10d backend)."""
     from .errors import StoreError
@@ -213,9 +210,8 @@ def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig, on_event: Callable[[str]
             StoreAddress(host, port, token),
             opts,
             guard,
-            on_event,
             master_addr=_address_towards(host, port),
-            events=_event_log(cfg, on_event),
+            events=_event_log(cfg),
         )
         return agent.run()
     finally:

@@ -17,10 +17,6 @@ from .guard import OrphanGuard
 from .node import NodeAgent, NodeOptions, StoreAddress
 
 
-def quiet(_msg: str) -> None:
-    """Agents in head mode say nothing of rounds: the head reports them once."""
-
-
 def run_agent(spec: dict[str, Any]) -> int:
     """Run one node's agent for ``spec`` (see the module docstring; it holds the store's
     secret). Returns the restarts taken; raises as NodeAgent.run. Records its end in the
@@ -34,7 +30,7 @@ def run_agent(spec: dict[str, Any]) -> int:
     guard = OrphanGuard()
     try:
         return NodeAgent(
-            cfg, store, NodeOptions(**spec["node"]), guard, quiet, master_addr=spec["master_addr"]
+            cfg, store, NodeOptions(**spec["node"]), guard, master_addr=spec["master_addr"]
         ).run()
     finally:
         guard.close()

@@ -23,6 +23,7 @@ from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import EventLog, round_end_event, round_event
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
+from ..report import say
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal
 from ..topology import WorkerSlot, assign_ranks, cpu_sets
 from .group import LaunchSpec, WorkerGroup
@@ -140,14 +141,15 @@ class NodeAgent:
         store: StoreAddress,
         opts: NodeOptions,
         guard: OrphanGuard,
-        on_event: Callable[[str], None],
         base_env: dict[str, str] | None = None,
         master_addr: str | None = None,
         events: EventLog | None = None,
     ) -> None:
         self.cfg, self.store_addr, self.opts = cfg, store, opts
         self.events = events  # events.EventLog, or None (a remote agent: the head reports)
-        self.guard, self.on_event = guard, on_event
+        self.guard = guard
+        # Agents in head mode say nothing of rounds: the head reports them once.
+        self.say: Callable[[str], None] = say if opts.node_id is None else _quiet
         self.base_env = dict(os.environ) if base_env is None else base_env
         self.master_addr = master_addr or cfg.master_addr or "localhost"
         self.argv = worker_argv(cfg)
@@ -190,7 +192,7 @@ class NodeAgent:
                 except StoreError as e:  # never reached: not "lost"
                     raise RendezvousError(str(e)) from e
             rdzv = Rendezvous(
-                client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout, on_wait=self.on_event
+                client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout, on_wait=self.say
             )
             while True:
                 if o.node_id is not None:  # head mode: the head decides each round
@@ -244,7 +246,7 @@ class NodeAgent:
 
         def report(problem: str, waited: float) -> None:
             if progress.due() is not None:
-                self.on_event(
+                self.say(
                     f"waiting for the store at {a.host}:{a.port} ({waited:.0f} s of "
                     f"{self.opts.join_timeout:g} s): {problem}{note}"
                 )
@@ -322,7 +324,7 @@ class NodeAgent:
         if isinstance(decision, End):
             assert decision.error is not None  # set by every per-node policy
             raise decision.error
-        self.on_event(decision.note)
+        self.say(decision.note)
         return decision.restarts
 
     def _wait_for_next_round(self, rdzv: Rendezvous, late: LateJoin) -> None:
@@ -503,6 +505,10 @@ class NodeAgent:
             log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
             sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2))
         return sinks[0], sinks[1]
+
+
+def _quiet(_msg: str) -> None:
+    pass
 
 
 def _error_for(cause: Cause) -> Exception:

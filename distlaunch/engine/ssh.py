@@ -6,7 +6,7 @@ and remote kills run over the same connection (or a fresh one if it broke).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
@@ -15,6 +15,7 @@ from ..remote import RemoteError
 from ..remote.command import remote_command
 from ..remote.preflight import preflight
 from ..remote.ssh import SSHConnection, SSHOptions, connect_all
+from ..report import progress, say
 from . import OnEnd
 from .relay import AgentRelay
 
@@ -40,25 +41,21 @@ class SSHEngine:
         cwd: str,
         cmd_env: Mapping[str, str],
         version: str,
-        on_event: Callable[[str], None],
-        on_progress: Callable[[str, bool], None] | None = None,
     ) -> SSHEngine:
-        """Connect to every host and preflight it (each report goes to ``on_event``).
+        """Connect to every host and preflight it (each report is said, ``report.say``).
         Blocks. Raises ConfigError when a host cannot be reached or fails its check
         (nothing was started)."""
-        if on_progress:
-            on_progress(f"connecting to {len(hosts)} host(s)", False)
+        progress(f"connecting to {len(hosts)} host(s)", False)
         try:
             conns = dict(zip(hosts, connect_all(list(hosts.values()), ssh)))
         except RemoteError as e:
             raise ConfigError(str(e).replace("\n", "; ")) from e
         engine = cls(conns, python, cwd, cmd_env)
         try:
-            if on_progress:
-                on_progress(f"checking {len(conns)} host(s)", False)
+            progress(f"checking {len(conns)} host(s)", False)
             reports = preflight(list(conns.values()), python, cwd, version)
             for r in reports:
-                on_event(f"preflight {r.host.name}: {'ok' if r.ok else r.problem}")
+                say(f"preflight {r.host.name}: {'ok' if r.ok else r.problem}")
             bad = [r for r in reports if not r.ok]
             if bad:
                 raise ConfigError(
