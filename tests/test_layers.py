@@ -27,8 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (as long as there is no cycle) and of the layers before it.
 LAYERS: list[tuple[str, list[str]]] = [
     (
-        "leaves: errors, pure rank arithmetic, the package root, process records, output sinks, "
-        "the reporter",
+        "leaves: errors, pure rank arithmetic, the package root, process records, output sinks, the reporter",
         [
             "distlaunch.errors",
             "distlaunch.report",
