@@ -43,19 +43,12 @@ def _env_without_secrets(config_home) -> dict:
 def test_per_node_store_refuses_tokens_derived_from_public_values(tmp_path):
     port = free_port()
     env = _env_without_secrets(tmp_path / "cfg")
-    node0 = dl_popen(
-        "run",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "0",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        port,
-        WORKERS / "actor.py",
-        env=env,
-    )
+
+    def node(k):
+        return dl_popen("run", "--nnodes", "2", "--node-rank", k, "--master-addr", "127.0.0.1",
+                        "--master-port", port, WORKERS / "actor.py", env=env)  # fmt: skip
+
+    node0 = node(0)
     try:
         assert wait_for(lambda: _port_open(port)), "node 0 never hosted its store"
         # the old derivation (run id = job<port>), the run id alone, and an empty token
@@ -63,19 +56,7 @@ def test_per_node_store_refuses_tokens_derived_from_public_values(tmp_path):
             assert _refused(port, guess), guess
         secret_file = tmp_path / "cfg" / "distlaunch" / "secret"
         assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
-        node1 = dl_popen(
-            "run",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            "1",
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            port,
-            WORKERS / "actor.py",
-            env=env,
-        )
+        node1 = node(1)
         results = finish([node0, node1])
         assert [r[2] for r in results] == [0, 0], results
     finally:
