@@ -45,19 +45,8 @@ class World:
         self.procs = []
         port = launch.free_port()
         for r in range(n):
-            e = launch._base_env(env)
-            for k in ("DISTLAUNCH_STORE_PORT", "DISTLAUNCH_STORE_ADDR", "DISTLAUNCH_STORE_TOKEN"):
-                e.pop(k, None)
-            e.update(
-                RANK=str(r),
-                WORLD_SIZE=str(n),
-                LOCAL_RANK=str(r),
-                LOCAL_WORLD_SIZE=str(n),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                DISTLAUNCH_SHM="0",
-                COLL_INIT_METHOD=f"file://{self.store_path}",
-            )
+            e = launch.rank_env(r, n, port, f"file://{self.store_path}", env)
+            e["DISTLAUNCH_SHM"] = "0"
             p = subprocess.Popen(
                 [sys.executable, os.path.join(launch.WORKERS, "hostile.py")],
                 env=e,

@@ -109,6 +109,28 @@ def launch(script, n, args=(), env=None, timeout=120, spawner=None, launcher_arg
     return spawn(script, n, args, env, timeout)
 
 
+def rank_env(r, n, port, init_method, env=None):
+    """The environment of rank ``r`` of ``n`` started without a launcher (torchrun's names;
+    the launcher's store variables removed) that initialises from ``init_method``."""
+    e = _base_env(env)
+    for k in ("DISTLAUNCH_STORE_PORT", "DISTLAUNCH_STORE_ADDR", "DISTLAUNCH_STORE_TOKEN"):
+        e.pop(k, None)
+    e.update(
+        RANK=str(r),
+        WORLD_SIZE=str(n),
+        LOCAL_RANK=str(r),
+        LOCAL_WORLD_SIZE=str(n),
+        GROUP_RANK="0",
+        GROUP_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TORCHELASTIC_RESTART_COUNT="0",
+        TORCHELASTIC_RUN_ID="test",
+        COLL_INIT_METHOD=init_method,
+    )
+    return e
+
+
 def spawn(script, n, args=(), env=None, timeout=120, init_method=None):
     """One subprocess per rank; first failing rank's exit code (or 0)."""
     script = script if os.path.isabs(script) else os.path.join(WORKERS, script)
@@ -117,22 +139,7 @@ def spawn(script, n, args=(), env=None, timeout=120, init_method=None):
     port = free_port()
     procs = []
     for r in range(n):
-        e = _base_env(env)
-        for k in ("DISTLAUNCH_STORE_PORT", "DISTLAUNCH_STORE_ADDR", "DISTLAUNCH_STORE_TOKEN"):
-            e.pop(k, None)
-        e.update(
-            RANK=str(r),
-            WORLD_SIZE=str(n),
-            LOCAL_RANK=str(r),
-            LOCAL_WORLD_SIZE=str(n),
-            GROUP_RANK="0",
-            GROUP_WORLD_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            TORCHELASTIC_RESTART_COUNT="0",
-            TORCHELASTIC_RUN_ID="test",
-            COLL_INIT_METHOD=init_method,
-        )
+        e = rank_env(r, n, port, init_method, env)
         procs.append(
             subprocess.Popen(
                 [sys.executable, script, *args],
