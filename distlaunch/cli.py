@@ -6,10 +6,11 @@ mode (``modes.py``) and hands it to ``launcher`` or ``head``."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -687,20 +688,33 @@ def _error_file_trace(text: str | None) -> str | None:
         return None
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the CLI and exit with the right code."""
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console entry point: run the CLI and exit with the right code (``os._exit`` after
+    flushing stdout and stderr: see ``_leave``)."""
     install(Reporter(live=sys.stderr.isatty()))  # the live status only on a terminal
     try:
         cli.main(args=argv, prog_name="distlaunch", standalone_mode=False)
     except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
+        _leave(e.exit_code)
     except click.UsageError as e:
         cmd = e.ctx.command_path if e.ctx else "distlaunch"
         say(f"error: {e.format_message()} (see '{cmd} --help')")
-        sys.exit(2)
+        _leave(2)
     except click.Abort:
-        sys.exit(130)
+        _leave(130)
     except DistlaunchError as e:
         _report(e)
-        sys.exit(e.exit_code)
-    sys.exit(0)
+        _leave(e.exit_code)
+    _leave(0)
+
+
+def _leave(code: int) -> NoReturn:
+    # By now every process the command started has ended and been reaped, and the
+    # output threads have drained; what is left of the interpreter's own teardown
+    # (freeing every module's objects, no atexit work of ours) costs ~12 ms per run.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away: nothing more to say
+            pass
+    os._exit(code)

@@ -83,6 +83,28 @@ def process_table() -> dict[int, Proc]:
     return table
 
 
+def own_children() -> set[int] | None:
+    """This process's children, from /proc/self/task/*/children: a few small reads
+    instead of a scan of every process. None when the kernel does not offer the file
+    (CONFIG_PROC_CHILDREN)."""
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/children"):
+        return None
+    found: set[int] = set()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/children", "rb") as f:
+                found.update(int(pid) for pid in f.read().split())
+        except FileNotFoundError:
+            pass  # a thread that ended meanwhile: its children went to another thread
+        except (OSError, ValueError):
+            return None
+    return found
+
+
 def job_processes(table: dict[int, Proc], roots: set[int], groups: set[int]) -> set[int]:
     """``roots`` (those in ``table``), every process in a session or process group listed
     in ``groups``, and all their descendants."""
@@ -128,7 +150,10 @@ class OrphanGuard:
 
     def __init__(self) -> None:
         agent = os.getpid()
-        self._spared = {p.pid for p in process_table().values() if p.ppid == agent}
+        kids = own_children()
+        self._spared = (
+            kids if kids is not None else {p.pid for p in process_table().values() if p.ppid == agent}
+        )
         _become_subreaper()
         r, w = os.pipe()
         pid = os.fork()
@@ -156,6 +181,11 @@ class OrphanGuard:
         """SIGKILL the strays (see ``strays``) and reap the ones that are this process's
         children; blocks until none is left or ``timeout`` seconds passed (a process in
         uninterruptible sleep dies late; it is reaped at the next call)."""
+        kids = own_children()
+        if kids is not None and kids <= self._spared:
+            # A stray would be a child: this process is the subreaper of everything the
+            # workers left behind. No child, no stray, no scan of the whole table.
+            return
         kill_processes(self.strays)
         me, end = os.getpid(), time.monotonic() + timeout
         while True:
