@@ -97,6 +97,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("collectives public API", ["distlaunch.collectives.api", "distlaunch.collectives.objects"]),
     ("collectives package and tools", ["distlaunch.collectives", "distlaunch.collectives.bench"]),
     ("MPI-style API on the collectives", ["distlaunch.mpi"]),
+    ("torch.distributed backend on the collectives", ["distlaunch.torch"]),
     (
         "rendezvous over the store, pure restart policies, events",
         ["distlaunch.rendezvous", "distlaunch.policy", "distlaunch.events"],

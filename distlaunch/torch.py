@@ -1,0 +1,864 @@
+"""A ``torch.distributed`` process-group backend named ``"distlaunch"`` on the
+distlaunch collectives runtime (shared memory inside a node, TCP across nodes).
+
+    import distlaunch.torch                      # registers the backend (needs torch)
+    dist.init_process_group("distlaunch")        # instead of "gloo"; nothing else changes
+
+Registration: importing this module calls ``torch.distributed.Backend.register_backend(
+"distlaunch", ..., extended_api=True, devices=["cpu"])``. torch's only plugin entry
+point, the ``torch.backends`` group (RFC pytorch#122468), is *not* used: torch loads and
+calls every such entry point at ``import torch`` (unless TORCH_DEVICE_BACKEND_AUTOLOAD=0),
+so distlaunch would be imported into the start-up of every torch program in the
+environment, distributed or not, and any failure there would break ``import torch``
+itself. One explicit import in the programs that want the backend is the cheaper
+trade-off.
+
+Bootstrap (which store the runtime rendezvouses on):
+
+- under ``distlaunch run`` (DISTLAUNCH_STORE_PORT set, and torch's rank and world size
+  are the launcher's RANK/WORLD_SIZE): the launcher's store, which is authenticated
+  (docs/security.md); torch's own store (``env://`` TCPStore, ``tcp://``, ``file://`` or
+  ``store=``) is not read at all. The launcher's node id decides which ranks share
+  memory.
+- otherwise (torchrun, ``tcp://``, ``file://`` or ``store=`` started by hand): the store
+  torch passes to the backend, which is the only one every rank has. torch's TCPStore is
+  not authenticated, so the transport secret never goes into it: rank 0 publishes a
+  random nonce and every rank derives the secret as HMAC-SHA256(token, nonce), the token
+  from ``distlaunch.secret.shared_token`` (DISTLAUNCH_STORE_TOKEN, a token file, or the
+  per-user secret file; ranks on several machines need the same secret there). Ranks
+  share memory when they are on the same machine (host name and boot id).
+
+Operations: every method torch's Python API, DDP, ZeRO/FSDP on CPU and the object
+collectives call on a ProcessGroup (``allreduce``, ``allreduce_coalesced``, ``broadcast``,
+``allgather``, ``all_gather_single`` / ``_allgather_base``, ``allgather_coalesced``,
+``all_gather_single_coalesced`` / ``allgather_into_tensor_coalesced``,
+``reduce_scatter``, ``reduce_scatter_single`` / ``_reduce_scatter_base``,
+``reduce_scatter_single_coalesced`` / ``reduce_scatter_tensor_coalesced``, ``alltoall``,
+``all_to_all_single`` / ``alltoall_base``, ``reduce``, ``gather``, ``scatter``,
+``barrier``, ``send``, ``recv``, ``recv_anysource``) on dense CPU tensors of every dtype
+torch trains with. ReduceOp SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR (AVG: floating
+point only; PREMUL_SUM raises ValueError).
+
+- Contiguous tensors are used in place (``tensor.numpy()`` views: zero copies; bfloat16
+  is moved as its int16 bits). Non-contiguous tensors go through a contiguous copy.
+- bfloat16 and float16 *reductions* run in float32 (numpy has no bfloat16) on a float32
+  copy, rounded once to the tensor's dtype at the end: results are within 0.5 ulp of the
+  float32 reduction (gloo rounds after every addition, so the two may differ by a few
+  ulp when more than two values are summed; MIN and MAX are exact).
+- Ordering: the operations of one group run in call order. A call with
+  ``opts.asyncOp == False`` (torch's blocking API) or a small one (at most
+  ``INLINE_BYTES``) runs in the calling thread when nothing of the group is pending;
+  otherwise it is queued to the group's helper thread, so DDP's gradient buckets overlap
+  with the backward pass. ``Work.wait()`` and ``Work.get_future()`` (value: the output
+  tensors, as gloo's) work for both.
+
+Failures: a dead peer, ranks that called different operations, and an operation not
+finished within ``init_process_group(timeout=...)`` raise on every surviving rank within
+that timeout (as the runtime's CollectiveError classes): :class:`DistlaunchTimeoutError`,
+:class:`DistlaunchPeerLostError`, :class:`DistlaunchMismatchError`, all subclasses of
+torch's ``DistBackendError`` and of the matching ``distlaunch.collectives`` error. After a
+failure the group is broken (later calls raise at once), as in the runtime. Bad
+arguments raise ValueError (CollectiveArgumentError) on the calling rank only.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import hashlib
+import hmac
+import os
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from .collectives.errors import (
+    CollectiveArgumentError,
+    CollectiveError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ConfigError,
+    PeerLostError,
+)
+from .collectives.group import ProcessGroup as Group
+from .collectives.ops import ReduceOp, as_reduce_op, check_op
+from .collectives.runtime import Runtime, _local_host_towards, _tcp_store
+from .secret import shared_token
+
+__all__ = [
+    "BACKEND",
+    "INLINE_BYTES",
+    "DistlaunchProcessGroup",
+    "DistlaunchBackendError",
+    "DistlaunchTimeoutError",
+    "DistlaunchPeerLostError",
+    "DistlaunchMismatchError",
+]
+
+BACKEND = "distlaunch"
+# bytes up to which an async_op=True operation still runs in the calling thread (when
+# the group is idle): handing it to a thread costs more than it could overlap
+INLINE_BYTES = 1 << 16
+
+Tensor = torch.Tensor
+Arr = np.ndarray
+# torch's stubs give ProcessGroup's methods pybind overloads (e.g. ``allreduce(tensor,
+# op)``) that a Python override taking torch's C++ signature cannot match; the trampoline
+# only ever calls the C++ signature, so the bases are typed loosely
+_TorchProcessGroup: Any = dist.ProcessGroup
+_TorchWork: Any = dist._Work
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class DistlaunchBackendError(dist.DistBackendError, CollectiveError):
+    """A collective failed (torch's DistBackendError and distlaunch's CollectiveError)."""
+
+
+class DistlaunchTimeoutError(DistlaunchBackendError, CollectiveTimeoutError):
+    """Not finished within the group timeout; names the ranks that did not arrive."""
+
+
+class DistlaunchPeerLostError(DistlaunchBackendError, PeerLostError):
+    """A peer's process died or its connection ended."""
+
+
+class DistlaunchMismatchError(DistlaunchBackendError, CollectiveMismatchError):
+    """Ranks called different operations (op, dtype, size, root or reduce op)."""
+
+
+def _as_torch_error(e: BaseException) -> BaseException:
+    """The torch-facing exception for a runtime failure (arguments errors and
+    non-collective exceptions are returned unchanged)."""
+    if isinstance(e, (DistlaunchBackendError, CollectiveArgumentError)) or not isinstance(e, CollectiveError):
+        return e
+    cls: type[DistlaunchBackendError] = DistlaunchBackendError
+    if isinstance(e, CollectiveTimeoutError):
+        cls = DistlaunchTimeoutError
+    elif isinstance(e, PeerLostError):
+        cls = DistlaunchPeerLostError
+    elif isinstance(e, CollectiveMismatchError):
+        cls = DistlaunchMismatchError
+    err = cls(f"distlaunch: {e}")
+    err.__cause__ = e
+    return err
+
+
+# ----------------------------------------------------------------------------- Work
+
+
+class DistlaunchWork(_TorchWork):
+    """torch ``Work`` of one operation: ``wait(timeout=None)`` blocks until it finished
+    (a timedelta > 0 bounds the wait: DistlaunchTimeoutError; the operation keeps its own
+    deadline, the group timeout) and re-raises its error; ``get_future()`` is a
+    ``torch.futures.Future`` completed with the output tensors (or the error);
+    ``is_completed()`` never blocks; ``_source_rank()`` is the sender's group rank of a
+    receive."""
+
+    def __init__(self, name: str, outputs: list) -> None:
+        super().__init__()
+        self._name = name
+        self._outputs = outputs
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._future: Future | None = None
+        self._source = -1
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._error = error
+            self._done.set()
+            fut = self._future
+        if fut is not None:
+            _complete(fut, self._outputs, error)
+
+    def _wait_done(self, timeout: float | None) -> None:
+        if not self._done.wait(timeout):
+            raise DistlaunchTimeoutError(f"distlaunch: {self._name} did not complete within {timeout:g} s")
+
+    def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
+        self._wait_done(_seconds(timeout))
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> Future:
+        with self._lock:
+            if self._future is None:
+                self._future = Future()
+                if self._done.is_set():
+                    _complete(self._future, self._outputs, self._error)
+            return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list:
+        self.wait()
+        return self._outputs
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def source_rank(self) -> int:
+        return self._source
+
+
+def _complete(fut: Future, outputs: list, error: BaseException | None) -> None:
+    if error is None:
+        fut.set_result(outputs)
+    else:
+        fut.set_exception(error)
+
+
+def _seconds(timeout: datetime.timedelta | float | None) -> float | None:
+    """None (no bound) for None or a zero timedelta (torch's kNoTimeout)."""
+    if timeout is None:
+        return None
+    t = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return t if t > 0 else None
+
+
+class _P2PWork(DistlaunchWork):
+    """Work of a send or receive: completes with the runtime's point-to-point request
+    (``then`` runs after a successful receive, e.g. copying into a non-contiguous tensor)."""
+
+    def __init__(self, name: str, outputs: list, req: Any, then: Callable[[], None] | None = None) -> None:
+        super().__init__(name, outputs)
+        self._req = req
+        self._then = then
+        self._wait_lock = threading.Lock()
+
+    def _wait_done(self, timeout: float | None) -> None:
+        with self._wait_lock:
+            if self._done.is_set():
+                return
+            try:
+                if timeout is None:
+                    result = self._req.result()  # bounded by the group timeout
+                else:
+                    self._req.wait(timeout)
+                    result = self._req.result()
+                if isinstance(result, int):
+                    self._source = result
+                if self._then is not None:
+                    self._then()
+            except CollectiveTimeoutError as e:
+                if timeout is not None and not self._req.is_completed():
+                    raise _as_torch_error(e) from None  # only this wait gave up
+                self._req.cancel()  # a receive past the group timeout is withdrawn
+                self._finish(_as_torch_error(e))
+            except BaseException as e:
+                self._finish(_as_torch_error(e))
+            else:
+                self._finish()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set() or self._req.is_completed()
+
+    def get_future(self) -> Future:
+        with self._lock:
+            start = self._future is None and not self._done.is_set()
+        fut = super().get_future()
+        if start:  # nobody may ever call wait(): complete the future from a helper thread
+            threading.Thread(target=self._wait_quietly, name="distlaunch-p2p-future", daemon=True).start()
+        return fut
+
+    def _wait_quietly(self) -> None:
+        try:
+            self._wait_done(None)
+        except BaseException:
+            pass  # delivered through the future
+
+
+# ----------------------------------------------------------------------------- ordering
+
+
+class _Serial:
+    """Runs a group's operations in call order: in the calling thread when the group is
+    idle and the caller allows it, else on one helper thread (started on first use)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cv = threading.Condition()
+        self._jobs: collections.deque = collections.deque()
+        self._pending = 0  # queued or running on the helper thread
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def submit(self, fn: Callable[[], Any], work: DistlaunchWork, inline: bool) -> DistlaunchWork:
+        with self._cv:
+            if self._closed:
+                raise DistlaunchBackendError(f"distlaunch: {self._name} was shut down")
+            queue = not inline or self._pending > 0
+            if queue:
+                self._pending += 1
+                self._jobs.append((fn, work))
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                    self._thread.start()
+                self._cv.notify_all()
+        if not queue:
+            _run(fn, work)
+        return work
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._jobs or self._closed)
+                if not self._jobs:
+                    return
+                fn, work = self._jobs.popleft()
+            _run(fn, work)
+            del fn, work  # keep no tensors alive
+            with self._cv:
+                self._pending -= 1
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        """Let queued operations finish (each has its deadline), then stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+
+def _run(fn: Callable[[], Any], work: DistlaunchWork) -> None:
+    try:
+        fn()
+    except BaseException as e:  # delivered by wait() / the future
+        work._finish(_as_torch_error(e))
+    else:
+        work._finish()
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+_NO_NUMPY = {torch.bfloat16: torch.int16}  # moved as their bits
+_HALF = (torch.bfloat16, torch.float16)  # reduced in float32
+
+
+def _check(t: Any, what: str) -> Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise CollectiveArgumentError(f"{what} must be a torch.Tensor, not {type(t).__name__}")
+    if t.device.type != "cpu" or t.layout != torch.strided:
+        raise CollectiveArgumentError(
+            f"{what} is a {t.layout} tensor on {t.device}; the distlaunch backend takes dense CPU tensors"
+        )
+    return t
+
+
+class _Bufs:
+    """numpy views of an operation's tensors, and what to do once it finished: copy
+    results from contiguous or float32 stand-ins back into the caller's tensors."""
+
+    def __init__(self) -> None:
+        self.back: list = []  # (caller's tensor, stand-in)
+
+    def view(self, t: Tensor, what: str, out: bool) -> Arr:
+        """Flat array sharing ``t``'s memory, or a contiguous copy (copied back when ``out``)."""
+        t = _check(t, what)
+        src = t if t.is_contiguous() else t.contiguous()
+        if out and src is not t:
+            self.back.append((t, src))
+        bits = _NO_NUMPY.get(src.dtype)
+        try:
+            arr = (src.view(bits) if bits is not None else src).detach().numpy()
+        except (TypeError, RuntimeError) as e:
+            raise CollectiveArgumentError(
+                f"{what} has dtype {t.dtype}, which the backend cannot carry"
+            ) from e
+        return arr.reshape(-1)
+
+    def reducible(self, t: Tensor, what: str, out: bool) -> Arr:
+        """As view(), but half-precision tensors become a float32 copy."""
+        t = _check(t, what)
+        if t.dtype not in _HALF:
+            return self.view(t, what, out)
+        wide = t.to(torch.float32)
+        if out:
+            self.back.append((t, wide))
+        return wide.numpy().reshape(-1)
+
+    def finish(self) -> None:
+        for t, src in self.back:
+            t.copy_(src)
+
+
+def _op(opts: Any) -> ReduceOp:
+    red = getattr(opts, "reduceOp", None)
+    kind = getattr(red, "op", red)  # torch's ReduceOp wraps a RedOpType
+    name = getattr(kind, "name", None)
+    if name not in ReduceOp.__members__:
+        raise CollectiveArgumentError(
+            f"ReduceOp {name or red!r} is not supported by the distlaunch backend "
+            f"(use one of {', '.join(ReduceOp.__members__)})"
+        )
+    return as_reduce_op(name)
+
+
+def _same(arrs: Sequence[Arr], ref: Arr, what: str, size: int | None = None) -> None:
+    want = ref.size if size is None else size
+    for i, a in enumerate(arrs):
+        if a.dtype != ref.dtype or a.size != want:
+            raise CollectiveArgumentError(
+                f"{what}[{i}] has {a.size} x {a.dtype}; expected {want} x {ref.dtype}"
+            )
+
+
+def _bounds(t: Tensor, sizes: Sequence[int], n: int, what: str) -> list:
+    """Element ranges [(start, end)] of the n splits of ``t`` along dim 0 (``sizes``
+    rows each; empty: equal splits)."""
+    rows = t.shape[0] if t.dim() else 1
+    per_row = t.numel() // rows if rows else 0
+    if not sizes:
+        if rows % n:
+            raise CollectiveArgumentError(f"{what} has {rows} rows, not divisible by the group size {n}")
+        sizes = [rows // n] * n
+    if len(sizes) != n or sum(sizes) != rows or min(sizes) < 0:
+        raise CollectiveArgumentError(f"{what}_split_sizes={list(sizes)} must be {n} sizes summing to {rows}")
+    out, start = [], 0
+    for s in sizes:
+        out.append((start * per_row, (start + s) * per_row))
+        start += s
+    return out
+
+
+# ----------------------------------------------------------------------------- the group
+
+
+class DistlaunchProcessGroup(_TorchProcessGroup):
+    """torch ProcessGroup over one ``distlaunch.collectives`` group. Created by
+    ``init_process_group("distlaunch")`` / ``new_group(backend="distlaunch")``; every
+    method takes torch's arguments (lists of CPU tensors and an options object) and
+    returns a :class:`DistlaunchWork` (see the module docstring for semantics)."""
+
+    def __init__(self, group: Group, runtime: Runtime | None) -> None:
+        super().__init__(group.rank, group.size)
+        self._g = group
+        self._runtime = runtime  # owned (closed on shutdown) when this is a runtime's world
+        self._serial = _Serial(f"distlaunch-torch-{group.name}")
+        self._shut = False
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"DistlaunchProcessGroup({self._g.name}, rank {self._g.rank} of {self._g.size})"
+
+    # -- running
+
+    def _submit(
+        self, name: str, outputs: list, bufs: _Bufs, body: Callable[[], Any], nbytes: int, opts: Any
+    ) -> DistlaunchWork:
+        work = DistlaunchWork(f"{name} on {self._g.name}", outputs)
+
+        def fn() -> None:
+            body()
+            bufs.finish()
+
+        inline = not getattr(opts, "asyncOp", True) or nbytes <= INLINE_BYTES
+        return self._serial.submit(fn, work, inline)
+
+    # -- collectives
+
+    def allreduce(self, tensors: list, opts: Any = None) -> DistlaunchWork:
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        op, bufs = _op(opts), _Bufs()
+        arr = bufs.reducible(tensors[0], "tensor", out=True)
+        check_op(op, arr.dtype)
+        g = self._g
+        return self._submit("all_reduce", tensors, bufs, lambda: g.all_reduce(arr, op), arr.nbytes, opts)
+
+    def allreduce_coalesced(self, tensors: list, opts: Any = None) -> DistlaunchWork:
+        """One all_reduce per dtype over the tensors flattened into one buffer."""
+        op, g = _op(opts), self._g
+        by_dtype: dict = {}
+        for i, t in enumerate(tensors):
+            by_dtype.setdefault(_check(t, f"tensors[{i}]").dtype, []).append(t)
+        flats = []
+        for ts in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in ts])
+            bufs = _Bufs()
+            arr = bufs.reducible(flat, "tensors", out=True)
+            check_op(op, arr.dtype)
+            flats.append((ts, flat, arr, bufs))
+
+        def body() -> None:
+            for ts, flat, arr, bufs in flats:
+                g.all_reduce(arr, op)
+                bufs.finish()
+                offset = 0
+                for t in ts:
+                    t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                    offset += t.numel()
+
+        nbytes = sum(f[2].nbytes for f in flats)
+        return self._submit("all_reduce_coalesced", tensors, _Bufs(), body, nbytes, opts)
+
+    def broadcast(self, tensors: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs = self._g, _Bufs()
+        root = opts.rootRank
+        arr = bufs.view(tensors[0], "tensor", out=g.rank != root)
+        return self._submit("broadcast", tensors, bufs, lambda: g.broadcast(arr, root), arr.nbytes, opts)
+
+    def reduce(self, tensors: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs, op = self._g, _Bufs(), _op(opts)
+        root = opts.rootRank
+        arr = bufs.reducible(tensors[0], "tensor", out=g.rank == root)
+        check_op(op, arr.dtype)
+        return self._submit("reduce", tensors, bufs, lambda: g.reduce(arr, op, root), arr.nbytes, opts)
+
+    def allgather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs = self._g, _Bufs()
+        inp = bufs.view(input_tensors[0], "input_tensor", out=False)
+        outs = self._list(bufs, output_tensors[0], "output_tensors", out=True)
+        _same(outs, inp, "output_tensors")
+        return self._submit(
+            "all_gather", output_tensors, bufs, lambda: g.all_gather(outs, inp), inp.nbytes * g.size, opts
+        )
+
+    def allgather_coalesced(self, output_lists: list, input_list: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs = self._g, _Bufs()
+        pairs = []
+        for i, (outs_t, inp_t) in enumerate(zip(output_lists, input_list)):
+            inp = bufs.view(inp_t, f"input_list[{i}]", out=False)
+            outs = self._list(bufs, outs_t, f"output_lists[{i}]", out=True)
+            _same(outs, inp, f"output_lists[{i}]")
+            pairs.append((outs, inp))
+
+        def body() -> None:
+            for outs, inp in pairs:
+                g.all_gather(outs, inp)
+
+        nbytes = sum(p[1].nbytes for p in pairs) * g.size
+        return self._submit("all_gather_coalesced", output_lists, bufs, body, nbytes, opts)
+
+    def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> DistlaunchWork:
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list, inputs: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs = self._g, _Bufs()
+        pairs = []
+        for i, (o, t) in enumerate(zip(outputs, inputs)):
+            inp = bufs.view(t, f"input[{i}]", out=False)
+            out = bufs.view(o, f"output[{i}]", out=True)
+            _same([out], inp, "[output]", size=inp.size * g.size)
+            pairs.append((out, inp))
+
+        def body() -> None:
+            for out, inp in pairs:
+                g.all_gather_into_tensor(out, inp)
+
+        nbytes = sum(p[0].nbytes for p in pairs)
+        return self._submit("all_gather_into_tensor", outputs, bufs, body, nbytes, opts)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs, op = self._g, _Bufs(), _op(opts)
+        out = bufs.reducible(output_tensors[0], "output", out=True)
+        ins = [bufs.reducible(t, f"input_list[{i}]", out=False) for i, t in enumerate(input_tensors[0])]
+        if len(ins) != g.size:
+            raise CollectiveArgumentError(f"input_list has {len(ins)} tensors; the group has {g.size} ranks")
+        _same(ins, out, "input_list")
+        check_op(op, out.dtype)
+        return self._submit(
+            "reduce_scatter",
+            output_tensors,
+            bufs,
+            lambda: g.reduce_scatter(out, ins, op),
+            out.nbytes * g.size,
+            opts,
+        )
+
+    def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any = None) -> DistlaunchWork:
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list, inputs: list, opts: Any = None
+    ) -> DistlaunchWork:
+        g, bufs, op = self._g, _Bufs(), _op(opts)
+        pairs = []
+        for i, (o, t) in enumerate(zip(outputs, inputs)):
+            out = bufs.reducible(o, f"output[{i}]", out=True)
+            inp = bufs.reducible(t, f"input[{i}]", out=False)
+            _same([inp], out, "[input]", size=out.size * g.size)
+            check_op(op, out.dtype)
+            pairs.append((out, inp))
+
+        def body() -> None:
+            for out, inp in pairs:
+                g.reduce_scatter(out, inp, op)
+
+        nbytes = sum(p[1].nbytes for p in pairs)
+        return self._submit("reduce_scatter_tensor", outputs, bufs, body, nbytes, opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, output_tensors: list, input_tensors: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs = self._g, _Bufs()
+        outs = self._list(bufs, output_tensors, "output_tensor_list", out=True)
+        ins = self._list(bufs, input_tensors, "input_tensor_list", out=False)
+        for name, arrs in (("output_tensor_list", outs), ("input_tensor_list", ins)):
+            for i, a in enumerate(arrs):
+                if a.dtype != ins[0].dtype:
+                    raise CollectiveArgumentError(f"{name}[{i}] has dtype {a.dtype}; expected {ins[0].dtype}")
+        nbytes = sum(a.nbytes for a in ins)
+        return self._submit("all_to_all", output_tensors, bufs, lambda: g.all_to_all(outs, ins), nbytes, opts)
+
+    def all_to_all_single(
+        self,
+        output: Tensor,
+        input: Tensor,
+        output_split_sizes: list,
+        input_split_sizes: list,
+        opts: Any = None,
+    ) -> DistlaunchWork:
+        g, bufs = self._g, _Bufs()
+        out = bufs.view(output, "output", out=True)
+        inp = bufs.view(input, "input", out=False)
+        if out.dtype != inp.dtype:
+            raise CollectiveArgumentError(f"output has dtype {output.dtype} but input has {input.dtype}")
+        ob = _bounds(output, output_split_sizes, g.size, "output")
+        ib = _bounds(input, input_split_sizes, g.size, "input")
+        return self._submit(
+            "all_to_all_single",
+            [output],
+            bufs,
+            lambda: g.all_to_all_single(out, inp, ob, ib),
+            inp.nbytes,
+            opts,
+        )
+
+    alltoall_base = all_to_all_single
+
+    def gather(self, output_tensors: list, input_tensors: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs, root = self._g, _Bufs(), opts.rootRank
+        inp = bufs.view(input_tensors[0], "tensor", out=False)
+        outs = None
+        if g.rank == root:
+            outs = self._list(bufs, output_tensors[0], "gather_list", out=True)
+            _same(outs, inp, "gather_list")
+        return self._submit(
+            "gather", output_tensors, bufs, lambda: g.gather(inp, outs, root), inp.nbytes * g.size, opts
+        )
+
+    def scatter(self, output_tensors: list, input_tensors: list, opts: Any = None) -> DistlaunchWork:
+        g, bufs, root = self._g, _Bufs(), opts.rootRank
+        out = bufs.view(output_tensors[0], "tensor", out=True)
+        ins = None
+        if g.rank == root:
+            ins = self._list(bufs, input_tensors[0], "scatter_list", out=False)
+            _same(ins, out, "scatter_list")
+        return self._submit(
+            "scatter", output_tensors, bufs, lambda: g.scatter(out, ins, root), out.nbytes * g.size, opts
+        )
+
+    def barrier(self, opts: Any = None) -> DistlaunchWork:
+        g = self._g
+        return self._submit("barrier", [], _Bufs(), lambda: g.barrier(), 0, opts)
+
+    def _list(self, bufs: _Bufs, tensors: list, what: str, out: bool) -> list:
+        if len(tensors) != self._g.size:
+            raise CollectiveArgumentError(
+                f"{what} has {len(tensors)} tensors; the group has {self._g.size} ranks"
+            )
+        return [bufs.view(t, f"{what}[{i}]", out) for i, t in enumerate(tensors)]
+
+    # -- point to point (group ranks; not ordered with the collectives, as in the runtime)
+
+    def send(self, tensors: list, dstRank: int, tag: int) -> DistlaunchWork:
+        t = _check(tensors[0], "tensor")
+        src = t if t.is_contiguous() else t.contiguous()  # kept alive by the Work's outputs
+        arr = _Bufs().view(src, "tensor", out=False)
+        try:
+            req = self._g.isend(arr, dstRank, tag)
+        except CollectiveError as e:
+            raise _as_torch_error(e) from None
+        return _P2PWork(f"send to {dstRank} on {self._g.name}", [src], req)
+
+    def recv(self, tensors: list, srcRank: int, tag: int) -> DistlaunchWork:
+        return self._recv(tensors, srcRank, tag)
+
+    def recv_anysource(self, tensors: list, tag: int) -> DistlaunchWork:
+        return self._recv(tensors, None, tag)
+
+    def _recv(self, tensors: list, peer: int | None, tag: int) -> DistlaunchWork:
+        bufs = _Bufs()
+        arr = bufs.view(tensors[0], "tensor", out=True)
+        try:
+            req = self._g.irecv(arr, peer, tag, group_src=True)
+        except CollectiveError as e:
+            raise _as_torch_error(e) from None
+        return _P2PWork(f"recv from {peer} on {self._g.name}", tensors, req, bufs.finish)
+
+    # -- lifetime
+
+    def shutdown(self) -> None:
+        """Called by destroy_process_group: stop the helper thread, free the group's
+        shared memory; for the default group, close the runtime (connections)."""
+        if self._shut:
+            return
+        self._shut = True
+        self._serial.close()
+        if self._runtime is not None:
+            self._runtime.close()
+            if _STATE.get("runtime") is self._runtime:
+                _STATE.clear()
+        else:
+            self._g.shutdown()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+# ----------------------------------------------------------------------------- bootstrap
+
+_STATE: dict = {}  # "runtime": the Runtime of the current distlaunch default group
+
+
+class _TorchStore:
+    """The runtime's store interface (set/get/add/wait/check/close) over a torch Store.
+    torch's stores are unauthenticated: the runtime's transport secret (the key
+    ``<prefix>g<N>/secret``) is replaced by a random nonce on the way in and by
+    HMAC-SHA256(token, nonce) on the way out, so the store never holds it."""
+
+    def __init__(self, store: Any, prefix: str, token: str) -> None:
+        self._store = store
+        self._prefix = prefix
+        self._token = token.encode()
+
+    def _secret_key(self, key: str) -> bool:
+        return key.startswith(self._prefix) and key.endswith("/secret")
+
+    def set(self, key: str, value: bytes) -> None:
+        if self._secret_key(key):
+            value = secrets.token_hex(16).encode()
+        self._store.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        value = bytes(self._store.get(key))
+        if self._secret_key(key):
+            mac = hmac.new(self._token, b"distlaunch-torch-transport:" + value, hashlib.sha256)
+            return mac.hexdigest()[:32].encode()
+        return value
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._store.add(key, amount))
+
+    def wait(self, keys: list, timeout: float) -> None:
+        self._store.wait(list(keys), datetime.timedelta(seconds=max(0.001, timeout)))
+
+    def check(self, keys: list) -> bool:
+        return bool(self._store.check(list(keys)))
+
+    def close(self) -> None:
+        pass  # torch owns its store
+
+
+def _machine_id() -> str:
+    """Host name and boot id: ranks with the same value can share memory."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}:{boot}"
+
+
+def _new_runtime(store: Any, rank: int, size: int, timeout: float) -> Runtime:
+    launcher = os.environ.get("DISTLAUNCH_STORE_PORT")
+    if launcher and os.environ.get("RANK") == str(rank) and os.environ.get("WORLD_SIZE") == str(size):
+        from .env import read_worker_env  # only under `distlaunch run`
+
+        ident = read_worker_env()
+        if ident.store_addr is None or ident.store_port is None:
+            raise ConfigError("DISTLAUNCH_STORE_PORT is set but DISTLAUNCH_STORE_ADDR is not")
+        import time
+
+        client = _tcp_store(
+            ident.store_addr, ident.store_port, -1, ident.store_token, timeout, time.monotonic() + timeout
+        )
+        prefix = f"distlaunch/torch/{ident.run_id}/{ident.restart_count}/"
+        try:
+            return Runtime(
+                rank,
+                size,
+                client,
+                prefix,
+                timeout,
+                _local_host_towards(ident.store_addr),
+                owned=[client],
+                node_id=ident.node_id,
+            )
+        except BaseException:
+            client.close()
+            raise
+    prefix = "distlaunch/torch/"
+    wrapped = _TorchStore(store, prefix, shared_token("torch-backend"))
+    host = os.environ.get("DISTLAUNCH_COLL_HOST") or _local_host_towards(
+        os.environ.get("MASTER_ADDR", "localhost")
+    )
+    return Runtime(rank, size, wrapped, prefix, timeout, host, node_id=_machine_id())
+
+
+def _group_id(name: str) -> int:
+    """The runtime's group id for torch's group name (decimal, or a hash of it):
+    alike on every member."""
+    if name.isdigit() and 0 < int(name) < 1 << 30:
+        return int(name)
+    return (1 << 30) | int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % (3 << 30)
+
+
+def _create(opts: Any, pg_options: Any = None) -> DistlaunchProcessGroup:
+    """torch's backend creator (extended API): the default group starts a Runtime;
+    subgroups of a distlaunch default group are groups of that runtime; a distlaunch
+    subgroup of a non-distlaunch default group gets a runtime of its own."""
+    rank, size = int(opts.group_rank), int(opts.group_size)
+    timeout = opts.timeout.total_seconds()
+    ranks = list(opts.global_ranks_in_group)
+    rt = _STATE.get("runtime")
+    try:
+        if ranks and rt is not None:
+            gid = _group_id(str(opts.group_id))
+            g = Group(rt, gid, sorted(ranks), timeout, f"group {gid} {sorted(ranks)}")
+            rt._add_group(g)  # runtime change proposed: Runtime.new_group(ranks, timeout, gid=...)
+            return DistlaunchProcessGroup(g, None)
+        rt = _new_runtime(opts.store, rank, size, timeout)
+    except CollectiveError as e:
+        raise _as_torch_error(e) from None
+    if not ranks:
+        _STATE["runtime"] = rt
+    return DistlaunchProcessGroup(rt.world, rt)
+
+
+def _register() -> None:
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+
+_register()
