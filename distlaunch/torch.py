@@ -393,7 +393,7 @@ class _Bufs:
         t = _check(t, what)
         if t.dtype not in _HALF:
             return self.view(t, what, out)
-        wide = t.to(torch.float32)
+        wide = t.to(torch.float32, memory_format=torch.contiguous_format)
         if out:
             self.back.append((t, wide))
         return wide.numpy().reshape(-1)
