@@ -159,7 +159,7 @@ class SlurmCluster:
 
     def hostnames(self, hostlist: str) -> list[str]:
         """``scontrol show hostnames HOSTLIST``: Slurm's own expansion."""
-        cp = self.run("scontrol", "show", "hostnames", hostlist, check=True)
+        cp = self.run("scontrol", "show", "hostnames", "--", hostlist, check=True)
         return cp.stdout.split()
 
     def log_tails(self, n: int = 1500) -> str:
