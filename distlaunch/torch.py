@@ -461,6 +461,12 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
     def getBackendName(self) -> str:
         return BACKEND
 
+    @property
+    def transport(self) -> str | None:
+        """The runtime's path for this group: "shm", "tcp" or "hierarchical", chosen by
+        its first collective (None before)."""
+        return self._g.backend
+
     def __repr__(self) -> str:
         return f"DistlaunchProcessGroup({self._g.name}, rank {self._g.rank} of {self._g.size})"
 

@@ -1,0 +1,60 @@
+"""Failure paths of the distlaunch torch backend. ``failures.py MODE [INIT_METHOD RANK WORLD]``
+
+- ``mismatch``: rank 0 calls all_reduce, the others broadcast: every rank raises.
+- ``timeout``: init_process_group(timeout=2 s); rank 0 calls all_reduce, the others
+  only later (after rank 0 gave up and exited): every rank raises (the late ranks at
+  their second call, see below).
+- ``killed``: the last rank SIGKILLs itself instead of calling all_reduce: every
+  surviving rank raises (long before the 60 s timeout).
+
+Each rank prints ``raised <class> <seconds> isDistBackendError=<bool>`` (or ``no error``)
+and exits 0, so a launcher does not stop the job at the first rank's exit.
+"""
+
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import distlaunch.torch  # noqa: F401  (registers the backend)
+
+mode = sys.argv[1]
+timeout = {"timeout": 2, "killed": 60, "mismatch": 60}[mode]
+if len(sys.argv) > 2:  # started by hand: init method, rank, world size
+    dist.init_process_group(
+        "distlaunch",
+        init_method=sys.argv[2],
+        rank=int(sys.argv[3]),
+        world_size=int(sys.argv[4]),
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+else:
+    dist.init_process_group("distlaunch", timeout=datetime.timedelta(seconds=timeout))
+rank, n = dist.get_rank(), dist.get_world_size()
+dist.all_reduce(torch.ones(4))  # the group works (and has chosen its transport)
+t = torch.ones(1 << 16)
+start = time.monotonic()
+try:
+    if mode == "mismatch" and rank:
+        dist.broadcast(t, src=0)
+    elif mode == "killed" and rank == n - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        if mode == "timeout" and rank:
+            time.sleep(timeout + 2.5)  # rank 0 has given up (timeout + the status query)
+            # rank 0 left its contribution before giving up, so this call may still
+            # complete (the runtime does not abort peers on a timeout); rank 0 is gone
+            # by the next one
+            dist.all_reduce(t)
+            start = time.monotonic()
+        dist.all_reduce(t)
+    print("no error", flush=True)
+except Exception as e:
+    took = time.monotonic() - start
+    print(f"raised {type(e).__name__} {took:.2f} isDistBackendError={isinstance(e, dist.DistBackendError)}")
+    print(f"message: {str(e).splitlines()[0][:300]}", flush=True)
+os._exit(0)  # skip destroy: the group is broken by design
