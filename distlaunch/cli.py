@@ -572,16 +572,10 @@ def completion(shell: str) -> None:
 
 @cli.command(hidden=True)
 def agent() -> None:
-    """Internal: one node's agent, started by the head over SSH. Reads its job (JSON, with
-    the store's secret) from one line of stdin."""
-    import json
+    """Internal: one node's agent, started by the head (``agent/entry.py``)."""
+    from .agent.entry import main
 
-    from .agent.entry import run_agent
-
-    try:
-        run_agent(json.loads(sys.stdin.readline()))
-    except (WorkerFailedError, LaunchInterrupted) as e:  # the head reports these
-        sys.exit(e.exit_code)
+    main()
 
 
 @cli.command()

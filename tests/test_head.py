@@ -4,12 +4,15 @@
 import json
 import os
 import re
+import sys
 import time
 
 import psutil
 from conftest import WORKERS, dl, dl_popen
 from sshd import sshd_hosts  # noqa: F401  (session fixture)
 from test_supervision import survivors, wait_for
+
+import distlaunch
 
 
 def head_args(sshd, hosts="node1:2,node2:2"):
@@ -148,6 +151,45 @@ def test_preflight_failure_starts_nothing(sshd_hosts, tmp_path):
     assert res.returncode == 2, res.stderr
     assert "preflight failed on 2 of 2" in res.stderr and "/nonexistent/python" in res.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_one_interpreter_per_host(sshd_hosts, tmp_path):
+    """The agent checks its host itself: one interpreter per host, where a separate
+    preflight probe used to start a second one."""
+    log = tmp_path / "starts.log"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    res = dl(*head_args(sshd_hosts, "node1:1,node2:1"), "--remote-python", python, script, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert log.read_text().splitlines() == ["-m distlaunch agent"] * 2
+    assert "preflight node1: ok" in res.stderr and "preflight node2: ok" in res.stderr
+
+
+def test_agent_of_another_version_gets_no_spec(sshd_hosts, tmp_path):
+    """An agent that answers with another version is refused before its spec (which
+    holds the store's secret) is sent: it reads end-of-file, and nothing starts."""
+    pkg = tmp_path / "old" / "distlaunch"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '0.0.9'\n")
+    got = tmp_path / "stdin"
+    got.mkdir()
+    (pkg / "__main__.py").write_text(
+        "import os, sys\n"
+        "print('DISTLAUNCH-AGENT 0.0.9', flush=True)\n"
+        f"open(os.path.join({str(got)!r}, str(os.getpid())), 'w').write(sys.stdin.read())\n"
+    )
+    # run in the old package's directory: `python -m distlaunch` finds it first
+    res = dl(*head_args(sshd_hosts, "node1:1,node2:1"), "--remote-cwd", pkg.parent, WORKERS / "actor.py",
+             "--mark-dir", tmp_path / "marks", timeout=120)  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    assert "preflight failed on 2 of 2" in res.stderr
+    assert f"distlaunch {distlaunch.__version__} expected, found 0.0.9" in res.stderr
+    wait_for(lambda: len(list(got.iterdir())) == 2, 10)
+    assert [f.read_text() for f in got.iterdir()] == ["", ""]  # end-of-file: no spec
+    assert not (tmp_path / "marks").exists()
 
 
 def test_unreachable_host_is_a_usage_error(sshd_hosts, tmp_path):

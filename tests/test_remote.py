@@ -22,8 +22,8 @@ import distlaunch
 from distlaunch.errors import ConfigError
 from distlaunch.hosts import Host
 from distlaunch.remote import RemoteError
-from distlaunch.remote.command import HOST_SPECIFIC, remote_command, shipped_env
-from distlaunch.remote.preflight import HostReport, preflight
+from distlaunch.remote.command import HOST_SPECIFIC, checked_command, remote_command, shipped_env
+from distlaunch.remote.preflight import HostReport, preflight, start_checked
 from distlaunch.remote.ssh import SSHConnection, connect_all
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -495,6 +495,31 @@ def test_preflight_reports_lost_connection(sshd_hosts):
     conn.close()
     [report] = preflight([conn], PY, str(ROOT), distlaunch.__version__)
     assert not report.ok and report.problem.startswith("node2: cannot run a command")
+
+
+def test_start_checked_reports_each_host(sshd_hosts, node1, tmp_path):
+    """One exec per host: an agent that says hello is kept (stdin open, waiting for its
+    spec); a host check's mark and an agent that dies before its hello are explained."""
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\nexec {PY} -I -S "$@"\n')
+    bare.chmod(0o755)
+    missing = tmp_path / "no such dir"
+    cases = [(PY, str(ROOT)), (PY, str(missing)), (str(bare), str(ROOT))]
+    results = []
+    for python, cwd in cases:
+        cmd = checked_command(python, cwd, ["-m", "distlaunch", "agent"], {})
+        results.append(start_checked({0: node1}, cmd, python, cwd, distlaunch.__version__, timeout=30))
+    (ok, [good]), (none1, [nodir]), (none2, [dead]) = results
+    assert good == HostReport(Host("node1"), True, None) and list(ok) == [0]
+    assert nodir.problem == f"directory {missing} does not exist" and not none1
+    assert dead.problem == (
+        f"distlaunch not importable by python {bare} in {ROOT}: "
+        "ModuleNotFoundError: No module named 'distlaunch'"
+    )
+    assert not none2
+    agent = ok[0]
+    agent.write_stdin(b"")  # end of stdin before a spec: the agent ends, starting nothing
+    assert agent.wait(30) == 0
 
 
 # --- remote command line ---------------------------------------------------------------------

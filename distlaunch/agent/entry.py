@@ -1,6 +1,12 @@
 """``distlaunch agent``: the entry point of an agent an engine started on another machine
 (``engine/``), with its job spec as one JSON line on stdin.
 
+The agent first prints ``AGENT_HELLO <version>`` (remote.command) and only then reads
+the spec: the head's start-up check (remote.preflight.start_checked) needs no interpreter
+of its own, and an agent whose head found a problem on any host reads end-of-file and
+ends without starting anything. ``python -m distlaunch agent`` comes here without the
+CLI's imports (``__main__``).
+
 The spec: ``{"config": LaunchConfig.to_dict(), "store": [host, port], "token": secret,
 "node": NodeOptions as a dict (node_id set), "env": {variables for the agent and its
 workers}, "master_addr": the address to announce as MASTER_ADDR}``.
@@ -8,11 +14,17 @@ workers}, "master_addr": the address to announce as MASTER_ADDR}``.
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
+from .. import __version__
 from ..config import LaunchConfig
+from ..errors import DistlaunchError, LaunchInterrupted, WorkerFailedError
+from ..remote.command import AGENT_HELLO
 from ..rendezvous import Rendezvous
+from ..report import say
 from .guard import OrphanGuard
 from .node import NodeAgent, NodeOptions, StoreAddress
 
@@ -40,3 +52,23 @@ def run_agent(spec: dict[str, Any]) -> int:
                 Rendezvous(c, cfg.run_id, 0, 1).record_agent_exit(spec["node"]["node_id"])
         except Exception:  # the store is gone; the head (if alive) sees the channel close
             pass
+
+
+def main() -> NoReturn:
+    """``python -m distlaunch agent``: say hello, read the spec, run; exits with the
+    workers' failure or stop signal code (the head reports those), a DistlaunchError's
+    code (said here), or 0 when stdin ends before a spec (the head started nothing)."""
+    print(AGENT_HELLO, __version__, flush=True)
+    line = sys.stdin.readline()
+    code = 0
+    if line:
+        try:
+            run_agent(json.loads(line))
+        except (WorkerFailedError, LaunchInterrupted) as e:
+            code = e.exit_code
+        except DistlaunchError as e:
+            say(f"error: {e}")
+            code = e.exit_code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as the CLI: every process of this node ended; skip the teardown

@@ -1,6 +1,8 @@
-"""The SSH engine: one SSH connection per host (``remote.ssh``), checked before anything
-starts (``remote.preflight``), one exec per agent with its spec on the channel's stdin,
-and remote kills run over the same connection (or a fresh one if it broke).
+"""The SSH engine: one SSH connection per host (``remote.ssh``), one exec per agent that
+checks the host and says hello before it reads its spec from the channel's stdin
+(``remote.preflight.start_checked``: one interpreter per host, and nothing starts
+anywhere unless every host passed), and remote kills run over the same connection (or
+a fresh one if it broke).
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..hosts import Host
 from ..remote import RemoteError
-from ..remote.command import remote_command
-from ..remote.preflight import preflight
+from ..remote.command import checked_command, remote_command
+from ..remote.preflight import start_checked
 from ..remote.ssh import SSHConnection, SSHOptions, connect_all
 from ..report import progress, say
 from . import OnEnd
@@ -27,9 +29,16 @@ class SSHEngine:
     ``cmd_env`` on the command line (nothing secret: see remote.command). See
     ``engine.AgentEngine`` for the methods."""
 
-    def __init__(self, conns: Mapping[int, SSHConnection], python: str, cwd: str, cmd_env: Mapping[str, str]):
+    def __init__(
+        self,
+        conns: Mapping[int, SSHConnection],
+        python: str,
+        cwd: str,
+        cmd_env: Mapping[str, str],
+        version: str,
+    ):
         self.conns = dict(conns)
-        self.python, self.cwd, self.cmd_env = python, cwd, dict(cmd_env)
+        self.python, self.cwd, self.cmd_env, self.version = python, cwd, dict(cmd_env), version
         self.relay = AgentRelay()
 
     @classmethod
@@ -42,30 +51,14 @@ class SSHEngine:
         cmd_env: Mapping[str, str],
         version: str,
     ) -> SSHEngine:
-        """Connect to every host and preflight it (each report is said, ``report.say``).
-        Blocks. Raises ConfigError when a host cannot be reached or fails its check
+        """Connect to every host. Blocks. Raises ConfigError when a host cannot be reached
         (nothing was started)."""
         progress(f"connecting to {len(hosts)} host(s)", False)
         try:
             conns = dict(zip(hosts, connect_all(list(hosts.values()), ssh)))
         except RemoteError as e:
             raise ConfigError(str(e).replace("\n", "; ")) from e
-        engine = cls(conns, python, cwd, cmd_env)
-        try:
-            progress(f"checking {len(conns)} host(s)", False)
-            reports = preflight(list(conns.values()), python, cwd, version)
-            for r in reports:
-                say(f"preflight {r.host.name}: {'ok' if r.ok else r.problem}")
-            bad = [r for r in reports if not r.ok]
-            if bad:
-                raise ConfigError(
-                    f"preflight failed on {len(bad)} of {len(reports)} host(s) "
-                    f"({', '.join(r.host.name for r in bad)}); nothing was started"
-                )
-        except BaseException:
-            engine.close()
-            raise
-        return engine
+        return cls(conns, python, cwd, cmd_env, version)
 
     def store_address(self) -> str | None:
         first = next(iter(self.conns.values()), None)
@@ -75,9 +68,27 @@ class SSHEngine:
         return self.conns[node_id].peer_address
 
     def start(self, specs: Mapping[int, dict[str, Any]]) -> None:
-        cmd = remote_command(self.python, self.cwd, AGENT_ARGV, self.cmd_env)
+        """Start the agents, check that each runs with this version (each report is said,
+        ``report.say``), and only then send every spec. Raises ConfigError when a host
+        failed its check (nothing was started anywhere), RemoteError when a connection
+        is lost while sending."""
+        progress(f"checking {len(specs)} host(s)", False)
+        cmd = checked_command(self.python, self.cwd, AGENT_ARGV, self.cmd_env)
+        conns = {k: self.conns[k] for k in specs}
+        procs, reports = start_checked(conns, cmd, self.python, self.cwd, self.version)
+        for r in reports:
+            say(f"preflight {r.host.name}: {'ok' if r.ok else r.problem}")
+        bad = [r for r in reports if not r.ok]
+        if bad:
+            for p in procs.values():
+                p.close()  # end of stdin before a spec: the agent ends, starting nothing
+            raise ConfigError(
+                f"preflight failed on {len(bad)} of {len(reports)} host(s) "
+                f"({', '.join(r.host.name for r in bad)}); nothing was started"
+            )
         for k, spec in specs.items():
-            self.relay.add(k, self.conns[k].exec(cmd, stdin_data=(json.dumps(spec) + "\n").encode()))
+            procs[k].write_stdin((json.dumps(spec) + "\n").encode())
+            self.relay.add(k, procs[k])
 
     @property
     def running(self) -> list[int]:

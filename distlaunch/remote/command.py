@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from ..env import DISTLAUNCH_VARS, MPI_VARS, STALE_VARS, TORCHRUN_VARS
 from ..errors import ConfigError
 
-__all__ = ["HOST_SPECIFIC", "shipped_env", "remote_command"]
+__all__ = ["HOST_SPECIFIC", "shipped_env", "remote_command", "checked_command", "host_checks"]
 
 # Not shipped by env_all: they describe the head's machine, login or terminal, and the
 # remote sshd/login sets its own. Patterns use fnmatch syntax.
@@ -137,17 +137,59 @@ def remote_command(python: str, cwd: str, argv: list[str], env: Mapping[str, str
     starting with ``-`` or containing ``=`` (``env`` would take it for an option or an
     assignment), ``cwd`` empty.
     """
+    _check(python, cwd, env)
+    if cwd.startswith("-"):  # `cd -x` would be read as an option
+        cwd = "./" + cwd
+    return " ".join(["cd", shlex.quote(cwd), "&&", _exec(shlex.quote(python), argv, env)])
+
+
+# The marks a checked command prints (on stdout) when the host cannot run it, and the
+# first line the agent prints once it runs: "<AGENT_HELLO> <version>" (remote.preflight).
+CHECK_MARK = "DISTLAUNCH-PREFLIGHT"
+AGENT_HELLO = "DISTLAUNCH-AGENT"
+CHECK_FAILED = 97  # the exit status after a mark
+
+
+def host_checks(python: str, cwd: str) -> str:
+    """POSIX ``sh`` lines that enter ``cwd`` and make sure ``python`` can be run there
+    (a path, relative to ``cwd`` if relative, or a name on the remote ``PATH``); on a
+    problem they print ``CHECK_MARK nodir|nocd|nopython`` and exit ``CHECK_FAILED``.
+    They leave ``$py`` set to the interpreter. No ``!`` (history expansion). Pure."""
+    q = shlex.quote
+    fail = f'{{ echo "{CHECK_MARK} %s"; exit {CHECK_FAILED}; }}'
+    return "\n".join(
+        [
+            f"d={q(cwd)}; py={q(python)}",
+            'test -d "$d" || ' + fail % "nodir",
+            'cd -- "$d" 2>/dev/null || ' + fail % "nocd",
+            'case "$py" in',
+            '  */*) { test -x "$py" && test -f "$py"; } || ' + fail % "nopython" + " ;;",
+            '  *) command -v "$py" >/dev/null 2>&1 || ' + fail % "nopython" + " ;;",
+            "esac",
+        ]
+    )
+
+
+def checked_command(python: str, cwd: str, argv: list[str], env: Mapping[str, str]) -> str:
+    """Like :func:`remote_command`, with :func:`host_checks` first: a host that cannot
+    run the program says why (a mark) instead of a shell error. Pure. Raises as
+    :func:`remote_command`."""
+    _check(python, cwd, env)
+    return host_checks(python, cwd) + "\n" + _exec('"$py"', argv, env)
+
+
+def _check(python: str, cwd: str, env: Mapping[str, str]) -> None:
     if not python or "=" in python or python.startswith("-"):
         raise ConfigError(
             f"remote python {python!r}: give an interpreter path (no '=', not starting with '-')"
         )
     if not cwd:
         raise ConfigError("remote working directory is empty; give a directory")
-    if cwd.startswith("-"):  # `cd -x` would be read as an option
-        cwd = "./" + cwd
     for name in env:
         if not _NAME_RE.match(name):
             raise ConfigError(f"environment name {name!r} is not a variable name (letters, digits, _)")
+
+
+def _exec(python: str, argv: list[str], env: Mapping[str, str]) -> str:
     assignments = [shlex.quote(f"{k}={v}") for k, v in env.items()]
-    program = [shlex.quote(python), *(shlex.quote(a) for a in argv)]
-    return " ".join(["cd", shlex.quote(cwd), "&&", "exec", "env", *assignments, *program])
+    return " ".join(["exec", "env", *assignments, python, *(shlex.quote(a) for a in argv)])

@@ -13,29 +13,22 @@ sent on stdin to ``sh -s`` (so the remote login shell's syntax does not matter) 
 
 from __future__ import annotations
 
+import select
 import shlex
+import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..hosts import Host
 from . import RemoteError
-from .ssh import SSHConnection
+from .command import AGENT_HELLO, CHECK_MARK, host_checks
+from .ssh import RemoteProcess, SSHConnection
 
-__all__ = ["HostReport", "preflight"]
+__all__ = ["HostReport", "preflight", "start_checked"]
 
-_MARK = "DISTLAUNCH-PREFLIGHT"
+_MARK = CHECK_MARK
 _PROBE = f"import distlaunch; print('{_MARK} version', distlaunch.__version__)"
-_SCRIPT = """\
-d={cwd}; py={python}
-if [ ! -d "$d" ]; then echo "{mark} nodir"; exit 0; fi
-cd -- "$d" 2>/dev/null || {{ echo "{mark} nocd"; exit 0; }}
-case "$py" in
-  */*) if [ -d "$py" ] || [ ! -x "$py" ]; then echo "{mark} nopython"; exit 0; fi ;;
-  *) command -v "$py" >/dev/null 2>&1 || {{ echo "{mark} nopython"; exit 0; }} ;;
-esac
-"$py" -c {probe} </dev/null 2>&1
-echo "{mark} rc $?"
-"""
 
 
 @dataclass(frozen=True)
@@ -48,9 +41,8 @@ class HostReport:
 
 
 def _script(python: str, cwd: str) -> bytes:
-    return _SCRIPT.format(
-        cwd=shlex.quote(cwd), python=shlex.quote(python), mark=_MARK, probe=shlex.quote(_PROBE)
-    ).encode()
+    probe = f'"$py" -c {shlex.quote(_PROBE)} </dev/null 2>&1\necho "{_MARK} rc $?"\n'
+    return (host_checks(python, cwd) + "\n" + probe).encode()
 
 
 def _verdict(python: str, cwd: str, version: str, status: int, out: str, err: str) -> str | None:
@@ -105,3 +97,73 @@ def preflight(
         max_workers=min(64, len(conns)), thread_name_prefix="distlaunch-preflight"
     ) as pool:
         return list(pool.map(lambda c: _check(c, python, cwd, version, timeout), conns))
+
+
+def start_checked(
+    conns: Mapping[int, SSHConnection],
+    cmd: str,
+    python: str,
+    cwd: str,
+    version: str,
+    timeout: float = 30.0,
+) -> tuple[dict[int, RemoteProcess], list[HostReport]]:
+    """Start ``cmd`` (``command.checked_command`` running ``python -m distlaunch agent``)
+    on every host with stdin kept open, and wait for each agent's first line,
+    ``AGENT_HELLO <version>``: the check and the start are one interpreter per host.
+
+    Returns the started processes by node id (their stdin still open: the caller sends
+    the spec, or closes them, which ends the agents before they start anything) and one
+    :class:`HostReport` per host, in ``conns`` order. A host whose agent ended without a
+    hello is checked again with :func:`preflight`'s probe to name the problem; a failed
+    host's process is closed and left out of the result. Blocks about ``timeout``
+    seconds at most; never raises for a host's problem.
+    """
+    procs: dict[int, RemoteProcess] = {}
+    problems: dict[int, str] = {}
+    unexplained: list[int] = []  # no hello and no mark: the probe says why
+    for k, conn in conns.items():
+        try:
+            procs[k] = conn.exec(cmd, keep_stdin_open=True)
+        except RemoteError as e:
+            problems[k] = str(e)
+    out = {k: b"" for k in procs}
+    deadline = time.monotonic() + timeout
+    waiting = set(procs)
+    while waiting and time.monotonic() < deadline:
+        poller = select.poll()  # not select(): descriptors may be above 1024 in big jobs
+        for k in waiting:
+            poller.register(procs[k].fileno(), select.POLLIN)
+        poller.poll(max(0.0, deadline - time.monotonic()) * 1000)
+        for k in list(waiting):
+            p = procs[k]
+            out[k] += p.read_stdout()
+            line, nl, _ = out[k].partition(b"\n")
+            if not nl and not (p.exited() and p.eof()):
+                continue
+            waiting.discard(k)
+            word, _, found = line.decode(errors="replace").partition(" ")
+            if nl and word == AGENT_HELLO:
+                if found.strip() != version:
+                    problems[k] = f"distlaunch {version} expected, found {found.strip()} (python {python})"
+            elif word == _MARK:
+                status = p.exit_status()
+                why = _verdict(python, cwd, version, -1 if status is None else status, line.decode(), "")
+                problems[k] = why or f"the host check failed: {line.decode(errors='replace')}"
+            else:
+                err = p.read_stderr().decode(errors="replace")
+                problems[k] = (
+                    "the agent ended before starting: "
+                    + (err.strip().splitlines() or [f"exit status {p.exit_status()}"])[-1]
+                )
+                unexplained.append(k)
+    for k in waiting:
+        problems[k] = f"no answer from the agent within {timeout:g} s"
+        unexplained.append(k)
+    if unexplained:  # rare: one more interpreter per such host finds the precise reason
+        for k, report in zip(unexplained, preflight([conns[k] for k in unexplained], python, cwd, version)):
+            problems[k] = report.problem or problems[k]
+    for k in problems:
+        if k in procs:
+            procs.pop(k).close()
+    reports = [HostReport(conn.host, k not in problems, problems.get(k)) for k, conn in conns.items()]
+    return procs, reports

@@ -533,6 +533,18 @@ class RemoteProcess:
         """What the command wrote to stderr and has arrived; b"" if nothing. Never blocks."""
         return self._drain(self.channel.recv_stderr_ready, self.channel.recv_stderr)
 
+    def write_stdin(self, data: bytes, close: bool = True) -> None:
+        """Send ``data`` to the command's stdin (of a process started with
+        ``keep_stdin_open``), then close stdin unless ``close`` is False. Blocks only when
+        more than the channel window (2 MiB) is unread. Raises RemoteError when the
+        connection is lost."""
+        try:
+            self.channel.sendall(data)
+            if close:
+                self.channel.shutdown_write()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise RemoteError(f"{self.label}: cannot write to the remote command: {e}", self.label) from e
+
     def exited(self) -> bool:
         """True once the exit status arrived (or the channel closed without one)."""
         return self.channel.exit_status_ready()
