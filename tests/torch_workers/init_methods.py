@@ -7,6 +7,7 @@ host:port). Prints ``init ok METHOD transport=<shm|tcp>``.
 """
 
 import sys
+import time
 from urllib.parse import urlparse
 
 import torch
@@ -36,6 +37,9 @@ for group in (None, gloo):
     results.append([t, *outs])
 for a, b in zip(*results):
     assert torch.equal(a, b), (a, b)
+# gloo's worker thread may still release the last op's tensors (needs the GIL): exiting
+# before it did aborts the process (torch 2.13, see examples/torch_ddp_digits.py)
+time.sleep(0.2)
 pg = dist.distributed_c10d._get_default_group()
 print(f"init ok {method} transport={pg.transport}", flush=True)
 dist.destroy_process_group()

@@ -1,0 +1,167 @@
+"""The "distlaunch" torch.distributed backend (distlaunch/torch.py) in real processes:
+every operation x dtype x world 1-4 against gloo in the same processes, DDP, async
+futures, every init method (env:// under distlaunch run and torchrun, tcp://, file://,
+store=), and the failure paths (mismatch, timeout, killed peer). One launch per world
+size for the matrix (tests/torch_workers/ops_matrix.py loops over ops and dtypes)."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import ROOT, dl  # noqa: E402
+
+W = ROOT / "tests" / "torch_workers"
+_matrix: dict = {}
+
+
+def matrix(world: int) -> subprocess.CompletedProcess:
+    """ops_matrix.py under `distlaunch run` at ``world`` (run once, shared by the tests)."""
+    if world not in _matrix:
+        _matrix[world] = dl("run", "--nproc-per-node", world, W / "ops_matrix.py", timeout=120)
+    return _matrix[world]
+
+
+def lines(res: subprocess.CompletedProcess, what: str) -> list:
+    return re.findall(rf"^\[(\d+)\]: {what}", res.stdout, re.M)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_every_op_and_dtype_matches_gloo(world):
+    res = matrix(world)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert sorted(lines(res, r"ops ok \d+")) == [str(r) for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_async_work_and_futures(world):
+    res = matrix(world)
+    assert sorted(lines(res, "futures ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_ends_with_identical_parameters(world):
+    # every rank checks its parameters against all others' and against DDP over gloo
+    res = matrix(world)
+    assert sorted(lines(res, "ddp ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(worker: str, *args, world: int, timeout: float = 60) -> list:
+    """Start ``world`` ranks of a worker by hand (no launcher): [(rank, rc, stdout, stderr)]."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTLAUNCH_", "RANK", "WORLD_SIZE"))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(W / worker), *map(str, args), str(r), str(world)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in range(world)
+    ]
+    out = []
+    try:
+        for r, p in enumerate(procs):
+            so, se = p.communicate(timeout=timeout)
+            out.append((r, p.returncode, so, se))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+@pytest.mark.parametrize("method", ["file", "tcp", "store"])
+def test_init_methods_by_hand(method, tmp_path):
+    url = f"file://{tmp_path}/rdzv" if method == "file" else f"tcp://127.0.0.1:{free_port()}"
+    for _r, rc, so, se in spawn("init_methods.py", "store" if method == "store" else "url", url, world=2):
+        assert rc == 0, se[-3000:]
+        kind = "store" if method == "store" else "url"
+        assert f"init ok {kind} transport=shm" in so  # one machine: shared memory, not TCP
+
+
+def test_env_init_under_torchrun():
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+        ]
+        + [str(W / "init_methods.py"), "env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("init ok env transport=shm") == 2
+
+
+def test_env_init_under_distlaunch_run():
+    res = dl("run", "--nproc-per-node", "2", W / "init_methods.py", "env", timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(lines(res, "init ok env transport=shm")) == 2
+
+
+def raised(text: str) -> list:
+    """(class name, seconds, is DistBackendError) of each rank's report."""
+    return [
+        (c, float(s), b == "True")
+        for c, s, b in re.findall(r"raised (\w+) ([\d.]+) isDistBackendError=(\w+)", text)
+    ]
+
+
+def test_mismatched_call_raises_on_every_rank():
+    res = dl("run", "--nproc-per-node", "3", W / "failures.py", "mismatch", timeout=120)
+    got = raised(res.stdout)
+    assert len(got) == 3, res.stdout + res.stderr[-3000:]
+    assert all(c == "DistlaunchMismatchError" and b and s < 30 for c, s, b in got), got
+
+
+def test_timeout_raises_on_every_rank():
+    # init_process_group(timeout=2 s); rank 0 waits for ranks that come too late
+    res = dl("run", "--nproc-per-node", "2", W / "failures.py", "timeout", timeout=120)
+    got = dict(re.findall(r"^\[(\d)\]: raised (\w+)", res.stdout, re.M))
+    assert got.get("0") == "DistlaunchTimeoutError", res.stdout + res.stderr[-3000:]
+    assert got.get("1") in ("DistlaunchPeerLostError", "DistlaunchTimeoutError"), res.stdout
+    assert all(b for _, _, b in raised(res.stdout))
+    took = float(re.search(r"^\[0\]: raised \w+ ([\d.]+)", res.stdout, re.M).group(1))
+    assert 1.9 <= took < 10  # the init timeout, not the 30 min default
+
+
+def test_killed_peer_raises_on_every_survivor():
+    # started by hand (a launcher would stop the survivors itself): tcp:// on torch's store
+    out = spawn("failures.py", "killed", f"tcp://127.0.0.1:{free_port()}", world=3)
+    assert out[2][1] == -9  # the victim
+    for _r, rc, so, se in out[:2]:
+        got = raised(so)
+        assert rc == 0 and len(got) == 1, so + se[-3000:]
+        cls, took, is_backend_error = got[0]
+        assert cls == "DistlaunchPeerLostError" and is_backend_error
+        assert took < 30  # the group timeout is 60 s: found dead, not timed out
+
+
+def test_collectives_work_without_torch():
+    # distlaunch.collectives never imports torch; with torch unavailable it still loads
+    code = (
+        "import sys; sys.modules['torch'] = None; import distlaunch.collectives as c; "
+        "import numpy as np; assert 'distlaunch.torch' not in sys.modules; print('ok')"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
