@@ -97,7 +97,15 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("collectives runtime: init, new_group, destroy", ["distlaunch.collectives.runtime"]),
     ("collectives public API", ["distlaunch.collectives.api", "distlaunch.collectives.objects"]),
     ("collectives package and tools", ["distlaunch.collectives", "distlaunch.collectives.bench"]),
-    ("MPI-style API on the collectives", ["distlaunch.mpi"]),
+    (
+        "MPI-style API: errors, datatypes, ops",
+        ["distlaunch.mpi.errors", "distlaunch.mpi.datatypes", "distlaunch.mpi.ops"],
+    ),
+    ("MPI-style API: point to point, communicators", ["distlaunch.mpi.p2p", "distlaunch.mpi.comm"]),
+    (
+        "MPI-style API: collectives, environment, package",
+        ["distlaunch.mpi.intracomm", "distlaunch.mpi.environment", "distlaunch.mpi"],
+    ),
     ("torch.distributed backend on the collectives", ["distlaunch.torch"]),
     (
         "rendezvous over the store, pure restart policies, events",
@@ -127,6 +135,7 @@ PACKAGES = [
     "distlaunch.remote",
     "distlaunch.store",
     "distlaunch.collectives",
+    "distlaunch.mpi",
 ]
 
 # Deliberate exceptions: the package root offers `distlaunch.launch` lazily (importing it

@@ -370,7 +370,12 @@ class TcpTransport(Transport):
     # ---------------------------------------------------------------- receiving
 
     def irecv(
-        self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None, owner: Any = None
+        self,
+        peer: int | None,
+        key: tuple,
+        buf: memoryview | None,
+        check: Check | None = None,
+        owner: Any = None,
     ) -> Request:
         req = Request(False, peer, key, buf, check, owner)
         with self._lock:
@@ -386,11 +391,23 @@ class TcpTransport(Transport):
                     self._posted.setdefault((key, peer), collections.deque()).append(req)
                 return req
         hdr, data = item
+        self._fill(req, hdr, data)
+        return req
+
+    def _fill(self, req: Request, hdr: Header, data: memoryview) -> None:
+        """Complete ``req`` with an unexpected message's payload (taken as is by a receive
+        of any size, else copied)."""
         err = self._accept(req, hdr)
         if err is None:
-            req.buf[:] = data
+            if req.buf is None:
+                req.buf = data
+            else:
+                req.buf[:] = data
         req.complete(err)
-        return req
+
+    def lost(self, peer: int) -> str | None:
+        """Why ``peer`` is lost (its connection ended), or None while it is not."""
+        return self._lost.get(peer)
 
     def _take_unexpected(self, key, peer):
         # lock held
@@ -425,7 +442,7 @@ class TcpTransport(Transport):
         """None if ``hdr`` fits ``req``, else the exception to fail it with."""
         req.header = hdr
         err = req.check(hdr) if req.check is not None else None
-        if err is None and hdr.nbytes != len(req.buf):
+        if err is None and req.buf is not None and hdr.nbytes != len(req.buf):
             err = CollectiveMismatchError(
                 f"rank {hdr.src} sent {hdr.nbytes} bytes ({DTYPE_NAMES.get(hdr.dtype, '?')}) "
                 f"where this rank expected {len(req.buf)} bytes"
@@ -653,6 +670,8 @@ class TcpTransport(Transport):
             if req is not None:
                 err = self._accept(req, hdr)
                 if err is None:
+                    if req.buf is None:  # a receive of any size: the payload's own buffer
+                        req.buf = memoryview(bytearray(hdr.nbytes))
                     conn.req = req
                     conn.target = req.buf
                     return True
@@ -676,10 +695,7 @@ class TcpTransport(Transport):
                 if hdr.kind == COLL and self.late_handler is not None:
                     self.late_handler(hdr)
                 return
-            err = self._accept(req, hdr)
-            if err is None:
-                req.buf[:] = data
-            req.complete(err)
+            self._fill(req, hdr, data)
         elif hdr.kind == HELLO:
             self._on_hello(conn, hdr, bytes(data))
         elif hdr.kind == STATUS_REQ:

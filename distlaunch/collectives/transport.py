@@ -38,14 +38,14 @@ class Request:
         is_send: bool,
         peer: int | None,
         key: tuple,
-        buf: memoryview,
+        buf: memoryview | None,
         check: Check | None = None,
         owner: Any = None,
     ):
         self.is_send = is_send
         self.peer = peer  # global rank, or None for an any-source receive
         self.key = key  # (kind, group, seq)
-        self.buf = buf  # memoryview of bytes
+        self.buf = buf  # memoryview of bytes (receives of any size: None until matched)
         self.check = check
         self.header: Header | None = None
         self.error: BaseException | None = None
@@ -84,11 +84,22 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     def irecv(
-        self, peer: int | None, key: tuple, buf: memoryview, check: Check | None = None, owner: Any = None
+        self,
+        peer: int | None,
+        key: tuple,
+        buf: memoryview | None,
+        check: Check | None = None,
+        owner: Any = None,
     ) -> Request:
         """Post a receive of the next message from ``peer`` (None: any source) matching
         ``key`` into ``buf``. A message whose payload length differs from ``len(buf)``
-        or that ``check`` rejects fails the request (the payload is discarded)."""
+        or that ``check`` rejects fails the request (the payload is discarded).
+        ``buf=None`` receives a message of any length: the completed request's ``buf``
+        is then a new memoryview of the payload."""
+
+    @abc.abstractmethod
+    def lost(self, peer: int) -> str | None:
+        """Why ``peer`` is known to be lost, or None."""
 
     @abc.abstractmethod
     def take_leftovers(self, key: tuple) -> list:

@@ -1,0 +1,565 @@
+"""Communicators (mpi4py's Comm/Intracomm), groups, and the process-wide MPI state.
+
+A communicator is a :class:`Handle` (shared by every Python object wrapping it, as an
+MPI handle is: ``Intracomm(comm)`` and subclasses wrap the same one): its members'
+global ranks in communicator-rank order, a collectives ProcessGroup (the world's for
+COMM_WORLD) for the native collectives, and a context id separating its point-to-point
+messages from every other communicator's. Communicator creation (Dup, Split,
+Split_type, Create) is collective over the parent, as in MPI; context ids come from
+one counter in the job's store (``<ns>mpi/ctx``), so two communicators that share a
+member never share an id, and they are also the new ProcessGroup's id.
+
+Collectives: Bcast, Gather, Scatter, Allgather, Alltoall, Barrier and the predefined
+reductions on contiguous predefined types run as the collectives' native operations
+(shared memory on one node); the v-variants, lowercase alltoall and internal exchanges
+go over point-to-point in the communicator's collective context; reductions the
+collectives lack (MINLOC/MAXLOC, user ops, derived types, Scan/Exscan) fold the
+gathered contributions in rank order.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import collectives as dist
+from ..collectives.group import ProcessGroup
+from .datatypes import UNDEFINED, Spec, parse
+from .errors import ERR_COMM, ERR_RANK, MPIException
+from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, DoneOp, Engine, Message, RecvOp, Request, SendOp, Status
+
+IN_PLACE: Any = type("InPlace", (), {"__repr__": lambda self: "<MPI.IN_PLACE>"})()
+BOTTOM: Any = None
+TAG_UB_VALUE = 536870911  # MPICH's MPI_TAG_UB
+_CTX_BASE = 0x40000000  # context ids of new communicators (the collectives' own gids stay below)
+_COLL = 0x80000000  # added to a context id: the communicator's collective context
+COMM_TYPE_SHARED = 1
+IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3
+# attribute keys (Get_attr)
+TAG_UB, HOST, IO, WTIME_IS_GLOBAL, UNIVERSE_SIZE, APPNUM, LASTUSEDCODE = range(1, 8)
+
+
+class _State:
+    """The process's MPI state: the engine (after the first use) and Finalize."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.engine: Engine | None = None
+        self.finalized = False
+        self.world: Handle | None = None
+        self.self_: Handle | None = None
+
+    def runtime(self) -> Any:
+        from ..collectives.runtime import current_runtime  # noqa: PLC0415  (not at import: stays light)
+
+        with self.lock:
+            if self.finalized:
+                raise MPIException(ERR_COMM, "MPI was finalized; no MPI call may follow MPI.Finalize()")
+            if not dist.is_initialized():
+                dist.init_process_group()
+            rt = current_runtime()
+            if self.engine is None or self.engine.rt is not rt:
+                self.engine = Engine(rt)
+            return rt
+
+
+STATE = _State()
+
+
+def _pickle(obj: Any) -> np.ndarray:
+    return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+
+
+def _unpickle(data: memoryview) -> Any:
+    return pickle.loads(data)
+
+
+class Handle:
+    """A communicator's identity; see the module docstring."""
+
+    def __init__(self, pg: ProcessGroup | None, ranks: list[int], ctx: int, name: str, rank: int) -> None:
+        self.pg = pg  # None: the world (group=None in collectives calls)
+        self.ranks = ranks
+        self.index = {g: i for i, g in enumerate(ranks)}
+        self.rank = self.index[rank]
+        self.size = len(ranks)
+        self.ctx, self.cctx = ctx, ctx + _COLL
+        self.name = name
+        self.attrs: dict[int, Any] = {}
+        self.freed = False
+
+    def global_rank(self, rank: int, what: str = "rank") -> int:
+        if not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
+            raise MPIException(
+                ERR_RANK,
+                f"{what}={rank!r} is not a rank of {self.name or 'the communicator'} (0..{self.size - 1})",
+            )
+        return self.ranks[rank]
+
+
+def _new_handle(rt: Any, ranks: list[int], ctx: int, name: str = "") -> Handle:
+    """A communicator of ``ranks`` (global, communicator order) with context id ``ctx``
+    (also its ProcessGroup's id)."""
+    pg = ProcessGroup(rt, ctx, ranks, rt.timeout, f"communicator {ctx - _CTX_BASE} {ranks}")
+    rt._add_group(pg)
+    return Handle(pg, ranks, ctx, name, rt.rank)
+
+
+def _alloc_ctx(rt: Any, n: int) -> int:
+    """Reserve ``n`` new context ids from the job's store; returns the first."""
+    return _CTX_BASE + rt.store.add(f"{rt.prefix}mpi/ctx", n) - n
+
+
+class Group:
+    """MPI_Group: an ordered set of global ranks."""
+
+    def __init__(self, ranks: Sequence[int] = (), me: int = -1) -> None:
+        self.ranks, self._me = list(ranks), me
+
+    def Get_size(self) -> int:
+        return len(self.ranks)
+
+    def Get_rank(self) -> int:
+        return self.ranks.index(self._me) if self._me in self.ranks else UNDEFINED
+
+    size = property(Get_size)
+    rank = property(Get_rank)
+
+    def Incl(self, ranks: Sequence[int]) -> Group:
+        return Group([self.ranks[r] for r in ranks], self._me)
+
+    def Excl(self, ranks: Sequence[int]) -> Group:
+        drop = set(ranks)
+        return Group([g for i, g in enumerate(self.ranks) if i not in drop], self._me)
+
+    def Range_incl(self, ranges: Sequence[tuple[int, int, int]]) -> Group:
+        return self.Incl([r for a, b, s in ranges for r in range(a, b + (1 if s > 0 else -1), s)])
+
+    def Translate_ranks(self, ranks: Sequence[int] | None = None, group: Group | None = None) -> list[int]:
+        ranks = range(len(self.ranks)) if ranks is None else ranks
+        other = group.ranks if group is not None else self.ranks
+        return [other.index(self.ranks[r]) if self.ranks[r] in other else UNDEFINED for r in ranks]
+
+    @classmethod
+    def Union(cls, a: Group, b: Group) -> Group:
+        return cls(a.ranks + [g for g in b.ranks if g not in a.ranks], a._me)
+
+    @classmethod
+    def Intersection(cls, a: Group, b: Group) -> Group:
+        return cls([g for g in a.ranks if g in b.ranks], a._me)
+
+    @classmethod
+    def Difference(cls, a: Group, b: Group) -> Group:
+        return cls([g for g in a.ranks if g not in b.ranks], a._me)
+
+    def Compare(self, other: Group) -> int:
+        if self.ranks == other.ranks:
+            return IDENT
+        return SIMILAR if sorted(self.ranks) == sorted(other.ranks) else UNEQUAL
+
+    def Free(self) -> None:
+        pass
+
+
+GROUP_EMPTY = Group()
+
+
+class Comm:
+    """mpi4py's Comm: point-to-point and communicator management. ``Comm(comm)`` wraps
+    the same communicator as ``comm``; ``Comm()`` is COMM_NULL. Every blocking call
+    waits at most the group timeout (CollectiveTimeoutError) and raises PeerLostError
+    when a peer it waits for died; argument errors raise MPIException."""
+
+    _handle: Handle | None
+    _lazy: str | None = None  # "world" / "self": resolved at first use
+
+    def __init__(self, comm: Comm | None = None) -> None:
+        self._handle = comm._h() if comm is not None and comm._handle_or_lazy() else None
+        self._lazy = None
+
+    def _handle_or_lazy(self) -> bool:
+        return self._handle is not None or self._lazy is not None
+
+    def _h(self) -> Handle:
+        h = self._handle
+        if h is None:
+            if self._lazy is None:
+                raise MPIException(ERR_COMM, "invalid communicator (COMM_NULL or freed)")
+            h = self._handle = _predefined(self._lazy)
+        return h
+
+    def _eng(self) -> Engine:
+        STATE.runtime()
+        assert STATE.engine is not None
+        return STATE.engine
+
+    def _ident(self) -> Any:
+        h = self._handle
+        if self._lazy is not None or (h is not None and h in (STATE.world, STATE.self_)):
+            return self._lazy or ("world" if h is STATE.world else "self")
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Comm):
+            return NotImplemented
+        return self._ident() is other._ident() or self._ident() == other._ident()
+
+    def __hash__(self) -> int:
+        return hash(id(self._ident()) if not isinstance(self._ident(), str) else self._ident())
+
+    def __bool__(self) -> bool:
+        return self._handle_or_lazy()
+
+    # -- size, rank, names, attributes
+
+    def Get_rank(self) -> int:
+        return self._h().rank
+
+    def Get_size(self) -> int:
+        return self._h().size
+
+    rank = property(Get_rank)
+    size = property(Get_size)
+
+    def Get_name(self) -> str:
+        return self._h().name
+
+    def Set_name(self, name: str) -> None:
+        self._h().name = name
+
+    name = property(Get_name, Set_name)
+
+    def Get_group(self) -> Group:
+        STATE.runtime()
+        return Group(self._h().ranks, self._eng().rank)
+
+    group = property(Get_group)
+
+    def Is_inter(self) -> bool:
+        return False
+
+    def Is_intra(self) -> bool:
+        return True
+
+    is_inter = property(Is_inter)
+    is_intra = property(Is_intra)
+
+    def Get_attr(self, keyval: int) -> Any:
+        """TAG_UB, UNIVERSE_SIZE, APPNUM, WTIME_IS_GLOBAL, HOST, IO, or a value Set_attr stored."""
+        h = self._h()
+        fixed = {TAG_UB: TAG_UB_VALUE, WTIME_IS_GLOBAL: False, HOST: PROC_NULL, IO: ANY_SOURCE}
+        if keyval in fixed:
+            return fixed[keyval]
+        if keyval == UNIVERSE_SIZE:
+            return self._eng().rt.world_size
+        if keyval == APPNUM:
+            return 0
+        return h.attrs.get(keyval)
+
+    def Set_attr(self, keyval: int, value: Any) -> None:
+        self._h().attrs[keyval] = value
+
+    def Delete_attr(self, keyval: int) -> None:
+        self._h().attrs.pop(keyval, None)
+
+    def Compare(self, other: Comm) -> int:
+        a, b = self._h(), other._h()
+        if a is b:
+            return IDENT
+        if a.ranks == b.ranks:
+            return CONGRUENT
+        return SIMILAR if sorted(a.ranks) == sorted(b.ranks) else UNEQUAL
+
+    def Abort(self, errorcode: int = 0) -> None:
+        """End the whole job with exit code ``errorcode`` (MPI_Abort): this process
+        exits with it at once; the launcher stops the other ranks (as mpiexec does)."""
+        rank = os.environ.get("RANK", "0")
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        sys.stderr.write(
+            f"Abort({errorcode}) on rank {rank}: application called MPI_Abort(comm, {errorcode})\n"
+        )
+        sys.stderr.flush()
+        os._exit(errorcode & 0xFF if errorcode & 0xFF else 1 if errorcode else 0)
+
+    # -- point to point: internals
+
+    def _peer(self, h: Handle, rank: int, what: str) -> int | None:
+        """Global rank of ``rank`` (None for PROC_NULL; ANY_SOURCE -> -2 is the caller's)."""
+        if rank == PROC_NULL:
+            return None
+        return h.global_rank(rank, what)
+
+    def _isend(self, data: np.ndarray, dest: int, tag: int, ctx: int | None = None) -> Request:
+        h = self._h()
+        eng = self._eng()
+        g = self._peer(h, dest, "dest")
+        if g is None:
+            return Request(op=DoneOp(), engine=eng)
+        if tag < 0 and ctx is None:
+            raise MPIException(4, f"tag={tag} must be >= 0 (MPI.ANY_TAG is for receives)")
+        req = eng.send(g, h.ctx if ctx is None else ctx, tag, data)
+        return Request(op=SendOp(req, f"send to rank {dest} (tag {tag})", g), engine=eng)
+
+    def _irecv(self, spec: Spec | None, source: int, tag: int, ctx: int | None = None) -> Request:
+        h = self._h()
+        eng = self._eng()
+        if source == PROC_NULL:
+            return Request(op=DoneOp(PROC_NULL, None), engine=eng)
+        src = None if source == ANY_SOURCE else h.global_rank(source, "source")
+        op = RecvOp(
+            eng,
+            h.ctx if ctx is None else ctx,
+            src,
+            tag,
+            spec,
+            h.index.__getitem__,
+            None if spec is not None else _unpickle,
+            f"receive from {'any rank' if src is None else f'rank {source}'} (tag {tag})",
+        )
+        return Request(op=op, engine=eng)
+
+    # -- point to point: buffers
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
+        """Start sending ``buf`` (a buffer specification); Wait before changing it."""
+        return self._isend(parse(buf, False).pack(), dest, tag)
+
+    Issend = Ibsend = Irsend = Isend
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
+        """Send ``buf``; returns once it may be reused (eager: does not wait for the
+        receive, so Ssend/Bsend/Rsend are the same call)."""
+        self.Isend(buf, dest, tag).Wait()
+
+    Ssend = Bsend = Rsend = Send
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        return self._irecv(parse(buf, True), source, tag)
+
+    def Recv(
+        self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None
+    ) -> None:
+        """Receive into ``buf`` (the message may be shorter: see ``status.Get_count``;
+        a longer one raises MPIException ERR_TRUNCATE)."""
+        self.Irecv(buf, source, tag).Wait(status)
+
+    def Sendrecv(
+        self,
+        sendbuf: Any,
+        dest: int,
+        sendtag: int = 0,
+        recvbuf: Any = None,
+        source: int = ANY_SOURCE,
+        recvtag: int = ANY_TAG,
+        status: Status | None = None,
+    ) -> None:
+        r = self.Irecv(recvbuf, source, recvtag)
+        s = self.Isend(sendbuf, dest, sendtag)
+        r.Wait(status)
+        s.Wait()
+
+    def Sendrecv_replace(
+        self,
+        buf: Any,
+        dest: int,
+        sendtag: int = 0,
+        source: int = ANY_SOURCE,
+        recvtag: int = ANY_TAG,
+        status: Status | None = None,
+    ) -> None:
+        data = parse(buf, False).pack().copy()
+        r = self.Irecv(buf, source, recvtag)
+        s = self._isend(data, dest, sendtag)
+        r.Wait(status)
+        s.Wait()
+
+    # -- point to point: Python objects
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        return self._isend(_pickle(obj), dest, tag)
+
+    issend = ibsend = isend
+
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        self.isend(obj, dest, tag).Wait()
+
+    ssend = bsend = send
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        """Start receiving an object; ``wait()`` returns it (``buf`` is ignored)."""
+        return self._irecv(None, source, tag)
+
+    def recv(
+        self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None
+    ) -> Any:
+        return self.irecv(buf, source, tag).wait(status)
+
+    def sendrecv(
+        self,
+        sendobj: Any,
+        dest: int,
+        sendtag: int = 0,
+        recvbuf: Any = None,
+        source: int = ANY_SOURCE,
+        recvtag: int = ANY_TAG,
+        status: Status | None = None,
+    ) -> Any:
+        r = self.irecv(None, source, recvtag)
+        s = self.isend(sendobj, dest, sendtag)
+        obj = r.wait(status)
+        s.Wait()
+        return obj
+
+    # -- probing
+
+    def _probe(self, source: int, tag: int) -> tuple[Handle, Engine, int | None]:
+        h = self._h()
+        src = None if source == ANY_SOURCE else h.global_rank(source, "source")
+        return h, self._eng(), src
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """True when a matching message can be received now (it stays unreceived)."""
+        if source == PROC_NULL:
+            if status is not None:
+                status._set(PROC_NULL, ANY_TAG, 0)
+            return True
+        h, eng, src = self._probe(source, tag)
+        m = eng.probe(h.ctx, src, tag)
+        if m is not None and status is not None:
+            status._set(h.index[m.src], m.tag, len(m.data))
+        return m is not None
+
+    iprobe = Iprobe
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None) -> bool:
+        """Block until a matching message can be received; ``status`` describes it."""
+        self._mprobe(source, tag, status, take=False)
+        return True
+
+    probe = Probe
+
+    def _mprobe(self, source: int, tag: int, status: Status | None, take: bool) -> Message | None:
+        if source == PROC_NULL:
+            if status is not None:
+                status._set(PROC_NULL, ANY_TAG, 0)
+            return None
+        h, eng, src = self._probe(source, tag)
+        found: list[Message] = []
+
+        def hit() -> bool:
+            for m in eng.inbox:
+                if m.matches(h.ctx, src, tag):
+                    found.append(m)
+                    return True
+            return False
+
+        eng.wait_until(hit, f"probe for rank {source} (tag {tag})", [src])
+        m = found[0]
+        if take:
+            eng.take(m)
+        if status is not None:
+            status._set(h.index[m.src], m.tag, len(m.data))
+        return m
+
+    def Mprobe(
+        self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None
+    ) -> MatchedMessage:
+        return MatchedMessage(self._mprobe(source, tag, status, take=True))
+
+    mprobe = Mprobe
+
+    def Improbe(
+        self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None
+    ) -> MatchedMessage | None:
+        if not self.Iprobe(source, tag, status):
+            return None
+        return self.Mprobe(source, tag, status)
+
+    improbe = Improbe
+
+    # -- communicators
+
+    def Free(self) -> None:
+        h = self._h()
+        if h.pg is None or h is STATE.world or h is STATE.self_:
+            raise MPIException(ERR_COMM, "COMM_WORLD and COMM_SELF cannot be freed")
+        h.freed = True
+        dist.destroy_process_group(h.pg)
+        self._handle = None
+
+    def Disconnect(self) -> None:
+        self.Free()
+
+    def Spawn(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("MPI dynamic processes (Comm.Spawn) are not supported by distlaunch.mpi")
+
+    Get_parent = Connect = Accept = Spawn_multiple = Spawn
+
+    def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "MPI intercommunicators (Create_intercomm) are not supported by distlaunch.mpi"
+        )
+
+    def Get_topology(self) -> int:
+        return UNDEFINED
+
+    # -- environment
+
+    def Barrier(self) -> None:
+        h = self._h()
+        self._eng()
+        if h.size > 1:
+            dist.barrier(group=h.pg)
+
+    barrier = Barrier
+
+
+class MatchedMessage:
+    """A message taken by Mprobe (mpi4py's MPI.Message): receive it with Recv/recv."""
+
+    def __init__(self, msg: Message | None) -> None:
+        self._msg = msg
+
+    def Recv(self, buf: Any, status: Status | None = None) -> None:
+        m = self._msg
+        if m is not None:
+            parse(buf, True).unpack(m.data)
+        if status is not None:
+            status._set(
+                PROC_NULL if m is None else status.source,
+                ANY_TAG if m is None else m.tag,
+                len(m.data) if m else 0,
+            )
+        self._msg = None
+
+    def recv(self, status: Status | None = None) -> Any:
+        m, self._msg = self._msg, None
+        return None if m is None else _unpickle(m.data)
+
+
+def _predefined(which: str) -> Handle:
+    rt = STATE.runtime()
+    with STATE.lock:
+        if which == "world":
+            if STATE.world is None or STATE.world.pg is not None and STATE.world.pg.runtime is not rt:
+                STATE.world = Handle(None, list(range(rt.world_size)), 0, "MPI_COMM_WORLD", rt.rank)
+            return STATE.world
+        if STATE.self_ is None:
+            STATE.self_ = _new_handle(rt, [rt.rank], _alloc_ctx(rt, 1), "MPI_COMM_SELF")
+        return STATE.self_
+
+
+def _lazy(cls: type[Comm], which: str) -> Comm:
+    c = cls.__new__(cls)
+    c._handle, c._lazy = None, which
+    return c

@@ -1,0 +1,471 @@
+"""Intracomm: the collectives and the communicator constructors (see :mod:`.comm` for
+how each collective is carried out). Buffers are mpi4py buffer specifications (see
+:mod:`.datatypes`); ``IN_PLACE`` is accepted where MPI accepts it. Blocking: every call
+returns when this rank's part is done, waiting at most the group timeout
+(CollectiveTimeoutError); ranks calling different collectives raise
+CollectiveMismatchError where the collectives detect it; malformed arguments raise
+MPIException.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from .. import collectives as dist
+from .comm import (
+    COMM_TYPE_SHARED,
+    IN_PLACE,
+    STATE,
+    Comm,
+    Group,
+    Handle,
+    _alloc_ctx,
+    _lazy,
+    _new_handle,
+    _pickle,
+    _unpickle,
+)
+from .datatypes import UNDEFINED, Datatype, Spec, parse
+from .errors import ERR_ARG, ERR_BUFFER, MPIException
+from .ops import SUM, Op
+from .p2p import Request
+
+_U8 = np.uint8
+
+
+def _empty(n: int) -> np.ndarray:
+    return np.empty(n, dtype=_U8)
+
+
+def _sub(spec: Spec, count: int, displ: int) -> Spec:
+    return Spec(spec.raw, spec.datatype, count, displ)
+
+
+class Intracomm(Comm):
+    """mpi4py's Intracomm (COMM_WORLD, COMM_SELF and every communicator made from them)."""
+
+    # -- helpers
+
+    def _group(self, h: Handle) -> Any:
+        return h.pg  # None: the world
+
+    def _exchange(
+        self, h: Handle, sends: list[tuple[int, np.ndarray]], recvs: list[tuple[int, Spec | None]]
+    ) -> list:
+        """Point-to-point in the collective context: send ``(rank, bytes)`` and receive
+        ``(rank, spec)`` (spec None: a pickled object, returned in order)."""
+        rs = [self._irecv(spec, src, 0, ctx=h.cctx) for src, spec in recvs]
+        ss = [self._isend(data, dst, 0, ctx=h.cctx) for dst, data in sends]
+        out = [r.wait() for r in rs]
+        for s in ss:
+            s.Wait()
+        return out
+
+    def _gather_bytes(self, h: Handle, data: np.ndarray, root: int | None) -> list[np.ndarray] | None:
+        """Every rank's ``data`` (equal sizes) at ``root`` (None: everywhere), in rank order."""
+        n = len(data)
+        out = _empty(n * h.size) if root is None or h.rank == root else None
+        if h.size == 1:
+            return [data.copy()]
+        if root is None:
+            dist.all_gather_into_tensor(out, np.ascontiguousarray(data), group=h.pg)
+        else:
+            parts = [out[i * n : (i + 1) * n] for i in range(h.size)] if out is not None else None
+            dist.gather(np.ascontiguousarray(data), parts, dst=h.ranks[root], group=h.pg)
+        return None if out is None else [out[i * n : (i + 1) * n] for i in range(h.size)]
+
+    @staticmethod
+    def _fold(parts: list[np.ndarray], op: Op, t: Datatype) -> np.ndarray:
+        acc = parts[-1]
+        for x in reversed(parts[:-1]):
+            acc = op.combine(x, acc, t)
+        return acc
+
+    # -- object collectives
+
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        h = self._h()
+        self._eng()
+        if h.size == 1:
+            return _unpickle(_pickle(obj).data)
+        box = [obj]
+        dist.broadcast_object_list(box, src=h.global_rank(root, "root"), group=h.pg)
+        return box[0]
+
+    def gather(self, sendobj: Any, root: int = 0) -> list[Any] | None:
+        h = self._h()
+        self._eng()
+        out: list[Any] | None = [None] * h.size if h.rank == root else None
+        if h.size == 1:
+            return [_unpickle(_pickle(sendobj).data)]
+        dist.gather_object(sendobj, out, dst=h.global_rank(root, "root"), group=h.pg)
+        return out
+
+    def allgather(self, sendobj: Any) -> list[Any]:
+        h = self._h()
+        self._eng()
+        if h.size == 1:
+            return [_unpickle(_pickle(sendobj).data)]
+        out: list[Any] = [None] * h.size
+        dist.all_gather_object(out, sendobj, group=h.pg)
+        return out
+
+    def scatter(self, sendobj: Any = None, root: int = 0) -> Any:
+        """``sendobj``: at ``root``, one object per rank (in rank order)."""
+        h = self._h()
+        self._eng()
+        if h.rank == root and (sendobj is None or len(sendobj) != h.size):
+            raise MPIException(ERR_ARG, f"scatter needs {h.size} objects at the root, got {sendobj!r:.80}")
+        if h.size == 1:
+            return _unpickle(_pickle(sendobj[0]).data)
+        out: list[Any] = [None]
+        dist.scatter_object_list(
+            out, list(sendobj) if h.rank == root else None, src=h.ranks[root], group=h.pg
+        )
+        return out[0]
+
+    def alltoall(self, sendobj: Any) -> list[Any]:
+        """``sendobj[i]`` goes to rank i; returns what each rank sent to this one."""
+        h = self._h()
+        if sendobj is None or len(sendobj) != h.size:
+            raise MPIException(ERR_ARG, f"alltoall needs {h.size} objects, got {sendobj!r:.80}")
+        got = self._exchange(
+            h,
+            [(i, _pickle(sendobj[i])) for i in range(h.size) if i != h.rank],
+            [(i, None) for i in range(h.size) if i != h.rank],
+        )
+        got.insert(h.rank, _unpickle(_pickle(sendobj[h.rank]).data))
+        return got
+
+    def reduce(self, sendobj: Any, op: Op = SUM, root: int = 0) -> Any:
+        values = self.gather(sendobj, root)
+        return functools.reduce(lambda a, b: op(a, b), values) if values is not None else None
+
+    def allreduce(self, sendobj: Any, op: Op = SUM) -> Any:
+        return functools.reduce(lambda a, b: op(a, b), self.allgather(sendobj))
+
+    def scan(self, sendobj: Any, op: Op = SUM) -> Any:
+        values = self.allgather(sendobj)
+        return functools.reduce(lambda a, b: op(a, b), values[: self.rank + 1])
+
+    def exscan(self, sendobj: Any, op: Op = SUM) -> Any:
+        """The reduction over ranks below this one (None on rank 0, as mpi4py)."""
+        values = self.allgather(sendobj)
+        r = self.rank
+        return functools.reduce(lambda a, b: op(a, b), values[:r]) if r else None
+
+    # -- buffer collectives
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:
+        h = self._h()
+        self._eng()
+        g = h.global_rank(root, "root")
+        s = parse(buf, h.rank != root)
+        if h.size == 1:
+            return
+        v = s.view()
+        if v is not None:
+            dist.broadcast(v, src=g, group=h.pg)
+            return
+        tmp = s.pack() if h.rank == root else _empty(s.nbytes)
+        dist.broadcast(tmp, src=g, group=h.pg)
+        if h.rank != root:
+            s.unpack(tmp)
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        h = self._h()
+        self._eng()
+        h.global_rank(root, "root")
+        r = parse(recvbuf, True, blocks=h.size) if h.rank == root else None
+        if sendbuf is IN_PLACE:
+            if r is None:
+                raise MPIException(ERR_BUFFER, "IN_PLACE is the root's sendbuf only")
+            data = r.pack(r.count, r.displ + h.rank * r.count).copy()
+        else:
+            data = np.ascontiguousarray(parse(sendbuf, False).pack())
+        parts = self._gather_bytes(h, data, root)
+        if r is not None and parts is not None:
+            for i, p in enumerate(parts):
+                if i != h.rank or sendbuf is not IN_PLACE:
+                    r.unpack(p, r.displ + i * r.count)
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        h = self._h()
+        self._eng()
+        g = h.global_rank(root, "root")
+        s = parse(sendbuf, False, blocks=h.size) if h.rank == root else None
+        in_place = recvbuf is IN_PLACE
+        if in_place and s is None:
+            raise MPIException(ERR_BUFFER, "IN_PLACE is the root's recvbuf only")
+        r = None if in_place else parse(recvbuf, True)
+        n = (s.count * s.datatype.size) if s is not None else r.nbytes if r is not None else 0
+        out = _empty(n)
+        if h.size == 1:
+            assert s is not None
+            out[:] = s.pack(s.count, s.displ)
+        else:
+            ins = (
+                [np.ascontiguousarray(s.pack(s.count, s.displ + i * s.count)) for i in range(h.size)]
+                if s
+                else None
+            )
+            dist.scatter(out, ins, src=g, group=h.pg)
+        if r is not None:
+            r.unpack(out)
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        h = self._h()
+        self._eng()
+        r = parse(recvbuf, True, blocks=h.size)
+        if sendbuf is IN_PLACE:
+            data = r.pack(r.count, r.displ + h.rank * r.count).copy()
+        else:
+            data = np.ascontiguousarray(parse(sendbuf, False).pack())
+        whole = r.view(r.count * h.size) if r.displ == 0 else None
+        if whole is not None and h.size > 1 and whole.size == data.size * h.size:
+            dist.all_gather_into_tensor(whole, data, group=h.pg)
+            return
+        parts = self._gather_bytes(h, data, None)
+        assert parts is not None
+        for i, p in enumerate(parts):
+            r.unpack(p, r.displ + i * r.count)
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        h = self._h()
+        self._eng()
+        r = parse(recvbuf, True, blocks=h.size)
+        s = r if sendbuf is IN_PLACE else parse(sendbuf, False, blocks=h.size)
+        inp = np.ascontiguousarray(s.pack(s.count * h.size, s.displ)).copy()
+        out = _empty(r.nbytes * h.size)
+        if h.size == 1:
+            out[:] = inp
+        else:
+            dist.all_to_all_single(out, inp, group=h.pg)
+        r.unpack(out)
+
+    # -- v-variants (point-to-point in the collective context)
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        h = self._h()
+        h.global_rank(root, "root")
+        if h.rank != root:
+            self._exchange(h, [(root, np.ascontiguousarray(parse(sendbuf, False).pack()))], [])
+            return
+        r = parse(recvbuf, True, vector=True)
+        counts, displs = _vcounts(r, h.size)
+        if sendbuf is not IN_PLACE:
+            _sub(r, counts[root], displs[root]).unpack(parse(sendbuf, False).pack())
+        self._exchange(h, [], [(i, _sub(r, counts[i], displs[i])) for i in range(h.size) if i != root])
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        h = self._h()
+        h.global_rank(root, "root")
+        if h.rank != root:
+            self._exchange(h, [], [(root, parse(recvbuf, True))])
+            return
+        s = parse(sendbuf, False, vector=True)
+        counts, displs = _vcounts(s, h.size)
+        sends = [(i, np.ascontiguousarray(s.pack(counts[i], displs[i]))) for i in range(h.size) if i != root]
+        if recvbuf is not IN_PLACE:
+            parse(recvbuf, True).unpack(s.pack(counts[root], displs[root]))
+        self._exchange(h, sends, [])
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
+        h = self._h()
+        r = parse(recvbuf, True, vector=True)
+        counts, displs = _vcounts(r, h.size)
+        if sendbuf is IN_PLACE:
+            data = r.pack(counts[h.rank], displs[h.rank]).copy()
+        else:
+            data = np.ascontiguousarray(parse(sendbuf, False).pack()).copy()
+            _sub(r, counts[h.rank], displs[h.rank]).unpack(data)
+        others = [i for i in range(h.size) if i != h.rank]
+        self._exchange(h, [(i, data) for i in others], [(i, _sub(r, counts[i], displs[i])) for i in others])
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
+        h = self._h()
+        r = parse(recvbuf, True, vector=True)
+        rc, rd = _vcounts(r, h.size)
+        s = r if sendbuf is IN_PLACE else parse(sendbuf, False, vector=True)
+        sc, sd = _vcounts(s, h.size)
+        blocks = [np.ascontiguousarray(s.pack(sc[i], sd[i])).copy() for i in range(h.size)]
+        _sub(r, rc[h.rank], rd[h.rank]).unpack(blocks[h.rank])
+        others = [i for i in range(h.size) if i != h.rank]
+        self._exchange(h, [(i, blocks[i]) for i in others], [(i, _sub(r, rc[i], rd[i])) for i in others])
+
+    # -- reductions
+
+    def _reduce(self, sendbuf: Any, recvbuf: Any, op: Op, root: int | None) -> None:
+        h = self._h()
+        self._eng()
+        g = None if root is None else h.global_rank(root, "root")
+        mine = root is None or h.rank == root
+        r = parse(recvbuf, True) if mine else None
+        if sendbuf is IN_PLACE:
+            if r is None:
+                raise MPIException(ERR_BUFFER, "IN_PLACE is the root's sendbuf only")
+            s = r
+        else:
+            s = parse(sendbuf, False)
+        t = s.datatype
+        native = op.native_for(t)
+        if native is not None and t.contiguous and t.dtype is not None:
+            rv = r.view() if r is not None else None
+            if r is not None and rv is not None and r.datatype is t:
+                work = rv[: s.nbytes].view(t.dtype)
+                if s is not r:
+                    work[:] = s.pack().view(t.dtype)
+            else:
+                work = s.pack().view(t.dtype).copy()
+            if h.size > 1:
+                if root is None:
+                    dist.all_reduce(work, op=native, group=h.pg)
+                else:
+                    dist.reduce(work, dst=g, op=native, group=h.pg)
+            if r is not None and not (rv is not None and np.shares_memory(work, r.raw)):
+                r.unpack(work.view(np.uint8))
+            return
+        parts = self._gather_bytes(h, np.ascontiguousarray(s.pack()).copy(), root)
+        if r is not None and parts is not None:
+            r.unpack(self._fold(parts, op, t))
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM, root: int = 0) -> None:
+        self._reduce(sendbuf, recvbuf, op, root)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        self._reduce(sendbuf, recvbuf, op, None)
+
+    def _scan(self, sendbuf: Any, recvbuf: Any, op: Op, exclusive: bool) -> None:
+        h = self._h()
+        self._eng()
+        r = parse(recvbuf, True)
+        s = r if sendbuf is IN_PLACE else parse(sendbuf, False)
+        parts = self._gather_bytes(h, np.ascontiguousarray(s.pack()).copy(), None)
+        assert parts is not None
+        upto = h.rank if exclusive else h.rank + 1
+        if upto:
+            r.unpack(self._fold(parts[:upto], op, s.datatype))
+
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        self._scan(sendbuf, recvbuf, op, False)
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        """recvbuf on rank 0 is left unchanged (MPI leaves it undefined)."""
+        self._scan(sendbuf, recvbuf, op, True)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Op = SUM) -> None:
+        h = self._h()
+        r = parse(recvbuf, True)
+        self._reduce_scatter(sendbuf, r, [r.count] * h.size, op)
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Op = SUM) -> None:
+        h = self._h()
+        r = parse(recvbuf, True)
+        counts = [r.count] * h.size if recvcounts is None else [int(c) for c in recvcounts]
+        self._reduce_scatter(sendbuf, r, counts, op)
+
+    def _reduce_scatter(self, sendbuf: Any, r: Spec, counts: list[int], op: Op) -> None:
+        h = self._h()
+        total, t = sum(counts), r.datatype
+        if sendbuf is IN_PLACE:
+            full = r.pack(total, r.displ).copy()
+        else:
+            full = np.ascontiguousarray(parse(sendbuf, False).pack()).copy()
+        whole = Spec(full, _contiguous(t), total)
+        self._reduce(IN_PLACE, [full, total, whole.datatype], op, None)
+        start = sum(counts[: h.rank]) * whole.datatype.size
+        r.unpack(full[start : start + counts[h.rank] * whole.datatype.size])
+
+    # -- communicator constructors (collective over this communicator)
+
+    def _make(self, members: list[int] | None, ctx: int, name: str = "") -> Intracomm:
+        if members is None:
+            return _null()
+        h = self._h()
+        rt = STATE.runtime()
+        return type(self)._wrap(_new_handle(rt, [h.ranks[i] for i in members], ctx, name))
+
+    @classmethod
+    def _wrap(cls, handle: Handle) -> Intracomm:
+        c = cls.__new__(cls)
+        c._handle, c._lazy = handle, None
+        return c
+
+    def _ctx_ids(self, n: int) -> int:
+        rt = STATE.runtime()
+        return int(self.bcast(_alloc_ctx(rt, n) if self.rank == 0 else None, root=0))
+
+    def Split(self, color: int = 0, key: int = 0) -> Intracomm:
+        """Ranks of one ``color`` form a communicator, ordered by (``key``, rank); color
+        UNDEFINED gets COMM_NULL."""
+        h = self._h()
+        pairs = self.allgather((int(color), int(key)))
+        colors = sorted({c for c, _ in pairs if c != UNDEFINED})
+        base = self._ctx_ids(max(1, len(colors)))
+        if color == UNDEFINED:
+            return self._make(None, 0)
+        members = sorted((i for i in range(h.size) if pairs[i][0] == color), key=lambda i: (pairs[i][1], i))
+        return self._make(members, base + colors.index(int(color)))
+
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> Intracomm:
+        """COMM_TYPE_SHARED: the ranks of this node (by the launcher's node id)."""
+        if split_type != COMM_TYPE_SHARED:
+            return self.Split(UNDEFINED, key)
+        rt = STATE.runtime()
+        nodes = self.allgather(rt.node_id)
+        return self.Split(nodes.index(rt.node_id), key)
+
+    def Dup(self, info: Any = None) -> Intracomm:
+        h = self._h()
+        dup = self.Split(0, h.rank)
+        dup._h().attrs.update(h.attrs)
+        return dup
+
+    Clone = Dup
+    Idup = Dup
+
+    def Create(self, group: Group) -> Intracomm:
+        """The members of ``group`` (a subset of this communicator) form a communicator;
+        COMM_NULL elsewhere."""
+        h = self._h()
+        base = self._ctx_ids(1)
+        if STATE.runtime().rank not in group.ranks:
+            return self._make(None, 0)
+        return self._make([h.index[g] for g in group.ranks], base)
+
+    Create_group = Create
+
+
+def _vcounts(s: Spec, n: int) -> tuple[list[int], list[int]]:
+    if s.counts is None:
+        counts = [s.count // n if s.count and s.counts is None else 0] * n
+        return counts, [i * counts[0] for i in range(n)]
+    if len(s.counts) != n or s.displs is None or len(s.displs) != n:
+        raise MPIException(
+            ERR_BUFFER, f"counts {s.counts} and displacements {s.displs} must have {n} entries"
+        )
+    return s.counts, s.displs
+
+
+def _contiguous(t: Datatype) -> Datatype:
+    """A type of ``t``'s packed data (t itself when contiguous)."""
+    if t.contiguous:
+        return t
+    d = Datatype("packed", np.arange(t.size), t.size, base=t.base)
+    d.dtype = None
+    return d
+
+
+def _null() -> Intracomm:
+    c = Intracomm.__new__(Intracomm)
+    c._handle, c._lazy = None, None
+    return c
+
+
+COMM_WORLD = _lazy(Intracomm, "world")
+COMM_SELF = _lazy(Intracomm, "self")
+COMM_NULL = _null()
+__all__ = ["Intracomm", "COMM_WORLD", "COMM_SELF", "COMM_NULL", "Request"]

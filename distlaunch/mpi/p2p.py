@@ -1,0 +1,551 @@
+"""MPI point-to-point: message matching, Status and Request.
+
+Every MPI message (any communicator, any tag) travels as one transport message of the
+key ``(P2P, MPI_GROUP, 0)``; its header carries the communicator's context id
+(``step``) and the MPI tag (``root``). One :class:`Engine` per process keeps one
+receive of any size posted on that key (the *pump*) and matches what arrives as MPI
+does: against the posted receives in posting order, else kept, in arrival order, for
+a later receive or probe. So ``ANY_SOURCE``/``ANY_TAG`` match anything, messages of one
+sender and communicator are received in the order sent (MPI's non-overtaking rule),
+a receive buffer may be larger than the message (Status tells the count) and Probe
+sees a message before it is received.
+
+Sends are eager: a send completes when its data was handed to the transport (TCP: the
+operating system, shared memory: the peer's ring), so Ssend/Rsend/Bsend behave as Send.
+A send to oneself is copied straight into the engine.
+
+Blocking waits poll the pump in slices so that they notice a lost peer (its connection
+ended: PeerLostError) and the group timeout (default 1800 s: CollectiveTimeoutError).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..collectives.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
+from ..collectives.transport import Request as TransportRequest
+from ..collectives.wire import NO_REDOP, OP_CODES, P2P, Header
+from .datatypes import BYTE, UNDEFINED, Datatype, Spec
+from .errors import ERR_TRUNCATE, SUCCESS, MPIException
+
+ANY_SOURCE = -2  # MPICH's values
+ANY_TAG = -1
+PROC_NULL = -1
+MPI_GROUP = 0xFFFFFFFF  # transport group id of every MPI message (no ProcessGroup has it)
+_KEY = (P2P, MPI_GROUP, 0)
+_SEND = OP_CODES["send"]
+
+
+class Status:
+    """MPI_Status: ``source``, ``tag``, ``error`` and the received byte count."""
+
+    def __init__(self, status: Status | None = None) -> None:
+        self.source, self.tag, self.error, self.nbytes, self.cancelled = (
+            ANY_SOURCE,
+            ANY_TAG,
+            SUCCESS,
+            0,
+            False,
+        )
+        if status is not None:
+            self.source, self.tag, self.error, self.nbytes = (
+                status.source,
+                status.tag,
+                status.error,
+                status.nbytes,
+            )
+
+    def Get_source(self) -> int:
+        return self.source
+
+    def Get_tag(self) -> int:
+        return self.tag
+
+    def Get_error(self) -> int:
+        return self.error
+
+    def Set_source(self, source: int) -> None:
+        self.source = source
+
+    def Set_tag(self, tag: int) -> None:
+        self.tag = tag
+
+    def Set_error(self, error: int) -> None:
+        self.error = error
+
+    def Get_count(self, datatype: Datatype = BYTE) -> int:
+        """Elements of ``datatype`` received (UNDEFINED when the bytes do not divide)."""
+        size = datatype.Get_size()
+        if not size:
+            return 0
+        return self.nbytes // size if self.nbytes % size == 0 else UNDEFINED
+
+    def Get_elements(self, datatype: Datatype) -> int:
+        return self.Get_count(datatype)
+
+    def Is_cancelled(self) -> bool:
+        return self.cancelled
+
+    count = property(lambda self: self.Get_count())
+
+    def _set(self, source: int, tag: int, nbytes: int) -> None:
+        self.source, self.tag, self.nbytes, self.error = source, tag, nbytes, SUCCESS
+
+
+class Message:
+    """One arrived message: global ``src``, context id ``ctx``, ``tag``, payload bytes."""
+
+    __slots__ = ("src", "ctx", "tag", "data")
+
+    def __init__(self, src: int, ctx: int, tag: int, data: memoryview) -> None:
+        self.src, self.ctx, self.tag, self.data = src, ctx, tag, data
+
+    def matches(self, ctx: int, src: int | None, tag: int) -> bool:
+        return ctx == self.ctx and (src is None or src == self.src) and (tag == ANY_TAG or tag == self.tag)
+
+
+class PostedRecv:
+    """A receive waiting for its message: ``src`` (global, None: any), ``tag``, and
+    ``deliver(msg)`` that consumes the message (called with the engine lock held)."""
+
+    __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error")
+
+    def __init__(self, ctx: int, src: int | None, tag: int, deliver: Callable[[Message], Any]) -> None:
+        self.ctx, self.src, self.tag, self.deliver = ctx, src, tag, deliver
+        self.msg: Message | None = None
+        self.error: BaseException | None = None
+
+
+class Engine:
+    """This process's MPI message matching (see the module docstring). ``rt``: the
+    collectives runtime (transport, rank, timeout)."""
+
+    def __init__(self, rt: Any) -> None:
+        self.rt = rt
+        self.rank: int = rt.rank
+        self.transport = rt.transport
+        self.timeout: float = rt.timeout
+        self.lock = threading.Lock()
+        self.inbox: list[Message] = []  # arrived, unmatched, in arrival order
+        self.posted: list[PostedRecv] = []  # unmatched receives, in posting order
+        self.error: BaseException | None = None
+        self.pump: TransportRequest | None = None
+        self.waiters = 0
+        with self.lock:
+            self._repost()
+
+    def _repost(self) -> None:
+        """Post the next any-size receive; take what completes at once (lock held)."""
+        while self.error is None:
+            r = self.transport.irecv(None, _KEY, None)
+            if not r.done:
+                self.pump = r
+                return
+            self._arrived(r)
+
+    def _arrived(self, r: TransportRequest) -> None:
+        if r.error is not None:
+            self.error = r.error
+            for p in self.posted:
+                p.error = r.error
+            self.posted.clear()
+            return
+        h = r.header
+        assert h is not None and r.buf is not None  # completed without error: matched
+        self.add(Message(h.src, h.step, h.root, r.buf))
+
+    def add(self, msg: Message) -> None:
+        """Match an arrived message against the posted receives, else keep it (lock held)."""
+        for i, p in enumerate(self.posted):
+            if msg.matches(p.ctx, p.src, p.tag):
+                del self.posted[i]
+                p.msg = msg
+                try:
+                    p.deliver(msg)
+                except BaseException as e:  # e.g. truncation: reported by the receive's wait
+                    p.error = e
+                return
+        self.inbox.append(msg)
+
+    def progress(self) -> None:
+        """Take every message the pump has received (lock held)."""
+        while self.pump is not None and self.pump.done:
+            r, self.pump = self.pump, None
+            self._arrived(r)
+            self._repost()
+
+    # -- sending
+
+    def send(self, dest: int, ctx: int, tag: int, payload: np.ndarray) -> TransportRequest | None:
+        """Start sending ``payload`` (uint8, unchanged until done) to global rank ``dest``;
+        None when already complete (sent to oneself: copied)."""
+        if dest == self.rank:
+            with self.lock:
+                self.add(Message(dest, ctx, tag, memoryview(payload.tobytes())))
+            return None
+        hdr = Header(P2P, 0, _SEND, NO_REDOP, self.rank, MPI_GROUP, 0, ctx, tag, 0, payload.nbytes)
+        return self.transport.isend(dest, hdr, payload.data, time.monotonic() + self.timeout)
+
+    # -- receiving
+
+    def post(self, recv: PostedRecv) -> None:
+        """Match ``recv`` against the kept messages, else post it."""
+        with self.lock:
+            self.progress()
+            for i, m in enumerate(self.inbox):
+                if m.matches(recv.ctx, recv.src, recv.tag):
+                    del self.inbox[i]
+                    recv.msg = m
+                    try:
+                        recv.deliver(m)
+                    except BaseException as e:
+                        recv.error = e
+                    return
+            if self.error is not None:
+                recv.error = self.error
+            else:
+                self.posted.append(recv)
+
+    def cancel(self, recv: PostedRecv) -> bool:
+        with self.lock:
+            if recv in self.posted:
+                self.posted.remove(recv)
+                return True
+            return False
+
+    def probe(self, ctx: int, src: int | None, tag: int) -> Message | None:
+        with self.lock:
+            self.progress()
+            for m in self.inbox:
+                if m.matches(ctx, src, tag):
+                    return m
+            return None
+
+    def take(self, msg: Message) -> None:
+        """Remove a probed message from the kept ones (matched probe: MPI_Mprobe)."""
+        with self.lock:
+            if msg in self.inbox:
+                self.inbox.remove(msg)
+
+    def wait_until(self, done: Callable[[], bool], what: str, peers: Sequence[int | None] = ()) -> None:
+        """Block until ``done()`` (checked with progress made); CollectiveTimeoutError
+        after the group timeout, PeerLostError when one of ``peers`` is lost."""
+        deadline = time.monotonic() + self.timeout
+        pause = 0.0
+        self.waiters += 1
+        try:
+            while True:
+                with self.lock:
+                    self.progress()
+                    if done():
+                        return
+                    pump = self.pump
+                    if self.error is not None:
+                        raise type(self.error)(f"{what}: {self.error}")
+                now = time.monotonic()
+                if now >= deadline:
+                    raise CollectiveTimeoutError(f"{what} did not complete within {self.timeout:g} s")
+                for p in peers:
+                    why = self.transport.lost(p) if p is not None and p != self.rank else None
+                    if why is not None:
+                        raise PeerLostError(f"{what}: rank {p} is lost: {why}")
+                # sleep on the pump (new messages wake us); sends and receives completed by
+                # another thread are noticed within the (growing) slice
+                pause = min(0.05, pause * 2 or 0.0005) if self.waiters > 1 or pump is None else 0.05
+                if pump is not None:
+                    pump.wait(min(pause, deadline - now))
+                else:
+                    time.sleep(pause)
+        finally:
+            self.waiters -= 1
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class _Op:
+    """One pending operation behind a Request."""
+
+    def test(self) -> bool:
+        raise NotImplementedError
+
+    def finish(self, status: Status | None) -> Any:
+        """Once done: fill ``status``, raise the operation's error, return its result."""
+        return None
+
+    def cancel(self) -> bool:
+        return False
+
+    def peers(self) -> list[int | None]:
+        return []
+
+
+class SendOp(_Op):
+    def __init__(self, req: TransportRequest | None, what: str, dest: int) -> None:
+        self.req, self.what, self.dest = req, what, dest
+
+    def test(self) -> bool:
+        return self.req is None or self.req.done
+
+    def peers(self) -> list[int | None]:
+        return [self.dest]
+
+    def finish(self, status: Status | None) -> Any:
+        if self.req is not None and self.req.error is not None:
+            raise type(self.req.error)(f"{self.what}: {self.req.error}")
+        if status is not None:
+            status._set(ANY_SOURCE, ANY_TAG, 0)
+        return None
+
+
+class RecvOp(_Op):
+    """A receive into ``spec`` (buffer) or of an object (``spec`` None: ``decode`` turns
+    the bytes into the result). ``to_rank``: global -> communicator rank."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        ctx: int,
+        src: int | None,
+        tag: int,
+        spec: Spec | None,
+        to_rank: Callable[[int], int],
+        decode: Callable[[memoryview], Any] | None = None,
+        what: str = "recv",
+    ) -> None:
+        self.engine, self.spec, self.to_rank, self.decode, self.what = engine, spec, to_rank, decode, what
+        self.src = src
+        self.result: Any = None
+        self.posted = PostedRecv(ctx, src, tag, self._deliver)
+        engine.post(self.posted)
+
+    def _deliver(self, msg: Message) -> None:
+        if self.spec is not None:
+            cap = self.spec.nbytes
+            if len(msg.data) > cap:
+                raise MPIException(
+                    ERR_TRUNCATE,
+                    f"{self.what}: message of {len(msg.data)} bytes from rank {self.to_rank(msg.src)} "
+                    f"(tag {msg.tag}) does not fit the receive buffer of {cap} bytes (make it larger)",
+                )
+            self.spec.unpack(msg.data)
+        elif self.decode is not None:
+            self.result = self.decode(msg.data)
+
+    def test(self) -> bool:
+        return self.posted.msg is not None or self.posted.error is not None
+
+    def peers(self) -> list[int | None]:
+        return [self.src]
+
+    def cancel(self) -> bool:
+        return self.engine.cancel(self.posted)
+
+    def finish(self, status: Status | None) -> Any:
+        if self.posted.error is not None:
+            e = self.posted.error
+            if isinstance(e, CollectiveError) and not isinstance(e, MPIException):
+                raise type(e)(f"{self.what}: {e}")
+            raise e
+        m = self.posted.msg
+        assert m is not None
+        if status is not None:
+            status._set(self.to_rank(m.src), m.tag, len(m.data))
+        return self.result
+
+
+class DoneOp(_Op):
+    """Already complete (PROC_NULL), with the Status MPI gives it."""
+
+    def __init__(self, source: int = PROC_NULL, result: Any = None) -> None:
+        self.source, self.result = source, result
+
+    def test(self) -> bool:
+        return True
+
+    def finish(self, status: Status | None) -> Any:
+        if status is not None:
+            status._set(self.source, ANY_TAG, 0)
+        return self.result
+
+
+class Request:
+    """MPI_Request (mpi4py's Request): a pending non-blocking operation. Completing it
+    (Wait, a successful Test, ...) makes it equal to ``REQUEST_NULL``, as in MPI.
+    Blocking methods raise as :meth:`Engine.wait_until`; a failed operation raises its
+    error (MPIException ERR_TRUNCATE, PeerLostError, ...)."""
+
+    def __init__(self, request: Request | None = None, op: _Op | None = None, engine: Engine | None = None):
+        self._op: _Op | None = request._op if request is not None else op
+        self._engine: Engine | None = request._engine if request is not None else engine
+        self._status: Status | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Request) and self._op is other._op
+
+    def __hash__(self) -> int:
+        return id(self._op)
+
+    def __bool__(self) -> bool:
+        return self._op is not None
+
+    def _poll(self) -> bool:
+        op, eng = self._op, self._engine
+        if op is None:
+            return True
+        if op.test():
+            return True
+        if eng is not None:
+            with eng.lock:
+                eng.progress()
+        return op.test()
+
+    def _complete(self, status: Status | None) -> Any:
+        op, self._op = self._op, None
+        if op is None:
+            if status is not None:
+                status._set(ANY_SOURCE, ANY_TAG, 0)
+            return None
+        st = Status()
+        result = op.finish(st)
+        self._status = st
+        if status is not None:
+            status._set(st.source, st.tag, st.nbytes)
+        return result
+
+    def _block(self) -> None:
+        op, eng = self._op, self._engine
+        if op is not None and not op.test() and eng is not None:
+            eng.wait_until(op.test, getattr(op, "what", "request"), op.peers())
+
+    # mpi4py: uppercase for buffers, lowercase returns the received object
+    def Wait(self, status: Status | None = None) -> bool:
+        self._block()
+        self._complete(status)
+        return True
+
+    def wait(self, status: Status | None = None) -> Any:
+        self._block()
+        return self._complete(status)
+
+    def Test(self, status: Status | None = None) -> bool:
+        if not self._poll():
+            return False
+        self._complete(status)
+        return True
+
+    def test(self, status: Status | None = None) -> tuple[bool, Any]:
+        if not self._poll():
+            return False, None
+        return True, self._complete(status)
+
+    def Get_status(self, status: Status | None = None) -> bool:
+        done = self._poll()
+        if done and status is not None and self._op is not None:
+            st = Status()
+            try:
+                self._op.finish(st)
+            except BaseException:
+                st.error = ERR_TRUNCATE
+            status._set(st.source, st.tag, st.nbytes)
+        return done
+
+    def Cancel(self) -> None:
+        if self._op is not None and self._op.cancel():
+            self._op = DoneOp(ANY_SOURCE)
+
+    def Free(self) -> None:
+        self._op = None
+
+    # -- arrays of requests
+
+    @staticmethod
+    def _wait_any(requests: Sequence[Request]) -> None:
+        live = [r for r in requests if r._op is not None]
+        if not live or any(r._poll() for r in live):
+            return
+        eng = next((r._engine for r in live if r._engine is not None), None)
+        if eng is not None:
+            peers = [p for r in live for p in (r._op.peers() if r._op else [])]
+            eng.wait_until(lambda: any(r._op is None or r._op.test() for r in live), "Waitany", peers)
+
+    @staticmethod
+    def Waitall(requests: Sequence[Request], statuses: list | None = None) -> bool:
+        Request.waitall(requests, statuses)
+        return True
+
+    @staticmethod
+    def waitall(requests: Sequence[Request], statuses: list | None = None) -> list:
+        results = []
+        for i, r in enumerate(requests):
+            st = statuses[i] if statuses is not None and i < len(statuses) else None
+            results.append(r.wait(st))
+        return results
+
+    @staticmethod
+    def Testall(requests: Sequence[Request], statuses: list | None = None) -> bool:
+        return Request.testall(requests, statuses)[0]
+
+    @staticmethod
+    def testall(requests: Sequence[Request], statuses: list | None = None) -> tuple[bool, list | None]:
+        if not all(r._poll() for r in requests):
+            return False, None
+        return True, Request.waitall(requests, statuses)
+
+    @staticmethod
+    def Waitany(requests: Sequence[Request], status: Status | None = None) -> int:
+        return Request.waitany(requests, status)[0]
+
+    @staticmethod
+    def waitany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, Any]:
+        """(index of a completed request, its result); (UNDEFINED, None) when every
+        request is REQUEST_NULL."""
+        if all(r._op is None for r in requests):
+            if status is not None:
+                status._set(ANY_SOURCE, ANY_TAG, 0)
+            return UNDEFINED, None
+        while True:
+            for i, r in enumerate(requests):
+                if r._op is not None and r._poll():
+                    return i, r._complete(status)
+            Request._wait_any(requests)
+
+    @staticmethod
+    def Testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool]:
+        i, flag, _ = Request.testany(requests, status)
+        return i, flag
+
+    @staticmethod
+    def testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool, Any]:
+        if all(r._op is None for r in requests):
+            return UNDEFINED, True, None
+        for i, r in enumerate(requests):
+            if r._op is not None and r._poll():
+                return i, True, r._complete(status)
+        return UNDEFINED, False, None
+
+    @staticmethod
+    def Waitsome(requests: Sequence[Request], statuses: list | None = None) -> list[int] | None:
+        if all(r._op is None for r in requests):
+            return None
+        Request._wait_any(requests)
+        return Request.Testsome(requests, statuses)
+
+    @staticmethod
+    def Testsome(requests: Sequence[Request], statuses: list | None = None) -> list[int] | None:
+        if all(r._op is None for r in requests):
+            return None
+        done = [i for i, r in enumerate(requests) if r._op is not None and r._poll()]
+        for k, i in enumerate(done):
+            requests[i]._complete(statuses[k] if statuses is not None and k < len(statuses) else None)
+        return done
+
+
+Prequest = Request
+Grequest = Request
+REQUEST_NULL = Request()
