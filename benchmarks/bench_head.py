@@ -3,7 +3,7 @@
 
     python benchmarks/bench_head.py [--hosts 2,4,8,16] [--reps 5]
 
-The hosts are loopback aliases 127.0.0.4, 127.0.0.5, ... served by one real sshd that
+The hosts are loopback aliases 127.0.0.2, 127.0.0.3, ... served by one real sshd that
 this script starts (tests/sshd.py, the test suite's sshd; needs root and openssh-server),
 so both launchers pay for real SSH connections, key exchanges and remote interpreters.
 Both use the same OpenSSH client config (port, key, known hosts); hydra reaches it
@@ -48,15 +48,19 @@ def free_port(addresses: list[str]) -> int:
 
 
 def setup(base: Path, n: int):
-    """Start sshd on 127.0.0.FIRST .. FIRST+n-1 and write the client side."""
-    addrs = [f"127.0.0.{FIRST + i}" for i in range(n)]
-    port = free_port(addrs)
-    server = start_sshd(base, extra=tuple(f"ListenAddress {a}:{port}" for a in addrs))
+    """Start sshd on 127.0.0.2 .. 127.0.0.(n+1) and write the client side (sshd listens
+    on at most 16 sockets: the test helper's own two, 127.0.0.2 and .3, count)."""
+    extra = [f"127.0.0.{FIRST + i}" for i in range(max(0, n - 2))]
+    port = free_port(extra) if extra else 0
+    server = start_sshd(base, extra=tuple(f"ListenAddress {a}:{port}" for a in extra))
+    addrs = [*server.addresses, *extra][:n]
+    ports = {a: server.port for a in server.addresses} | {a: port for a in extra}
     key_line = " ".join(server.host_key_pub.split()[:2])
     known = base / "bench_known_hosts"
-    known.write_text("".join(f"[{a}]:{port} {key_line}\n" for a in addrs))
+    known.write_text("".join(f"[{a}]:{ports[a]} {key_line}\n" for a in addrs))
     config = base / "bench_ssh_config"
     config.write_text(
+        f"Host {' '.join(server.addresses)}\n    Port {server.port}\n"
         f"Host 127.0.0.*\n    Port {port}\n    User root\n    IdentityFile {server.key_file}\n"
         f"    IdentitiesOnly yes\n    BatchMode yes\n    UserKnownHostsFile {known}\n"
         f"    StrictHostKeyChecking yes\n"
@@ -68,7 +72,7 @@ def setup(base: Path, n: int):
         deadline = time.monotonic() + 10
         while True:
             try:
-                with socket.create_connection((a, port), timeout=1) as s:
+                with socket.create_connection((a, ports[a]), timeout=1) as s:
                     if s.recv(4).startswith(b"SSH-"):
                         break
             except OSError:
