@@ -64,6 +64,7 @@ arguments raise ValueError (CollectiveArgumentError) on the calling rank only.
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import hashlib
 import hmac
@@ -163,12 +164,16 @@ class DistlaunchWork(_TorchWork):
     ``is_completed()`` never blocks; ``_source_rank()`` is the sender's group rank of a
     receive."""
 
-    def __init__(self, name: str, outputs: list) -> None:
+    def __init__(self, name: str, group: str, outputs: list, queued: bool) -> None:
         super().__init__()
-        self._name = name
+        self._name = name  # with group: formatted only for errors (this is per call)
+        self._group = group
         self._outputs = outputs
-        self._done = threading.Event()
-        self._lock = threading.Lock()
+        self._done = False
+        # an operation run in the calling thread completes before its Work is returned:
+        # only queued ones need an event and a lock (completed by another thread)
+        self._event = threading.Event() if queued else None
+        self._lock: Any = threading.Lock() if queued else contextlib.nullcontext()
         self._error: BaseException | None = None
         self._future: Future | None = None
         self._source = -1
@@ -176,17 +181,22 @@ class DistlaunchWork(_TorchWork):
     def _finish(self, error: BaseException | None = None) -> None:
         with self._lock:
             self._error = error
-            self._done.set()
+            self._done = True
             fut = self._future
+        if self._event is not None:
+            self._event.set()
         if fut is not None:
             _complete(fut, self._outputs, error)
 
     def _wait_done(self, timeout: float | None) -> None:
-        if not self._done.wait(timeout):
-            raise DistlaunchTimeoutError(f"distlaunch: {self._name} did not complete within {timeout:g} s")
+        if not self._done and self._event is not None and not self._event.wait(timeout):
+            raise DistlaunchTimeoutError(
+                f"distlaunch: {self._name} on {self._group} did not complete within {timeout:g} s"
+            )
 
     def wait(self, timeout: datetime.timedelta | float | None = None) -> bool:
-        self._wait_done(_seconds(timeout))
+        if not self._done:
+            self._wait_done(_seconds(timeout))
         if self._error is not None:
             raise self._error
         return True
@@ -195,15 +205,15 @@ class DistlaunchWork(_TorchWork):
         with self._lock:
             if self._future is None:
                 self._future = Future()
-                if self._done.is_set():
+                if self._done:
                     _complete(self._future, self._outputs, self._error)
             return self._future
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._done and self._error is None
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -238,15 +248,17 @@ class _P2PWork(DistlaunchWork):
     """Work of a send or receive: completes with the runtime's point-to-point request
     (``then`` runs after a successful receive, e.g. copying into a non-contiguous tensor)."""
 
-    def __init__(self, name: str, outputs: list, req: Any, then: Callable[[], None] | None = None) -> None:
-        super().__init__(name, outputs)
+    def __init__(
+        self, name: str, group: str, outputs: list, req: Any, then: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__(name, group, outputs, queued=True)
         self._req = req
         self._then = then
         self._wait_lock = threading.Lock()
 
     def _wait_done(self, timeout: float | None) -> None:
         with self._wait_lock:
-            if self._done.is_set():
+            if self._done:
                 return
             try:
                 if timeout is None:
@@ -269,11 +281,11 @@ class _P2PWork(DistlaunchWork):
                 self._finish()
 
     def is_completed(self) -> bool:
-        return self._done.is_set() or self._req.is_completed()
+        return self._done or self._req.is_completed()
 
     def get_future(self) -> Future:
         with self._lock:
-            start = self._future is None and not self._done.is_set()
+            start = self._future is None and not self._done
         fut = super().get_future()
         if start:  # nobody may ever call wait(): complete the future from a helper thread
             threading.Thread(target=self._wait_quietly, name="distlaunch-p2p-future", daemon=True).start()
@@ -295,25 +307,30 @@ class _Serial:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._cv = threading.Condition()
+        self._mutex = threading.Lock()
+        self._cv = threading.Condition(self._mutex)
         self._jobs: collections.deque = collections.deque()
         self._pending = 0  # queued or running on the helper thread
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def submit(self, fn: Callable[[], Any], work: DistlaunchWork, inline: bool) -> DistlaunchWork:
-        with self._cv:
+    def submit(
+        self, fn: Callable[[], Any], name: str, group: str, outputs: list, inline: bool
+    ) -> DistlaunchWork:
+        """Run ``fn`` now (``inline`` and nothing pending) or queue it; its Work."""
+        with self._mutex:
             if self._closed:
                 raise DistlaunchBackendError(f"distlaunch: {self._name} was shut down")
-            queue = not inline or self._pending > 0
-            if queue:
+            now = inline and self._pending == 0
+            work = DistlaunchWork(name, group, outputs, queued=not now)
+            if not now:
                 self._pending += 1
                 self._jobs.append((fn, work))
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                     self._thread.start()
                 self._cv.notify_all()
-        if not queue:
+        if now:
             _run(fn, work)
         return work
 
@@ -403,9 +420,15 @@ class _Bufs:
             t.copy_(src)
 
 
+_REDOPS = {getattr(dist.ReduceOp, op.name): op for op in ReduceOp}
+
+
 def _op(opts: Any) -> ReduceOp:
-    red = getattr(opts, "reduceOp", None)
-    kind = getattr(red, "op", red)  # torch's ReduceOp wraps a RedOpType
+    red = opts.reduceOp
+    op = _REDOPS.get(getattr(red, "op", red))  # torch's ReduceOp wraps a RedOpType
+    if op is not None:
+        return op
+    kind = getattr(red, "op", red)
     name = getattr(kind, "name", None)
     if name not in ReduceOp.__members__:
         raise CollectiveArgumentError(
@@ -475,14 +498,15 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
     def _submit(
         self, name: str, outputs: list, bufs: _Bufs, body: Callable[[], Any], nbytes: int, opts: Any
     ) -> DistlaunchWork:
-        work = DistlaunchWork(f"{name} on {self._g.name}", outputs)
-
-        def fn() -> None:
-            body()
-            bufs.finish()
-
         inline = not getattr(opts, "asyncOp", True) or nbytes <= INLINE_BYTES
-        return self._serial.submit(fn, work, inline)
+        if bufs.back:
+
+            def fn() -> None:
+                body()
+                bufs.finish()
+
+            return self._serial.submit(fn, name, self._g.name, outputs, inline)
+        return self._serial.submit(body, name, self._g.name, outputs, inline)
 
     # -- collectives
 
@@ -705,7 +729,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
             req = self._g.isend(arr, dstRank, tag)
         except CollectiveError as e:
             raise _as_torch_error(e) from None
-        return _P2PWork(f"send to {dstRank} on {self._g.name}", [src], req)
+        return _P2PWork(f"send to {dstRank}", self._g.name, [src], req)
 
     def recv(self, tensors: list, srcRank: int, tag: int) -> DistlaunchWork:
         return self._recv(tensors, srcRank, tag)
@@ -720,7 +744,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
             req = self._g.irecv(arr, peer, tag, group_src=True)
         except CollectiveError as e:
             raise _as_torch_error(e) from None
-        return _P2PWork(f"recv from {peer} on {self._g.name}", tensors, req, bufs.finish)
+        return _P2PWork(f"recv from {peer}", self._g.name, tensors, req, bufs.finish)
 
     # -- lifetime
 

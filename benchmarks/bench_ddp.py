@@ -1,0 +1,209 @@
+"""The distlaunch torch backend next to gloo, in the same processes, one node.
+
+    python benchmarks/bench_ddp.py [--worlds 2,4] [--steps 5] [--rounds 2]
+        [--sizes 8,1KiB,64KiB,1MiB,16MiB,64MiB] [--skip-ddp] [--skip-allreduce]
+
+1. DDP training step (forward, backward with DDP's bucketed all_reduce, SGD step) of a
+   ~25M-parameter MLP (1024 -> 4096 -> 4096 -> 1024, batch 16 per rank, one thread per
+   rank), DDP over gloo and over distlaunch in the same job (a gloo group and the
+   distlaunch default group), alternating round by round so background load hits both
+   alike; a step time is the slowest rank's mean over ``--steps`` steps after 2 warm-up
+   steps, the median over rounds. World 1 (no DDP) gives the pure compute time.
+2. ``dist.all_reduce`` through the backend next to ``distlaunch.collectives.all_reduce``
+   on the same float32 buffer (the runtime's own API, initialised in the same
+   processes): per-call time, slowest rank, median of 5 repetitions.
+
+Targets (issue 14): DDP step <= 0.7x gloo's at world 2, <= 0.5x at world 4; the backend's
+all_reduce within 1.3x of the runtime's. Ratios < 1: distlaunch is faster.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+from distlaunch.collectives.bench import parse_size  # noqa: E402
+
+LAYERS = (1024, 4096, 4096, 1024)
+BATCH = 16
+
+
+def _iters(nbytes):
+    return 200 if nbytes <= 64 << 10 else 20 if nbytes <= 1 << 20 else 5 if nbytes <= 16 << 20 else 2
+
+
+# --------------------------------------------------------------------- worker
+
+
+def _model():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    mods = []
+    for a, b in zip(LAYERS[:-1], LAYERS[1:]):
+        mods += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*mods[:-1])
+
+
+def _slowest(seconds, group=None):
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return seconds
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.item()
+
+
+def _ddp_step_time(group, steps):
+    """Mean seconds per DDP step on ``group`` (None: no DDP, world 1), slowest rank."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = _model()
+    net = DDP(model, process_group=group) if dist.is_initialized() else model
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    x, y = torch.randn(BATCH, LAYERS[0]), torch.randn(BATCH, LAYERS[-1])
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+
+    for _ in range(2):
+        step()
+    if dist.is_initialized():
+        dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return _slowest((time.perf_counter() - t0) / steps, group)
+
+
+def worker_ddp(args):
+    import torch
+    import torch.distributed as dist
+
+    import distlaunch.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    res: dict = {"world": world}
+    if world == 1:
+        res["compute"] = statistics.median(_ddp_step_time(None, args.steps) for _ in range(args.rounds))
+    else:
+        dist.init_process_group("distlaunch")
+        gloo = dist.new_group(backend="gloo")
+        times: dict = {"gloo": [], "distlaunch": []}
+        for _ in range(args.rounds):
+            times["gloo"].append(_ddp_step_time(gloo, args.steps))
+            times["distlaunch"].append(_ddp_step_time(None, args.steps))
+        res.update({k: statistics.median(v) for k, v in times.items()})
+        time.sleep(0.2)  # let gloo's thread release its last op before exit (torch 2.13)
+        dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("RESULT " + json.dumps(res), flush=True)
+
+
+def worker_allreduce(args):
+    import torch
+    import torch.distributed as dist
+
+    import distlaunch.collectives as dlc
+    import distlaunch.torch  # noqa: F401
+
+    torch.set_num_threads(1)
+    dist.init_process_group("distlaunch")
+    dlc.init_process_group()
+    res = {"world": dist.get_world_size(), "sizes": {}}
+    for nbytes in [parse_size(s) for s in args.sizes.split(",")]:
+        buf = torch.ones(max(1, nbytes // 4))
+        iters = _iters(nbytes)
+        fns = {"backend": lambda: dist.all_reduce(buf), "runtime": lambda: dlc.all_reduce(buf)}
+        reps: dict = {k: [] for k in fns}
+        for fn in fns.values():  # warm-up: shared-memory channels, first-call paths
+            fn()
+            fn()
+        for _ in range(5):
+            for k, fn in fns.items():
+                dlc.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                reps[k].append((time.perf_counter() - t0) / iters)
+        # slowest rank of each repetition, then the median over repetitions
+        mx = torch.tensor([reps["backend"], reps["runtime"]], dtype=torch.float64)
+        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+        res["sizes"][nbytes] = {k: statistics.median(mx[i].tolist()) for i, k in enumerate(fns)}
+    dlc.destroy_process_group()
+    dist.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("RESULT " + json.dumps(res), flush=True)
+
+
+# --------------------------------------------------------------------- driver
+
+
+def run(world, what, args):
+    cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(world), __file__]
+    cmd += ["--worker", what]
+    cmd += ["--steps", str(args.steps), "--rounds", str(args.rounds), "--sizes", args.sizes]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
+    for line in out.stdout.splitlines():
+        if "RESULT " in line:
+            return json.loads(line.split("RESULT ", 1)[1])
+    raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+
+
+def _fmt(seconds):
+    return f"{seconds * 1e6:9.1f} us" if seconds < 1e-3 else f"{seconds * 1e3:9.2f} ms"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--worlds", default="2,4")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--sizes", default="8,1KiB,64KiB,1MiB,16MiB,64MiB")
+    p.add_argument("--skip-ddp", action="store_true")
+    p.add_argument("--skip-allreduce", action="store_true")
+    p.add_argument("--worker", choices=["ddp", "allreduce"], help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker == "ddp":
+        return worker_ddp(args)
+    if args.worker == "allreduce":
+        return worker_allreduce(args)
+    worlds = [int(w) for w in args.worlds.split(",")]
+    params = sum(a * b + b for a, b in zip(LAYERS[:-1], LAYERS[1:]))
+    print(f"load average at start: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    if not args.skip_ddp:
+        compute = run(1, "ddp", args)["compute"]
+        mlp = "-".join(map(str, LAYERS))
+        print(f"\nDDP step, MLP {mlp} ({params / 1e6:.1f}M params), batch {BATCH}/rank")
+        print(f"world 1 (compute only, no DDP): {compute:.3f} s/step")
+        print(f"{'world':>5} {'gloo s/step':>12} {'distlaunch s/step':>18} {'ratio':>6}")
+        for w in worlds:
+            r = run(w, "ddp", args)
+            print(f"{w:>5} {r['gloo']:>12.3f} {r['distlaunch']:>18.3f} {r['distlaunch'] / r['gloo']:>6.2f}")
+    if not args.skip_allreduce:
+        print("\ndist.all_reduce through the backend vs distlaunch.collectives.all_reduce (float32)")
+        print(f"{'world':>5} {'bytes':>10} {'backend':>12} {'runtime':>12} {'ratio':>6}")
+        for w in worlds:
+            r = run(w, "allreduce", args)
+            for nbytes, t in r["sizes"].items():
+                ratio = t["backend"] / t["runtime"]
+                print(f"{w:>5} {int(nbytes):>10} {_fmt(t['backend'])} {_fmt(t['runtime'])} {ratio:>6.2f}")
+    print(f"load average at end: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
