@@ -367,17 +367,30 @@ def _env_entries(value: object, where: str) -> list[str]:
     group=NODES,
     default="c10d",
     show_default=True,
-    type=click.Choice(["c10d", "static"]),
-    help="Accepted for torchrun compatibility: c10d (dynamic, with --rdzv-endpoint) or "
-    "static (--master-addr/--master-port and --node-rank).",
+    metavar="c10d|static",
+    help="torchrun's meaning: c10d (node ranks by arrival through --rdzv-endpoint) or "
+    "static (ranks from --node-rank; --rdzv-endpoint, if given, is node 0's "
+    "address:port). etcd is refused: distlaunch hosts its own store.",
 )
 @option(
     "--rdzv-conf",
     group=NODES,
     default=None,
     metavar="K=V,...",
-    help="Rendezvous settings in seconds: join_timeout (600), last_call_timeout (3), "
-    "heartbeat_timeout (15), heartbeat_interval (1), exit_barrier_timeout (300).",
+    help="Rendezvous settings in seconds: join_timeout (600; torchrun's timeout too), "
+    "last_call_timeout (3), heartbeat_interval (1; keep_alive_interval), "
+    "heartbeat_timeout (15; or keep_alive_max_attempt x interval), "
+    "exit_barrier_timeout (300), is_host (true: this launcher must host the store, "
+    "false: it must not). read_timeout and close_timeout are accepted and have no effect.",
+)
+@option(
+    "--local-addr",
+    group=NODES,
+    default=None,
+    metavar="ADDR",
+    help="With --rdzv-endpoint: the address this node announces (MASTER_ADDR if it "
+    "becomes node 0), for hosts with several networks (default: the address that "
+    "reaches the endpoint).",
 )
 @option(
     "--store-token-file",
@@ -401,6 +414,28 @@ def _env_entries(value: object, where: str) -> list[str]:
     "none leaves affinity alone (torchrun's behaviour).",
 )
 @option("--no-prefix", group=OUTPUT, is_flag=True, help="Do not prefix worker output lines with [rank]: .")
+@option(
+    "--logs-specs",
+    group=OUTPUT,
+    default=None,
+    metavar="NAME",
+    help="Accepted for torchrun compatibility and ignored: --log-dir, --redirects and "
+    "--tee choose where the logs go.",
+)
+@option(
+    "--run-path",
+    group=WORKERS,
+    is_flag=True,
+    help="Run SCRIPT with runpy.run_path inside the interpreter (torchrun's --run-path).",
+)
+@option(
+    "--signals-to-handle",
+    group=SUPERVISION,
+    default=None,
+    metavar="SIG,...",
+    help="torchrun's option: distlaunch always forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, "
+    "SIGUSR1 and SIGUSR2 to the workers; naming any other signal is an error.",
+)
 @option(
     "--dry-run", is_flag=True, help="Print the plan (ranks, command lines, environment) and start nothing."
 )

@@ -83,6 +83,18 @@ class RdzvOptions(TypedDict, total=False):
 
 
 RDZV_KEYS = frozenset(RdzvOptions.__annotations__)
+# torchrun's other --rdzv-conf keys (torch.distributed.elastic.rendezvous: the dynamic
+# handler's settings and the c10d backend's): "timeout" is the overall join timeout;
+# keep_alive_interval / keep_alive_max_attempt are the heartbeat (a node is lost after
+# interval x attempts without one); is_host says whether this launcher hosts the store.
+RDZV_ALIASES = {"timeout": "join_timeout", "keep_alive_interval": "heartbeat_interval"}
+# Accepted and without effect: distlaunch's store reads do not time out on their own
+# (join_timeout bounds the rendezvous), and a round closes at once through its stop key.
+RDZV_NO_EFFECT = frozenset({"read_timeout", "close_timeout"})
+TORCHRUN_RDZV_KEYS = frozenset(RDZV_ALIASES) | RDZV_NO_EFFECT | {"keep_alive_max_attempt", "is_host"}
+
+
+HEARTBEAT_INTERVAL = 1.0  # seconds, NodeOptions.heartbeat_interval's default
 
 
 def parse_rdzv_conf(text: str | None) -> tuple[tuple[str, str], ...]:
@@ -176,6 +188,7 @@ class LaunchConfig:
     stop_timeout: float = 30.0
     prefix: bool = True
     rdzv_conf: tuple[tuple[str, str], ...] = ()
+    run_path: bool = False  # torchrun's --run-path: the script runs through runpy.run_path
     env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
     bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
 
@@ -200,25 +213,58 @@ class LaunchConfig:
         return cls(**d)
 
     def rdzv_options(self) -> RdzvOptions:
-        """--rdzv-conf as agent options (seconds). Raises ConfigError for unknown keys or
-        values that are not positive numbers."""
+        """--rdzv-conf as agent options (seconds), torchrun's names mapped to ours.
+        Raises ConfigError for unknown keys or values that are not positive numbers."""
         out: dict[str, float] = {}
+        attempts: float | None = None
         for key, raw in self.rdzv_conf:
-            if key not in RDZV_KEYS:
-                raise ConfigError(f"--rdzv-conf key {key!r} is unknown; use {', '.join(sorted(RDZV_KEYS))}")
+            if key not in RDZV_KEYS and key not in TORCHRUN_RDZV_KEYS:
+                known = ", ".join(sorted(RDZV_KEYS | TORCHRUN_RDZV_KEYS))
+                raise ConfigError(f"--rdzv-conf key {key!r} is unknown; use {known}")
+            if key == "is_host":
+                self.rdzv_is_host()
+                continue
             try:
                 value = float(raw)
             except ValueError:
                 value = -1.0
             if not (value > 0 and math.isfinite(value)):
                 raise ConfigError(f"--rdzv-conf {key}={raw!r} is invalid: give a positive number of seconds")
-            out[key] = value
+            if key == "keep_alive_max_attempt":
+                attempts = value
+            elif key not in RDZV_NO_EFFECT:
+                out[RDZV_ALIASES.get(key, key)] = value
+        if attempts is not None and "heartbeat_timeout" not in out:
+            out["heartbeat_timeout"] = attempts * out.get("heartbeat_interval", HEARTBEAT_INTERVAL)
         return cast(RdzvOptions, out)  # its keys are checked against RDZV_KEYS above
+
+    def rdzv_is_host(self) -> bool | None:
+        """--rdzv-conf is_host (torchrun's c10d backend): True, this launcher must host the
+        store at the endpoint; False, it must not try; None, whoever binds it first.
+        Raises ConfigError for a value that is not a boolean."""
+        for key, raw in self.rdzv_conf:
+            if key == "is_host":
+                value = raw.strip().lower()
+                if value in ("1", "true", "yes", "y"):
+                    return True
+                if value in ("0", "false", "no", "n"):
+                    return False
+                raise ConfigError(f"--rdzv-conf is_host={raw!r} is invalid: give true or false")
+        return None
 
     def validate(self) -> LaunchConfig:
         """Raise ConfigError (one line naming the bad value and the fix) or return self."""
-        if self.module and self.no_python:
-            raise ConfigError("--module and --no-python cannot be combined; choose one")
+        given = [
+            f
+            for f, on in (
+                ("--module", self.module),
+                ("--no-python", self.no_python),
+                ("--run-path", self.run_path),
+            )
+            if on
+        ]
+        if len(given) > 1:
+            raise ConfigError(f"{' and '.join(given)} cannot be combined; choose one")
         if self.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is invalid: give at least 1")
         if self.nproc_per_node > MAX_SLOTS_PER_NODE:

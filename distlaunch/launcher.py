@@ -190,14 +190,21 @@ def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig) -> int:
     server = None
     note = ""
     try:
-        try:
-            server = StoreServer(host, port, token=token)
-            server.start()
-        except StoreError as e:  # already hosted (or not an address of this machine)
-            server = None
-            # said only if reaching the store there takes long (normally another launcher
-            # hosts it and this is no news)
-            note = f"this launcher could not host the store there either ({e})"
+        if mode.is_host is False:
+            note = "--rdzv-conf is_host=false: another launcher or `distlaunch store` hosts it"
+        else:
+            try:
+                server = StoreServer(host, port, token=token)
+                server.start()
+                assert server.port is not None  # bound by start()
+                port = server.port  # port 0: the free port it bound
+            except StoreError as e:  # already hosted (or not an address of this machine)
+                if mode.is_host or port == 0:
+                    raise ConfigError(f"cannot host the rendezvous store at {mode.endpoint}: {e}") from None
+                server = None
+                # said only if reaching the store there takes long (normally another
+                # launcher hosts it and this is no news)
+                note = f"this launcher could not host the store there either ({e})"
         opts = NodeOptions(
             min_nodes=mode.nnodes,
             max_nodes=mode.max_nodes,
@@ -210,7 +217,7 @@ def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig) -> int:
             StoreAddress(host, port, token),
             opts,
             guard,
-            master_addr=_address_towards(host, port),
+            master_addr=mode.local_addr or _address_towards(host, port),
             events=_event_log(cfg),
         )
         return agent.run()

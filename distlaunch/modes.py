@@ -95,8 +95,12 @@ class DynamicNodes:
     max_nodes: int
     node_rank: int = 0
     store_token_file: str | None = None
+    local_addr: str | None = None  # announced as MASTER_ADDR if this node becomes node 0
+    is_host: bool | None = None  # --rdzv-conf is_host: must (True) / must not (False) host
 
     def store_text(self) -> str:
+        if self.port == 0:
+            return f"{self.host}:<a free port> (hosted by this launcher)"
         return f"{self.endpoint} (hosted by the launcher that binds it first)"
 
 
@@ -160,32 +164,77 @@ def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any
         entrypoint=script, args=tuple(script_args), prefix=not o["no_prefix"], env=worker_env(o["env_names"])
     )
     endpoint = o["rdzv_endpoint"]
+    if _rdzv_backend(o["rdzv_backend"]) == "static" and endpoint is not None:
+        # torchrun's static backend: the endpoint is node 0's store, ranks from --node-rank
+        kw["master_addr"], kw["master_port"] = parse_endpoint(endpoint)
+        endpoint = None
     static = endpoint is None and nnodes > 1
     if static:
         kw["master_addr"] = kw["master_addr"] or STATIC_MASTER_ADDR
         kw["master_port"] = kw["master_port"] or STATIC_MASTER_PORT
-    run_id = o["rdzv_id"] or o["run_id"] or _default_run_id(endpoint, static, kw["master_port"])
+    free_port = endpoint is not None and parse_endpoint(endpoint, allow_zero=True)[1] == 0
+    run_id = (
+        o["rdzv_id"]
+        or o["run_id"]
+        or (None if free_port else _default_run_id(endpoint, static, kw["master_port"]))
+    )
     if run_id:
         kw["run_id"] = run_id
     _check_nodes(o["nnodes"], nnodes, max_nodes, o["node_rank"], endpoint)
+    _check_signals(o["signals_to_handle"])
     job = LaunchConfig(**kw).validate()
     if o["hosts"] or o["hostfile"]:
         return HeadNodes(job, _head_options(o, nnodes, job.nproc_per_node))
     if endpoint is not None:
-        host, port = parse_endpoint(endpoint)
+        host, port = parse_endpoint(endpoint, allow_zero=True)
         return DynamicNodes(
-            job, endpoint, host, port, nnodes, max_nodes or nnodes, o["node_rank"], o["store_token_file"]
+            job,
+            endpoint,
+            host,
+            port,
+            nnodes,
+            max_nodes or nnodes,
+            o["node_rank"],
+            o["store_token_file"],
+            o["local_addr"],
+            job.rdzv_is_host(),
         )
     if static:
         return StaticNodes(job, nnodes, o["node_rank"], o["store_token_file"])
     return SingleNode(job)
 
 
+def _rdzv_backend(name: str) -> str:
+    """torchrun's --rdzv-backend: c10d or static; etcd is refused with the reason."""
+    if name in ("etcd", "etcd-v2"):
+        raise ConfigError(
+            f"--rdzv-backend {name} is not supported: distlaunch hosts its own authenticated "
+            f"store; use --rdzv-backend c10d with --rdzv-endpoint HOST:PORT (the launcher "
+            f"that binds it hosts it, or run `distlaunch store` there)"
+        )
+    if name not in ("c10d", "static"):
+        raise ConfigError(f"--rdzv-backend {name!r} is unknown; use c10d or static")
+    return name
+
+
+def _check_signals(text: str | None) -> None:
+    """torchrun's --signals-to-handle: every name must be one distlaunch forwards."""
+    from .agent.signals import FORWARDED
+
+    names = {s.name for s in FORWARDED}
+    for name in (text or "").split(","):
+        if name.strip() and name.strip().upper() not in names:
+            raise ConfigError(
+                f"--signals-to-handle {name.strip()!r}: distlaunch forwards {', '.join(sorted(names))} "
+                f"to the workers; list only those"
+            )
+
+
 def _default_run_id(endpoint: str | None, static: bool, master_port: int | None) -> str | None:
     """Per-node launches need the same run id on every node without being told one: it
     comes from the shared endpoint or port. None: a random one (LaunchConfig's default)."""
-    if endpoint is not None:
-        return run_id_from(f"job-{endpoint}")
+    if endpoint is not None:  # HOST:0 is this launcher's alone: a random one
+        return None if parse_endpoint(endpoint, allow_zero=True)[1] == 0 else run_id_from(f"job-{endpoint}")
     if static:
         return f"job{master_port}"
     return None
@@ -202,16 +251,16 @@ def parse_nnodes(text: str) -> tuple[int, int | None]:
         ) from None
 
 
-def parse_endpoint(text: str) -> tuple[str, int]:
-    """``--rdzv-endpoint HOST:PORT`` (IPv6 in brackets) as (host, port); ConfigError if
-    malformed."""
+def parse_endpoint(text: str, allow_zero: bool = False) -> tuple[str, int]:
+    """``--rdzv-endpoint HOST:PORT`` (IPv6 in brackets) as (host, port); port 0 (a free
+    port, as torchrun) only with ``allow_zero``. ConfigError if malformed."""
     host, _, port = text.rpartition(":")
     bracketed = host.startswith("[") and host.endswith("]")
     if (
         not host
         or not port.isdigit()
         or len(port) > 5
-        or not 0 < int(port) < 65536
+        or not (0 if allow_zero else 1) <= int(port) < 65536
         or (":" in host and not bracketed)
     ):
         raise ConfigError(
@@ -231,7 +280,11 @@ def _check_nodes(text: str, nnodes: int, max_nodes: int | None, node_rank: int, 
     if max_nodes is not None and max_nodes < nnodes:
         raise ConfigError(f"--nnodes {text} is invalid: MAX must be at least MIN")
     if endpoint is not None:
-        parse_endpoint(endpoint)
+        if parse_endpoint(endpoint, allow_zero=True)[1] == 0 and (max_nodes or nnodes) > 1:
+            raise ConfigError(
+                f"--rdzv-endpoint {endpoint} picks a free port, which the other nodes cannot "
+                f"know; give a port, e.g. {endpoint[:-1]}29400"
+            )
     elif max_nodes is not None:
         raise ConfigError(
             f"--nnodes {text} needs --rdzv-endpoint HOST:PORT (a `distlaunch "

@@ -60,11 +60,18 @@ class NodeOptions:
     endpoint_note: str = ""  # added to "waiting for the store" lines (e.g. why not hosted here)
 
 
+# torchrun's --run-path: the script runs through runpy.run_path in the interpreter
+# (sys.argv as with `python SCRIPT ARGS`; sys.path[0] is the working directory).
+RUN_PATH = "import runpy, sys; sys.argv.pop(0); runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
 def worker_argv(cfg: LaunchConfig, python: str = sys.executable) -> list[str]:
     if cfg.no_python:
         return [cfg.entrypoint, *cfg.args]
     if cfg.module:
         return [python, "-m", cfg.entrypoint, *cfg.args]
+    if cfg.run_path:
+        return [python, "-c", RUN_PATH, cfg.entrypoint, *cfg.args]
     return [python, cfg.entrypoint, *cfg.args]
 
 

@@ -1,0 +1,145 @@
+"""Drop-in compatibility: the peers' own spellings (torchrun, mpirun, DeepSpeed) work, with
+the peer's behaviour, or are refused with one line saying why."""
+
+import json
+import socket
+
+import pytest
+from conftest import WORKERS, dl, dl_popen
+from test_pernode import finish, free_port
+
+from distlaunch.config import LaunchConfig
+from distlaunch.errors import ConfigError
+
+
+def envs_of(tmp_path, n):
+    return [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(n)]
+
+
+# --- torchrun: rendezvous options ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
+def test_etcd_backend_is_refused_with_the_reason(backend):
+    res = dl("run", "--rdzv-backend", backend, "--rdzv-endpoint", "localhost:2379", WORKERS / "actor.py")
+    assert res.returncode == 2
+    [line] = res.stderr.strip().splitlines()
+    assert f"--rdzv-backend {backend} is not supported" in line and "c10d" in line
+
+
+def test_endpoint_port_zero_picks_a_free_port(tmp_path):
+    """torchrun --nnodes 1 --rdzv-endpoint localhost:0: this launcher hosts the store on
+    a free port."""
+    res = dl(
+        "run", "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+        "--nproc-per-node", "2", WORKERS / "actor.py", "--dump-env", tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert [e["RANK"] for e in envs_of(tmp_path, 2)] == ["0", "1"]
+
+
+def test_endpoint_port_zero_needs_one_node():
+    res = dl("run", "--nnodes", "1:2", "--rdzv-endpoint", "localhost:0", WORKERS / "actor.py")
+    assert res.returncode == 2
+    assert "localhost:0 picks a free port" in res.stderr and "localhost:29400" in res.stderr
+
+
+def test_static_backend_with_endpoint_is_node_zeros_address(tmp_path):
+    """torchrun --rdzv-backend static --rdzv-endpoint H:P --nnodes 2 --node-rank K: ranks
+    from --node-rank, MASTER_ADDR/MASTER_PORT from the endpoint."""
+    port = free_port()
+    procs = [
+        dl_popen(
+            "run", "--rdzv-backend", "static", "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "2",
+            "--node-rank", k, WORKERS / "actor.py", "--dump-env", tmp_path,
+        )
+        for k in (1, 0)
+    ]  # fmt: skip
+    assert [r[2] for r in finish(procs)] == [0, 0]
+    envs = envs_of(tmp_path, 2)
+    assert [(e["RANK"], e["GROUP_RANK"]) for e in envs] == [("0", "0"), ("1", "1")]
+    assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"} and len({e["MASTER_PORT"] for e in envs}) == 1
+
+
+def test_torchrun_rdzv_conf_keys_map_to_ours():
+    def options(conf):
+        return LaunchConfig("x.py", rdzv_conf=tuple(kv.split("=") for kv in conf.split(","))).rdzv_options()
+
+    assert options("timeout=120") == {"join_timeout": 120.0}
+    assert options("join_timeout=7,last_call_timeout=2") == {"join_timeout": 7.0, "last_call_timeout": 2.0}
+    assert options("keep_alive_interval=2,keep_alive_max_attempt=3") == {
+        "heartbeat_interval": 2.0,
+        "heartbeat_timeout": 6.0,
+    }
+    assert options("keep_alive_max_attempt=4") == {"heartbeat_timeout": 4.0}  # interval 1 s
+    assert options("read_timeout=60,close_timeout=30,is_host=true") == {}
+    assert LaunchConfig("x.py", rdzv_conf=(("is_host", "False"),)).rdzv_is_host() is False
+    with pytest.raises(ConfigError, match="is_host='maybe' is invalid"):
+        LaunchConfig("x.py", rdzv_conf=(("is_host", "maybe"),)).rdzv_options()
+    with pytest.raises(ConfigError, match="key 'bogus' is unknown"):
+        options("bogus=1")
+
+
+def test_rdzv_conf_timeout_is_accepted_end_to_end(tmp_path):
+    res = dl(
+        "run", "--nnodes", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--rdzv-conf", "timeout=120,read_timeout=60", WORKERS / "actor.py",
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+
+
+def test_is_host_false_does_not_host(tmp_path):
+    """is_host=false: the launcher only connects; with nobody hosting, the join times
+    out (here after 2 s) instead of this launcher binding the endpoint."""
+    port = free_port()
+    res = dl(
+        "run", "--nnodes", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-conf", "is_host=false,join_timeout=2", WORKERS / "actor.py", timeout=60,
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert f"could not connect to the store at 127.0.0.1:{port} within 2 s" in res.stderr
+
+
+def test_is_host_true_must_host():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = dl(
+            "run", "--nnodes", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-conf", "is_host=true", WORKERS / "actor.py",
+        )  # fmt: skip
+    assert res.returncode == 2
+    assert f"cannot host the rendezvous store at 127.0.0.1:{port}" in res.stderr
+
+
+def test_local_addr_is_announced_as_master_addr(tmp_path):
+    res = dl(
+        "run", "--nnodes", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--local-addr", "127.0.0.5",
+        WORKERS / "actor.py", "--dump-env", tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert envs_of(tmp_path, 1)[0]["MASTER_ADDR"] == "127.0.0.5"
+
+
+def test_run_path_runs_the_script_as_main(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("import sys\nprint(__name__, sys.argv[0].endswith('show.py'), sys.argv[1:])\n")
+    res = dl("run", "--run-path", "--no-prefix", script, "a", "--b")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "__main__ True ['a', '--b']"
+    res = dl("run", "--run-path", "-m", "json.tool")
+    assert res.returncode == 2 and "--module and --run-path cannot be combined" in res.stderr
+
+
+def test_signals_to_handle(tmp_path):
+    ok = dl("run", "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT", WORKERS / "actor.py")
+    assert ok.returncode == 0, ok.stderr
+    bad = dl("run", "--signals-to-handle", "SIGTERM,SIGSEGV", WORKERS / "actor.py")
+    assert bad.returncode == 2
+    assert "--signals-to-handle 'SIGSEGV'" in bad.stderr and "SIGUSR1" in bad.stderr
+
+
+def test_logs_specs_is_accepted():
+    res = dl("run", "--logs-specs", "default", WORKERS / "actor.py")
+    assert res.returncode == 0, res.stderr
