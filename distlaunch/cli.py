@@ -511,7 +511,9 @@ def _print_head_plan(mode: HeadNodes) -> None:
     shipped = sorted(set(env) | {k for k, _ in cfg.env})
     for h, slots in zip(head.hosts, nodes):
         click.echo(f"node {slots[0].node_rank} {h.name}: ranks {slots[0].rank}..{slots[-1].rank}")
-        click.echo(f"    agent: {cmd}")
+        click.echo(f"    agent: {cmd} (after checking the directory and the interpreter)")
+        if h.devices is not None:
+            click.echo(f"    CUDA_VISIBLE_DEVICES={','.join(map(str, h.devices))}")
         if shipped:  # values may be secrets: names only
             click.echo(f"    shipped over stdin: {' '.join(shipped)}")
 

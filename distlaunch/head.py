@@ -96,6 +96,7 @@ def run_hosts(
                 slots=hosts[k].slots,
                 host_label=hosts[k].name,
                 prefix_host=head.prefix_host,
+                devices=hosts[k].devices,
                 **cfg.rdzv_options(),
             )
 

@@ -6,6 +6,9 @@ Accepted syntax, one host per entry or line:
 
 - ``-H`` list (Open MPI ``--host`` / MPICH ``-hosts``): ``node1:4,user@node2:2,node3``;
   ``host:N`` means N slots, a host without ``:N`` gets ``--nproc-per-node``.
+- host ranges in Slurm's hostlist syntax wherever a host is named (``-H``, hostfile
+  lines, ``--include``/``--exclude``): ``node[01-16]:8`` is node01 ... node16 with 8
+  slots each (``hostlist.expand_hostlist``).
 - hostfile lines, formats may be mixed:
 
   - Open MPI: ``node1 slots=4 max_slots=8`` (``max-slots`` is accepted too)
@@ -29,6 +32,7 @@ import socket
 from dataclasses import dataclass, replace
 
 from .errors import ConfigError
+from .hostlist import expand_hostlist
 from .topology import MAX_SLOTS_PER_NODE
 
 __all__ = [
@@ -49,8 +53,10 @@ class Host:
     ``name`` is the host name or address as given (no user part, no brackets);
     ``user`` comes from ``user@host``; ``slots`` is None when not given (then
     ``--nproc-per-node`` applies, see :func:`resolve_slots`); ``max_slots`` is Open MPI's
-    upper bound. ``port`` is never set by the parsers (``host:N`` means N slots, as in
-    MPICH); SSH ports come from ``--ssh-port`` or the OpenSSH config.
+    upper bound; ``devices`` are the local slot ids DeepSpeed-style ``--include`` /
+    ``--exclude`` kept (the workers' CUDA_VISIBLE_DEVICES), None when all are used.
+    ``port`` is never set by the parsers (``host:N`` means N slots, as in MPICH); SSH
+    ports come from ``--ssh-port`` or the OpenSSH config.
     """
 
     name: str
@@ -58,6 +64,7 @@ class Host:
     slots: int | None = None
     max_slots: int | None = None
     port: int | None = None
+    devices: tuple[int, ...] | None = None  # local slot ids chosen by --include/--exclude
 
     def __str__(self) -> str:
         return f"{self.user}@{self.name}" if self.user else self.name
@@ -86,8 +93,9 @@ def _count(value: str, what: str, where: str) -> int:
     return n
 
 
-def _split_host(text: str, where: str) -> tuple[str, str | None, int | None]:
-    """``[user@]name[:N]`` -> (name, user, slots)."""
+def _split_host(text: str, where: str) -> tuple[list[str], str | None, int | None]:
+    """``[user@]name[:N]`` -> (names, user, slots); a name with host ranges
+    (``node[01-04]``) gives every name it expands to."""
     user = None
     if "@" in text:
         user, _, text = text.rpartition("@")
@@ -109,10 +117,18 @@ def _split_host(text: str, where: str) -> tuple[str, str | None, int | None]:
         name, _, slots_text = text.partition(":")
     else:  # plain name, or a bare IPv6 address (several colons)
         name = text
-    if not name or not _NAME_RE.match(name):
-        raise ConfigError(
-            f"{where}: bad host name {name!r}; use a host name or address (optionally user@host or host:N)"
-        )
+    names = [name]
+    if "[" in name and not text.startswith("["):
+        try:
+            names = expand_hostlist(name)
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}; write ranges as node[01-16] or node[1,3-5]") from None
+    for name in names:
+        if not name or not _NAME_RE.match(name):
+            raise ConfigError(
+                f"{where}: bad host name {name!r}; use a host name or address "
+                f"(optionally user@host or host:N)"
+            )
     slots = None
     if slots_text is not None:
         if not _SLOTS_RE.match(slots_text):
@@ -121,7 +137,19 @@ def _split_host(text: str, where: str) -> tuple[str, str | None, int | None]:
                 f"number; write host:N with N a positive integer"
             )
         slots = _count(slots_text, "slots", where)
-    return name, user, slots
+    return names, user, slots
+
+
+def _split_entries(spec: str) -> list[str]:
+    """``spec`` split at the commas outside brackets (host ranges, IPv6 addresses)."""
+    entries, depth, start = [], 0, 0
+    for i, ch in enumerate(spec):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            entries.append(spec[start:i])
+            start = i + 1
+    entries.append(spec[start:])
+    return entries
 
 
 def _check_unique(hosts: list[Host], wheres: list[str]) -> None:
@@ -148,16 +176,16 @@ def parse_host_list(spec: str) -> list[Host]:
     if spec is None or not spec.strip():
         raise ConfigError("empty host list; give -H host1[:N],host2[:N],...")
     hosts, wheres = [], []
-    for i, entry in enumerate(spec.split(","), 1):
+    for i, entry in enumerate(_split_entries(spec), 1):
         entry = entry.strip()
         where = f"-H entry {i} ({entry!r})" if entry else f"-H entry {i}"
         if not entry:
             raise ConfigError(f"{where}: empty entry in host list {spec!r}; remove the extra comma")
         if any(c.isspace() for c in entry):
             raise ConfigError(f"{where}: {entry!r} contains whitespace; separate hosts with commas only")
-        name, user, slots = _split_host(entry, where)
-        hosts.append(Host(name=name, user=user, slots=slots))
-        wheres.append(where)
+        names, user, slots = _split_host(entry, where)
+        hosts += [Host(name=name, user=user, slots=slots) for name in names]
+        wheres += [where] * len(names)
     _check_unique(hosts, wheres)
     return hosts
 
@@ -184,7 +212,7 @@ def parse_hostfile(path: str) -> list[Host]:
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        name, user, slots = _split_host(words[0], where)
+        names, user, slots = _split_host(words[0], where)
         max_slots = None
         for word in words[1:]:
             key, eq, value = word.partition("=")
@@ -196,7 +224,7 @@ def parse_hostfile(path: str) -> list[Host]:
             if key == "slots":
                 if slots is not None:
                     raise ConfigError(
-                        f"{where}: slots given twice for {name}; keep one of host:N and slots=N"
+                        f"{where}: slots given twice for {words[0]}; keep one of host:N and slots=N"
                     )
                 slots = _count(value, "slots", where)
             elif key == "max_slots":
@@ -211,8 +239,8 @@ def parse_hostfile(path: str) -> list[Host]:
             raise ConfigError(
                 f"{where}: max_slots={max_slots} is below slots={slots}; raise max_slots or lower slots"
             )
-        hosts.append(Host(name=name, user=user, slots=slots, max_slots=max_slots))
-        wheres.append(where)
+        hosts += [Host(name=name, user=user, slots=slots, max_slots=max_slots) for name in names]
+        wheres += [where] * len(names)
     if not hosts:
         raise ConfigError(f"hostfile {path} lists no hosts; add one host per line ('host slots=N')")
     _check_unique(hosts, wheres)
@@ -250,47 +278,75 @@ def resolve_slots(hosts: list[Host], default_slots: int) -> list[Host]:
     return out
 
 
-def _names(value: str, flag: str) -> list[str]:
-    names = []
-    for item in value.split(","):
-        item = item.strip()
-        if not item:
-            raise ConfigError(f"{flag} {value!r}: empty name; write {flag} host1,host2")
-        if ":" in item and item.count(":") == 1:
-            raise ConfigError(
-                f"{flag} {value!r}: selecting slots ({item!r}) is not supported; name whole hosts"
-            )
-        names.append(item.rpartition("@")[2].lower())
-    return names
+def _selection(value: str, flag: str, known: set[str]) -> list[tuple[list[str], list[int] | None]]:
+    """``--include``/``--exclude`` as (host names, slot ids or None for the whole host).
+
+    DeepSpeed's syntax: entries separated by ``@``, each ``host`` or ``host:0,2``
+    (``host1:0,2@host2``); an entry without slots may also list hosts separated by
+    commas (``host1,host2``), and ``user@host`` names ``host`` when ``user`` is not a
+    host in ``known``. Host names may hold ranges (``node[01-04]``)."""
+    parts = value.split("@")
+    entries = [
+        p for i, p in enumerate(parts) if i == len(parts) - 1 or p.strip().lower() in known or ":" in p
+    ]
+    out: list[tuple[list[str], list[int] | None]] = []
+    for entry in entries:
+        host, colon, ids = entry.strip().rpartition(":") if ":" in entry else (entry.strip(), "", "")
+        slots = None
+        if colon:
+            try:
+                slots = [int(i) for i in ids.split(",")]
+            except ValueError:
+                raise ConfigError(
+                    f"{flag} {value!r}: slots {ids!r} of {host} are not numbers; write host:0,2"
+                ) from None
+        for item in [host] if colon else _split_entries(host):
+            if not item.strip():
+                raise ConfigError(
+                    f"{flag} {value!r}: empty name; write {flag} host1,host2 or host1:0,1@host2"
+                )
+            names, _, _ = _split_host(item.strip(), f"{flag} {value!r}")
+            out.append(([n.lower() for n in names], slots))
+    return out
 
 
 def filter_hosts(hosts: list[Host], include: str | None, exclude: str | None) -> list[Host]:
-    """Keep only ``include``d hosts, or drop ``exclude``d ones (DeepSpeed's ``--include`` /
-    ``--exclude``, whole hosts only: ``"node1,node2"``; a ``user@`` prefix is ignored).
+    """Keep only ``include``d hosts or slots, or drop ``exclude``d ones (DeepSpeed's
+    ``--include`` / ``--exclude``: ``"host1:0,2@host2"`` keeps slots 0 and 2 of host1 and
+    all of host2; ``--exclude host1:1`` drops slot 1 of host1). A host whose slots were
+    selected gets them as ``devices`` and that many slots. Call after
+    :func:`resolve_slots` (slot ids are checked against the slot counts). Order of
+    ``hosts`` is kept; names match case-insensitively; ``user@`` is ignored.
 
-    Order of ``hosts`` is kept. Names match case-insensitively.
-
-    Raises ConfigError: both given (as DeepSpeed, they are mutually exclusive), a name that
-    is not in ``hosts``, per-slot selection (``host:0,1``), or nothing left.
+    Raises ConfigError: both given (as DeepSpeed, they are mutually exclusive), a name
+    not in ``hosts``, a slot id the host does not have, or nothing left.
     """
     if include is not None and exclude is not None:
         raise ConfigError("--include and --exclude are mutually exclusive; use one")
-    if include is not None:
-        flag, value = "--include", include
-    elif exclude is not None:
-        flag, value = "--exclude", exclude
-    else:
+    if include is None and exclude is None:
         return list(hosts)
-    names = _names(value, flag)
-    known = {h.name.lower() for h in hosts}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ConfigError(
-            f"{flag}: {', '.join(unknown)} not in the host list "
-            f"({', '.join(h.name for h in hosts)}); fix the name"
-        )
-    chosen = set(names)
-    keep = [h for h in hosts if (h.name.lower() in chosen) == (flag == "--include")]
+    flag, value = ("--include", include) if include is not None else ("--exclude", exclude)
+    assert value is not None
+    by_name = {h.name.lower(): h for h in hosts}
+    chosen: dict[str, set[int]] = {}  # host -> slot ids selected (include) or dropped (exclude)
+    for names, slots in _selection(value, flag, set(by_name)):
+        for name in names:
+            if name not in by_name:
+                listed = ", ".join(h.name for h in hosts)
+                raise ConfigError(f"{flag}: {name} not in the host list ({listed}); fix the name")
+            count = slots_of(by_name[name])
+            bad = [i for i in slots or () if not 0 <= i < count]
+            if bad:
+                wrong = ", ".join(map(str, bad))
+                raise ConfigError(f"{flag}: {name} has slots 0..{count - 1}, not {wrong}; fix the slot ids")
+            chosen.setdefault(name, set()).update(range(count) if slots is None else slots)
+    keep = []
+    for h in hosts:
+        all_ids = set(range(slots_of(h)))
+        picked = chosen.get(h.name.lower(), set())
+        ids = picked if flag == "--include" else all_ids - picked
+        if ids:
+            keep.append(h if ids == all_ids else replace(h, slots=len(ids), devices=tuple(sorted(ids))))
     if not keep:
         raise ConfigError(f"{flag} {value!r} leaves no hosts; keep at least one")
     return keep

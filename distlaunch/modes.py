@@ -310,7 +310,7 @@ def _head_options(o: Mapping[str, Any], nnodes: int, nproc_per_node: int) -> Hea
             f"--nnodes {nnodes} is for per-node launches; with -H/--hostfile the host list sets the nodes"
         )
     hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
-    hosts = resolve_slots(filter_hosts(hosts, o["include"], o["exclude"]), nproc_per_node)
+    hosts = filter_hosts(resolve_slots(hosts, nproc_per_node), o["include"], o["exclude"])
     check_one_local(hosts)
     if o["min_nodes"] is not None and o["min_nodes"] > len(hosts):
         raise ConfigError(

@@ -2,10 +2,12 @@
 the peer's behaviour, or are refused with one line saying why."""
 
 import json
+import os
 import socket
 
 import pytest
 from conftest import WORKERS, dl, dl_popen
+from sshd import sshd_hosts  # noqa: F401  (session fixture)
 from test_pernode import finish, free_port
 
 from distlaunch.config import LaunchConfig
@@ -143,3 +145,23 @@ def test_signals_to_handle(tmp_path):
 def test_logs_specs_is_accepted():
     res = dl("run", "--logs-specs", "default", WORKERS / "actor.py")
     assert res.returncode == 0, res.stderr
+
+
+# --- DeepSpeed and mpirun: host lists -------------------------------------------------------
+
+
+def test_deepspeed_include_slots_become_cuda_visible_devices(sshd_hosts, tmp_path):
+    """DeepSpeed's --include 'node1:0,2@node2': two workers on node1 with
+    CUDA_VISIBLE_DEVICES=0,2 (the chosen slots, as DeepSpeed's launcher sets per node),
+    node2 whole and untouched; --dry-run shows the same."""
+    args = ["run", "--ssh-config", sshd_hosts.ssh_config, "-H", "node[1-2]:3", "--include", "node1:0,2@node2"]
+    plan = dl(*args, "--dry-run", WORKERS / "actor.py")
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.count("CUDA_VISIBLE_DEVICES=") == 1 and "CUDA_VISIBLE_DEVICES=0,2" in plan.stdout
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    res = dl(*args, WORKERS / "actor.py", "--dump-env", tmp_path, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    envs = envs_of(tmp_path, 5)
+    assert [(e["GROUP_RANK"], e.get("CUDA_VISIBLE_DEVICES")) for e in envs] == [
+        ("0", "0,2"), ("0", "0,2"), ("1", None), ("1", None), ("1", None)
+    ]  # fmt: skip

@@ -196,13 +196,43 @@ def test_exclude():
         (None, "zz", "zz not in the host list"),
         ("n1", "n2", "mutually exclusive"),
         (None, "n1,n2,n3", "leaves no hosts"),
-        ("n1:0,1", None, "not supported"),
+        ("n1:0,1", None, "n1 has slots 0..0, not 1"),
+        ("n2:x", None, "slots 'x' of n2 are not numbers"),
+        (None, "n1:0@n2:0,1@n3", "leaves no hosts"),
         ("n1,,n2", None, "empty name"),
     ],
 )
 def test_filter_errors(include, exclude, words):
     with pytest.raises(ConfigError, match=words):
         filter_hosts(HOSTS, include, exclude)
+
+
+def test_deepspeed_slot_selection():
+    """DeepSpeed's --include 'host1:0,2@host2' / --exclude 'host1:1': the chosen local
+    slots become the host's devices (its workers' CUDA_VISIBLE_DEVICES)."""
+    n3_02 = Host("n3", slots=2, devices=(0, 2))
+    assert filter_hosts(HOSTS, "n3:0,2@n1", None) == [HOSTS[0], n3_02]
+    assert filter_hosts(HOSTS, None, "n3:1") == [HOSTS[0], HOSTS[1], n3_02]
+    assert filter_hosts(HOSTS, None, "n3:1@n1") == [HOSTS[1], n3_02]
+    assert filter_hosts(HOSTS, "n3:0,1,2", None) == [HOSTS[2]]  # every slot: no devices
+    assert filter_hosts(HOSTS, "n[1-2]", None) == HOSTS[:2]
+
+
+def test_host_ranges_everywhere(tmp_path):
+    assert parse_host_list("node[01-03]:8,u@gpu[1,3]") == [
+        *(Host(f"node0{i}", slots=8) for i in (1, 2, 3)),
+        Host("gpu1", user="u"),
+        Host("gpu3", user="u"),
+    ]
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("n[1-2] slots=4\nx[08-09]:2\n")
+    assert parse_hostfile(str(hostfile)) == [
+        Host("n1", slots=4), Host("n2", slots=4), Host("x08", slots=2), Host("x09", slots=2)
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="range '3-1' runs backwards"):
+        parse_host_list("n[3-1]")
+    with pytest.raises(ConfigError, match="listed twice"):
+        parse_host_list("n[1-2],n2")
 
 
 # --- is_local --------------------------------------------------------------------------------

@@ -58,6 +58,9 @@ class NodeOptions:
     hosts_store: bool = False  # this process hosts the store: stay until all have left
     node_id: int | None = None  # head mode: membership follows the head's plan per round
     endpoint_note: str = ""  # added to "waiting for the store" lines (e.g. why not hosted here)
+    # Local slot ids chosen by --include/--exclude host:0,2 (DeepSpeed): every worker of
+    # this node gets them as CUDA_VISIBLE_DEVICES, as DeepSpeed's launcher sets them.
+    devices: tuple[int, ...] | None = None
 
 
 # torchrun's --run-path: the script runs through runpy.run_path in the interpreter
@@ -158,6 +161,8 @@ class NodeAgent:
         # Agents in head mode say nothing of rounds: the head reports them once.
         self.say: Callable[[str], None] = say if opts.node_id is None else _quiet
         self.base_env = dict(os.environ) if base_env is None else base_env
+        if opts.devices is not None:
+            self.base_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, opts.devices))
         self.master_addr = master_addr or cfg.master_addr or "localhost"
         self.argv = worker_argv(cfg)
         self.scratch: str | None = None
