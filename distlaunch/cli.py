@@ -328,7 +328,17 @@ def _env_entries(value: object, where: str) -> list[str]:
     group=WORKERS,
     multiple=True,
     metavar="NAME[=VALUE]",
-    help="Ship this variable to the hosts (repeatable; mpirun's -x).",
+    help="Set this variable for every worker on every host: NAME (its value here), "
+    "NAME=VALUE, or a glob such as 'NCCL_*' (repeatable; mpirun's -x).",
+)
+@option(
+    "--env-file",
+    group=WORKERS,
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Set the variables of this dotenv file (NAME=value lines, quotes, # comments) "
+    "for every worker on every host, like -x (repeatable; e.g. DeepSpeed's .deepspeed_env).",
 )
 @option(
     "--env-all",

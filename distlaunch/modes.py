@@ -23,7 +23,7 @@ a hostfile; head mode's modules are imported only when it is chosen.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -161,7 +161,10 @@ def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any
     for name, parse in _PARSERS.items():
         kw[name] = parse(kw[name])
     kw.update(
-        entrypoint=script, args=tuple(script_args), prefix=not o["no_prefix"], env=worker_env(o["env_names"])
+        entrypoint=script,
+        args=tuple(script_args),
+        prefix=not o["no_prefix"],
+        env=worker_env(o["env_names"], o["env_file"]),
     )
     endpoint = o["rdzv_endpoint"]
     if _rdzv_backend(o["rdzv_backend"]) == "static" and endpoint is not None:
@@ -292,11 +295,16 @@ def _check_nodes(text: str, nnodes: int, max_nodes: int | None, node_rank: int, 
         )
 
 
-def worker_env(names: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
-    """-x NAME / NAME=VALUE (mpirun): variables set for every worker on every node."""
-    from .remote.command import shipped_env  # no paramiko: remote/__init__ is light
+def worker_env(names: Sequence[str], files: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
+    """--env-file FILE (dotenv) and -x NAME / NAME=VALUE / GLOB (mpirun): variables set
+    for every worker on every node; -x wins over a file, a later file over an earlier."""
+    from .remote.command import env_file, shipped_env  # no paramiko: remote/__init__ is light
 
-    return tuple(sorted(shipped_env(os.environ, list(names), False).items()))
+    out: dict[str, str] = {}
+    for path in files:
+        out.update(env_file(path))
+    out.update(shipped_env(os.environ, list(names), False))
+    return tuple(sorted(out.items()))
 
 
 def _head_options(o: Mapping[str, Any], nnodes: int, nproc_per_node: int) -> HeadOptions:

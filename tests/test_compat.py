@@ -165,3 +165,35 @@ def test_deepspeed_include_slots_become_cuda_visible_devices(sshd_hosts, tmp_pat
     assert [(e["GROUP_RANK"], e.get("CUDA_VISIBLE_DEVICES")) for e in envs] == [
         ("0", "0,2"), ("0", "0,2"), ("1", None), ("1", None), ("1", None)
     ]  # fmt: skip
+
+
+def test_x_globs_and_env_files(sshd_hosts, tmp_path):
+    """mpirun's -x with a glob ('NCCL_*'), and --env-file in dotenv syntax (quotes,
+    export, comments), shipped to a remote host's workers; -x wins over the file."""
+    envfile = tmp_path / "job.env"
+    envfile.write_text(
+        "# DeepSpeed-style .deepspeed_env\n"
+        'export FROM_FILE="a b"\n'
+        "QUOTED='x $y'  # trailing comment\n"
+        "NCCL_DEBUG=WARN\n"
+    )
+    env = dict(os.environ, NCCL_DEBUG="INFO", NCCL_IB_DISABLE="1", NCCLX="no")
+    res = dl(
+        "run", "-x", "NCCL_*", "--env-file", envfile, WORKERS / "actor.py", "--dump-env", tmp_path, env=env
+    )
+    assert res.returncode == 0, res.stderr
+    [e] = envs_of(tmp_path, 1)
+    assert (e["FROM_FILE"], e["QUOTED"], e["NCCL_DEBUG"], e["NCCL_IB_DISABLE"]) == (
+        "a b",
+        "x $y",
+        "INFO",
+        "1",
+    )
+    bad = tmp_path / "bad.env"
+    bad.write_text("OK=1\nthis is not an assignment\n")
+    res = dl("run", "--env-file", bad, WORKERS / "actor.py")
+    assert res.returncode == 2 and f"--env-file {bad}:2: cannot read" in res.stderr
+    secret = tmp_path / "secret.env"
+    secret.write_text("DISTLAUNCH_STORE_TOKEN=abc\n")
+    res = dl("run", "--env-file", secret, WORKERS / "actor.py")
+    assert res.returncode == 2 and "store token is never shipped" in res.stderr

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from ..env import DISTLAUNCH_VARS, MPI_VARS, STALE_VARS, TORCHRUN_VARS
 from ..errors import ConfigError
 
-__all__ = ["HOST_SPECIFIC", "shipped_env", "remote_command", "checked_command", "host_checks"]
+__all__ = ["HOST_SPECIFIC", "shipped_env", "env_file", "remote_command", "checked_command", "host_checks"]
 
 # Not shipped by env_all: they describe the head's machine, login or terminal, and the
 # remote sshd/login sets its own. Patterns use fnmatch syntax.
@@ -74,6 +74,7 @@ _LAUNCHER_SET = (
 )
 _SECRET = "DISTLAUNCH_STORE_TOKEN"
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_GLOB_RE = re.compile(r"^[A-Za-z0-9_*?\[\]!]+$")
 
 
 def _host_specific(name: str) -> bool:
@@ -84,7 +85,8 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
     """The variables to set for remote processes, from the head's ``environ``.
 
     Follows ``mpirun -x``: each item of ``names`` is ``NAME`` (its value is taken from
-    ``environ``) or ``NAME=VALUE`` (exactly that value). With ``env_all`` every variable
+    ``environ``), ``NAME=VALUE`` (exactly that value) or a glob such as ``NCCL_*``
+    (every variable of ``environ`` it matches; none is fine). With ``env_all`` every variable
     of ``environ`` is shipped except :data:`HOST_SPECIFIC` ones, the names distlaunch sets
     per worker (``RANK``, ``MASTER_ADDR``, ``DISTLAUNCH_*``, scheduler ranks ...) and names
     that are not shell identifiers. ``PYTHONPATH`` is always shipped when set. Explicit
@@ -92,8 +94,8 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
     it).
 
     Raises ConfigError: a ``NAME`` not set in ``environ``, a name that is not an identifier
-    (letters, digits, ``_``), or ``DISTLAUNCH_STORE_TOKEN`` (secrets never go on a
-    command line).
+    (letters, digits, ``_``) or glob, or ``DISTLAUNCH_STORE_TOKEN`` (secrets are never
+    shipped this way).
     """
     out: dict[str, str] = {}
     if env_all:
@@ -106,6 +108,9 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
         out["PYTHONPATH"] = environ["PYTHONPATH"]
     for item in names:
         name, eq, value = item.partition("=")
+        if not eq and _GLOB_RE.match(name) and not _NAME_RE.match(name):
+            out.update((k, v) for k, v in environ.items() if fnmatch.fnmatchcase(k, name) and k != _SECRET)
+            continue
         if not _NAME_RE.match(name):
             raise ConfigError(
                 f"-x {item!r}: {name!r} is not a variable name; use NAME or NAME=VALUE (letters, digits, _)"
@@ -122,6 +127,34 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
                 )
             value = environ[name]
         out[name] = value
+    return out
+
+
+def env_file(path: str) -> dict[str, str]:
+    """The variables of a dotenv file (``--env-file``; Docker's and python-dotenv's
+    syntax: ``NAME=value`` lines, optional ``export``, single or double quotes, ``#``
+    comments, blank lines), shipped like ``-x NAME=value``. Reads the file (blocking).
+
+    Raises ConfigError naming ``path:line``: the file cannot be read, a line is not
+    ``NAME=value``, or it sets ``DISTLAUNCH_STORE_TOKEN``.
+    """
+    from dotenv.parser import parse_stream  # only when an env file is given
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            bindings = list(parse_stream(f))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--env-file {path}: cannot read it ({e}); check the path") from None
+    out: dict[str, str] = {}
+    for b in bindings:
+        where = f"--env-file {path}:{b.original.line}"
+        if b.error or (b.key is not None and (b.value is None or not _NAME_RE.match(b.key))):
+            line = b.original.string.strip()
+            raise ConfigError(f"{where}: cannot read {line!r}; write NAME=value")
+        if b.key == _SECRET:
+            raise ConfigError(f"{where}: the store token is never shipped this way; remove the line")
+        if b.key is not None and b.value is not None:
+            out[b.key] = b.value
     return out
 
 
