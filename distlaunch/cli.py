@@ -433,6 +433,16 @@ def _env_entries(value: object, where: str) -> list[str]:
     "--tee choose where the logs go.",
 )
 @option(
+    "--stdin",
+    group=WORKERS,
+    default="0",
+    show_default=True,
+    type=click.Choice(["0", "all", "none"]),
+    help="Who reads this launcher's standard input: rank 0 (mpiexec's behaviour), all "
+    "workers (torchrun's: they share it) or none (/dev/null). With -H, only workers on "
+    "this machine can read it.",
+)
+@option(
     "--run-path",
     group=WORKERS,
     is_flag=True,

@@ -94,6 +94,8 @@ RDZV_NO_EFFECT = frozenset({"read_timeout", "close_timeout"})
 TORCHRUN_RDZV_KEYS = frozenset(RDZV_ALIASES) | RDZV_NO_EFFECT | {"keep_alive_max_attempt", "is_host"}
 
 
+# --stdin: rank 0 only (mpiexec), every worker (torchrun: they inherit it), nobody.
+STDIN_MODES = ("0", "all", "none")
 HEARTBEAT_INTERVAL = 1.0  # seconds, NodeOptions.heartbeat_interval's default
 
 
@@ -189,6 +191,7 @@ class LaunchConfig:
     prefix: bool = True
     rdzv_conf: tuple[tuple[str, str], ...] = ()
     run_path: bool = False  # torchrun's --run-path: the script runs through runpy.run_path
+    stdin: str = "0"  # who reads the launcher's stdin: STDIN_MODES
     env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
     bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
 
@@ -265,6 +268,8 @@ class LaunchConfig:
         ]
         if len(given) > 1:
             raise ConfigError(f"{' and '.join(given)} cannot be combined; choose one")
+        if self.stdin not in STDIN_MODES:
+            raise ConfigError(f"--stdin {self.stdin!r} is invalid: give {', '.join(STDIN_MODES)}")
         if self.nproc_per_node < 1:
             raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is invalid: give at least 1")
         if self.nproc_per_node > MAX_SLOTS_PER_NODE:

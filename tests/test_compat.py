@@ -4,9 +4,10 @@ the peer's behaviour, or are refused with one line saying why."""
 import json
 import os
 import socket
+import subprocess
 
 import pytest
-from conftest import WORKERS, dl, dl_popen
+from conftest import WORKERS, dl, dl_cmd, dl_popen
 from sshd import sshd_hosts  # noqa: F401  (session fixture)
 from test_pernode import finish, free_port
 
@@ -197,3 +198,30 @@ def test_x_globs_and_env_files(sshd_hosts, tmp_path):
     secret.write_text("DISTLAUNCH_STORE_TOKEN=abc\n")
     res = dl("run", "--env-file", secret, WORKERS / "actor.py")
     assert res.returncode == 2 and "store token is never shipped" in res.stderr
+
+
+# --- mpiexec habits ------------------------------------------------------------------------
+
+STDIN_PROBE = """\
+import os, sys
+data = sys.stdin.read() if os.environ["RANK"] == "0" else ""
+print(os.environ["RANK"], os.readlink("/proc/self/fd/0") == os.devnull, repr(data))
+"""
+
+
+@pytest.mark.parametrize(
+    "mode, expect",
+    [
+        (None, ["0 False 'hello\\n'", "1 True ''"]),  # default: mpiexec's, rank 0 reads it
+        ("0", ["0 False 'hello\\n'", "1 True ''"]),
+        ("all", ["0 False 'hello\\n'", "1 False ''"]),
+        ("none", ["0 True ''", "1 True ''"]),
+    ],
+)
+def test_stdin_goes_to_rank_zero_like_mpiexec(tmp_path, mode, expect):
+    script = tmp_path / "probe.py"
+    script.write_text(STDIN_PROBE)
+    args = ["run", "--nproc-per-node", "2", "--no-prefix", *(["--stdin", mode] if mode else []), script]
+    res = subprocess.run(dl_cmd(*args), input="hello\n", capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == expect

@@ -47,6 +47,7 @@ class LaunchSpec:
     stderr: StreamSink
     error_file: str | None = None
     cpus: frozenset[int] | None = None  # CPU affinity (None: inherited)
+    stdin: bool = False  # reads the launcher's stdin (else /dev/null)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class WorkerGroup:
             sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
         try:
             for spec in self.specs:
-                w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus)
+                w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus, stdin=spec.stdin)
                 self.workers.append(w)
                 self.guard.watch(w.pid)
                 os.set_blocking(w.stdout.fileno(), False)

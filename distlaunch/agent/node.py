@@ -501,7 +501,8 @@ class NodeAgent:
                 shm_prefix(self.cfg.run_id, os.getpid(), rnd),
             )
             out, err = self._sinks(slot, attempt_dir)
-            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, cpus[slot.local_rank]))
+            stdin = self.cfg.stdin == "all" or (self.cfg.stdin == "0" and slot.rank == 0)
+            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, cpus[slot.local_rank], stdin))
         return specs
 
     def _sinks(self, slot: WorkerSlot, attempt_dir: str | None) -> tuple[StreamSink, StreamSink]:

@@ -83,7 +83,8 @@ def _bind_thread(cpus: frozenset[int]) -> set[int] | None:
 
 class WorkerProcess:
     """A started worker: its own session and process group (pgid == pid), stdout and
-    stderr on pipes, stdin from /dev/null, and a pidfd that becomes readable at exit.
+    stderr on pipes, stdin from /dev/null (or this process's stdin when ``stdin``), and a
+    pidfd that becomes readable at exit.
 
     ``pidfd`` is None when the kernel gives none (ENOSYS before Linux 5.3; EMFILE or
     ENFILE when out of file descriptors): the owner then learns of the exit from
@@ -96,6 +97,7 @@ class WorkerProcess:
         argv: list[str],
         env: dict[str, str],
         cpus: frozenset[int] | None = None,
+        stdin: bool = False,
     ):
         self.slot = slot
         self.argv = argv
@@ -107,7 +109,7 @@ class WorkerProcess:
             self.popen = subprocess.Popen(
                 argv,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=None if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
