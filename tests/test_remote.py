@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from conftest import dl
 from sshd import sshd_hosts  # noqa: F401  (session-scoped fixture)
 
 import distlaunch
@@ -411,6 +412,40 @@ def test_connect_all_does_not_retry_auth_errors(sshd_hosts, dropper, tmp_path):
     opts = drop.options(sshd_hosts, tmp_path, key_file=sshd_hosts.other_key_file)
     assert "authentication failed" in str(error_of(connect_all, [Host("127.0.0.4")], opts))
     assert drop.count == 1
+
+
+def include_config(sshd_hosts, tmp_path):
+    """An OpenSSH config that reaches 127.0.0.2 only through its Include."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Include {sshd_hosts.ssh_config}\nHost viainclude\n    HostName 127.0.0.2\n")
+    return cfg
+
+
+def test_config_read_as_openssh_does_include(sshd_hosts, tmp_path):
+    """paramiko ignores Include (its issue 1609); ssh -G reads it."""
+    with SSHConnection(
+        Host("viainclude"), sshd_hosts.options(config_file=str(include_config(sshd_hosts, tmp_path)))
+    ) as c:
+        assert (c.hostname, c.port) == ("127.0.0.2", sshd_hosts.port)
+        assert c.run("echo ok")[1] == "ok\n"
+
+
+def test_without_ssh_client_paramiko_reads_config_and_warns(sshd_hosts, tmp_path):
+    cfg = include_config(sshd_hosts, tmp_path)
+    env = dict(os.environ, PATH=str(tmp_path / "no-bin"))  # no ssh client to ask
+    res = dl(
+        "run",
+        "--ssh-config",
+        cfg,
+        "-H",
+        "viainclude:1",
+        "--ssh-port",
+        "1",
+        ROOT / "tests" / "workers" / "actor.py",
+        env=env,
+    )
+    assert res.returncode == 2
+    assert res.stderr.count("uses include, which paramiko does not read") == 1
 
 
 # --- preflight --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """SSH connections with paramiko, configured the way OpenSSH's ``ssh`` would be.
 
-Settings come from the OpenSSH client config (``ssh_config(5)``, read with
-``paramiko.SSHConfig``), overridden by :class:`SSHOptions` (the ``--ssh-*`` flags):
+Settings come from the OpenSSH client config (``ssh_config(5)``, as ``ssh -G`` reports
+it, so ``Include``, ``Match`` and tokens work as with ssh; paramiko's parser when no
+``ssh`` client is installed), overridden by :class:`SSHOptions` (the ``--ssh-*`` flags):
 
 ===================  ===============================================================
 ``HostName``         the address to connect to (the host as listed is only a name)
@@ -32,16 +33,21 @@ import getpass
 import logging
 import os
 import random
+import re
 import select
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import paramiko
 
+from ..agent.output import warn_once
 from ..hosts import Host
 from . import RemoteError
 
@@ -99,15 +105,68 @@ class _Settings:
     proxy_command: str | None
 
 
-def _load_config(path: str | None) -> paramiko.SSHConfig:
+def _lookup(name: str, path: str | None) -> dict[str, Any]:
+    """The OpenSSH client settings for host ``name`` (lowercase keys, ``identityfile`` a
+    list), from config file ``path`` (None: ~/.ssh/config and the system-wide one).
+
+    As OpenSSH reads them: ``ssh -G`` (Include, Match, tokens, /etc/ssh/ssh_config) when
+    an ``ssh`` client is installed; else paramiko's parser, which ignores ``Include``
+    and most of ``Match`` (paramiko issue 1609): then a warning, once, if the file uses
+    them. Blocks (one short ``ssh -G`` process). Raises RemoteError when the file
+    cannot be read."""
     explicit = path is not None
     path = os.path.expanduser(path or DEFAULT_CONFIG)
+    ssh = shutil.which("ssh")
+    if ssh is not None:
+        cmd = [ssh, "-G", *(["-F", path] if explicit else []), "--", name]
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise RemoteError(f"{name}: cannot read the ssh config with ssh -G: {e}", host=name) from e
+        if res.returncode != 0:
+            why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+            raise RemoteError(f"cannot read ssh config {path}: {why}", host=name)
+        return _parse_ssh_g(res.stdout, name)
     if not explicit and not os.path.exists(path):
-        return paramiko.SSHConfig()
+        return dict(paramiko.SSHConfig().lookup(name))
     try:
-        return paramiko.SSHConfig.from_path(path)
+        config = paramiko.SSHConfig.from_path(path)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            unread = {w.split()[0].lower() for w in f if w.split()} & {"include", "match"}
     except (OSError, ValueError, paramiko.SSHException) as e:
         raise RemoteError(f"cannot read ssh config {path}: {e}") from e
+    if unread:
+        warn_once(
+            "ssh-config",
+            f"{path} uses {' and '.join(sorted(unread))}, which paramiko does not read as OpenSSH "
+            f"does; install the OpenSSH client (ssh) so distlaunch can ask ssh -G",
+        )
+    return dict(config.lookup(name))
+
+
+def _parse_ssh_g(text: str, name: str) -> dict[str, Any]:
+    """``ssh -G`` output ("key value" lines) as paramiko's lookup gives it, with the
+    ProxyCommand tokens (%h %p %r %n %%) expanded, as ssh does before running it."""
+    out: dict[str, Any] = {"identityfile": []}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        key = key.lower()
+        if key == "identityfile":
+            out["identityfile"].append(value)
+        elif key and key not in out:
+            out[key] = value
+    if "proxycommand" in out:
+        tokens = {
+            "%": "%",
+            "h": out.get("hostname", name),
+            "p": out.get("port", "22"),
+            "r": out.get("user", ""),
+            "n": name,
+        }
+        out["proxycommand"] = re.sub(
+            r"%(.)", lambda m: tokens.get(m.group(1), m.group(0)), out["proxycommand"]
+        )
+    return out
 
 
 def _split_paths(value: str | None) -> list[str]:
@@ -115,9 +174,8 @@ def _split_paths(value: str | None) -> list[str]:
 
 
 def _resolve(
-    host: Host, opts: SSHOptions, config: paramiko.SSHConfig, via: tuple[str, ...] | None = None
+    host: Host, opts: SSHOptions, cfg: dict[str, Any], via: tuple[str, ...] | None = None
 ) -> _Settings:
-    cfg = config.lookup(host.name)
     label = str(host)
     try:
         port = opts.port or host.port or int(cfg.get("port", 22))
@@ -236,8 +294,7 @@ class SSHConnection:
         self.host = host
         self.opts = opts
         self._jump: SSHConnection | None = None
-        config = _load_config(opts.config_file)
-        s = self.settings = _resolve(host, opts, config, _via)
+        s = self.settings = _resolve(host, opts, _lookup(host.name, opts.config_file), _via)
         self.hostname, self.port, self.user = s.hostname, s.port, s.user
         self.client = paramiko.SSHClient()
         try:
@@ -285,7 +342,7 @@ class SSHConnection:
                 raise RemoteError(
                     f"{s.label}: jump host {jump_host} cannot reach {s.hostname}:{s.port} ({e})", host=s.label
                 ) from e
-        if s.proxy_command:  # %h %p %r were expanded by paramiko.SSHConfig.lookup
+        if s.proxy_command:  # %h %p %r were expanded by _lookup
             try:
                 return paramiko.ProxyCommand(s.proxy_command)
             except (paramiko.SSHException, OSError) as e:
