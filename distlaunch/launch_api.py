@@ -1,9 +1,12 @@
-"""``distlaunch.launch(fn, ...)``: run a picklable function on every worker and get the
-per-rank return values back (as ``torch.multiprocessing.spawn`` or Horovod's
+"""``distlaunch.launch(fn, ...)``: run a function on every worker and get the per-rank
+return values back (as ``torch.multiprocessing.spawn`` or Horovod's
 ``horovod.run`` do, but with distlaunch's supervision, restarts and hosts).
 
-The caller hosts a small store of its own: it holds the pickled call, and each worker
-puts back its result (or its traceback). The job itself is an ordinary ``distlaunch run``
+The caller hosts a small store of its own: it holds the call, pickled with cloudpickle
+(so lambdas, closures and functions of ``__main__`` or a notebook travel by value, as
+with torchrunx), and each worker puts back its result (or its traceback). Only the
+caller and its workers, the same user's processes, hold the store's secret: nothing
+unpickles data from anyone else. The job itself is an ordinary ``distlaunch run``
 subprocess running this module as its worker (``python -m distlaunch.launch_api``), so
 the caller's process gets no signal handlers and forks nothing. Workers on other hosts
 reach this store at the head's address (the one ``distlaunch run`` announces to them);
@@ -52,21 +55,25 @@ def launch(
     """Run ``fn(*args, **kwargs)`` on every worker; return the results as a list indexed
     by rank.
 
-    ``fn`` and the arguments must be picklable by the standard ``pickle`` (so ``fn`` is
-    a module-level function importable on the workers, not a lambda or a function of
-    ``__main__`` run as a script). ``hosts`` is a ``-H`` list (``"node1:2,node2:2"``);
+    ``fn`` and the arguments are pickled with cloudpickle: lambdas, closures and
+    functions defined in ``__main__`` or a notebook work (their code travels by value;
+    modules they import must be importable on the workers). Results come back the same
+    way. ``hosts`` is a ``-H`` list (``"node1:2,node2:2"``);
     ``env`` sets variables for every worker; ``options`` are more ``distlaunch run``
     options. Worker output goes to this process's stdout/stderr, prefixed by rank.
 
     Blocks until the job ends, at most ``timeout`` seconds (None: no limit). Raises
-    TypeError if the call cannot be pickled, ConfigError for bad options,
-    LaunchFailedError (with the failed rank's traceback) when the job fails after its
-    restarts, subprocess.TimeoutExpired on timeout (the job is stopped first).
+    TypeError if the call cannot be pickled (e.g. it holds a lock or an open socket),
+    ConfigError for bad options, LaunchFailedError (with the failed rank's traceback)
+    when the job fails after its restarts, subprocess.TimeoutExpired on timeout (the job
+    is stopped first).
     """
+    import cloudpickle
+
     from .store import StoreClient, StoreServer
 
     try:
-        payload = pickle.dumps((fn, tuple(args), dict(kwargs or {})))
+        payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
     except (pickle.PicklingError, AttributeError, TypeError) as e:
         raise TypeError(f"launch(): the function and its arguments must be picklable: {e}") from e
     token = os.urandom(16).hex()
@@ -127,6 +134,8 @@ def launch(
 def _worker_main() -> None:
     import traceback
 
+    import cloudpickle
+
     from .store import StoreClient
 
     rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
@@ -144,7 +153,7 @@ def _worker_main() -> None:
         except BaseException:
             store.set(f"error/{attempt}/{rank}", traceback.format_exc())
             raise
-        store.set(f"result/{attempt}/{rank}", pickle.dumps(result))
+        store.set(f"result/{attempt}/{rank}", cloudpickle.dumps(result))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """distlaunch.launch(fn, ...): per-rank results, failures with tracebacks, restarts, hosts."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
@@ -52,9 +54,37 @@ def test_worker_exit_code_2_is_a_worker_failure_with_its_traceback():
     assert "SystemExit: 2" in e.value.traceback
 
 
-def test_unpicklable_function():
+def test_lambdas_closures_and_main_functions():
+    """torchrunx users pass lambdas and closures; cloudpickle carries them by value."""
+    scale = 3
+    assert distlaunch.launch(lambda: int(os.environ["RANK"]) * scale, nproc_per_node=2) == [0, 3]
+
+    def local_fn(x):
+        return (x, int(os.environ["WORLD_SIZE"]), lambda y: y + x)
+
+    [(x, world, add)] = distlaunch.launch(local_fn, (5,))
+    assert (x, world, add(1)) == (5, 1, 6)  # a lambda came back too
+
+
+def test_function_of_a_script_main(tmp_path):
+    script = tmp_path / "main.py"
+    script.write_text(
+        "import os, distlaunch\n"
+        "def work(k):\n"
+        "    return k * int(os.environ['RANK'])\n"
+        "if __name__ == '__main__':\n"
+        "    print(distlaunch.launch(work, (7,), nproc_per_node=2))\n"
+    )
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "[0, 7]"
+
+
+def test_unpicklable_call():
+    import threading
+
     with pytest.raises(TypeError, match="picklable"):
-        distlaunch.launch(lambda: 1)
+        distlaunch.launch(print, (threading.Lock(),))
 
 
 def test_launch_on_hosts(sshd_hosts):
