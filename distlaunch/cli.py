@@ -69,7 +69,12 @@ class _GroupedCommand(click.Command):
 
 
 def option(*names: str, group: str | None = None, **kw: Any) -> Callable[[F], F]:
-    """A click option of `run` listed under ``group`` in --help."""
+    """A click option of `run` listed under ``group`` in --help. Grouped options also
+    read ``PET_<NAME>`` (``--nproc-per-node``: ``PET_NPROC_PER_NODE``) when not given on
+    the command line, as torchrun does (Kubeflow's PyTorchJob sets them)."""
+    if group is not None:
+        long = next(n for n in names if n.startswith("--"))
+        kw.setdefault("envvar", "PET_" + long[2:].replace("-", "_").upper())
     return click.option(*names, cls=_GroupedOption, group=group, **kw)
 
 
@@ -468,12 +473,13 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     from .modes import HeadNodes, resolve
 
     job = ctx.meta.get("job_file", {})
-    if script is None:  # a command-line script replaces the job file's script and args
+    script_from_job = script is None
+    if script_from_job:  # a command-line script replaces the job file's script and args
         script, script_args = job.get("script"), tuple(job.get("args", ()))
     if script is None:
         raise click.UsageError("Missing argument 'SCRIPT' (or 'script:' in the --config file).", ctx)
     if o.pop("print_config"):
-        _print_config(script, script_args, o)
+        _print_config(ctx, script, script_args, o, script_from_job)
         return
     dry_run = o.pop("dry_run")
     mode = resolve(script, script_args, o)
@@ -498,12 +504,35 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
 
 
-def _print_config(script: str, args: tuple[str, ...], o: dict[str, Any]) -> None:
+def _print_config(
+    ctx: click.Context, script: str, args: tuple[str, ...], o: dict[str, Any], script_from_job: bool
+) -> None:
+    """The merged options as YAML, each line followed by where its value came from:
+    the command line, a PET_* variable, the job file, or the default."""
     import yaml
+    from click.core import ParameterSource
 
+    params = {p.name: p for p in ctx.command.params}
     merged = {k: (list(v) if isinstance(v, tuple) else v) for k, v in o.items()}
     merged["env"] = merged.pop("env_names")
-    click.echo(yaml.safe_dump({**merged, "script": script, "args": list(args)}, sort_keys=False).rstrip())
+    merged.update(script=script, args=list(args))
+    for key, value in merged.items():
+        name = "env_names" if key == "env" else key
+        source = ctx.get_parameter_source(name) if name in params else None
+        if source is ParameterSource.ENVIRONMENT:
+            where = f"from {params[name].envvar}"
+        elif source is ParameterSource.DEFAULT_MAP:
+            where = "from the job file"
+        elif source in (ParameterSource.DEFAULT, None) and key not in ("script", "args"):
+            where = "default"
+        else:
+            where = (
+                "from the command line"
+                if key not in ("script", "args") or not ctx.meta.get("job_file")
+                else "given"
+            )
+        line = yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=True, width=1 << 20).strip()
+        click.echo(f"{line[1:-1]}  # {where}")
 
 
 def _print_head_plan(mode: HeadNodes) -> None:

@@ -225,3 +225,21 @@ def test_stdin_goes_to_rank_zero_like_mpiexec(tmp_path, mode, expect):
     res = subprocess.run(dl_cmd(*args), input="hello\n", capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert sorted(res.stdout.splitlines()) == expect
+
+
+# --- Kubernetes (PyTorchJob): PET_* defaults -------------------------------------------------
+
+
+def test_pet_variables_are_defaults_like_torchrun(tmp_path):
+    """The training operator sets PET_<OPTION> for torchrun; distlaunch reads the same
+    names, the command line wins, and --print-config names each value's source."""
+    env = dict(os.environ, PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="1", PET_RDZV_BACKEND="static")
+    res = dl("run", WORKERS / "actor.py", "--dump-env", tmp_path, env=env)
+    assert res.returncode == 0, res.stderr
+    assert [e["TORCHELASTIC_MAX_RESTARTS"] for e in envs_of(tmp_path, 2)] == ["1", "1"]
+    shown = dl("run", "--nproc-per-node", "3", "--print-config", "train.py", env=env).stdout.splitlines()
+    assert "nproc_per_node: '3'  # from the command line" in shown
+    assert "max_restarts: 1  # from PET_MAX_RESTARTS" in shown
+    assert "stop_timeout: 30.0  # default" in shown
+    bad = dl("run", WORKERS / "actor.py", env=dict(env, PET_MAX_RESTARTS="lots"))
+    assert bad.returncode == 2 and "lots" in bad.stderr

@@ -108,7 +108,7 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
         out["PYTHONPATH"] = environ["PYTHONPATH"]
     for item in names:
         name, eq, value = item.partition("=")
-        if not eq and _GLOB_RE.match(name) and not _NAME_RE.match(name):
+        if not eq and _GLOB_RE.match(name) and set(name) & set("*?["):
             out.update((k, v) for k, v in environ.items() if fnmatch.fnmatchcase(k, name) and k != _SECRET)
             continue
         if not _NAME_RE.match(name):
