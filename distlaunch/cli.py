@@ -469,7 +469,8 @@ def _env_entries(value: object, where: str) -> list[str]:
 @click.pass_context
 def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **o: Any) -> None:
     """Start SCRIPT on every worker and supervise it. Everything after SCRIPT goes to the
-    script untouched."""
+    script untouched. Each option may also come from PET_<NAME> (e.g. PET_NNODES), as
+    torchrun reads them (Kubeflow's PyTorchJob sets them); the command line wins."""
     from .modes import HeadNodes, resolve
 
     job = ctx.meta.get("job_file", {})
