@@ -118,7 +118,12 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "the agent's entry point, the SSH engine, the head's controller",
-        ["distlaunch.agent.entry", "distlaunch.engine.ssh", "distlaunch.head_controller"],
+        [
+            "distlaunch.agent.entry",
+            "distlaunch.engine.ssh",
+            "distlaunch.engine.slurm",
+            "distlaunch.head_controller",
+        ],
     ),
     ("launch modes", ["distlaunch.modes"]),
     ("one node's launcher", ["distlaunch.launcher"]),

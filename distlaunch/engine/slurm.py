@@ -1,0 +1,515 @@
+"""The Slurm engine: every agent of a job in one ``srun`` step inside the user's allocation.
+
+One step, one task per node::
+
+    srun --overlap --nodes=N --ntasks=N --ntasks-per-node=1 --nodelist=n1,n2,...
+         --kill-on-bad-exit=0 --wait=0 --input=all --label --verbose --mpi=none
+         --cpu-bind=none --export=ALL sh -c '<host checks>; exec python -m distlaunch agent'
+
+- ``--overlap`` lets the step share the CPUs of the user's running batch step (without
+  it the step waits for free CPUs forever); steps started this way are inside the job, so
+  ``scancel`` and the time limit reach the agents, their workers and anything they start
+  (Slurm's process tracking), and Slurm accounts for them.
+- The host checks and the hello are the SSH engine's (``remote.command.checked_command``,
+  ``AGENT_HELLO <version>``): nothing is sent before every agent said hello with this
+  version. Then the specs go to srun's stdin, which ``--input=all`` broadcasts to every
+  task, as one JSON line ``{"slurm_nodes": {node name: spec minus the common part},
+  "common": {...}}``; each agent keeps its own by ``SLURMD_NODENAME`` (``select_spec``).
+  The secret is in the spec: never on a command line, never in the environment.
+- Per-node ends: ``--label`` prefixes every line of task K with ``K:``, and ``--verbose``
+  makes srun report where each task runs (``launching StepId=... on host n2, 1 tasks:
+  1``) and how each ended (``_task_finish: n2: task 1: Completed``, ``error: n2: task
+  1: Exited with exit code 3``, ``...: Killed``), so the head hears of each agent's end
+  when it happens, as with one SSH channel per agent. srun's other verbose lines are
+  dropped; its warnings and errors are relayed.
+- ``--kill-on-bad-exit=0`` and ``--wait=0`` (overriding a site's KillOnBadExit and
+  WaitTime): an agent exits non-zero whenever the job failed, and Slurm must not kill the
+  others while they pass the exit barrier; a node whose agent died is a lost node for the
+  head, exactly as in SSH mode. Workers never outlive their agent anyway (orphan guard).
+- ``--cpu-bind=none``: Slurm's task binding would pin each agent, and so every worker of
+  its node, to the CPUs of one task; distlaunch binds workers itself (``--bind-to``).
+
+A kill of an unresponsive agent's recorded processes is one more small step on that node
+(``srun --overlap --nodelist=NODE --ntasks=1 python -m distlaunch.agent.kill ...``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any
+
+from ..agent.output import write_all
+from ..errors import ConfigError
+from ..hostlist import expand_hostlist
+from ..remote.command import AGENT_HELLO, CHECK_MARK, checked_command
+from ..report import progress, say
+from . import OnEnd
+
+__all__ = ["SlurmEngine", "select_spec", "SPECS_KEY"]
+
+AGENT_ARGV = ["-m", "distlaunch", "agent"]
+SPECS_KEY = "slurm_nodes"  # the broadcast spec line holds this key (see select_spec)
+
+# srun reads these from the environment as defaults for options the agent step must not
+# inherit from the user's allocation or batch script (srun(1), INPUT ENVIRONMENT VARIABLES).
+_SRUN_INHERITED = (
+    "SLURM_EXACT",
+    "SLURM_STDINMODE",
+    "SLURM_STDOUTMODE",
+    "SLURM_STDERRMODE",
+    "SLURM_ARBITRARY",
+    "SLURM_HOSTFILE",
+    "SLURM_EXCLUSIVE",
+)
+
+_LABEL = re.compile(rb"^ *(\d+): ?")
+_LAUNCH = re.compile(r"^srun: launching \S+ on host (\S+), \d+ tasks?: ([\d,-]+)")
+_FINISH = re.compile(r"^srun: (?:launch/slurm: _task_finish: |error: )(\S+): tasks? ([\d,-]+): (.+)$")
+_EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
+# srun --verbose chatter: its option table and plugin lines ("srun: route/default: ...")
+_VERBOSE = re.compile(
+    r"^srun: (-{5}|defined options|end of defined options|jobid \d+: nodes|[a-z_]+/[\w]+: |\S+ +: )"
+)
+_NOISE = ("srun: cluster configuration lacks support for cpu binding",)
+_MARKS = {
+    "nodir": "directory {cwd} does not exist",
+    "nocd": "directory {cwd} cannot be entered (permissions?)",
+    "nopython": "python {python} not found or not executable",
+}
+
+
+def _ids(text: str) -> list[int]:
+    """``0-2,5`` -> [0, 1, 2, 5] (srun's task id lists)."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _status(text: str) -> int:
+    """srun's end text of a task -> exit status (-1: killed by a signal or unknown)."""
+    if text.strip() == "Completed":
+        return 0
+    m = _EXIT_CODE.search(text)
+    return int(m.group(1)) if m else -1
+
+
+def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """On a node: this agent's spec from the broadcast line (``{"slurm_nodes": {node
+    name: per-node part}, "common": {...}}``), chosen by ``SLURMD_NODENAME`` (the Slurm
+    node this task runs on, distinct even for several slurmd on one machine). Pure.
+    Raises ConfigError when the variable is missing or names no node of the line."""
+    env = os.environ if environ is None else environ
+    name = env.get("SLURMD_NODENAME")
+    if not name:
+        raise ConfigError("SLURMD_NODENAME is not set: this agent was not started by srun")
+    nodes = message[SPECS_KEY]
+    if name not in nodes:
+        raise ConfigError(f"no job spec for Slurm node {name!r} (specs for {', '.join(sorted(nodes))})")
+    return {**message.get("common", {}), **nodes[name]}
+
+
+def broadcast_line(specs: Mapping[str, dict[str, Any]]) -> bytes:
+    """The one JSON line every agent receives: the values shared by all specs once, and
+    per node only what differs. Pure."""
+    first = next(iter(specs.values()), {})
+    common = {k: v for k, v in first.items() if all(s.get(k, not v) == v for s in specs.values())}
+    nodes = {name: {k: v for k, v in s.items() if k not in common} for name, s in specs.items()}
+    return (json.dumps({SPECS_KEY: nodes, "common": common}) + "\n").encode()
+
+
+def node_addresses(names: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each node's address as Slurm knows it (``NodeAddr`` of ``scontrol show node``).
+    Blocks (one scontrol call). Raises ConfigError when scontrol fails or omits a node."""
+    try:
+        cp = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(names)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=None if env is None else dict(env),
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"cannot ask Slurm for the nodes' addresses (scontrol: {e})") from None
+    found = {}
+    for line in cp.stdout.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "NodeName" in fields:
+            found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    missing = [n for n in names if n not in found]
+    if missing:
+        why = cp.stderr.strip().splitlines()[-1:] or ["not found"]
+        raise ConfigError(f"scontrol show node {','.join(missing)}: {why[0]}")
+    return {n: found[n] for n in names}
+
+
+def _route_to(addr: str) -> str | None:
+    """This machine's address on the route to ``addr`` (no packet is sent)."""
+    try:
+        if socket.gethostbyname(addr).startswith("127."):
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
+
+class SlurmEngine:
+    """Agents on the Slurm nodes ``nodes`` (node id -> node name) of the current
+    allocation, run as ``python`` in ``cwd`` with ``cmd_env`` on the command line
+    (nothing secret: see remote.command). See ``engine.AgentEngine`` for the methods.
+    ``agent_argv``: the agent program's arguments after ``python`` (tests start a stand-in)."""
+
+    def __init__(
+        self,
+        nodes: Mapping[int, str],
+        addresses: Mapping[str, str],
+        python: str,
+        cwd: str,
+        cmd_env: Mapping[str, str],
+        version: str,
+        agent_argv: Sequence[str] = AGENT_ARGV,
+        start_timeout: float = 60.0,
+    ):
+        self.nodes = dict(nodes)
+        self.ids = {name: k for k, name in self.nodes.items()}
+        self.addresses = dict(addresses)
+        self.python, self.cwd, self.cmd_env, self.version = python, cwd, dict(cmd_env), version
+        self.agent_argv = list(agent_argv)
+        self.start_timeout = start_timeout
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started: list[int] = []
+        self.task_node: dict[int, int] = {}  # srun task id -> node id
+        self.status: dict[int, int | None] = {}  # node id -> exit status, once ended
+        self._pending = {1: b"", 2: b""}
+        self._in_options = False
+        # while starting: reads each agent's first line (hello or check mark)
+        self._greeter: Callable[[int, str], bool] | None = None
+
+    @classmethod
+    def connect(
+        cls,
+        nodes: Mapping[int, str],
+        python: str,
+        cwd: str,
+        cmd_env: Mapping[str, str],
+        version: str,
+    ) -> SlurmEngine:
+        """Look up the nodes' addresses (``node_addresses``). Blocks. Raises ConfigError."""
+        progress(f"asking Slurm for {len(nodes)} node(s)", False)
+        return cls(nodes, node_addresses(list(nodes.values())), python, cwd, cmd_env, version)
+
+    # -- addresses --------------------------------------------------------------------
+
+    def store_address(self) -> str | None:
+        here = os.environ.get("SLURMD_NODENAME")
+        others = [a for n, a in self.addresses.items() if n != here] or list(self.addresses.values())
+        return _route_to(others[0]) if others else None
+
+    def master_address(self, node_id: int) -> str:
+        return self.addresses[self.nodes[node_id]]
+
+    # -- the step -----------------------------------------------------------------------
+
+    def srun_argv(self, node_ids: Sequence[int]) -> list[str]:
+        """The agent step's command line (``--dry-run`` shows it). Pure."""
+        names = [self.nodes[k] for k in node_ids]
+        cmd = checked_command(self.python, self.cwd, self.agent_argv, self.cmd_env)
+        n = len(names)
+        return [
+            "srun",
+            "--overlap",
+            f"--nodes={n}",
+            f"--ntasks={n}",
+            "--ntasks-per-node=1",
+            f"--nodelist={','.join(names)}",
+            "--kill-on-bad-exit=0",
+            "--wait=0",
+            "--input=all",
+            "--label",
+            "--verbose",
+            "--mpi=none",
+            "--cpu-bind=none",
+            "--export=ALL",
+            "--job-name=distlaunch-agents",
+            "sh",
+            "-c",
+            cmd,
+        ]
+
+    def start(self, specs: Mapping[int, dict[str, Any]]) -> None:
+        """Start the agents, wait until each said hello with this version (each report is
+        said), and only then send the specs. Blocks up to ``start_timeout`` s. Raises
+        ConfigError when srun fails or a node failed its check (nothing was started
+        anywhere: the agents read end-of-file and end)."""
+        progress(f"starting agents on {len(specs)} Slurm node(s)", False)
+        env = {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
+        self.started = list(specs)
+        try:
+            self.proc = subprocess.Popen(
+                self.srun_argv(list(specs)),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # the head handles Ctrl-C; srun must not see it
+            )
+        except OSError as e:
+            raise ConfigError(f"cannot run srun: {e}") from None
+        for f in (self.proc.stdout, self.proc.stderr):
+            assert f is not None
+            os.set_blocking(f.fileno(), False)
+        problems: dict[str, str] = {}
+        try:
+            self._await_hellos(set(specs), problems)
+            if problems:
+                self.close()  # the agents read end-of-file and end; their marks are read
+        finally:
+            self._greeter = None
+        if problems:
+            for k in specs:
+                say(f"preflight {self.nodes[k]}: {problems.get(self.nodes[k], 'ok')}")
+            failed = ", ".join(self.nodes[k] for k in specs if self.nodes[k] in problems)
+            raise ConfigError(
+                f"preflight failed on {len(problems)} of {len(specs)} Slurm node(s) ({failed}); "
+                "nothing was started"
+            )
+        for k in specs:
+            say(f"preflight {self.nodes[k]}: ok")
+        stdin = self.proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(broadcast_line({self.nodes[k]: s for k, s in specs.items()}))
+        except OSError:
+            pass  # srun ended: pump() reports every agent's end
+        self._close_stdin(stdin)
+
+    @staticmethod
+    def _close_stdin(stdin: IO[bytes]) -> None:
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+    def _await_hellos(self, node_ids: set[int], problems: dict[str, str]) -> None:
+        """Relay output until every agent said hello or failed; fills ``problems``
+        ({node name: what is wrong}). A check mark read later (srun may report a task's
+        end before its output) replaces a vaguer problem."""
+        greeted: set[int] = set()
+        deadline = time.monotonic() + self.start_timeout
+
+        def first_line(task: int, text: str) -> bool:
+            k = self.task_node.get(task)
+            if k is None:
+                return False
+            word, _, rest = text.partition(" ")
+            if word == AGENT_HELLO and k not in greeted:
+                greeted.add(k)
+                if rest.strip() != self.version:
+                    problems[self.nodes[k]] = f"distlaunch {self.version} expected, found {rest.strip()}"
+                return True
+            if word == CHECK_MARK:
+                why = _MARKS.get(rest.strip(), "host check failed: {rest}")
+                problems[self.nodes[k]] = why.format(cwd=self.cwd, python=self.python, rest=rest)
+                return True
+            return False
+
+        self._greeter = first_line
+        while greeted | {self.ids[n] for n in problems} != node_ids:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                for k in node_ids - greeted:
+                    problems.setdefault(
+                        self.nodes[k], f"no answer from the agent within {self.start_timeout:g} s"
+                    )
+                return
+            eof = self._pump_once(left, (), None)[1]
+            for k, status in self.status.items():
+                if k not in greeted:
+                    problems.setdefault(self.nodes[k], f"the agent ended before starting (status {status})")
+            if eof:
+                for k in node_ids - greeted:
+                    problems.setdefault(
+                        self.nodes[k], f"srun ended (status {self.proc and self.proc.poll()})"
+                    )
+                return
+
+    # -- watching -----------------------------------------------------------------------
+
+    @property
+    def running(self) -> list[int]:
+        return [k for k in self.started if k not in self.status]
+
+    def _fds(self) -> list[int]:
+        assert self.proc is not None
+        return [f.fileno() for f in (self.proc.stdout, self.proc.stderr) if f is not None and not f.closed]
+
+    def pump(
+        self, timeout: float | None, extra_fds: Sequence[int] = (), on_end: OnEnd | None = None
+    ) -> list[int]:
+        return self._pump_once(timeout, extra_fds, on_end)[0]
+
+    def _pump_once(
+        self,
+        timeout: float | None,
+        extra_fds: Sequence[int],
+        on_end: OnEnd | None,
+    ) -> tuple[list[int], bool]:
+        """One wait for output, srun's end or ``extra_fds``; returns (ready extra fds,
+        srun's output ended)."""
+        assert self.proc is not None
+        poller = select.poll()
+        fds = self._fds()
+        for fd in (*fds, *extra_fds):
+            poller.register(fd, select.POLLIN)
+        wait = timeout
+        if not fds and self.proc.poll() is None:  # output closed, srun still exiting
+            wait = 0.05 if timeout is None else min(timeout, 0.05)
+        ready = {fd for fd, _ in poller.poll(None if wait is None else wait * 1000)}
+        for stream, f in ((1, self.proc.stdout), (2, self.proc.stderr)):
+            if f is None or f.closed or f.fileno() not in ready:
+                continue
+            try:
+                data = os.read(f.fileno(), 1 << 16)
+            except BlockingIOError:
+                continue
+            if not data:
+                f.close()
+                data = b"\n" if self._pending[stream] else b""
+            self._lines(stream, data, on_end)
+        if not self._fds() and self.proc.poll() is not None:
+            code = self.proc.returncode
+            for k in self.started:
+                self._end(k, 0 if code == 0 else -1, on_end)
+            return [fd for fd in extra_fds if fd in ready], True
+        return [fd for fd in extra_fds if fd in ready], False
+
+    def _lines(self, stream: int, data: bytes, on_end: OnEnd | None) -> None:
+        buf = self._pending[stream] + data
+        *lines, self._pending[stream] = buf.split(b"\n")
+        out = []
+        for raw in lines:
+            m = _LABEL.match(raw)
+            if m is not None:  # a line of agent K
+                text = raw[m.end() :]
+                greet = self._greeter
+                if greet is not None and greet(int(m.group(1)), text.decode(errors="replace")):
+                    continue
+                out.append(text)
+            elif self._srun_line(raw.decode(errors="replace"), on_end):
+                out.append(raw)
+        if out:
+            try:
+                write_all(stream, b"\n".join(out) + b"\n")
+            except OSError:
+                pass  # our console is gone; supervision goes on
+
+    def _srun_line(self, line: str, on_end: OnEnd | None) -> bool:
+        """Digest one of srun's own lines; True when it should be shown."""
+        if line == "srun: defined options":
+            self._in_options = True
+        if self._in_options:
+            self._in_options = line != "srun: end of defined options"
+            return False
+        m = _LAUNCH.match(line)
+        if m is not None and m.group(1) in self.ids:
+            for task in _ids(m.group(2)):
+                self.task_node[task] = self.ids[m.group(1)]
+            return False
+        m = _FINISH.match(line)
+        if m is not None and m.group(1) in self.ids:
+            self._end(self.ids[m.group(1)], _status(m.group(3)), on_end)
+            return line.startswith("srun: error:")
+        return bool(line.strip()) and not _VERBOSE.match(line) and line not in _NOISE
+
+    def _end(self, k: int, status: int | None, on_end: OnEnd | None) -> None:
+        if k in self.status:
+            return
+        self.status[k] = status
+        if on_end is not None:
+            on_end(k, status)
+
+    def abandon(self, node_id: int) -> None:
+        self.status.setdefault(node_id, -1)
+
+    def kill(self, node_id: int, records: list[tuple[int, int]]) -> None:
+        if not records or node_id not in self.nodes:
+            return
+        argv = [
+            "srun",
+            "--overlap",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={self.nodes[node_id]}",
+            "--kill-on-bad-exit=0",
+            "--input=none",
+            "--mpi=none",
+            "--cpu-bind=none",
+            "--export=ALL",
+            "--job-name=distlaunch-kill",
+            self.python,
+            "-m",
+            "distlaunch.agent.kill",
+            *(f"{p}:{t}" for p, t in records),
+        ]
+        env = {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
+        env.update(self.cmd_env)
+        try:
+            subprocess.run(argv, env=env, capture_output=True, timeout=10, start_new_session=True)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # the node is unreachable: Slurm's own end of the job is the last resort
+
+    def close(self) -> None:
+        """Relay the agents' last output (srun may report a task's end before its last
+        lines) and end srun: at once with SIGTERM when agents still run (srun then cancels
+        the step; Slurm kills what remains after KillWait), else after it exits by itself
+        (at most 5 s). SIGKILL if it still runs 5 s later. Idempotent."""
+        if self.proc is None:
+            return
+        if self.proc.stdin is not None:
+            self._close_stdin(self.proc.stdin)
+        self._finish(0.5 if self.running else 5.0)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f is not None and not f.closed:
+                f.close()
+
+    def _finish(self, grace: float) -> None:
+        """Relay output until srun ended and its output is closed: ``grace`` s, then after
+        SIGTERM 5 s more, then SIGKILL."""
+        assert self.proc is not None
+        for sig, wait in ((None, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if sig is not None and self.proc.poll() is None:
+                try:
+                    self.proc.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if self._pump_once(max(0.0, deadline - time.monotonic()), (), None)[1]:
+                    return
+
+
+def allocation_nodes(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The nodes of the current allocation, in Slurm's order: ``SLURM_JOB_NODELIST``
+    (``SLURM_NODELIST`` on older releases) expanded. Raises ConfigError outside an
+    allocation or for a malformed list."""
+    env = os.environ if environ is None else environ
+    text = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not text:
+        raise ConfigError(
+            "not inside a Slurm allocation (SLURM_JOB_NODELIST is not set); use salloc or sbatch"
+        )
+    try:
+        return expand_hostlist(text)
+    except ValueError as e:
+        raise ConfigError(f"SLURM_JOB_NODELIST: {e}") from None

@@ -1,0 +1,120 @@
+"""The Slurm engine (distlaunch/engine/slurm.py) on the real two-node test cluster
+(tests/slurm.py): a driver inside ``salloc -N2`` starts stand-in agents
+(tests/slurm_programs/agent.py) in one srun step and reports what the engine saw."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+
+import pytest
+from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
+
+from distlaunch.engine.slurm import broadcast_line, select_spec
+from distlaunch.errors import ConfigError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DRIVER = os.path.join(HERE, "slurm_programs", "engine_driver.py")
+
+
+def drive(cluster, tmp_path, do: dict, timeout: float = 90, env: dict | None = None, **scenario):
+    """Run the driver in a fresh 2-node allocation; returns (summary, completed salloc)."""
+    token = secrets.token_hex(16)
+    scenario = {"token": token, "dir": str(tmp_path), "do": do, **scenario}
+    cp = cluster.run(
+        "salloc",
+        "-N2",
+        sys.executable,
+        DRIVER,
+        json.dumps(scenario),
+        timeout=timeout,
+        env=cluster.env(**(env or {})),
+    )
+    lines = [line for line in cp.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"driver printed no summary (exit {cp.returncode}):\n{cp.stdout}\n{cp.stderr}"
+    return json.loads(lines[-1]), cp, token
+
+
+def got(tmp_path, node: str) -> dict:
+    return json.loads((tmp_path / f"got-{node}").read_text())
+
+
+def test_specs_reach_their_nodes_and_ends_are_per_node(slurm_cluster, tmp_path):  # noqa: F811
+    out, cp, token = drive(slurm_cluster, tmp_path, {"n1": "exit 0", "n2": "exit 3"})
+    assert out["nodes"] == slurm_cluster.hostnames("n[1-2]")
+    # each agent kept its own spec (by SLURMD_NODENAME) and knows where it runs
+    for k, node in enumerate(out["nodes"]):
+        seen = got(tmp_path, node)
+        assert seen["spec"]["node"] == {"node_id": k, "host_label": node}
+        assert seen["spec"]["token"] == token
+        assert seen["env"]["SLURMD_NODENAME"] == node
+        assert seen["env"]["SLURM_NODEID"] == str(k)
+    # the secret is never on a command line: not srun's, not the agents'
+    assert not any(token in a for a in out["argv"])
+    # every end reported once, with its own status
+    assert sorted((k, s) for k, s, _ in out["ends"]) == [(0, 0), (1, 3)]
+    # output relayed as whole lines without srun's labels or verbose chatter
+    for node in out["nodes"]:
+        assert f"agent on {node}: node {out['nodes'].index(node)}" in cp.stdout.splitlines()
+        assert f"agent stderr on {node}" in cp.stderr.splitlines()
+    assert "launching StepId" not in cp.stderr and "defined options" not in cp.stderr
+    assert "srun: error: n2: task 1: Exited with exit code 3" in cp.stderr
+    # Slurm's addresses (both nodes are NodeAddr=127.0.0.1 in the test cluster)
+    assert out["master"] == ["127.0.0.1", "127.0.0.1"] and out["store"] == "127.0.0.1"
+
+
+def test_a_dead_agent_is_reported_while_the_others_run(slurm_cluster, tmp_path):  # noqa: F811
+    out, cp, _ = drive(slurm_cluster, tmp_path, {"n1": "sleep 4", "n2": "die 0.2"})
+    ends = {k: (s, t) for k, s, t in out["ends"]}
+    assert ends[1][0] == -1  # killed by a signal
+    assert ends[0][0] == 0
+    assert ends[1][1] < ends[0][1] - 1.0  # heard of when it happened, not at the step's end
+
+
+def test_kill_reaches_the_recorded_process(slurm_cluster, tmp_path):  # noqa: F811
+    out, cp, _ = drive(slurm_cluster, tmp_path, {"n1": "exit 0", "n2": "sleep 60"}, kill=1, timeout=60)
+    ends = {k: (s, t) for k, s, t in out["ends"]}
+    assert ends[1][0] == -1 and ends[1][1] < out["killed_at"] + 15, out
+    assert ends[0][0] == 0
+
+
+@pytest.mark.parametrize(
+    "scenario, env, problem",
+    [
+        ({"cwd": "/nonexistent-dir"}, {}, "directory /nonexistent-dir does not exist"),
+        ({}, {"FAKE_VERSION": "0.0.0"}, "expected, found 0.0.0"),
+    ],
+)
+def test_failed_checks_start_nothing(slurm_cluster, tmp_path, scenario, env, problem):  # noqa: F811
+    out, cp, _ = drive(slurm_cluster, tmp_path, {"n1": "exit 0", "n2": "exit 0"}, env=env, **scenario)
+    assert "preflight failed on 2 of 2 Slurm node(s) (n1, n2); nothing was started" in out["error"]
+    for node in ("n1", "n2"):
+        assert any(
+            line.startswith(f"distlaunch: preflight {node}: ") and problem in line
+            for line in cp.stderr.splitlines()
+        )
+    assert not list(tmp_path.glob("got-*"))  # no agent read a spec
+
+
+def test_no_answer_within_the_start_timeout(slurm_cluster, tmp_path):  # noqa: F811
+    # agents that do not say hello in time are a problem, not a hang
+    out, cp, _ = drive(slurm_cluster, tmp_path, {"n1": "exit 0", "n2": "exit 0"}, start_timeout=0.001)
+    assert "nothing was started" in out["error"]
+    assert not list(tmp_path.glob("got-*"))
+
+
+def test_broadcast_line_round_trip():
+    specs = {
+        "n1": {"token": "t", "node": {"node_id": 0}, "env": {"A": "1"}},
+        "n2": {"token": "t", "node": {"node_id": 1}, "env": {"A": "1"}},
+    }
+    message = json.loads(broadcast_line(specs))
+    assert message["common"] == {"token": "t", "env": {"A": "1"}}  # sent once
+    for name, spec in specs.items():
+        assert select_spec(message, {"SLURMD_NODENAME": name}) == spec
+    with pytest.raises(ConfigError, match="no job spec for Slurm node 'n3'"):
+        select_spec(message, {"SLURMD_NODENAME": "n3"})
+    with pytest.raises(ConfigError, match="SLURMD_NODENAME is not set"):
+        select_spec(message, {})
