@@ -31,7 +31,7 @@ def program(name: str, tmp: Path, ours: bool) -> Path:
     return path
 
 
-def run(name: str, n: int, tmp: Path, ours: bool, args: tuple = (), timeout: float = 120):
+def run(name: str, n: int, tmp: Path, ours: bool, args: tuple = (), timeout: float = 60):
     """(returncode, sorted stdout lines, stderr) of ``name`` at world size ``n``."""
     path = program(name, tmp, ours)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}

@@ -356,9 +356,10 @@ def parse(spec: Any, writable: bool, vector: bool = False, blocks: int = 1) -> S
         else:
             raw, native = raw_bytes(buf, writable)
         rest = items[1:]
-        t = datatype_of(native)
         if rest and (isinstance(rest[-1], (Datatype, str)) or _is_dtype(rest[-1])):
             t = datatype_of(rest.pop())
+        else:
+            t = datatype_of(native)
         counts: Any = rest[0] if rest else None
         displs: Any = rest[1] if len(rest) > 1 else None
         if isinstance(counts, tuple) and len(counts) == 2 and displs is None:
