@@ -101,7 +101,8 @@ def test_receive_from_a_dead_rank_raises_instead_of_hanging(tmp_path):
 def test_out_of_scope_features_are_refused_by_name(tmp_path):
     prog = _script(
         tmp_path,
-        "for what, call in [('RMA', lambda: MPI.Win.Create(np.zeros(1))), ('Spawn', lambda: comm.Spawn('x')),\n"
+        "for what, call in [('RMA', lambda: MPI.Win.Create(np.zeros(1))),\n"
+        "                   ('Spawn', lambda: comm.Spawn('x')),\n"
         "                   ('MPI-IO', lambda: MPI.File.Open(comm, 'f')),\n"
         "                   ('intercomm', lambda: comm.Create_intercomm(0, comm, 0)),\n"
         "                   ('futures', lambda: MPI.futures)]:\n"

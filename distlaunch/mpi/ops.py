@@ -110,8 +110,9 @@ class Op:
         dt = t.dtype if t.dtype is not None else t.base
         if dt is None or self._arr is None:
             raise MPIException(ERR_OP, f"{self!r} is not defined for datatype {t.Get_name()}")
-        if dt.names:  # packed data of a pair type: its fields without the padding
-            dt = np.dtype([(n, dt.fields[n][0]) for n in dt.names])
+        fields = dt.fields
+        if fields:  # packed data of a pair type: its fields without the padding
+            dt = np.dtype([(n, fields[n][0]) for n in fields])
         return np.ascontiguousarray(self._arr(a.view(dt), b.view(dt))).reshape(-1).view(np.uint8)
 
 
