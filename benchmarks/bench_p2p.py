@@ -32,9 +32,8 @@ def main() -> None:
             if rc1 or rc2:
                 sys.exit(f"{name} failed:\n{err1[-2000:]}\n{err2[-2000:]}")
             a, b = table(ours), table(theirs)
-            print(
-                f"\n{name} (2 ranks, one node)\n{'bytes':>10} {'distlaunch':>12} {'MPICH':>12} {'ours/MPICH':>11}  [{unit}]"
-            )
+            print(f"\n{name} (2 ranks, one node) [{unit}]")
+            print(f"{'bytes':>10} {'distlaunch':>12} {'MPICH':>12} {'ours/MPICH':>11}")
             for size in sorted(a):
                 if size in b:
                     print(f"{size:>10} {a[size]:>12.2f} {b[size]:>12.2f} {a[size] / b[size]:>11.2f}")
