@@ -14,10 +14,13 @@ library.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .errors import ConfigError
+from .hostlist import expand_hostlist, parse_tasks_per_node
 
 # name -> meaning. The builder sets every one of these (OMP_NUM_THREADS only when unset).
 TORCHRUN_VARS = {
@@ -84,13 +87,56 @@ SECRET_VARS = {
     "XDG_CONFIG_HOME": "where the per-user secret file lives (distlaunch/secret below it)",
 }
 
+# Read by init_process_group() when no launcher set RANK/WORLD_SIZE: processes started
+# by srun or mpiexec (``scheduler_identity``). Slurm's names are srun's output environment
+# (srun(1)); MPICH's hydra and Open MPI's mpirun set the MPI ones.
+SCHEDULER_VARS = {
+    "SLURM_PROCID": "srun: the task's global rank -> rank",
+    "SLURM_STEP_NUM_TASKS": "srun: tasks in the step -> world size (else SLURM_NTASKS)",
+    "SLURM_NTASKS": "srun: tasks in the step, when SLURM_STEP_NUM_TASKS is not set",
+    "SLURM_LOCALID": "srun: the task's rank on its node -> local rank",
+    "SLURM_STEP_TASKS_PER_NODE": "srun: tasks per node of the step ('2(x3),1') -> local world size",
+    "SLURM_NODEID": "srun: the node's index in the step",
+    "SLURMD_NODENAME": "srun: the Slurm node's name -> node identity (shared memory between tasks "
+    "of one Slurm node only, even with several slurmd on one machine)",
+    "SLURM_STEP_NODELIST": "srun: the step's nodes; its first node hosts the store (rank 0 runs there)",
+    "SLURM_JOB_ID": "srun: with SLURM_STEP_ID, the store port (unless MASTER_PORT) and the token's context",
+    "SLURM_STEP_ID": "srun: the step id (set only inside a step started by srun: the detection)",
+    "PMI_RANK": "MPICH hydra / Intel MPI: rank",
+    "PMI_SIZE": "MPICH hydra / Intel MPI: world size",
+    "MPI_LOCALRANKID": "MPICH hydra: local rank",
+    "MPI_LOCALNRANKS": "MPICH hydra: ranks on this host",
+    "PMI_HOSTNAME": "MPICH hydra: this host's name -> node identity",
+    "OMPI_COMM_WORLD_RANK": "Open MPI: rank",
+    "OMPI_COMM_WORLD_SIZE": "Open MPI: world size",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "Open MPI: local rank",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "Open MPI: ranks on this host",
+    "MASTER_ADDR": "overrides where the store is (srun: the first node of the step; mpiexec: "
+    "127.0.0.1 when every rank is on this host, else required)",
+    "MASTER_PORT": "overrides the store's port (srun: 20000 + (16 * job id + step id) mod 12000; "
+    "mpiexec: 20000 + the parent process id (hydra's proxy, Open MPI's daemon) mod 12000)",
+}
+
 # Inherited variables from other launchers / schedulers that would be wrong in a worker.
+# The Slurm task variables of the agent's own srun step (one task per node) are removed,
+# not rewritten: Lightning and submitit read SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID and
+# would all take themselves for rank 0; without them they use the torchrun variables.
+# Job-level variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURMD_NODENAME) stay: true
+# for the worker too.
 STALE_VARS = (
     "SLURM_PROCID",
     "SLURM_LOCALID",
     "SLURM_NODEID",
     "SLURM_NTASKS",
     "SLURM_NPROCS",
+    "SLURM_STEP_ID",
+    "SLURM_STEPID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_GTIDS",
+    "SLURM_TASK_PID",
     "PMI_FD",
     "PMI_PORT",
     "PMI_ID",
@@ -241,3 +287,93 @@ def read_worker_env(environ: Mapping[str, str] | None = None) -> WorkerIdentity:
         store_token=e.get("DISTLAUNCH_STORE_TOKEN") if store_port else None,
         shm_prefix=e.get("DISTLAUNCH_SHM_PREFIX"),
     )
+
+
+@dataclass(frozen=True)
+class SchedulerIdentity:
+    """A process started by srun or mpiexec rather than a launcher (``scheduler_identity``)."""
+
+    source: str  # "slurm" or "mpi"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_id: str  # processes with the same node id share memory
+    store_host: str | None  # MASTER_ADDR, else 127.0.0.1 (mpi, one host), else None
+    store_node: str | None  # slurm: the step's first node, whose address hosts the store
+    store_port: int
+    context: str  # public, separates jobs in the store token (secret.shared_token)
+
+
+T = TypeVar("T")
+PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral ports (32768-60999)
+
+
+def scheduler_identity(environ: Mapping[str, str] | None = None) -> SchedulerIdentity | None:
+    """The rank, world size, node and store location of a process that srun (a step:
+    SLURM_STEP_ID and SLURM_PROCID set) or mpiexec (PMI_RANK/PMI_SIZE: MPICH hydra,
+    Intel MPI; OMPI_COMM_WORLD_RANK/SIZE: Open MPI) started, or None when neither did.
+    See SCHEDULER_VARS for every variable read and the defaults. Pure. Raises
+    ConfigError for a malformed variable, or for mpiexec across hosts without
+    MASTER_ADDR."""
+    e = os.environ if environ is None else environ
+    port = _int(e, "MASTER_PORT", 0) or None
+    if "SLURM_STEP_ID" in e and "SLURM_PROCID" in e:
+        job, step = _int(e, "SLURM_JOB_ID"), _int(e, "SLURM_STEP_ID")
+        nodes = _parse(expand_hostlist, e, "SLURM_STEP_NODELIST")
+        world = _int(e, "SLURM_STEP_NUM_TASKS", _int(e, "SLURM_NTASKS", 0) or None)
+        per_node = _parse(parse_tasks_per_node, e, "SLURM_STEP_TASKS_PER_NODE")
+        node_index = _int(e, "SLURM_NODEID")
+        if not nodes or not 0 <= node_index < len(per_node):
+            raise ConfigError(f"SLURM_NODEID={node_index} is not a node of SLURM_STEP_NODELIST")
+        return SchedulerIdentity(
+            source="slurm",
+            rank=_int(e, "SLURM_PROCID"),
+            world_size=world,
+            local_rank=_int(e, "SLURM_LOCALID"),
+            local_world_size=per_node[node_index],
+            node_id=f"slurm:{e.get('SLURMD_NODENAME') or nodes[node_index]}",
+            store_host=e.get("MASTER_ADDR") or None,
+            store_node=nodes[0],
+            store_port=port or PORT_BASE + (16 * job + step) % PORT_SPAN,
+            context=f"slurm:{job}.{step}",
+        )
+    for rank_var, size_var, local, local_size in (
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+        (
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+        ),
+    ):
+        if rank_var in e and size_var in e:
+            rank, world = _int(e, rank_var), _int(e, size_var)
+            local_world = _int(e, local_size, world)
+            host = e.get("MASTER_ADDR") or None
+            if host is None and local_world != world:
+                raise ConfigError(
+                    f"mpiexec started ranks on several hosts ({size_var}={world}, {local_world} here): "
+                    f"set MASTER_ADDR (and MASTER_PORT) to rank 0's host for the store"
+                )
+            port = port or PORT_BASE + os.getppid() % PORT_SPAN
+            return SchedulerIdentity(
+                source="mpi",
+                rank=rank,
+                world_size=world,
+                local_rank=_int(e, local, rank),
+                local_world_size=local_world,
+                node_id=f"mpi:{e.get('PMI_HOSTNAME') or socket.gethostname()}",
+                store_host=host or "127.0.0.1",
+                store_node=None,
+                store_port=port,
+                context=f"port:{port}",
+            )
+    return None
+
+
+def _parse(fn: Callable[[str], list[T]], e: Mapping[str, str], name: str) -> list[T]:
+    try:
+        return fn(e.get(name, ""))
+    except ValueError as err:
+        raise ConfigError(f"environment variable {name}: {err}") from None

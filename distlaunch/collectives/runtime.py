@@ -7,6 +7,14 @@ Init methods (``init_process_group(init_method=...)``):
   RANK/WORLD_SIZE; keys under ``distlaunch/coll/<run id>/<restart count>/`` so a
   restarted group never sees a previous attempt's keys. Otherwise ``None`` means
   ``env://`` (as torch).
+- ``None`` in processes started by ``srun`` or ``mpiexec`` (no RANK in the environment,
+  ``env.scheduler_identity`` finds SLURM_STEP_ID/SLURM_PROCID, PMI_RANK/PMI_SIZE or
+  OMPI_COMM_WORLD_*): rank, world size and node from the scheduler; rank 0 hosts the
+  store on the step's first node (its DNS name, else its Slurm NodeAddr) at a port
+  derived from the job and step ids (mpiexec: 127.0.0.1, all ranks on one host, port
+  from the parent process), MASTER_ADDR/MASTER_PORT override; the token is derived from
+  the user's secret and the job (``distlaunch.secret``); ranks of one Slurm node (one
+  host for mpiexec) share memory. Table of variables: ``env.SCHEDULER_VARS``.
 - ``env://``: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE (arguments win over the
   environment); rank 0 hosts a StoreServer on MASTER_PORT, all ranks connect to it with
   the token DISTLAUNCH_STORE_TOKEN, else one derived from the user's secret file
@@ -29,6 +37,7 @@ address that routes to the store host (127.0.0.1 for a loopback store or a file 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import secrets
 import socket
@@ -216,7 +225,10 @@ class Runtime:
         ids = self.node_ids()
         if any(ids[g] != self._shm_node for g in group.ranks):
             return None
-        prefix = os.environ.get("DISTLAUNCH_SHM_PREFIX") or f"distlaunch-{os.getuid()}-"
+        # Without a launcher's per-node prefix, the node key goes into the name: two Slurm
+        # nodes on one machine (or two jobs) must not meet in one segment.
+        node = hashlib.sha256(self._shm_node.encode()).hexdigest()[:8]
+        prefix = os.environ.get("DISTLAUNCH_SHM_PREFIX") or f"distlaunch-{os.getuid()}-{node}-"
         return f"{prefix}coll-{self.secret[:16]}-{group.gid}"
 
     def close(self) -> None:
@@ -272,6 +284,38 @@ def _local_host_towards(host: str) -> str:
             return s.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+def _scheduled() -> Any:
+    """``env.scheduler_identity()``: set when srun or mpiexec started this process."""
+    from ..env import scheduler_identity  # lazy: only without a launcher
+
+    return scheduler_identity()
+
+
+def _slurm_node_address(name: str) -> str:
+    """Where Slurm node ``name`` is reached: the name itself when it resolves (the usual
+    case), else its NodeAddr (``scontrol show node``). Raises ConfigError."""
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except OSError:
+        pass
+    import subprocess  # lazy: only for Slurm nodes without a DNS name
+
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", name], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        out = str(e)
+    for field in out.split():
+        if field.startswith("NodeAddr=") and len(field) > len("NodeAddr="):
+            return field[len("NodeAddr=") :]
+    raise ConfigError(
+        f"cannot find the address of Slurm node {name!r} (first node of the step, where rank 0 "
+        f"hosts the store); set MASTER_ADDR"
+    )
 
 
 def _tcp_store(host, port, rank, token, timeout, deadline):
@@ -354,6 +398,19 @@ def init_process_group(
         prefix = f"distlaunch/coll/{ident.run_id}/{ident.restart_count}/"
         host = _local_host_towards(ident.store_addr)
         node_id = ident.node_id
+    elif init_method is None and rank in (-1, None) and "RANK" not in os.environ and _scheduled() is not None:
+        sched = _scheduled()
+        assert sched is not None
+        r, n = sched.rank, sched.world_size
+        if world_size not in (-1, None) and world_size != n:
+            raise ConfigError(f"world_size={world_size} contradicts {sched.source}'s environment ({n})")
+        addr = sched.store_host or _slurm_node_address(sched.store_node or "")
+        token = shared_token(sched.context)
+        store = _tcp_store(addr, sched.store_port, r, token, timeout, deadline)
+        owned.append(store)
+        prefix = f"distlaunch/coll/{sched.context}/"
+        host = _local_host_towards(addr)
+        node_id = sched.node_id
     else:
         url = urlparse(init_method or "env://")
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
