@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.hosts",
             "distlaunch.hostlist",
             "distlaunch.store.protocol",
+            "distlaunch.store.torch_protocol",
             "distlaunch.agent.process",
             "distlaunch.agent.signals",
             "distlaunch.agent.guard",

@@ -18,6 +18,13 @@ Replies are sent in order; one that is only partly sent holds those behind it.
 Unauthenticated connections are kept in accept order (which is also auth-deadline
 order); past ``max_unauthenticated``, or when accept runs out of descriptors, the oldest
 one is closed, so idle sockets cannot lock out a client that authenticates promptly.
+
+torch clients (``torch_clients=True``): a new connection is not greeted at once. Its first
+bytes tell the protocols apart, once per connection: torch's VALIDATE query makes it a
+torch connection (torch_protocol.py, its own key space), anything else a distlaunch one,
+greeted then; a connection silent for ``SNIFF_GRACE`` seconds is greeted too (a client
+that waits for HELLO before sending anything). Authenticated connections then run the
+code path they run without torch clients.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from collections.abc import Callable
 from ..errors import StoreError
 from . import protocol as P
 from .protocol import HEADER, HEADER_SIZE, MAX_FRAME_BYTES, Reader
+from .torch_protocol import VALIDATE_PREFIX, TorchConn, TorchKeySpace, TorchLimitError
 
 __all__ = ["StoreServer", "serve_forever"]
 
@@ -56,6 +64,11 @@ _R_OK = P.frame(P.OK)
 _R_TRUE = P.frame(P.BOOL, b"\x01")
 _R_FALSE = P.frame(P.BOOL, b"\x00")
 _R_AUTH_FAIL = P.frame(P.AUTH_FAIL)
+# C->S, optional, before AUTH: MAGIC(8). Sent on connect by a client that does not wait for
+# HELLO, so a server with torch clients greets it without waiting out SNIFF_GRACE.
+CLIENT_HELLO = 0x05
+SNIFF_GRACE = 0.1  # seconds a torch-enabled server waits for a new connection's first bytes
+_DL, _SNIFF, _TORCH = 0, 1, 2  # _Conn.mode: distlaunch, not yet known, torch client
 
 
 class _Poller:
@@ -98,6 +111,8 @@ class _Conn:
         "closed",
         "events",
         "peer",
+        "mode",
+        "torch",
     )
 
     def __init__(self, sock: socket.socket, peer: object) -> None:
@@ -113,6 +128,8 @@ class _Conn:
         self.closed = False
         self.events = _IN
         self.peer = peer
+        self.mode = _DL
+        self.torch: TorchConn | None = None
 
 
 class _Waiter:
@@ -149,7 +166,8 @@ class StoreServer:
     """The key-value store server (c10d TCPStore semantics, token-authenticated).
 
     ``StoreServer(host="127.0.0.1", port=0, token=None, backlog=4096,
-    max_unauthenticated=4096)`` binds when
+    max_unauthenticated=4096, torch_clients=False, max_torch_connections=4096,
+    torch_max_bytes=256 MiB)`` binds when
     ``start()`` is called (or on entering ``with``); ``port=0`` picks a free port, read it
     from ``.port``. ``token`` is the job's secret (str or bytes, non-empty); when None a
     random one is generated — read it from ``.token``. Every client must prove it knows
@@ -168,11 +186,23 @@ class StoreServer:
     pending one, as does accept running out of file descriptors, so a flood of idle
     sockets cannot lock out a client that authenticates promptly.
 
+    ``torch_clients=True`` also serves torch's ``TCPStore`` clients on the same port (as
+    torchrun's agent store on ``MASTER_PORT``, for ``init_method="env://"`` with
+    ``TORCHELASTIC_USE_AGENT_STORE=True``): they carry no secret, so they see a key space
+    of their own, never the distlaunch keys (docs/security.md). At most
+    ``max_torch_connections`` are open at once (newer ones are closed at once: an
+    outsider cannot evict clients already connected), and everything held for them
+    (keys, values, queues, waits, partly received queries) is capped at
+    ``torch_max_bytes``: the query that would exceed it closes its connection. Off by
+    default. With it on, a distlaunch client that does not send CLIENT_HELLO is greeted
+    ``SNIFF_GRACE`` seconds after connecting instead of at once.
+
     The constructor raises TypeError for a token that is not str/bytes, ValueError for an
-    empty one or for ``max_unauthenticated`` < 1. Nothing else is shared with other
-    threads: ``port``, ``token``, ``num_connections`` and ``stats`` (counters: accepted,
-    auth_failures, unauthenticated_dropped, protocol_errors, closed, requests,
-    internal_errors) may be read from any thread.
+    empty one or for ``max_unauthenticated``, ``max_torch_connections`` or
+    ``torch_max_bytes`` < 1. Nothing else is shared with other threads: ``port``,
+    ``token``, ``num_connections`` and ``stats`` (counters: accepted, auth_failures,
+    unauthenticated_dropped, protocol_errors, closed, requests, internal_errors,
+    torch_accepted, torch_refused, torch_limit_drops) may be read from any thread.
     Semantics follow torch's c10d TCPStore; see docs/store.md.
     """
 
@@ -183,6 +213,9 @@ class StoreServer:
         token: str | bytes | None = None,
         backlog: int = 4096,
         max_unauthenticated: int = 4096,
+        torch_clients: bool = False,
+        max_torch_connections: int = 4096,
+        torch_max_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         if token is None:
             token = os.urandom(32).hex()
@@ -191,6 +224,17 @@ class StoreServer:
             raise ValueError("store token must not be empty")
         if not isinstance(max_unauthenticated, int) or max_unauthenticated < 1:
             raise ValueError(f"max_unauthenticated must be an int >= 1, got {max_unauthenticated!r}")
+        for name, v in (
+            ("max_torch_connections", max_torch_connections),
+            ("torch_max_bytes", torch_max_bytes),
+        ):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        self.max_torch_connections = max_torch_connections
+        self._torch = TorchKeySpace(self._torch_send, torch_max_bytes) if torch_clients else None
+        self._torch_conns = 0
+        # Connections not greeted yet (torch clients on) -> greeting deadline, in accept order.
+        self._sniffing: dict[_Conn, float] = {}
         self.max_unauthenticated = max_unauthenticated
         self.host = host
         self.token: str | bytes = token
@@ -218,6 +262,9 @@ class StoreServer:
             "closed": 0,
             "requests": 0,
             "internal_errors": 0,
+            "torch_accepted": 0,
+            "torch_refused": 0,
+            "torch_limit_drops": 0,
         }
         self.last_internal_error: str | None = None
         self._handlers: dict[int, Callable[[_Conn, Reader], bytes | None]] = {
@@ -347,6 +394,7 @@ class StoreServer:
         wfd = self._wake_r.fileno()
         heap = self._heap
         pending = self._pending
+        sniffing = self._sniffing
         try:
             while not self._stopping:
                 timeout: float | None = None
@@ -354,6 +402,7 @@ class StoreServer:
                     first = min(
                         heap[0][0] if heap else math.inf,
                         next(iter(pending.values())) if pending else math.inf,
+                        next(iter(sniffing.values())) if sniffing else math.inf,
                     )
                     timeout = max(0.0, first - time.monotonic())
                 if self._listen_paused_until:
@@ -390,7 +439,10 @@ class StoreServer:
                     c = self._resume.pop()
                     if not c.closed and c.waiter is None and c.out is None and c.inbuf:
                         try:
-                            self._process(c, c.inbuf, True)
+                            if c.mode == _TORCH:
+                                self._torch_run(c)
+                            else:
+                                self._process(c, c.inbuf, True)
                         except Exception as e:
                             self._internal_error(c, e)
                 if heap or pending:
@@ -451,8 +503,13 @@ class StoreServer:
             self._conns[c.fd] = c
             self.stats["accepted"] += 1
             self._poller.register(c.fd, _IN)
-            pending[c] = time.monotonic() + P.AUTH_TIMEOUT
-            self._send(c, P.frame(P.HELLO, P.MAGIC + c.nonce))
+            now = time.monotonic()
+            pending[c] = now + P.AUTH_TIMEOUT
+            if self._torch is None:
+                self._send(c, P.frame(P.HELLO, P.MAGIC + c.nonce))
+            else:  # greeted once its first bytes say it is not a torch client
+                c.mode = _SNIFF
+                self._sniffing[c] = now + SNIFF_GRACE
 
     def _drop_oldest_pending(self) -> None:
         self.stats["unauthenticated_dropped"] += 1
@@ -466,6 +523,11 @@ class StoreServer:
             self.stats["closed"] += 1
         self._conns.pop(c.fd, None)
         self._pending.pop(c, None)
+        if c.mode == _SNIFF:
+            self._sniffing.pop(c, None)
+        elif c.torch is not None and self._torch is not None:
+            self._torch.drop(c.torch)
+            self._torch_conns -= 1
         try:
             self._poller.unregister(c.fd)
         except (OSError, ValueError, KeyError):
@@ -543,6 +605,9 @@ class StoreServer:
         if not data:
             self._close(c)
             return
+        if c.mode:  # a torch client, or a connection whose protocol is not known yet
+            self._on_other(c, data)
+            return
         if c.waiter is not None or c.out is not None:
             # Busy: keep the frames, in order, for when the request is answered.
             c.inbuf += data
@@ -567,15 +632,21 @@ class StoreServer:
             while n - pos >= HEADER_SIZE:
                 length, mtype = HEADER.unpack_from(buf, pos)
                 if not c.authed:
-                    # Before authentication only one exact AUTH frame is acceptable.
+                    # Before authentication only exact AUTH (and CLIENT_HELLO) frames.
                     if mtype != P.AUTH or length != P.NONCE_BYTES + P.MAC_BYTES:
-                        raise _Drop("auth")
+                        if mtype != CLIENT_HELLO or length != len(P.MAGIC):
+                            raise _Drop("auth")
                 elif length > MAX_FRAME_BYTES:
                     raise _Drop("protocol")
                 end = pos + HEADER_SIZE + length
                 if end > n:
                     break
                 if not c.authed:
+                    if mtype == CLIENT_HELLO:  # already greeted (at accept, or on its first bytes)
+                        if buf[pos + HEADER_SIZE : end] != P.MAGIC:
+                            raise _Drop("auth")
+                        pos = end
+                        continue
                     self._auth(c, buf, pos + HEADER_SIZE)
                     if c.closed:
                         return
@@ -633,6 +704,87 @@ class StoreServer:
         elif pos < n:
             c.inbuf = bytearray(memoryview(buf)[pos:])
 
+    # --- torch clients (torch_clients=True) -------------------------------------------------
+
+    def _on_other(self, c: _Conn, data: bytes) -> None:
+        """Bytes from a torch client, or the first bytes of a connection not greeted yet."""
+        if c.mode == _TORCH:
+            c.inbuf += data
+            if c.out is None:
+                self._torch_run(c)
+            else:  # still sending: keep the input (charged, so bounded by the budget)
+                self._torch_account(c)
+            return
+        buf = bytes(c.inbuf) + data if c.inbuf else data
+        head = buf[: len(VALIDATE_PREFIX)]
+        if head == VALIDATE_PREFIX[: len(head)]:
+            if len(head) < len(VALIDATE_PREFIX):
+                c.inbuf = bytearray(buf)  # too short to tell yet
+                return
+            self._sniffing.pop(c, None)
+            self._pending.pop(c, None)
+            if self._torch_conns >= self.max_torch_connections:
+                self.stats["torch_refused"] += 1
+                self._close(c)
+                return
+            c.mode = _TORCH
+            c.torch = TorchConn(c)
+            self._torch_conns += 1
+            self.stats["torch_accepted"] += 1
+            c.inbuf = bytearray(buf)
+            self._torch_run(c)
+            return
+        # Not torch: a distlaunch client (or garbage, which the auth check drops).
+        self._sniffing.pop(c, None)
+        c.mode = _DL
+        c.inbuf = bytearray()
+        self._send(c, P.frame(P.HELLO, P.MAGIC + c.nonce))
+        if c.closed:
+            return
+        if c.out is not None:
+            c.inbuf += buf
+        else:
+            self._process(c, buf, False)
+
+    def _torch_run(self, c: _Conn) -> None:
+        """Handle a torch client's complete queries in order, stopping while a reply is
+        only partly sent; a query breaking the protocol or the budget closes it."""
+        st = c.torch
+        space = self._torch
+        assert st is not None and space is not None
+        try:
+            while c.out is None and not c.closed:
+                q = st.parse(c.inbuf)
+                if q is None:
+                    break
+                self.stats["requests"] += 1
+                reply = space.handle(st, *q)
+                if reply:
+                    self._send(c, reply)
+            if not c.closed:
+                space.account(st, len(c.inbuf))
+        except TorchLimitError:
+            self.stats["torch_limit_drops"] += 1
+            self._close(c)
+        except StoreError:  # StoreProtocolError, and stoll's failures
+            self.stats["protocol_errors"] += 1
+            self._close(c)
+
+    def _torch_account(self, c: _Conn) -> None:
+        assert c.torch is not None and self._torch is not None
+        try:
+            self._torch.account(c.torch, len(c.inbuf))
+        except TorchLimitError:
+            self.stats["torch_limit_drops"] += 1
+            self._close(c)
+
+    def _torch_send(self, st: TorchConn, data: bytes) -> None:
+        """A wait's STOP_WAITING, completed by another connection's write."""
+        c = st.owner
+        assert isinstance(c, _Conn)
+        if not c.closed:
+            self._send(c, data)
+
     def _auth(self, c: _Conn, buf: bytes | bytearray, p: int) -> None:
         client_nonce = bytes(buf[p : p + P.NONCE_BYTES])
         proof = bytes(buf[p + P.NONCE_BYTES : p + P.NONCE_BYTES + P.MAC_BYTES])
@@ -655,6 +807,14 @@ class StoreServer:
 
     def _expire(self) -> None:
         now = time.monotonic()
+        sniffing = self._sniffing
+        while sniffing:  # silent so far: a client waiting for HELLO
+            c, deadline = next(iter(sniffing.items()))
+            if deadline > now:
+                break
+            del sniffing[c]
+            c.mode = _DL
+            self._send(c, P.frame(P.HELLO, P.MAGIC + c.nonce))
         pending = self._pending
         while pending:
             c, deadline = next(iter(pending.items()))

@@ -1,0 +1,457 @@
+"""torch's ``TCPStore`` wire protocol, server side, for torch's own clients (a leaf module:
+standard library and errors only).
+
+The store server speaks it on its distlaunch port when started with ``torch_clients=True``
+(docs/store.md, "torch clients"), so that ``init_process_group(init_method="env://")``
+with ``MASTER_PORT`` = that port and ``TORCHELASTIC_USE_AGENT_STORE=True`` (every rank a
+``TCPStore`` client, as under torchrun) finds a working store there. Those clients carry
+no secret: they get a key space of their own (``TorchKeySpace``), never the distlaunch keys.
+
+The protocol, as torch 2.13 speaks it (torch/csrc/distributed/c10d/TCPStore.cpp: the
+client; TCPStoreLibUvBackend.cpp and TCPStoreBackend.cpp: the libuv and classic servers):
+
+* No framing. A query is one byte (``QueryType``) followed by its arguments, all
+  little-endian (the client writes native integers; every platform torch ships is
+  little-endian): u32, i64, strings and byte strings as a u64 length + the bytes, key
+  lists as a u64 count + that many strings.
+* The client's first query is ``VALIDATE`` + u32 0x3C85F7CE, then ``PING`` + u32 nonce
+  (answered with the same u32); that is how the server tells a torch client from a
+  distlaunch one (``VALIDATE_PREFIX``).
+* ``SET``, ``APPEND``, ``MULTI_SET``, ``QUEUE_PUSH`` are not answered. ``GET`` and
+  ``MULTI_GET`` answer with byte strings (a missing key gives an empty one, as libuv's
+  server; the client always waits for the keys first). ``ADD``, ``DELETE_KEY`` (0 or 1),
+  ``GETNUMKEYS``, ``QUEUE_LEN`` answer an i64; ``CHECK`` one byte (0 READY, 1 NOT_READY);
+  ``COMPARE_SET`` the byte string now stored (torch's quirk: ``expected`` when the key is
+  missing and ``expected`` is not empty).
+* ``WAIT`` (and ``BARRIER``) answer one byte, 0 STOP_WAITING, once every key exists. The
+  server has no deadline: the client waits with its own timeout, then sends
+  ``CANCEL_WAIT``, answered 1 WAIT_CANCELED (after a STOP_WAITING already on its way, if
+  the keys arrived meanwhile). So a connection's later queries are handled while a wait
+  is pending.
+* ``QUEUE_POP`` answers an i64 queue length, then the popped byte string if it was not
+  empty; ``LIST_KEYS`` an i64 count and the keys. The queue queries exist on the libuv
+  server only (torch's client refuses them with ``use_libuv=False``); served here.
+* Keys carry the client's ``/`` prefix (``init/`` is the client's worker counter).
+
+Semantics and limits follow the libuv server (torch's default): keys up to 8 KiB, values
+up to 8 MiB, 128 Ki keys per query; a query breaking them, an unknown query type, an
+``ADD`` on a value ``std::stoll`` cannot read, or anything but ``VALIDATE`` first closes
+that one connection, as torch does. On top (torch has no limits there): every byte held
+for the torch key space (stored keys, values, queues, pending waits, partly received
+queries) counts against one budget; a query that would exceed it closes its connection.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import StoreProtocolError
+
+MAGIC = 0x3C85F7CE
+VALIDATE_PREFIX = b"\x00" + struct.pack("<I", MAGIC)  # the 5 bytes a torch client sends first
+
+# QueryType, in TCPStoreBackend.hpp's order
+(
+    VALIDATE,
+    SET,
+    COMPARE_SET,
+    GET,
+    ADD,
+    CHECK,
+    WAIT,
+    GETNUMKEYS,
+    DELETE_KEY,
+    APPEND,
+    MULTI_GET,
+    MULTI_SET,
+    CANCEL_WAIT,
+    PING,
+    QUEUE_PUSH,
+    QUEUE_POP,
+    QUEUE_LEN,
+    LIST_KEYS,
+    BARRIER,
+) = range(19)
+
+READY, NOT_READY = b"\x00", b"\x01"  # CheckResponseType
+STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"  # WaitResponseType
+
+# The libuv server's limits (MAX_STRING_LEN, MAX_PAYLOAD_LEN, MAX_KEY_COUNT).
+MAX_KEY_BYTES = 8 * 1024
+MAX_VALUE_BYTES = 8 * 1024 * 1024
+MAX_KEYS_PER_QUERY = 128 * 1024
+ENTRY_OVERHEAD = 96  # bytes charged per stored key, queued value or registered wait
+DEFAULT_BUDGET = 256 * 1024 * 1024
+
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_U64 = struct.Struct("<Q")
+_INT64 = 1 << 64
+_STOLL = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+
+# argument kinds
+_K_U32, _K_I64, _K_KEY, _K_VALUE, _K_KEYS, _K_PAIRS = range(6)
+_SPECS: dict[int, tuple[int, ...]] = {
+    VALIDATE: (_K_U32,),
+    SET: (_K_KEY, _K_VALUE),
+    COMPARE_SET: (_K_KEY, _K_VALUE, _K_VALUE),
+    GET: (_K_KEY,),
+    ADD: (_K_KEY, _K_I64),
+    CHECK: (_K_KEYS,),
+    WAIT: (_K_KEYS,),
+    GETNUMKEYS: (),
+    DELETE_KEY: (_K_KEY,),
+    APPEND: (_K_KEY, _K_VALUE),
+    MULTI_GET: (_K_KEYS,),
+    MULTI_SET: (_K_PAIRS,),
+    CANCEL_WAIT: (),
+    PING: (_K_U32,),
+    QUEUE_PUSH: (_K_KEY, _K_VALUE),
+    QUEUE_POP: (_K_KEY,),
+    QUEUE_LEN: (_K_KEY,),
+    LIST_KEYS: (),
+    BARRIER: (_K_KEY, _K_I64),
+}
+
+
+class TorchLimitError(StoreProtocolError):
+    """The torch key space's byte budget would be exceeded (the connection is closed)."""
+
+
+def _blob(v: bytes) -> bytes:
+    return _U64.pack(len(v)) + v
+
+
+def _stoll(v: bytes) -> int:
+    """The integer C++'s ``std::stoll`` reads from ``v`` (leading blanks, a sign, digits;
+    the rest ignored). Raises StoreProtocolError where stoll throws."""
+    m = _STOLL.match(v)
+    if m is None:
+        raise StoreProtocolError("add/barrier: the stored value is not an integer")
+    n = int(m.group(1))
+    if not -(1 << 63) <= n < (1 << 63):
+        raise StoreProtocolError("add/barrier: the stored value is out of int64 range")
+    return n
+
+
+class TorchConn:
+    """One torch client's state: the query being parsed, its pending wait, and what it is
+    charged. ``owner`` is the server's connection object (handed back to ``send``)."""
+
+    __slots__ = (
+        "owner",
+        "validated",
+        "qtype",
+        "spec",
+        "idx",
+        "args",
+        "count",
+        "items",
+        "key",
+        "held",
+        "charged",
+        "wait_keys",
+        "awaited",
+    )
+
+    def __init__(self, owner: object) -> None:
+        self.owner = owner
+        self.validated = False
+        self.qtype = -1  # -1: between queries
+        self.spec: tuple[int, ...] = ()
+        self.idx = 0
+        self.args: list[Any] = []
+        self.count = -1  # for key lists: -1 until the count is read
+        self.items: list[Any] = []
+        self.key: bytes | None = None  # a multi_set pair's key, waiting for its value
+        self.held = 0  # bytes of the partly parsed query already taken off the buffer
+        self.charged = 0  # input bytes charged to the budget
+        self.wait_keys: dict[bytes, int] = {}  # the pending wait's registrations per key
+        self.awaited = 0  # registrations still to fire before STOP_WAITING
+
+    def parse(self, buf: bytearray) -> tuple[int, list[Any]] | None:
+        """Take the next complete query off the front of ``buf``: ``(qtype, args)``, or
+        None when more bytes are needed (what was parsed so far is kept here, so every
+        byte is parsed once however the query is split). Raises StoreProtocolError."""
+        pos = 0
+        n = len(buf)
+        try:
+            if self.qtype < 0:
+                if n == 0:
+                    return None
+                q = buf[0]
+                spec = _SPECS.get(q)
+                if spec is None:
+                    raise StoreProtocolError(f"unknown torch query type {q}")
+                if self.validated == (q == VALIDATE):
+                    raise StoreProtocolError("a torch client must send VALIDATE first, and only once")
+                self.qtype, self.spec, self.idx, self.args = q, spec, 0, []
+                pos = 1
+            spec = self.spec
+            while self.idx < len(spec):
+                kind = spec[self.idx]
+                if kind == _K_U32 or kind == _K_I64:
+                    s = _U32 if kind == _K_U32 else _I64
+                    if n - pos < s.size:
+                        return None
+                    self.args.append(s.unpack_from(buf, pos)[0])
+                    pos += s.size
+                elif kind == _K_KEY or kind == _K_VALUE:
+                    got = self._blob(buf, pos, n, kind == _K_KEY)
+                    if got is None:
+                        return None
+                    v, pos = got
+                    self.args.append(v)
+                else:
+                    if self.count < 0:
+                        if n - pos < 8:
+                            return None
+                        (c,) = _U64.unpack_from(buf, pos)
+                        if c > MAX_KEYS_PER_QUERY:
+                            raise StoreProtocolError(
+                                f"{c} keys in one torch query exceeds {MAX_KEYS_PER_QUERY}"
+                            )
+                        pos += 8
+                        self.count, self.items = c, []
+                    while len(self.items) < self.count:
+                        if self.key is None:
+                            got = self._blob(buf, pos, n, True)
+                            if got is None:
+                                return None
+                            self.key, pos = got
+                        if kind == _K_KEYS:
+                            self.items.append(self.key)
+                        else:
+                            got = self._blob(buf, pos, n, False)
+                            if got is None:
+                                return None
+                            v, pos = got
+                            self.items.append((self.key, v))
+                        self.key = None
+                    self.args.append(self.items)
+                    self.count, self.items = -1, []
+                self.idx += 1
+            q, args = self.qtype, self.args
+            self.qtype, self.args, self.held = -1, [], 0
+            if q == VALIDATE:
+                if args[0] != MAGIC:
+                    raise StoreProtocolError(f"bad torch VALIDATE magic {args[0]:#x}")
+                self.validated = True
+            return q, args
+        finally:
+            if pos:
+                del buf[:pos]
+                if self.qtype >= 0:
+                    self.held += pos
+
+    @staticmethod
+    def _blob(buf: bytearray, pos: int, n: int, is_key: bool) -> tuple[bytes, int] | None:
+        if n - pos < 8:
+            return None
+        (size,) = _U64.unpack_from(buf, pos)
+        limit = MAX_KEY_BYTES if is_key else MAX_VALUE_BYTES
+        if size > limit:
+            raise StoreProtocolError(f"torch {'key' if is_key else 'value'} of {size} bytes exceeds {limit}")
+        end = pos + 8 + size
+        if end > n:
+            return None
+        return bytes(buf[pos + 8 : end]), end
+
+
+class TorchKeySpace:
+    """The key space torch clients see, with the libuv server's semantics. ``send(conn,
+    data)`` delivers a reply that is not the answer to the query being handled (a wait
+    that a write completes). Single-threaded: the store server's loop thread only.
+
+    ``budget`` caps the bytes held for torch clients (stored entries, queues, pending
+    waits, partly received queries; ``ENTRY_OVERHEAD`` per entry); ``handle`` and
+    ``account`` raise TorchLimitError past it, and the caller closes that connection."""
+
+    def __init__(self, send: Callable[[TorchConn, bytes], None], budget: int = DEFAULT_BUDGET) -> None:
+        self.send = send
+        self.budget = budget
+        self.data: dict[bytes, bytes] = {}
+        self.queues: dict[bytes, deque[bytes]] = {}
+        self.waiting: dict[bytes, list[TorchConn]] = {}
+        self.used = 0  # bytes charged: entries + waits + input in flight
+
+    # --- accounting -----------------------------------------------------------------------
+
+    def _charge(self, n: int) -> None:
+        if n > 0 and self.used + n > self.budget:
+            raise TorchLimitError(f"torch key space budget of {self.budget} bytes exceeded")
+        self.used += n
+
+    def account(self, st: TorchConn, buffered: int) -> None:
+        """Charge ``st`` for its buffered input (``buffered`` bytes) plus its partly parsed
+        query. Raises TorchLimitError past the budget."""
+        now = buffered + st.held
+        self._charge(now - st.charged)
+        st.charged = now
+
+    def drop(self, st: TorchConn) -> None:
+        """Forget a closed connection: its pending wait and its input charge."""
+        self._cancel(st)
+        self.used -= st.charged
+        st.charged = 0
+
+    def _store(self, k: bytes, v: bytes) -> None:
+        old = self.data.get(k)
+        self._charge(len(v) - (len(old) if old is not None else -(len(k) + ENTRY_OVERHEAD)))
+        self.data[k] = v
+
+    # --- waits ----------------------------------------------------------------------------
+
+    def _register(self, st: TorchConn, keys: list[bytes]) -> None:
+        self._cancel(st)  # one pending wait per connection (torch's client never has two)
+        self._charge(sum(len(k) + ENTRY_OVERHEAD for k in keys))
+        for k in keys:
+            self.waiting.setdefault(k, []).append(st)
+            st.wait_keys[k] = st.wait_keys.get(k, 0) + 1
+        st.awaited = len(keys)
+
+    def _cancel(self, st: TorchConn) -> None:
+        for k, times in st.wait_keys.items():
+            lst = self.waiting[k]
+            for _ in range(times):
+                lst.remove(st)
+            self.used -= times * (len(k) + ENTRY_OVERHEAD)
+            if not lst:
+                del self.waiting[k]
+        st.wait_keys = {}
+        st.awaited = 0
+
+    def _fire(self, st: TorchConn, k: bytes) -> bool:
+        """One registration of ``st`` on ``k`` fired (already removed from ``waiting``)."""
+        left = st.wait_keys[k] - 1
+        if left:
+            st.wait_keys[k] = left
+        else:
+            del st.wait_keys[k]
+        self.used -= len(k) + ENTRY_OVERHEAD
+        st.awaited -= 1
+        if st.awaited == 0:
+            self.send(st, STOP_WAITING)
+            return True
+        return False
+
+    def _wake(self, k: bytes) -> None:
+        lst = self.waiting.pop(k, None)
+        if lst:
+            for st in lst:
+                self._fire(st, k)
+
+    def _wake_one(self, k: bytes) -> None:
+        lst = self.waiting.get(k)
+        while lst:
+            st = lst.pop(0)
+            if self._fire(st, k):
+                break
+        if lst is not None and not lst:
+            del self.waiting[k]
+
+    def _present(self, k: bytes) -> bool:
+        return k in self.data or bool(self.queues.get(k))
+
+    # --- queries --------------------------------------------------------------------------
+
+    def handle(self, st: TorchConn, q: int, a: list[Any]) -> bytes:
+        """Apply one parsed query; return its reply (b"" when it has none, or when it
+        waits). Raises StoreProtocolError (the connection is to be closed)."""
+        if q == GET:
+            return _blob(self.data.get(a[0], b""))
+        if q == SET:
+            self._store(a[0], a[1])
+            self._wake(a[0])
+            return b""
+        if q == WAIT:
+            keys: list[bytes] = a[0]
+            if all(self._present(k) for k in keys):
+                return STOP_WAITING
+            self._register(st, [k for k in keys if k not in self.data])
+            return b""
+        if q == ADD:
+            k = a[0]
+            old = self.data.get(k)
+            new = (_stoll(old) if old is not None else 0) + a[1]
+            new = (new + (1 << 63)) % _INT64 - (1 << 63)  # C++ int64 arithmetic wraps
+            self._store(k, str(new).encode())
+            self._wake(k)
+            return _I64.pack(new)
+        if q == CHECK:
+            return READY if all(self._present(k) for k in a[0]) else NOT_READY
+        if q == COMPARE_SET:
+            k, expected, desired = a
+            cur = self.data.get(k)
+            if cur is None:
+                if expected:  # torch's quirk: nothing stored, ``expected`` returned
+                    cur = expected
+                else:
+                    self._store(k, desired)
+                    cur = desired
+            elif cur == expected:
+                self._store(k, desired)
+                cur = desired
+            self._wake(k)
+            return _blob(cur)
+        if q == GETNUMKEYS:
+            return _I64.pack(len(self.data))
+        if q == DELETE_KEY:
+            v = self.data.pop(a[0], None)
+            if v is not None:
+                self.used -= len(a[0]) + len(v) + ENTRY_OVERHEAD
+            return _I64.pack(v is not None)
+        if q == APPEND:
+            k, v = a
+            self._store(k, self.data.get(k, b"") + v)
+            self._wake(k)
+            return b""
+        if q == MULTI_GET:
+            return b"".join(_blob(self.data.get(k, b"")) for k in a[0])
+        if q == MULTI_SET:
+            for k, v in a[0]:
+                self._store(k, v)
+                self._wake(k)
+            return b""
+        if q == CANCEL_WAIT:
+            self._cancel(st)
+            return WAIT_CANCELED
+        if q == PING:
+            return _U32.pack(a[0])
+        if q == QUEUE_PUSH:
+            k, v = a
+            self._charge(len(k) + len(v) + ENTRY_OVERHEAD)
+            self.queues.setdefault(k, deque()).append(v)
+            self._wake_one(k)
+            return b""
+        if q == QUEUE_POP:
+            k = a[0]
+            queue = self.queues.get(k)
+            if not queue:
+                return _I64.pack(0)
+            reply = _I64.pack(len(queue))
+            v = queue.popleft()
+            self.used -= len(k) + len(v) + ENTRY_OVERHEAD
+            if not queue:
+                del self.queues[k]
+            return reply + _blob(v)
+        if q == QUEUE_LEN:
+            queue = self.queues.get(a[0])
+            return _I64.pack(len(queue) if queue else 0)
+        if q == LIST_KEYS:
+            return _I64.pack(len(self.data)) + b"".join(_blob(k) for k in self.data)
+        if q == BARRIER:
+            k, world = a
+            old = self.data.get(k)
+            count = (_stoll(old) + 1) if old is not None else 1
+            self._store(k, str(count).encode())
+            if count >= world:
+                self._wake(k)
+                return STOP_WAITING
+            self._register(st, [k])
+            return b""
+        return b""  # VALIDATE: no reply
