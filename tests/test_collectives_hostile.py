@@ -362,3 +362,36 @@ def test_out_of_descriptors_pauses_accepting_and_recovers():
             for s in socks:
                 s.close()
         w.expect_go()
+
+
+SHM_NAMES = """\
+import numpy as np
+import distlaunch.collectives as dist
+from distlaunch.collectives import runtime
+dist.init_process_group()
+dist.all_reduce(np.ones(4))
+names = sorted({w for line in open("/proc/self/maps") for w in line.split() if w.startswith("/dev/shm/")})
+print("SECRET", runtime._runtime.secret)
+print("SHM", *names)
+dist.destroy_process_group()
+"""
+
+
+def test_shared_memory_names_reveal_nothing_of_the_secret(tmp_path):
+    """/dev/shm names are visible to every user of the machine (until the segment is
+    unlinked, once every rank has mapped it): they carry a one-way hash of the group's
+    transport secret, never a piece of it (they held its first 16 characters)."""
+    script = tmp_path / "names.py"
+    script.write_text(SHM_NAMES)
+    res = subprocess.run(
+        [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "2", "--no-prefix", str(script)],
+        capture_output=True, text=True, timeout=60, cwd=launch.REPO,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    secrets = {ln.split()[1] for ln in lines if ln.startswith("SECRET ")}
+    names = [n for ln in lines if ln.startswith("SHM ") for n in ln.split()[1:]]
+    assert len(secrets) == 1 and names, res.stdout  # one group secret; shared memory was used
+    [secret] = secrets
+    windows = {secret[i : i + 8] for i in range(len(secret) - 7)}
+    assert not [n for n in names if any(w in n for w in windows)], (names, secret)

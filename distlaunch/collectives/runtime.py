@@ -219,7 +219,9 @@ class Runtime:
     def shm_name(self, group: Members) -> str | None:
         """Name of ``group``'s shared-memory segment, or None when its members cannot
         share memory. Names start with DISTLAUNCH_SHM_PREFIX (the launcher removes such
-        segments after crashes) and carry this initialisation's random secret."""
+        segments after crashes) and carry a one-way hash of this initialisation's random
+        secret: /dev/shm names are visible to every user of the machine, the secret (the
+        transport's HMAC key) must not be."""
         if group.size < 2 or not self._shm_node.startswith("L:"):
             return None
         ids = self.node_ids()
@@ -229,7 +231,8 @@ class Runtime:
         # nodes on one machine (or two jobs) must not meet in one segment.
         node = hashlib.sha256(self._shm_node.encode()).hexdigest()[:8]
         prefix = os.environ.get("DISTLAUNCH_SHM_PREFIX") or f"distlaunch-{os.getuid()}-{node}-"
-        return f"{prefix}coll-{self.secret[:16]}-{group.gid}"
+        tag = hashlib.sha256(b"distlaunch-shm-name:" + self.secret.encode()).hexdigest()[:16]
+        return f"{prefix}coll-{tag}-{group.gid}"
 
     def close(self) -> None:
         """Close the transport, every group (threads, shared memory) and owned stores."""
