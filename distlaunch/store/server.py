@@ -755,14 +755,13 @@ class StoreServer:
         try:
             while c.out is None and not c.closed:
                 q = st.parse(c.inbuf)
+                space.account(st, len(c.inbuf))  # the parsed query's input is its args now
                 if q is None:
                     break
                 self.stats["requests"] += 1
                 reply = space.handle(st, *q)
                 if reply:
                     self._send(c, reply)
-            if not c.closed:
-                space.account(st, len(c.inbuf))
         except TorchLimitError:
             self.stats["torch_limit_drops"] += 1
             self._close(c)
