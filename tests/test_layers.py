@@ -84,7 +84,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "collectives transports: TCP and the shared-memory channel",
-        ["distlaunch.collectives.tcp", "distlaunch.collectives.shm"],
+        ["distlaunch.collectives.tcp", "distlaunch.collectives.shm", "distlaunch.collectives.shm_p2p"],
     ),
     (
         "collectives algorithms over each transport",

@@ -43,6 +43,7 @@ from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutE
 from .hierarchy import HierarchicalBackend
 from .ops import ReduceOp, check_op
 from .shm import ShmChannel, SmallAllReduce
+from .shm_p2p import links_for
 from .transport import Request
 from .wire import (
     ABORT,
@@ -314,12 +315,15 @@ class ProcessGroup(Members):
             "all_to_all_single", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op, **_meta(inp, count=0)
         )
 
-    # -- point to point (over TCP on every backend; not sequenced)
+    # -- point to point (shared memory with ranks of this node, else TCP; not sequenced)
 
     def isend(self, arr: np.ndarray, peer: int, tag: int) -> RequestWork:
         """Start sending ``arr`` (C-contiguous; unchanged until the Work completes) to member
-        ``peer``; the Work completes once the data was handed to the operating system."""
+        ``peer``; the Work completes once the data was handed to the operating system
+        (TCP) or is in the peer's shared-memory ring (same node: a large message moves
+        on while this process waits on or tests its Works)."""
         rt = self.runtime
+        links_for(rt)  # peers on this node: over shared memory
         hdr = Header(
             P2P,
             DTYPE_CODES[arr.dtype],
@@ -355,6 +359,7 @@ class ProcessGroup(Members):
         the Work's result is the sender's rank (its group rank when ``group_src``). A
         sender of another dtype or element count fails it with CollectiveMismatchError."""
         rt = self.runtime
+        links_for(rt)
         dtype = DTYPE_CODES[arr.dtype]
         who = "any rank" if peer is None else f"rank {self.ranks[peer]}"
         what = f"recv from {who} (tag {tag}, {arr.size} x {arr.dtype})"

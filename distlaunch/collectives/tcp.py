@@ -46,6 +46,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
 from .transport import Check, Request, Transport
 from .wire import COLL, DTYPE_NAMES, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, Header, unpack_header
@@ -159,7 +161,7 @@ class TcpTransport(Transport):
         self._posted: dict[tuple[tuple, int], collections.deque[Request]] = {}  # (key, src) -> requests
         self._posted_any: dict[tuple, collections.deque[Request]] = {}  # key -> requests
         # (key, src) -> the messages no receive was posted for yet
-        self._unexpected: dict[tuple[tuple, int], collections.deque[tuple[Header, bytearray]]] = {}
+        self._unexpected: dict[tuple[tuple, int], collections.deque[tuple[Header, memoryview]]] = {}
         self._lost: dict[int, str] = {}  # peer -> reason
         self._suspects: dict[
             int, tuple[float, str]
@@ -175,6 +177,11 @@ class TcpTransport(Transport):
         # late_handler(header): called on the progress thread for an unmatched collective
         # message, so the runtime can spot messages of operations it already finished
         self.late_handler: Callable[[Header], None] | None = None
+        # point-to-point with the ranks of this node goes over shared memory once a
+        # point-to-point call created the links (shm_p2p.links_for); P2P messages only
+        self.local: Any = None
+        self.local_checked = False
+        self.local_lock = threading.Lock()
 
         self._listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -311,6 +318,9 @@ class TcpTransport(Transport):
     def isend(
         self, peer: int, header: Header, payload: memoryview, deadline: float, owner: Any = None
     ) -> Request:
+        local = self.local
+        if local is not None and header.kind == P2P and peer in local.index:
+            return local.send(peer, header, np.frombuffer(payload, np.uint8))
         req = Request(True, peer, (), payload, owner=owner)  # a send is never matched by key
         conn = self._connection(peer, deadline)
         bufs = [memoryview(header.pack())]
@@ -378,6 +388,9 @@ class TcpTransport(Transport):
         owner: Any = None,
     ) -> Request:
         req = Request(False, peer, key, buf, check, owner)
+        local = self.local
+        if local is not None and key[0] == P2P and (peer is None or peer in local.index):
+            req.local = local  # its waits drive the shared-memory progress
         with self._lock:
             item = self._take_unexpected(key, peer)
             if item is None:
@@ -406,8 +419,12 @@ class TcpTransport(Transport):
         req.complete(err)
 
     def lost(self, peer: int) -> str | None:
-        """Why ``peer`` is lost (its connection ended), or None while it is not."""
-        return self._lost.get(peer)
+        """Why ``peer`` is lost (its connection ended, or its process on this node is
+        gone), or None while it is not."""
+        why = self._lost.get(peer)
+        if why is None and self.local is not None:
+            why = self.local.lost(peer)
+        return why
 
     def _take_unexpected(self, key, peer):
         # lock held
@@ -686,16 +703,7 @@ class TcpTransport(Transport):
         if req is not None:
             req.complete()
         elif hdr.kind in (COLL, P2P):
-            key = (hdr.kind, hdr.group, hdr.seq)
-            with self._lock:
-                req = self._take_posted(key, conn.peer)
-                if req is None:
-                    self._unexpected.setdefault((key, conn.peer), collections.deque()).append((hdr, data))
-            if req is None:
-                if hdr.kind == COLL and self.late_handler is not None:
-                    self.late_handler(hdr)
-                return
-            self._fill(req, hdr, data)
+            self._unmatched(hdr, data)
         elif hdr.kind == HELLO:
             self._on_hello(conn, hdr, bytes(data))
         elif hdr.kind == STATUS_REQ:
@@ -710,6 +718,36 @@ class TcpTransport(Transport):
                 self._status_cv.notify_all()
         else:  # ABORT (or future kinds): the runtime decides
             self._abort_handler(hdr, bytes(data).decode("utf-8", "replace"))
+
+    def _unmatched(self, hdr: Header, data: memoryview) -> None:
+        """A whole message that no receive took when it began: to a receive posted
+        since, else kept as unexpected."""
+        key = (hdr.kind, hdr.group, hdr.seq)
+        with self._lock:
+            req = self._take_posted(key, hdr.src)
+            if req is None:
+                self._unexpected.setdefault((key, hdr.src), collections.deque()).append((hdr, data))
+        if req is None:
+            if hdr.kind == COLL and self.late_handler is not None:
+                self.late_handler(hdr)
+            return
+        self._fill(req, hdr, data)
+
+    def local_route(self, hdr: Header) -> tuple[np.ndarray, Callable[[], None]]:
+        """Where the payload of ``hdr``, a P2P message arriving over shared memory, goes
+        (a matching posted receive's buffer, else a new one kept as unexpected), and
+        what to call once it is there (see shm_p2p)."""
+        with self._lock:
+            req = self._take_posted((hdr.kind, hdr.group, hdr.seq), hdr.src)
+        if req is not None:
+            err = self._accept(req, hdr)
+            if err is None:
+                if req.buf is None:
+                    req.buf = memoryview(bytearray(hdr.nbytes))
+                return np.frombuffer(req.buf, np.uint8), req.complete
+            req.complete(err)
+        data = memoryview(bytearray(hdr.nbytes))
+        return np.frombuffer(data, np.uint8), lambda: self._unmatched(hdr, data)
 
     def _on_hello(self, conn, hdr, data):
         """Acceptor's side of the handshake (kind and size already checked by _begin)."""
@@ -816,6 +854,8 @@ class TcpTransport(Transport):
         if self._closed:
             return
         self._closed = True
+        if self.local is not None:
+            self.local.close()
         self._wake()
         self._thread.join(timeout=5)
         self._shutdown(CollectiveError("the process group was destroyed"))

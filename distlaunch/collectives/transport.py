@@ -26,12 +26,33 @@ from .wire import Header
 Check = Callable[[Header], BaseException | None]
 
 
+_EVENTS = threading.Lock()  # creates a Request's event, or completes it, atomically
+
+
 class Request:
     """One posted send or receive. Completed (``done``) by the transport, successfully or
     with ``error``. For receives, ``header`` is the matched message's header (its
-    ``src`` names the sender when the receive was for any source)."""
+    ``src`` names the sender when the receive was for any source). ``local``: the
+    shared-memory links (:mod:`.shm_p2p`) whose progress completes it, when its peer is
+    on this node (its waits then drive that progress)."""
 
-    __slots__ = ("is_send", "peer", "key", "buf", "check", "header", "error", "_event", "owner", "grank")
+    __slots__ = (
+        "is_send",
+        "peer",
+        "key",
+        "buf",
+        "check",
+        "header",
+        "error",
+        "_done",
+        "_event",
+        "owner",
+        "grank",
+        "local",
+    )
+
+    # called after every completion (the shared-memory links wake their waiter with it)
+    notify: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -49,23 +70,41 @@ class Request:
         self.check = check
         self.header: Header | None = None
         self.error: BaseException | None = None
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None  # made by the first blocking wait
         self.owner = owner  # e.g. the group id, for failing a whole group
         self.grank = -1  # the peer's group rank (set by OpContext, for its messages)
+        self.local: Any = None
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def complete(self, error: BaseException | None = None) -> None:
-        if not self._event.is_set():
+        with _EVENTS:
+            if self._done:
+                return
             self.error = error
-            self._event.set()
+            self._done = True
+            ev = self._event
+        if ev is not None:
+            ev.set()
+        notify = Request.notify
+        if notify is not None:
+            notify()
 
     def wait(self, timeout: float | None) -> bool:
         """Block up to ``timeout`` seconds (None: forever); True when completed
         (successfully or not: check ``error``)."""
-        return self._event.wait(timeout)
+        if self._done:
+            return True
+        with _EVENTS:
+            if self._done:
+                return True
+            ev = self._event
+            if ev is None:
+                ev = self._event = threading.Event()
+        return ev.wait(timeout)
 
 
 class Transport(abc.ABC):

@@ -12,11 +12,12 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from .context import to_seconds
-from .errors import CollectiveError, CollectiveTimeoutError
+from .errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from .transport import Request
 
 
@@ -86,13 +87,31 @@ class RequestWork(Work):
         self._lock = threading.Lock()
 
     def is_completed(self) -> bool:
-        return self._req.done
+        req = self._req
+        if not req.done and req.local is not None:
+            req.local.progress()
+        return req.done
+
+    def _wait_req(self, t: float | None) -> bool:
+        """Wait for the request: on the shared-memory links driving it (PeerLostError
+        when its peer's process is gone), else on its event."""
+        req = self._req
+        if req.local is None or req.done:
+            return req.wait(t)
+        deadline = time.monotonic() + (t if t is not None else 1e9)
+        try:
+            return req.local.wait(lambda: req.done, deadline, (req.peer,))
+        except PeerLostError as e:
+            if not req.is_send:
+                self._transport.cancel(req)
+            req.complete(e)
+            return True
 
     def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
         t = self._timeout if timeout is None else to_seconds(timeout)
         with self._lock:
             if not self._event.is_set():
-                if not self._req.wait(t):
+                if not self._wait_req(t):
                     raise CollectiveTimeoutError(self._on_done(self._req, True))
                 try:
                     self.finish(self._on_done(self._req, False))
