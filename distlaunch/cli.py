@@ -283,6 +283,16 @@ def _env_entries(value: object, where: str) -> list[str]:
 @option("--include", group=HOSTS, default=None, metavar="HOSTS", help="Use only these hosts of the list.")
 @option("--exclude", group=HOSTS, default=None, metavar="HOSTS", help="Leave these hosts of the list out.")
 @option(
+    "--launcher",
+    group=HOSTS,
+    default="auto",
+    show_default=True,
+    type=click.Choice(["auto", "ssh", "slurm"]),
+    help="How agents reach other nodes: ssh (with -H/--hostfile) or slurm (one srun step "
+    "inside the allocation, never SSH). auto: slurm inside a Slurm allocation without a "
+    "host list; under srun, one launcher per node with nodes, ranks and store from Slurm.",
+)
+@option(
     "--store-addr",
     group=HOSTS,
     default=None,
@@ -483,7 +493,10 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         _print_config(ctx, script, script_args, o, script_from_job)
         return
     dry_run = o.pop("dry_run")
-    mode = resolve(script, script_args, o)
+    from click.core import ParameterSource
+
+    given = frozenset(n for n in o if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None))
+    mode = resolve(script, script_args, o, given)
     if isinstance(mode, HeadNodes):
         if dry_run:
             _print_head_plan(mode)
@@ -547,12 +560,17 @@ def _print_head_plan(mode: HeadNodes) -> None:
     cfg, head = mode.job, mode.head
     env = shipped_env(os.environ, [], head.env_all)
     cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}  # as head.run_hosts
-    cmd = remote_command(
-        head.remote_python or sys.executable,
-        head.remote_cwd or os.getcwd(),
-        ["-m", "distlaunch", "agent"],
-        cmd_env,
-    )
+    python, cwd = head.remote_python or sys.executable, head.remote_cwd or os.getcwd()
+    cmd = remote_command(python, cwd, ["-m", "distlaunch", "agent"], cmd_env)
+    if head.engine == "slurm":
+        import shlex
+
+        from . import __version__
+        from .engine.slurm import SlurmEngine
+
+        names = dict(enumerate(h.name for h in head.hosts))
+        srun = SlurmEngine(names, {}, python, cwd, cmd_env, __version__).srun_argv(list(names))
+        cmd = shlex.join(srun[:-1]) + " '<host checks; then the agent>'"
     nodes = assign_ranks([slots_of(h) for h in head.hosts])
     click.echo(
         f"run id {cfg.run_id}: {sum(map(len, nodes))} workers on {len(nodes)} host(s), "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -377,3 +377,42 @@ def _parse(fn: Callable[[str], list[T]], e: Mapping[str, str], name: str) -> lis
         return fn(e.get(name, ""))
     except ValueError as err:
         raise ConfigError(f"environment variable {name}: {err}") from None
+
+
+def slurm_node_addresses(names: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each Slurm node's address as Slurm knows it (``NodeAddr`` of ``scontrol show
+    node``; nodes need no DNS name). Blocks (one scontrol call). Raises ConfigError when
+    scontrol fails or omits a node."""
+    import re
+    import subprocess  # only where Slurm nodes are looked up
+
+    try:
+        cp = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(names)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=None if env is None else dict(env),
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConfigError(f"cannot ask Slurm for the nodes' addresses (scontrol: {e})") from None
+    found = {}
+    for line in cp.stdout.splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        if "NodeName" in fields:
+            found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    missing = [n for n in names if n not in found]
+    if missing:
+        why = cp.stderr.strip().splitlines()[-1:] or ["not found"]
+        raise ConfigError(f"scontrol show node {','.join(missing)}: {why[0]}")
+    return {n: found[n] for n in names}
+
+
+def slurm_node_address(name: str) -> str:
+    """Where Slurm node ``name`` is reached: the name itself when it resolves (the usual
+    case), else its NodeAddr (``slurm_node_addresses``). Blocks. Raises ConfigError."""
+    try:
+        socket.getaddrinfo(name, None)
+        return name
+    except OSError:
+        return slurm_node_addresses([name])[name]

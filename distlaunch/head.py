@@ -28,7 +28,6 @@ from .rounds import Signal
 
 if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this module
     from .engine import AgentEngine, OnEnd
-    from .engine.ssh import SSHEngine
     from .head_controller import HeadController
     from .hosts import Host
     from .rendezvous import Rendezvous
@@ -44,8 +43,6 @@ def run_hosts(
     job took. Blocks. Raises ConfigError (unreachable host, failed preflight: nothing was
     started), WorkerFailedError, LaunchInterrupted, RendezvousError.
     """
-    from . import __version__
-    from .engine.ssh import SSHEngine
     from .events import EventLog
     from .head_controller import HeadController
     from .hosts import is_local
@@ -54,8 +51,10 @@ def run_hosts(
     from .store import StoreClient, StoreServer
 
     hosts = list(head.hosts)
-    remote = [k for k, h in enumerate(hosts) if not is_local(h)]
-    local = [k for k, h in enumerate(hosts) if is_local(h)]
+    # Through Slurm every node's agent runs in the agent step, this machine's too (inside
+    # the job, under Slurm's accounting and scancel).
+    remote = [k for k, h in enumerate(hosts) if head.engine == "slurm" or not is_local(h)]
+    local = [k for k in range(len(hosts)) if k not in remote]
     guard = OrphanGuard() if local else None  # forked before any thread exists
     # Until the agents run, a stop signal ends the head at once (exit 128+N), wherever
     # it waits (SSH connect, preflight, agent start); then the agents' stop path takes over.
@@ -64,7 +63,7 @@ def run_hosts(
     startup = contextlib.ExitStack()
     startup.enter_context(relay.interruptible())
     server: StoreServer | None = None
-    engine: SSHEngine | None = None
+    engine: AgentEngine | None = None
     controller: HeadController | None = None
     rdzv: Rendezvous | None = None
     try:
@@ -75,7 +74,7 @@ def run_hosts(
         # audit logs show, carries only PYTHONPATH, which the agent's interpreter needs.
         env = shipped_env(os.environ, [], head.env_all)
         cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}
-        engine = SSHEngine.connect({k: hosts[k] for k in remote}, head.ssh, python, cwd, cmd_env, __version__)
+        engine = _connect(head, {k: hosts[k] for k in remote}, python, cwd, cmd_env)
         store_addr = head.store_addr or (engine.store_address() if remote else STORE_HOST)
         if store_addr is None:
             raise ConfigError(
@@ -171,6 +170,22 @@ def run_hosts(
             server.stop()
         if guard:
             guard.close()
+
+
+def _connect(
+    head: HeadOptions, hosts: dict[int, Host], python: str, cwd: str, cmd_env: dict[str, str]
+) -> AgentEngine:
+    """The engine that starts the agents on ``hosts`` (node id -> host): SSH or Slurm."""
+    from . import __version__
+
+    if head.engine == "slurm":
+        from .engine.slurm import SlurmEngine
+
+        return SlurmEngine.connect({k: h.name for k, h in hosts.items()}, python, cwd, cmd_env, __version__)
+    from .engine.ssh import SSHEngine
+
+    assert head.ssh is not None  # set for every SSH launch (modes._head_options)
+    return SSHEngine.connect(hosts, head.ssh, python, cwd, cmd_env, __version__)
 
 
 def _pump_until_done(engine: AgentEngine, on_end: OnEnd) -> None:

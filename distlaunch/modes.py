@@ -109,13 +109,14 @@ class HeadOptions:
     """What only head mode (-H / --hostfile) needs."""
 
     hosts: tuple[Host, ...]  # slots resolved, in node-rank order
-    ssh: SSHOptions
+    ssh: SSHOptions | None  # None: the agents start through Slurm
     store_addr: str | None = None
     remote_python: str | None = None
     remote_cwd: str | None = None
     env_all: bool = False
     prefix_host: bool = False
     min_nodes: int | None = None  # drop failing/lost hosts while this many remain
+    engine: str = "ssh"  # how agents start: "ssh" (engine.ssh) or "slurm" (engine.slurm)
 
 
 @dataclass(frozen=True)
@@ -147,11 +148,23 @@ _SSH_FIELDS = {
 }
 
 
-def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any]) -> Mode:
+def resolve(
+    script: str,
+    script_args: tuple[str, ...],
+    options: Mapping[str, Any],
+    given: frozenset[str] = frozenset(),
+    environ: Mapping[str, str] | None = None,
+) -> Mode:
     """The mode description of `distlaunch run SCRIPT SCRIPT_ARGS` with ``options`` (the
-    `run` command's parameters by name, as click passes them). Raises ConfigError for
-    any bad value or combination."""
+    `run` command's parameters by name, as click passes them; ``given``: the names set
+    on the command line, in a job file or a PET_* variable, not defaulted). ``environ``
+    (default os.environ) tells whether this runs inside a Slurm allocation or step.
+    Raises ConfigError for any bad value or combination."""
+    env = os.environ if environ is None else environ
+    slurm = _slurm_place(options, given, env)
     o = options
+    if slurm == "step":  # what the user gave (e.g. --run-id) stays
+        o = {**options, **{k: v for k, v in _step_defaults(env).items() if k not in given}}
     nnodes, max_nodes = parse_nnodes(o["nnodes"])
     if o["standalone"]:
         nnodes = 1
@@ -188,6 +201,8 @@ def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any
     job = LaunchConfig(**kw).validate()
     if o["hosts"] or o["hostfile"]:
         return HeadNodes(job, _head_options(o, nnodes, job.nproc_per_node))
+    if slurm == "allocation":
+        return HeadNodes(job, _allocation_options(o, job.nproc_per_node, "nproc_per_node" in given, env))
     if endpoint is not None:
         host, port = parse_endpoint(endpoint, allow_zero=True)
         return DynamicNodes(
@@ -205,6 +220,84 @@ def resolve(script: str, script_args: tuple[str, ...], options: Mapping[str, Any
     if static:
         return StaticNodes(job, nnodes, o["node_rank"], o["store_token_file"])
     return SingleNode(job)
+
+
+# A per-node launch's own options: given any of them, a launch under srun is taken as
+# the user wrote it (no Slurm defaults).
+_PER_NODE = frozenset({"nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint", "standalone"})
+
+
+def _slurm_place(o: Mapping[str, Any], given: frozenset[str], env: Mapping[str, str]) -> str | None:
+    """Where Slurm puts this launch: "allocation" (salloc/sbatch, no host list: agents
+    go out through srun), "step" (one launcher per node under srun: node ranks, count
+    and store from Slurm), or None (Slurm is not involved, or --launcher ssh / per-node
+    options say otherwise). Raises ConfigError for --launcher slurm outside Slurm."""
+    launcher = o.get("launcher") or "auto"
+    in_step = "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+    in_allocation = "SLURM_JOB_ID" in env and not in_step
+    if launcher == "slurm" and not (in_step or in_allocation):
+        raise ConfigError(
+            "--launcher slurm needs a Slurm allocation (SLURM_JOB_ID is not set); run it "
+            "inside salloc or an sbatch script, or use --launcher ssh with -H"
+        )
+    if launcher == "ssh" or o.get("hosts") or o.get("hostfile") or given & _PER_NODE:
+        return None
+    return "step" if in_step else "allocation" if in_allocation else None
+
+
+def _step_defaults(env: Mapping[str, str]) -> dict[str, Any]:
+    """The per-node options of one launcher per node under srun (``srun -N2
+    --ntasks-per-node=1 distlaunch run ...``): node count and rank from the step, node 0
+    (the step's first node) hosts the store at a port derived from the job and step ids,
+    and the run id (hence the store token) comes from them too. Raises ConfigError when
+    the step runs several launchers on one node."""
+    from .env import scheduler_identity, slurm_node_address
+
+    ident = scheduler_identity(env)
+    assert ident is not None and ident.source == "slurm"  # _slurm_place saw a step
+    if ident.local_world_size != 1:
+        raise ConfigError(
+            f"distlaunch run under srun is one launcher per node, but this step runs "
+            f"{ident.local_world_size} on this node; use srun --ntasks-per-node=1"
+        )
+    return {
+        "nnodes": str(ident.world_size),
+        "node_rank": ident.rank,
+        "master_addr": ident.store_host or slurm_node_address(ident.store_node or ""),
+        "master_port": ident.store_port,
+        "run_id": run_id_from(ident.context),
+    }
+
+
+def _allocation_options(
+    o: Mapping[str, Any], nproc_per_node: int, nproc_given: bool, env: Mapping[str, str]
+) -> HeadOptions:
+    """Head mode over the allocation's nodes, agents started by srun: slots per node from
+    --nproc-per-node when given, else SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE,
+    else the node's CPU count (torchrun's auto)."""
+    from .engine.slurm import allocation_nodes
+    from .hostlist import parse_tasks_per_node
+    from .hosts import Host, filter_hosts
+
+    names = allocation_nodes(env)
+    if nproc_given:
+        slots = [nproc_per_node] * len(names)
+    elif env.get("SLURM_NTASKS_PER_NODE", "").isdigit():
+        slots = [int(env["SLURM_NTASKS_PER_NODE"])] * len(names)
+    elif env.get("SLURM_TASKS_PER_NODE"):
+        try:
+            slots = parse_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+        except ValueError as e:
+            raise ConfigError(f"SLURM_TASKS_PER_NODE: {e}") from None
+    else:
+        slots = [os.cpu_count() or 1] * len(names)
+    if len(slots) != len(names):
+        raise ConfigError(
+            f"SLURM_TASKS_PER_NODE gives {len(slots)} nodes, SLURM_JOB_NODELIST {len(names)}; "
+            f"give --nproc-per-node"
+        )
+    hosts = filter_hosts([Host(n, slots=k) for n, k in zip(names, slots)], o["include"], o["exclude"])
+    return HeadOptions(tuple(hosts), None, engine="slurm", **_same_named(o))
 
 
 def _rdzv_backend(name: str) -> str:
@@ -326,7 +419,10 @@ def _head_options(o: Mapping[str, Any], nnodes: int, nproc_per_node: int) -> Hea
             f"listed; give at most {len(hosts)}"
         )
     ssh = SSHOptions(**{field: o[name] for name, field in _SSH_FIELDS.items()})
-    same_named = {
-        f.name: o[f.name] for f in fields(HeadOptions) if f.name in o and f.name not in ("hosts", "ssh")
-    }
-    return HeadOptions(tuple(hosts), ssh, **same_named)
+    engine = "slurm" if o.get("launcher") == "slurm" else "ssh"
+    return HeadOptions(tuple(hosts), ssh, engine=engine, **_same_named(o))
+
+
+def _same_named(o: Mapping[str, Any]) -> dict[str, Any]:
+    """The `run` options that are HeadOptions fields of the same name."""
+    return {f.name: o[f.name] for f in fields(HeadOptions) if f.name in o and f.name not in ("hosts", "ssh")}

@@ -63,7 +63,12 @@ def main() -> NoReturn:
     code = 0
     if line:
         try:
-            run_agent(json.loads(line))
+            spec = json.loads(line)
+            if "config" not in spec:  # the Slurm engine's one line for every node
+                from ..engine.slurm import select_spec  # only there: srun's agents
+
+                spec = select_spec(spec)
+            run_agent(spec)
         except (WorkerFailedError, LaunchInterrupted) as e:
             code = e.exit_code
         except DistlaunchError as e:

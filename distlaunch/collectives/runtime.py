@@ -47,6 +47,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from ..env import slurm_node_address
 from ..secret import shared_token
 from .context import DEFAULT_TIMEOUT, Members, to_seconds
 from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
@@ -297,28 +298,14 @@ def _scheduled() -> Any:
 
 
 def _slurm_node_address(name: str) -> str:
-    """Where Slurm node ``name`` is reached: the name itself when it resolves (the usual
-    case), else its NodeAddr (``scontrol show node``). Raises ConfigError."""
+    """``env.slurm_node_address``, its error naming the way out (MASTER_ADDR)."""
     try:
-        socket.getaddrinfo(name, None)
-        return name
-    except OSError:
-        pass
-    import subprocess  # lazy: only for Slurm nodes without a DNS name
-
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "node", "-o", name], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired) as e:
-        out = str(e)
-    for field in out.split():
-        if field.startswith("NodeAddr=") and len(field) > len("NodeAddr="):
-            return field[len("NodeAddr=") :]
-    raise ConfigError(
-        f"cannot find the address of Slurm node {name!r} (first node of the step, where rank 0 "
-        f"hosts the store); set MASTER_ADDR"
-    )
+        return slurm_node_address(name)
+    except ConfigError as e:
+        raise ConfigError(
+            f"cannot find the address of Slurm node {name!r} (first node of the step, where rank 0 "
+            f"hosts the store): {e}; set MASTER_ADDR"
+        ) from None
 
 
 def _tcp_store(host, port, rank, token, timeout, deadline):

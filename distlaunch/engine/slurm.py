@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from ..agent.output import write_all
+from ..env import slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
 from ..remote.command import AGENT_HELLO, CHECK_MARK, checked_command
@@ -127,31 +128,6 @@ def broadcast_line(specs: Mapping[str, dict[str, Any]]) -> bytes:
     return (json.dumps({SPECS_KEY: nodes, "common": common}) + "\n").encode()
 
 
-def node_addresses(names: Sequence[str], env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Each node's address as Slurm knows it (``NodeAddr`` of ``scontrol show node``).
-    Blocks (one scontrol call). Raises ConfigError when scontrol fails or omits a node."""
-    try:
-        cp = subprocess.run(
-            ["scontrol", "show", "node", "-o", ",".join(names)],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env=None if env is None else dict(env),
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise ConfigError(f"cannot ask Slurm for the nodes' addresses (scontrol: {e})") from None
-    found = {}
-    for line in cp.stdout.splitlines():
-        fields = dict(re.findall(r"(\w+)=(\S*)", line))
-        if "NodeName" in fields:
-            found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
-    missing = [n for n in names if n not in found]
-    if missing:
-        why = cp.stderr.strip().splitlines()[-1:] or ["not found"]
-        raise ConfigError(f"scontrol show node {','.join(missing)}: {why[0]}")
-    return {n: found[n] for n in names}
-
-
 def _route_to(addr: str) -> str | None:
     """This machine's address on the route to ``addr`` (no packet is sent)."""
     try:
@@ -205,9 +181,9 @@ class SlurmEngine:
         cmd_env: Mapping[str, str],
         version: str,
     ) -> SlurmEngine:
-        """Look up the nodes' addresses (``node_addresses``). Blocks. Raises ConfigError."""
+        """Look up the nodes' addresses (``env.slurm_node_addresses``). Blocks. Raises ConfigError."""
         progress(f"asking Slurm for {len(nodes)} node(s)", False)
-        return cls(nodes, node_addresses(list(nodes.values())), python, cwd, cmd_env, version)
+        return cls(nodes, slurm_node_addresses(list(nodes.values())), python, cwd, cmd_env, version)
 
     # -- addresses --------------------------------------------------------------------
 

@@ -1,0 +1,89 @@
+"""distlaunch run on a real two-node Slurm cluster (tests/slurm.py): inside an allocation
+the agents start in one srun step (never SSH), under srun one launcher per node takes
+nodes, ranks and the store from Slurm, a failing worker's exit code comes out, and
+scancel leaves no survivor."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import psutil
+from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
+
+PROBE = """\
+import os, sys, time
+print(os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ.get("SLURMD_NODENAME"),
+      "SLURM_PROCID" in os.environ, flush=True)
+if len(sys.argv) > 1:
+    open(os.path.join(sys.argv[1], f"pid.{os.environ['RANK']}"), "w").write(str(os.getpid()))
+    time.sleep(300)
+if os.environ["RANK"] == os.environ.get("FAIL_RANK"):
+    sys.exit(3)
+"""
+
+
+def run(cluster, tmp_path, *prefix, env=None, opts=()):
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    cmd = [*prefix, sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "2", *opts, str(script)]
+    return cluster.run(*cmd, timeout=120, env=cluster.env(**(env or {})))
+
+
+def ranks(cp):
+    rows = sorted(line.split(": ", 1)[1].split() for line in cp.stdout.splitlines() if ": " in line)
+    return [tuple(r) for r in rows]
+
+
+def test_allocation_agents_start_through_srun(slurm_cluster, tmp_path):  # noqa: F811
+    cp = run(slurm_cluster, tmp_path, "salloc", "-N2")
+    assert cp.returncode == 0, cp.stderr
+    # ranks 0-1 on n1, 2-3 on n2; workers do not see the agent step's SLURM_PROCID
+    assert ranks(cp) == [("0", "4", "n1", "False"), ("1", "4", "n1", "False"),
+                         ("2", "4", "n2", "False"), ("3", "4", "n2", "False")]  # fmt: skip
+    assert "preflight n1: ok" in cp.stderr and "preflight n2: ok" in cp.stderr
+    plan = run(slurm_cluster, tmp_path, "salloc", "-N2", opts=("--dry-run",))
+    assert "srun --overlap --nodes=2" in plan.stdout and "--nodelist=n1,n2" in plan.stdout
+
+
+def test_one_launcher_per_node_under_srun(slurm_cluster, tmp_path):  # noqa: F811
+    cp = run(slurm_cluster, tmp_path, "salloc", "-N2", "srun", "-N2", "--ntasks-per-node=1")
+    assert cp.returncode == 0, cp.stderr
+    assert [r[:3] for r in ranks(cp)] == [
+        ("0", "4", "n1"),
+        ("1", "4", "n1"),
+        ("2", "4", "n2"),
+        ("3", "4", "n2"),
+    ]
+    two = run(slurm_cluster, tmp_path, "salloc", "-N1", "-n2", "srun", "--ntasks-per-node=2")
+    assert two.returncode == 2 and "use srun --ntasks-per-node=1" in two.stderr
+
+
+def test_failing_worker_exit_code(slurm_cluster, tmp_path):  # noqa: F811
+    cp = run(slurm_cluster, tmp_path, "salloc", "-N2", env={"FAIL_RANK": "2"})
+    assert cp.returncode == 3, cp.stderr
+    assert "rank 2 (local rank 0) on node 1 (n2)" in cp.stderr
+
+
+def test_scancel_leaves_no_survivor(slurm_cluster, tmp_path):  # noqa: F811
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    job = slurm_cluster.sbatch(
+        f"#!/bin/sh\n#SBATCH -N2 -o {tmp_path}/out.txt\n"
+        f"exec {sys.executable} -m distlaunch run --nproc-per-node 2 {script} {marks}\n",
+        env=slurm_cluster.env(PYTHONPATH=os.environ.get("PYTHONPATH", "")),
+    )
+    deadline = time.monotonic() + 60
+    while len(list(marks.iterdir())) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p.read_text()) for p in marks.iterdir()]
+    assert len(pids) == 4, (tmp_path / "out.txt").read_text() if (tmp_path / "out.txt").exists() else ""
+    slurm_cluster.scancel(job)
+    slurm_cluster.wait_job_end(job, 60)
+    deadline = time.monotonic() + slurm_cluster.kill_wait + 15
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if psutil.pid_exists(p)]
