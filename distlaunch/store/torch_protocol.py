@@ -2,9 +2,10 @@
 standard library and errors only).
 
 The store server speaks it on its distlaunch port when started with ``torch_clients=True``
-(docs/security.md, "torch's TCPStore clients on the store port"), so that ``init_process_group(init_method="env://")``
-with ``MASTER_PORT`` = that port and ``TORCHELASTIC_USE_AGENT_STORE=True`` (every rank a
-``TCPStore`` client, as under torchrun) finds a working store there. Those clients carry
+(docs/security.md, "torch's TCPStore clients on the store port"), so that
+``init_process_group(init_method="env://")`` with ``MASTER_PORT`` = that port and
+``TORCHELASTIC_USE_AGENT_STORE=True`` (every rank a ``TCPStore`` client, as under
+torchrun) finds a working store there. Those clients carry
 no secret: they get a key space of their own (``TorchKeySpace``), never the distlaunch keys.
 
 The protocol, as torch 2.13 speaks it (torch/csrc/distributed/c10d/TCPStore.cpp: the
