@@ -10,12 +10,20 @@ sender and communicator are received in the order sent (MPI's non-overtaking rul
 a receive buffer may be larger than the message (Status tells the count) and Probe
 sees a message before it is received.
 
-Sends are eager: a send completes when its data was handed to the transport (TCP: the
-operating system, shared memory: the peer's ring), so Ssend/Rsend/Bsend behave as Send.
-A send to oneself is copied straight into the engine.
+Peers on this node are reached over shared memory (:mod:`distlaunch.collectives.shm_p2p`)
+instead: the links route every arriving MPI message to :meth:`Engine._local_route`,
+which matches it at once, so its payload is copied from the ring straight into the
+posted receive's buffer when one matches (contiguous datatypes), else kept.
 
-Blocking waits poll the pump in slices so that they notice a lost peer (its connection
-ended: PeerLostError) and the group timeout (default 1800 s: CollectiveTimeoutError).
+Sends are eager: a send completes when its data was handed to the transport (TCP: the
+operating system, shared memory: the peer's ring; a large message streams through the
+ring while this process waits or tests), so Ssend/Rsend/Bsend behave as Send. A send to
+oneself is copied straight into the engine.
+
+Blocking waits poll the pump and the shared-memory links (short busy-poll, then futex
+sleeps on the links' bell, or slices on the pump without links) so that they notice a
+lost peer (its connection ended or its process on this node is gone: PeerLostError) and
+the group timeout (default 1800 s: CollectiveTimeoutError).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..collectives.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
+from ..collectives.shm_p2p import links_for
 from ..collectives.transport import Request as TransportRequest
 from ..collectives.wire import NO_REDOP, OP_CODES, P2P, Header
 from .datatypes import BYTE, UNDEFINED, Datatype, Spec
@@ -110,15 +119,25 @@ class Message:
 
 
 class PostedRecv:
-    """A receive waiting for its message: ``src`` (global, None: any), ``tag``, and
-    ``deliver(msg)`` that consumes the message (called with the engine lock held)."""
+    """A receive waiting for its message: ``src`` (global, None: any), ``tag``,
+    ``deliver(msg)`` that consumes the message (called with the engine lock held), and
+    ``direct``: the contiguous receive buffer (uint8) a message may be copied into
+    instead (then ``deliver`` is skipped), or None."""
 
-    __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error")
+    __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error", "direct")
 
-    def __init__(self, ctx: int, src: int | None, tag: int, deliver: Callable[[Message], Any]) -> None:
+    def __init__(
+        self,
+        ctx: int,
+        src: int | None,
+        tag: int,
+        deliver: Callable[[Message], Any],
+        direct: np.ndarray | None = None,
+    ) -> None:
         self.ctx, self.src, self.tag, self.deliver = ctx, src, tag, deliver
         self.msg: Message | None = None
         self.error: BaseException | None = None
+        self.direct = direct
 
 
 class Engine:
@@ -136,6 +155,9 @@ class Engine:
         self.error: BaseException | None = None
         self.pump: TransportRequest | None = None
         self.waiters = 0
+        self.links = links_for(rt)
+        if self.links is not None:
+            self.links.routes[MPI_GROUP] = self._local_route
         with self.lock:
             self._repost()
 
@@ -172,6 +194,55 @@ class Engine:
                 return
         self.inbox.append(msg)
 
+    def _local_route(self, h: Header) -> tuple[np.ndarray, Callable[[], None]]:
+        """Where a message arriving over shared memory goes (see the module docstring);
+        called by the links with their lock held, before its payload is copied."""
+        src, ctx, tag, n = h.src, h.step, h.root, h.nbytes
+        with self.lock:
+            for i, p in enumerate(self.posted):
+                if p.ctx == ctx and (p.src is None or p.src == src) and (p.tag == ANY_TAG or p.tag == tag):
+                    del self.posted[i]
+                    break
+            else:
+                p = None
+        if p is not None and p.direct is not None and n <= len(p.direct):
+            target = p.direct[:n]
+
+            def direct() -> None:
+                p.msg = Message(src, ctx, tag, target.data)
+                if self.waiters > 1:  # another thread may wait for this one
+                    self._wake()
+
+            return target, direct
+        target = np.empty(n, np.uint8)
+
+        def kept() -> None:
+            msg = Message(src, ctx, tag, target.data)
+            with self.lock:
+                if p is None:
+                    self.add(msg)
+                    return
+                p.msg = msg
+                try:
+                    p.deliver(msg)
+                except BaseException as e:  # e.g. truncation: reported by the receive's wait
+                    p.error = e
+            if self.waiters > 1:
+                self._wake()
+
+        return target, kept
+
+    def _wake(self) -> None:
+        if self.links is not None:
+            self.links.notify()
+
+    def poll(self) -> None:
+        """Progress on the shared-memory links, then on the pump."""
+        if self.links is not None:
+            self.links.progress()
+        with self.lock:
+            self.progress()
+
     def progress(self) -> None:
         """Take every message the pump has received (lock held)."""
         while self.pump is not None and self.pump.done:
@@ -189,6 +260,9 @@ class Engine:
                 self.add(Message(dest, ctx, tag, memoryview(payload.tobytes())))
             return None
         hdr = Header(P2P, 0, _SEND, NO_REDOP, self.rank, MPI_GROUP, 0, ctx, tag, 0, payload.nbytes)
+        links = self.links
+        if links is not None and dest in links.index:
+            return links.send(dest, hdr, payload, want_request=False)
         return self.transport.isend(dest, hdr, payload.data, time.monotonic() + self.timeout)
 
     # -- receiving
@@ -219,6 +293,8 @@ class Engine:
             return False
 
     def probe(self, ctx: int, src: int | None, tag: int) -> Message | None:
+        if self.links is not None:
+            self.links.progress()
         with self.lock:
             self.progress()
             for m in self.inbox:
@@ -236,33 +312,66 @@ class Engine:
         """Block until ``done()`` (checked with progress made); CollectiveTimeoutError
         after the group timeout, PeerLostError when one of ``peers`` is lost."""
         deadline = time.monotonic() + self.timeout
-        pause = 0.0
         self.waiters += 1
         try:
-            while True:
-                with self.lock:
-                    self.progress()
-                    if done():
-                        return
-                    pump = self.pump
-                    if self.error is not None:
-                        raise type(self.error)(f"{what}: {self.error}")
-                now = time.monotonic()
-                if now >= deadline:
-                    raise CollectiveTimeoutError(f"{what} did not complete within {self.timeout:g} s")
-                for p in peers:
-                    why = self.transport.lost(p) if p is not None and p != self.rank else None
-                    if why is not None:
-                        raise PeerLostError(f"{what}: rank {p} is lost: {why}")
-                # sleep on the pump (new messages wake us); sends and receives completed by
-                # another thread are noticed within the (growing) slice
-                pause = min(0.05, pause * 2 or 0.0005) if self.waiters > 1 or pump is None else 0.05
-                if pump is not None:
-                    pump.wait(min(pause, deadline - now))
-                else:
-                    time.sleep(pause)
+            if self.links is not None:
+                self._wait_links(done, what, peers, deadline)
+            else:
+                self._wait_pump(done, what, peers, deadline)
         finally:
             self.waiters -= 1
+
+    def _ready(self, done: Callable[[], bool], what: str) -> bool:
+        with self.lock:
+            self.progress()
+            if done():
+                return True
+            if self.error is not None:
+                raise type(self.error)(f"{what}: {self.error}")
+        return False
+
+    def _check_lost(self, what: str, peers: Sequence[int | None]) -> None:
+        for p in peers:
+            why = self.transport.lost(p) if p is not None and p != self.rank else None
+            if why is not None:
+                raise PeerLostError(f"{what}: rank {p} is lost: {why}")
+
+    def _wait_links(
+        self, done: Callable[[], bool], what: str, peers: Sequence[int | None], deadline: float
+    ) -> None:
+        # the links' waits wake on shared-memory messages and on TCP completions (the pump)
+        links = self.links
+        assert links is not None
+        while True:
+            try:
+                ok = links.wait(lambda: self._ready(done, what), min(deadline, time.monotonic() + 0.5), peers)
+            except PeerLostError as e:
+                raise PeerLostError(f"{what}: {e}") from None
+            if ok:
+                return
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeoutError(f"{what} did not complete within {self.timeout:g} s")
+            self._check_lost(what, peers)  # remote peers: their connection ended
+
+    def _wait_pump(
+        self, done: Callable[[], bool], what: str, peers: Sequence[int | None], deadline: float
+    ) -> None:
+        pause = 0.0
+        while True:
+            if self._ready(done, what):
+                return
+            pump = self.pump
+            now = time.monotonic()
+            if now >= deadline:
+                raise CollectiveTimeoutError(f"{what} did not complete within {self.timeout:g} s")
+            self._check_lost(what, peers)
+            # sleep on the pump (new messages wake us); sends and receives completed by
+            # another thread are noticed within the (growing) slice
+            pause = min(0.05, pause * 2 or 0.0005) if self.waiters > 1 or pump is None else 0.05
+            if pump is not None:
+                pump.wait(min(pause, deadline - now))
+            else:
+                time.sleep(pause)
 
 
 # --------------------------------------------------------------------------- requests
@@ -321,7 +430,7 @@ class RecvOp(_Op):
         self.engine, self.spec, self.to_rank, self.decode, self.what = engine, spec, to_rank, decode, what
         self.src = src
         self.result: Any = None
-        self.posted = PostedRecv(ctx, src, tag, self._deliver)
+        self.posted = PostedRecv(ctx, src, tag, self._deliver, spec.view() if spec is not None else None)
         engine.post(self.posted)
 
     def _deliver(self, msg: Message) -> None:
@@ -401,8 +510,7 @@ class Request:
         if op.test():
             return True
         if eng is not None:
-            with eng.lock:
-                eng.progress()
+            eng.poll()
         return op.test()
 
     def _complete(self, status: Status | None) -> Any:
