@@ -386,7 +386,7 @@ def test_distlaunch_clients_with_and_without_client_hello(tserver):
         assert c.get("k") == b"v"
     # a client sending CLIENT_HELLO first (also in pieces) is greeted on it
     s = socket.create_connection(("127.0.0.1", tserver.port), timeout=5)
-    hello = P.frame(S.CLIENT_HELLO, P.MAGIC)
+    hello = P.frame(P.CLIENT_HELLO, P.MAGIC)
     s.sendall(hello[:1])
     time.sleep(0.02)
     s.sendall(hello[1:])
@@ -401,7 +401,7 @@ def test_distlaunch_clients_with_and_without_client_hello(tserver):
         s2.sendall(P.frame(P.PING))
         assert recv_frame(s2)[0] == P.OK
         bad = socket.create_connection(("127.0.0.1", plain.port), timeout=5)
-        bad.sendall(P.frame(S.CLIENT_HELLO, b"NOTMAGIC"))
+        bad.sendall(P.frame(P.CLIENT_HELLO, b"NOTMAGIC"))
         assert closed_by_peer(bad)
 
 

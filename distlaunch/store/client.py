@@ -239,6 +239,8 @@ class StoreClient:
         greeting = min(timeout, _GREETING_SECONDS)
         sock.settimeout(greeting)
         where = f"the store at {self.host}:{self.port}"
+        # a server that also serves torch's clients greets at once on this, not after a pause
+        self._sendall(sock, P.frame(P.CLIENT_HELLO, P.MAGIC))
         try:
             mtype, body = self._read_frame(sock)
         except StoreTimeoutError:

@@ -46,6 +46,8 @@ HELLO = 0x01  # S->C  MAGIC(8) | server_nonce(32)
 AUTH = 0x02  # C->S  client_nonce(32) | client_mac(32)
 AUTH_OK = 0x03  # S->C  server_mac(32)
 AUTH_FAIL = 0x04  # S->C  empty; the server then closes the connection
+CLIENT_HELLO = 0x05  # C->S  MAGIC(8), optional, first: "greet me now" (a server that also
+# serves torch's TCPStore protocol otherwise waits a moment for the client's first bytes)
 
 # requests (C->S)
 SET = 0x10  # key | value                     -> OK

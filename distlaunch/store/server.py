@@ -66,7 +66,7 @@ _R_FALSE = P.frame(P.BOOL, b"\x00")
 _R_AUTH_FAIL = P.frame(P.AUTH_FAIL)
 # C->S, optional, before AUTH: MAGIC(8). Sent on connect by a client that does not wait for
 # HELLO, so a server with torch clients greets it without waiting out SNIFF_GRACE.
-CLIENT_HELLO = 0x05
+CLIENT_HELLO = P.CLIENT_HELLO
 SNIFF_GRACE = 0.1  # seconds a torch-enabled server waits for a new connection's first bytes
 _DL, _SNIFF, _TORCH = 0, 1, 2  # _Conn.mode: distlaunch, not yet known, torch client
 
