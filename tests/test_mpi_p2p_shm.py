@@ -1,0 +1,106 @@
+"""distlaunch.mpi point-to-point over shared memory (ranks of one node) and over TCP
+(DISTLAUNCH_SHM=0): the stress program of tests/mpi_programs compared line by line with
+MPICH, also with a tiny ring (every message wraps and streams in pieces); a peer that
+dies in the middle of a message; a worker thread failing as mpiexec reports it."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import dl
+from mpi_run import MPIEXEC, have_mpich, program, run
+
+CASES = [(2, "shm", None), (4, "shm", "4096"), (3, "tcp", None)]
+
+
+@pytest.mark.parametrize("n,mode,ring", CASES, ids=[f"{n}-{m}-{r or 'default'}" for n, m, r in CASES])
+def test_stress_program_matches_mpich(n, mode, ring, tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTLAUNCH_SHM", "1" if mode == "shm" else "0")
+    if ring:
+        monkeypatch.setenv("DISTLAUNCH_SHM_P2P_RING", ring)
+    rc, mine, err = run("p2p_stress", n, tmp_path, ours=True, timeout=120)
+    assert rc == 0, err[-3000:]
+    assert not [ln for ln in mine if "BAD" in ln or "False" in ln], mine
+    if not have_mpich():
+        pytest.skip("mpi4py/mpiexec not installed")
+    rc2, theirs, err2 = run("p2p_stress", n, tmp_path, ours=False, timeout=120)
+    assert rc2 == 0, err2[-3000:]
+    assert mine == theirs
+
+
+@pytest.mark.parametrize("name,n", [("osu_bibw", 2), ("osu_multi_lat", 4)])
+def test_osu_programs_print_mpichs_rows(name, n, tmp_path):
+    args = ("4096", "3") if name == "osu_bibw" else ("1024", "5", "1")
+    rc, mine, err = run(name, n, tmp_path, ours=True, args=args)
+    assert rc == 0, err[-3000:]
+    if not have_mpich():
+        pytest.skip("mpi4py/mpiexec not installed")
+    rc2, theirs, err2 = run(name, n, tmp_path, ours=False, args=args)
+    assert rc2 == 0, err2[-3000:]
+    assert [ln.split()[0] for ln in mine] == [ln.split()[0] for ln in theirs]
+
+
+def _script(tmp_path, body):
+    path = tmp_path / "prog.py"
+    path.write_text("import os, time\nimport numpy as np\nfrom distlaunch import mpi as MPI\n" + body)
+    return path
+
+
+@pytest.mark.parametrize("side", ["sender", "receiver"])
+def test_peer_dying_mid_message_raises_within_seconds(side, tmp_path, monkeypatch):
+    """A 32 MiB message through a 64 KiB ring: the peer exits after the first pieces
+    (sender), or without receiving (receiver); the survivor, waiting for the rest or for
+    room to write it, raises PeerLostError long before the group timeout (1800 s)."""
+    monkeypatch.setenv("DISTLAUNCH_SHM_P2P_RING", "65536")
+    dying = 1 if side == "sender" else 0
+    prog = _script(
+        tmp_path,
+        "comm = MPI.COMM_WORLD\n"
+        "big = np.ones(32 << 20, np.uint8)\n"
+        "comm.Barrier()\n"
+        f"if comm.rank == {dying}:\n"
+        "    if comm.rank == 1:\n"
+        "        comm.Isend(big, dest=0)\n"
+        "    time.sleep(0.5)\n"
+        "    os._exit(0)\n"
+        "t = time.monotonic()\n"
+        "try:\n"
+        "    comm.Recv(big, source=1) if comm.rank == 0 else comm.Send(big, dest=0)\n"
+        "    print('completed', flush=True)\n"
+        "except Exception as e:\n"
+        "    print('raised', type(e).__name__, round(time.monotonic() - t), flush=True)\n",
+    )
+    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
+    lines = [ln for ln in res.stdout.splitlines() if "raised" in ln or "completed" in ln]
+    assert len(lines) == 1 and "raised PeerLostError" in lines[0], res.stdout + res.stderr[-3000:]
+    assert int(lines[0].split()[-1]) < 20
+
+
+def test_failing_worker_thread_exits_as_mpiexec_does(tmp_path):
+    """thread_failure.py: rank 1's worker thread raises, then its main thread dies while
+    rank 0 waits for it. mpiexec running `python -m mpi4py` (which turns an unhandled
+    exception into MPI_Abort) exits 1; so does `distlaunch run`, naming rank 1, at
+    once. When the main thread survives the thread's failure, both exit 0."""
+    t = time.monotonic()
+    rc, mine, err = run("thread_failure", 2, tmp_path, ours=True, args=("dies",), timeout=60)
+    assert rc == 1, err[-3000:]
+    assert time.monotonic() - t < 30
+    assert "rank 1" in err and "worker thread failed" in err
+    rc_ok, mine_ok, err_ok = run("thread_failure", 2, tmp_path, ours=True, args=("survives",))
+    assert rc_ok == 0, err_ok[-3000:]
+    if not have_mpich():
+        pytest.skip("mpi4py/mpiexec not installed")
+    path = program("thread_failure", tmp_path, ours=False)
+    res = subprocess.run(
+        [MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", str(path), "dies"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
+    )
+    assert res.returncode == rc
+    assert "rank 0 waits for rank 1" in res.stdout and "rank 0 waits for rank 1" in mine
+    rc2, theirs, _ = run("thread_failure", 2, tmp_path, ours=False, args=("survives",))
+    assert (rc2, theirs) == (rc_ok, mine_ok)
