@@ -61,7 +61,7 @@ from .wire import HEADER, MAGIC, Header
 
 RING = 1 << 20  # default bytes per (sender, receiver) ring
 _HDR, _CTL, _REC = 4096, 256, 64
-_TIGHT = 64  # bell checks without yielding before the yielding ones
+_TIGHT = 2000  # bell checks without yielding before the yielding ones
 
 # a consumer's answer to a header: (destination uint8 array of hdr.nbytes, called when
 # the payload is in place)
