@@ -38,7 +38,9 @@ TORCHRUN_VARS = {
     "TORCHELASTIC_RESTART_COUNT": "how many times the worker group was restarted",
     "TORCHELASTIC_MAX_RESTARTS": "--max-restarts",
     "TORCHELASTIC_RUN_ID": "the run id (--run-id)",
-    "TORCHELASTIC_USE_AGENT_STORE": "always False: torch's rank 0 hosts its own store",
+    "TORCHELASTIC_USE_AGENT_STORE": "True in per-node static launches, where MASTER_PORT is the "
+    "store's port serving torch's TCPStore protocol (torchrun's one port per job); else False: "
+    "MASTER_PORT is free and torch's rank 0 hosts its own store",
     "TORCHELASTIC_ERROR_FILE": "where torch's @record writes a structured error (read for the summary)",
     "TORCHELASTIC_SIGNALS_TO_HANDLE": "signals torch's elastic code handles",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "passed through, default 1 (as torchrun)",
@@ -181,6 +183,9 @@ class WorkerIdentity:
     store_port: int | None = None
     store_token: str | None = None
     shm_prefix: str | None = None
+    # MASTER_PORT is the agents' store, which also serves torch's TCPStore protocol
+    # (per-node static launches, as torchrun's agent store)
+    agent_store: bool = False
 
 
 def build_worker_env(
@@ -211,7 +216,7 @@ def build_worker_env(
         "TORCHELASTIC_RESTART_COUNT": ident.restart_count,
         "TORCHELASTIC_MAX_RESTARTS": ident.max_restarts,
         "TORCHELASTIC_RUN_ID": ident.run_id,
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_USE_AGENT_STORE": str(ident.agent_store),
         "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "DISTLAUNCH_RUN_ID": ident.run_id,

@@ -123,8 +123,9 @@ def _run_fixed(
     guard = OrphanGuard()
     server = None
     try:
+        torch_store = isinstance(mode, StaticNodes)  # one port per job, as torchrun
         if mode.node_rank == 0:
-            server = StoreServer(bind, store.port, token=store.token)
+            server = StoreServer(bind, store.port, token=store.token, torch_clients=torch_store)
             server.start()
             assert server.port is not None  # bound by start()
             store = dataclasses.replace(store, port=server.port)
@@ -135,6 +136,7 @@ def _run_fixed(
                 node_rank=mode.node_rank,
                 num_nodes=mode.nnodes,
                 hosts_store=server is not None,
+                torch_store=torch_store,
                 **cfg.rdzv_options(),
             ),
             guard,

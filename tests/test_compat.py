@@ -61,7 +61,7 @@ def test_static_backend_with_endpoint_is_node_zeros_address(tmp_path):
     assert [r[2] for r in finish(procs)] == [0, 0]
     envs = envs_of(tmp_path, 2)
     assert [(e["RANK"], e["GROUP_RANK"]) for e in envs] == [("0", "0"), ("1", "1")]
-    assert {e["MASTER_ADDR"] for e in envs} == {"127.0.0.1"} and len({e["MASTER_PORT"] for e in envs}) == 1
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("127.0.0.1", str(port))}
 
 
 def test_torchrun_rdzv_conf_keys_map_to_ours():
@@ -243,3 +243,33 @@ def test_pet_variables_are_defaults_like_torchrun(tmp_path):
     assert "stop_timeout: 30.0  # default" in shown
     bad = dl("run", WORKERS / "actor.py", env=dict(env, PET_MAX_RESTARTS="lots"))
     assert bad.returncode == 2 and "lots" in bad.stderr
+
+
+TORCH_ENV_INIT = """\
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")  # env://: a TCPStore client at MASTER_ADDR:MASTER_PORT
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(os.environ["TORCHELASTIC_USE_AGENT_STORE"], os.environ["MASTER_PORT"], int(t.item()))
+dist.destroy_process_group()
+"""
+
+
+def test_one_port_per_job_torch_env_init_per_node(tmp_path):
+    """torchrun's per-node launch: workers get MASTER_PORT = --master-port, the agents'
+    store, and torch's init_process_group(env://) finds a TCPStore there."""
+    pytest.importorskip("torch")
+    script = tmp_path / "env_init.py"
+    script.write_text(TORCH_ENV_INIT)
+    port = free_port()
+    procs = [
+        dl_popen(
+            "run", "--nnodes", "2", "--node-rank", k, "--master-addr", "127.0.0.1", "--master-port", port,
+            "--nproc-per-node", "2", "--no-prefix", script,
+        )
+        for k in (0, 1)
+    ]  # fmt: skip
+    results = finish(procs, timeout=120)
+    assert [r[2] for r in results] == [0, 0], results
+    lines = sorted(line for out, _, _ in results for line in out.splitlines())
+    assert lines == [f"True {port} 10"] * 4

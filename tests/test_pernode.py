@@ -59,8 +59,10 @@ def test_two_nodes_ranks_and_environment(tmp_path):
         assert (e["GROUP_RANK"], e["GROUP_WORLD_SIZE"]) == (str(r // 2), "2")
         assert e["DISTLAUNCH_NODE_ID"] == str(r // 2)  # different nodes, whatever the host
     assert len({e["MASTER_PORT"] for e in envs}) == 1 and len({e["TORCHELASTIC_RUN_ID"] for e in envs}) == 1
-    # MASTER_PORT is the program's, not the store's
-    assert envs[0]["MASTER_PORT"] != envs[0]["DISTLAUNCH_STORE_PORT"]
+    # one port per job, as torchrun: MASTER_PORT is the store's, which serves torch's
+    # TCPStore clients in a key space of their own
+    assert envs[0]["MASTER_PORT"] == envs[0]["DISTLAUNCH_STORE_PORT"]
+    assert {e["TORCHELASTIC_USE_AGENT_STORE"] for e in envs} == {"True"}
 
 
 def test_failure_on_one_node_stops_the_other():

@@ -61,6 +61,9 @@ class NodeOptions:
     # Local slot ids chosen by --include/--exclude host:0,2 (DeepSpeed): every worker of
     # this node gets them as CUDA_VISIBLE_DEVICES, as DeepSpeed's launcher sets them.
     devices: tuple[int, ...] | None = None
+    # The store also serves torch's TCPStore clients: MASTER_PORT is its port (one port
+    # per job, as torchrun's per-node launches)
+    torch_store: bool = False
 
 
 # torchrun's --run-path: the script runs through runpy.run_path in the interpreter
@@ -95,6 +98,7 @@ def worker_env(
     store: StoreAddress | None,
     error_file: str | None = None,
     shm: str | None = None,
+    agent_store: bool = False,
 ) -> dict[str, str]:
     ident = WorkerIdentity(
         rank=slot.rank,
@@ -114,6 +118,7 @@ def worker_env(
         store_port=store.port if store else None,
         store_token=store.token if store else None,
         shm_prefix=shm,
+        agent_store=agent_store,
     )
     if cfg.env:
         base = {**base, **dict(cfg.env)}
@@ -355,8 +360,11 @@ class NodeAgent:
         return dataclasses.replace(f, host=self.opts.host_label) if self.opts.host_label else f
 
     def _master_port(self, rdzv: Rendezvous) -> int:
-        # --master-port is the program's port in single-node mode; in per-node mode it is
-        # the store's, so the program gets a fresh free port.
+        # --master-port is the program's port in single-node mode; in a per-node static
+        # launch it is the store's, which serves torch's TCPStore clients too (torchrun);
+        # otherwise the program gets a fresh free port.
+        if self.opts.torch_store:
+            return self.store_addr.port
         if self.cfg.master_port and rdzv.num_nodes == 1 and not self.opts.max_nodes:
             return self.cfg.master_port
         return free_port()
@@ -499,6 +507,7 @@ class NodeAgent:
                 self.store_addr,
                 error_file,
                 shm_prefix(self.cfg.run_id, os.getpid(), rnd),
+                self.opts.torch_store,
             )
             out, err = self._sinks(slot, attempt_dir)
             stdin = self.cfg.stdin == "all" or (self.cfg.stdin == "0" and slot.rank == 0)
