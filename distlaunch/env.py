@@ -2,10 +2,11 @@
 reader (worker side).
 
 Names and meanings follow torchrun (``torch.distributed.run``) so that unmodified
-``torch.distributed`` programs using ``init_method="env://"`` work. One value differs on
-purpose: ``TORCHELASTIC_USE_AGENT_STORE`` is ``False`` because distlaunch does not host a
-torch TCPStore on ``MASTER_PORT``; that port is left free and rank 0's torch binds it, as
-with a plain ``env://`` launch. distlaunch's own store is announced under ``DISTLAUNCH_*``.
+``torch.distributed`` programs using ``init_method="env://"`` work. In per-node static
+launches ``MASTER_PORT`` is the agents' store, which also serves torch's TCPStore protocol,
+and ``TORCHELASTIC_USE_AGENT_STORE`` is ``True`` (torchrun's one port per job); elsewhere it
+is ``False``: ``MASTER_PORT`` is left free and rank 0's torch binds it, as with a plain
+``env://`` launch. distlaunch's own store is announced under ``DISTLAUNCH_*``.
 
 This module is imported by workers (``distlaunch.collectives``): keep it to the standard
 library.
