@@ -14,19 +14,26 @@ td = pytest.importorskip("torch.distributed")
 from distlaunch.store import StoreClient, StoreServer  # noqa: E402
 
 KEYS = st.sampled_from(["a", "b", "c", "n"])
-VALUES = st.sampled_from([b"", b"0", b"5", b"-2", b"xy", b"\x00\xff"])
-OPS = st.one_of(
-    st.tuples(st.just("set"), KEYS, VALUES),
-    st.tuples(st.just("get"), KEYS),
-    st.tuples(st.just("add"), KEYS, st.integers(-3, 3)),
-    st.tuples(st.just("compare_set"), KEYS, VALUES, VALUES),
-    st.tuples(st.just("check"), st.lists(KEYS, max_size=3)),
-    st.tuples(st.just("delete_key"), KEYS),
-    st.tuples(st.just("append"), KEYS, VALUES),
-    st.tuples(st.just("multi_get"), st.lists(KEYS, max_size=3)),
-    st.tuples(st.just("multi_set"), st.lists(st.tuples(KEYS, VALUES), max_size=3)),
-    st.tuples(st.just("num_keys")),
-)
+
+
+def store_ops(values: st.SearchStrategy[bytes]) -> list[st.SearchStrategy[tuple]]:
+    """Strategies for one call of every store operation both stores have, on KEYS and
+    ``values`` (tests/test_store_torch_protocol.py adds torch's queue calls)."""
+    return [
+        st.tuples(st.just("set"), KEYS, values),
+        st.tuples(st.just("get"), KEYS),
+        st.tuples(st.just("add"), KEYS, st.integers(-3, 3)),
+        st.tuples(st.just("compare_set"), KEYS, values, values),
+        st.tuples(st.just("check"), st.lists(KEYS, max_size=3)),
+        st.tuples(st.just("delete_key"), KEYS),
+        st.tuples(st.just("append"), KEYS, values),
+        st.tuples(st.just("multi_get"), st.lists(KEYS, max_size=3)),
+        st.tuples(st.just("multi_set"), st.lists(st.tuples(KEYS, values), max_size=3)),
+        st.tuples(st.just("num_keys")),
+    ]
+
+
+OPS = st.one_of(store_ops(st.sampled_from([b"", b"0", b"5", b"-2", b"xy", b"\x00\xff"])))
 
 
 @pytest.fixture(scope="module")

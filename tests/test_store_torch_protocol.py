@@ -33,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_store import TOKEN, closed_by_peer, eventually, recv_exact, recv_frame
+from test_store_torch_parity import KEYS, store_ops
 
 from distlaunch.store import StoreClient, StoreServer
 from distlaunch.store import protocol as P
@@ -225,19 +226,9 @@ def test_same_results_as_torch_server(ours, libuv):
     assert stats["protocol_errors"] == 1  # the add on "abc"
 
 
-KEYS = st.sampled_from(["a", "b", "c", "n"])
 VALUES = st.sampled_from([b"", b"0", b"5", b"-2", b" 7x", b"xy", b"\x00\xff"])
 OPS = st.one_of(
-    st.tuples(st.just("set"), KEYS, VALUES),
-    st.tuples(st.just("get"), KEYS),
-    st.tuples(st.just("add"), KEYS, st.integers(-3, 3)),
-    st.tuples(st.just("compare_set"), KEYS, VALUES, VALUES),
-    st.tuples(st.just("check"), st.lists(KEYS, max_size=3)),
-    st.tuples(st.just("delete_key"), KEYS),
-    st.tuples(st.just("append"), KEYS, VALUES),
-    st.tuples(st.just("multi_get"), st.lists(KEYS, max_size=3)),
-    st.tuples(st.just("multi_set"), st.lists(st.tuples(KEYS, VALUES), max_size=3)),
-    st.tuples(st.just("num_keys")),
+    *store_ops(VALUES),
     st.tuples(st.just("queue_push"), KEYS, VALUES),
     st.tuples(st.just("queue_pop"), KEYS),
     st.tuples(st.just("queue_len"), KEYS),
