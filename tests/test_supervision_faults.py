@@ -132,7 +132,19 @@ def test_workers_supervised_without_pidfd(err, marks):
 def test_failure_seen_and_group_stopped_without_pidfd(err, marks):
     t0 = time.monotonic()
     p = no_pidfd(
-        err, "run", "--nproc-per-node", "3", FAULTS, "--mark-dir", marks, "--fail-rank", "1", "--sleep", "60"
+        err,
+        "run",
+        "--nproc-per-node",
+        "3",
+        FAULTS,
+        "--mark-dir",
+        marks,
+        "--fail-rank",
+        "1",
+        "--ranks",
+        "3",
+        "--sleep",
+        "60",
     )
     _, stderr = finish(p)
     assert p.returncode == 3, stderr[-3000:]

@@ -16,7 +16,7 @@ p.add_argument(
     "fork, an orphan (daemon); its pid goes to DIR/escaped.<rank>",
 )
 p.add_argument("--mark-dir", help="where --escape writes, and DIR/pid.<rank> at start")
-p.add_argument("--fail-rank", type=int, help="this rank exits 3 once every rank has escaped")
+p.add_argument("--fail-rank", type=int, help="this rank exits 3 once every rank has started (and escaped)")
 p.add_argument("--ranks", type=int, default=1, help="how many ranks --fail-rank waits for")
 p.add_argument("--sleep", type=float, default=0.0)
 args = p.parse_args()
@@ -50,7 +50,9 @@ if args.escape:
         os._exit(0)
 
 if args.fail_rank == rank:
-    names = [f"escaped.{r}" for r in range(args.ranks)] if args.escape else []
+    # wait for the others' marks, so that a test's count of pids cannot race the stop
+    names = [f"pid.{r}" for r in range(args.ranks)] if args.mark_dir else []
+    names += [f"escaped.{r}" for r in range(args.ranks)] if args.escape else []
     while not all(os.path.exists(os.path.join(args.mark_dir, n)) for n in names):
         time.sleep(0.01)
     print(f"rank {rank} failing on purpose", file=sys.stderr, flush=True)
