@@ -12,6 +12,11 @@
 2. ``dist.all_reduce`` through the backend next to ``distlaunch.collectives.all_reduce``
    on the same float32 buffer (the runtime's own API, initialised in the same
    processes): per-call time, slowest rank, median of 5 repetitions.
+3. The floor of both: a no-op backend ("noop", registered here) whose operations return
+   an already-completed Work without communicating (allgather copies the input into
+   every output, so DDP's start-up checks pass). DDP over it is the compute-only step
+   of ``world`` ranks sharing the cores (with DDP's bucket copies); ``dist.all_reduce``
+   over it is torch's own cost between the call and a backend (same entry path).
 
 Targets (issue 14): DDP step <= 0.7x gloo's at world 2, <= 0.5x at world 4; the backend's
 all_reduce within 1.3x of the runtime's. Ratios < 1: distlaunch is faster.
@@ -50,6 +55,69 @@ def _model():
     for a, b in zip(LAYERS[:-1], LAYERS[1:]):
         mods += [nn.Linear(a, b), nn.ReLU()]
     return nn.Sequential(*mods[:-1])
+
+
+class _DoneWork:
+    """Factory of torch Work objects that are complete from the start."""
+
+    cls = None
+
+    @classmethod
+    def make(cls, outputs):
+        import torch.distributed as dist
+        from torch.futures import Future
+
+        if cls.cls is None:
+
+            class Done(dist._Work):
+                def __init__(self, outputs):
+                    super().__init__()
+                    self._outputs = outputs
+
+                def wait(self, timeout=None):
+                    return True
+
+                def is_completed(self):
+                    return True
+
+                def get_future(self):
+                    fut = Future()
+                    fut.set_result(self._outputs)
+                    return fut
+
+            cls.cls = Done
+        return cls.cls(outputs)
+
+
+def _register_noop():
+    """Register the "noop" backend: a ProcessGroup that communicates nothing."""
+    import torch.distributed as dist
+
+    if "NOOP" in dist.Backend._plugins:
+        return
+
+    class NoopGroup(dist.ProcessGroup):
+        def getBackendName(self):
+            return "noop"
+
+        def allreduce(self, tensors, opts=None):
+            return _DoneWork.make(tensors)
+
+        def broadcast(self, tensors, opts=None):
+            return _DoneWork.make(tensors)
+
+        def barrier(self, opts=None):
+            return _DoneWork.make([])
+
+        def allgather(self, output_tensors, input_tensors, opts=None):
+            for outs, inp in zip(output_tensors, input_tensors):
+                for o in outs:
+                    o.copy_(inp)
+            return _DoneWork.make(output_tensors)
+
+    dist.Backend.register_backend(
+        "noop", lambda store, rank, size, timeout: NoopGroup(rank, size), devices=["cpu"]
+    )
 
 
 def _slowest(seconds, group=None):
@@ -101,12 +169,14 @@ def worker_ddp(args):
     if world == 1:
         res["compute"] = statistics.median(_ddp_step_time(None, args.steps) for _ in range(args.rounds))
     else:
+        _register_noop()
         dist.init_process_group("distlaunch")
-        gloo = dist.new_group(backend="gloo")
-        times: dict = {"gloo": [], "distlaunch": []}
+        groups = {"gloo": dist.new_group(backend="gloo"), "distlaunch": None}
+        groups["noop"] = dist.new_group(backend="noop")
+        times: dict = {k: [] for k in groups}
         for _ in range(args.rounds):
-            times["gloo"].append(_ddp_step_time(gloo, args.steps))
-            times["distlaunch"].append(_ddp_step_time(None, args.steps))
+            for k, g in groups.items():
+                times[k].append(_ddp_step_time(g, args.steps))
         res.update({k: statistics.median(v) for k, v in times.items()})
         time.sleep(0.2)  # let gloo's thread release its last op before exit (torch 2.13)
         dist.destroy_process_group()
@@ -122,13 +192,19 @@ def worker_allreduce(args):
     import distlaunch.torch  # noqa: F401
 
     torch.set_num_threads(1)
+    _register_noop()
     dist.init_process_group("distlaunch")
+    world, noop = dist.group.WORLD, dist.new_group(backend="noop")
     dlc.init_process_group()
     res = {"world": dist.get_world_size(), "sizes": {}}
     for nbytes in [parse_size(s) for s in args.sizes.split(",")]:
         buf = torch.ones(max(1, nbytes // 4))
         iters = _iters(nbytes)
-        fns = {"backend": lambda: dist.all_reduce(buf), "runtime": lambda: dlc.all_reduce(buf)}
+        fns = {
+            "backend": lambda: dist.all_reduce(buf, group=world),
+            "runtime": lambda: dlc.all_reduce(buf),
+            "noop": lambda: dist.all_reduce(buf, group=noop),
+        }
         reps: dict = {k: [] for k in fns}
         for fn in fns.values():  # warm-up: shared-memory channels, first-call paths
             fn()
@@ -141,7 +217,7 @@ def worker_allreduce(args):
                     fn()
                 reps[k].append((time.perf_counter() - t0) / iters)
         # slowest rank of each repetition, then the median over repetitions
-        mx = torch.tensor([reps["backend"], reps["runtime"]], dtype=torch.float64)
+        mx = torch.tensor([reps[k] for k in fns], dtype=torch.float64)
         dist.all_reduce(mx, op=dist.ReduceOp.MAX)
         res["sizes"][nbytes] = {k: statistics.median(mx[i].tolist()) for i, k in enumerate(fns)}
     dlc.destroy_process_group()
@@ -190,18 +266,27 @@ def main():
         mlp = "-".join(map(str, LAYERS))
         print(f"\nDDP step, MLP {mlp} ({params / 1e6:.1f}M params), batch {BATCH}/rank")
         print(f"world 1 (compute only, no DDP): {compute:.3f} s/step")
-        print(f"{'world':>5} {'gloo s/step':>12} {'distlaunch s/step':>18} {'ratio':>6}")
+        print("noop: DDP over a backend that communicates nothing (compute floor at that world)")
+        print(f"{'world':>5} {'gloo s/step':>12} {'distlaunch s/step':>18} {'ratio':>6} {'noop s/step':>12}")
         for w in worlds:
             r = run(w, "ddp", args)
-            print(f"{w:>5} {r['gloo']:>12.3f} {r['distlaunch']:>18.3f} {r['distlaunch'] / r['gloo']:>6.2f}")
+            ratio = r["distlaunch"] / r["gloo"]
+            print(f"{w:>5} {r['gloo']:>12.3f} {r['distlaunch']:>18.3f} {ratio:>6.2f} {r['noop']:>12.3f}")
     if not args.skip_allreduce:
         print("\ndist.all_reduce through the backend vs distlaunch.collectives.all_reduce (float32)")
-        print(f"{'world':>5} {'bytes':>10} {'backend':>12} {'runtime':>12} {'ratio':>6}")
+        print("noop: dist.all_reduce on a backend that communicates nothing (torch's own cost);")
+        print("floor ratio: (runtime + noop) / runtime, the best a Python backend can reach")
+        cols = [("world", 5), ("bytes", 10), ("backend", 12), ("runtime", 12), ("ratio", 6)]
+        print(" ".join(f"{c:>{w}}" for c, w in cols + [("noop", 12), ("floor", 6)]))
         for w in worlds:
             r = run(w, "allreduce", args)
             for nbytes, t in r["sizes"].items():
                 ratio = t["backend"] / t["runtime"]
-                print(f"{w:>5} {int(nbytes):>10} {_fmt(t['backend'])} {_fmt(t['runtime'])} {ratio:>6.2f}")
+                floor = (t["runtime"] + t["noop"]) / t["runtime"]
+                print(
+                    f"{w:>5} {int(nbytes):>10} {_fmt(t['backend'])} {_fmt(t['runtime'])} {ratio:>6.2f} "
+                    f"{_fmt(t['noop'])} {floor:>6.2f}"
+                )
     print(f"load average at end: {os.getloadavg()[0]:.2f}")
 
 
