@@ -61,12 +61,26 @@ from .wire import HEADER, MAGIC, Header
 
 RING = 1 << 20  # default bytes per (sender, receiver) ring
 _HDR, _CTL, _REC = 4096, 256, 64
-_TIGHT = 2000  # bell checks without yielding before the yielding ones
+BUSY = 100e-6  # default seconds of busy-polling the bell before yielding the core
+_POLLS = range(64)  # bell checks between two looks at the clock while busy-polling
 
-# a consumer's answer to a header: (destination uint8 array of hdr.nbytes, called when
-# the payload is in place)
-Sink = tuple[np.ndarray, Callable[[], None]]
+# a consumer's answer to a header: (destination of hdr.nbytes bytes -- a uint8 array or
+# a writable byte memoryview --, called when the payload is in place)
+Sink = tuple[Any, Callable[[], None]]
 Route = Callable[[Header], Sink]
+# the same from the unpacked header fields (MAGIC first, then Header's fields): no
+# Header object is built (the MPI engine's per-message cost)
+RawRoute = Callable[[tuple], Sink]
+
+
+def busy_seconds(n_local: int) -> float:
+    """Seconds a waiter busy-polls before yielding its core: DISTLAUNCH_SHM_P2P_BUSY_US
+    (microseconds), default 100; 0 when this node's ranks outnumber the cores this
+    process may run on (a spinning waiter would take the core of the peer it waits for)."""
+    if n_local > len(os.sched_getaffinity(0)):
+        return 0.0
+    raw = os.environ.get("DISTLAUNCH_SHM_P2P_BUSY_US", "")
+    return int(raw) * 1e-6 if raw.isdigit() else BUSY
 
 
 def segment_name(secret: str, rank: int) -> str:
@@ -92,6 +106,7 @@ class _Inbox:
         self.words = memoryview(self.mm).cast("I")
         self.quads = memoryview(self.mm).cast("Q")
         self.raw = np.frombuffer(self.mm, np.uint8)
+        self.mv = memoryview(self.mm)  # copies through memoryview slices: cheaper than numpy's
         self._anchor = ctypes.c_char.from_buffer(self.mm)
         self.bell_addr = ctypes.addressof(self._anchor)
         # per local sender i: (ring data, its byte offset, head word index, blocked word
@@ -104,7 +119,7 @@ class _Inbox:
 
     def close(self) -> None:
         try:
-            del self.words, self.quads, self.raw, self.rings, self._anchor
+            del self.words, self.quads, self.raw, self.mv, self.rings, self._anchor
             self.mm.close()
         except (BufferError, AttributeError):
             pass  # a view of a message still exists: the mapping goes with it
@@ -115,7 +130,7 @@ class _Out:
 
     __slots__ = ("hdr", "data", "off", "started", "req")
 
-    def __init__(self, hdr: Header, data: np.ndarray, req: Request | None) -> None:
+    def __init__(self, hdr: Header, data: memoryview, req: Request | None) -> None:
         self.hdr, self.data, self.off, self.started, self.req = hdr, data, 0, False, req
 
 
@@ -143,11 +158,13 @@ class ShmLinks:
         self.me = self.index[self.rank]
         self.ring = ring = max(_REC, ring // _REC * _REC)
         self.spin, self.yield_spin = config.spin, config.yield_spin
+        self.busy = busy_seconds(len(local))
         self.lock = threading.RLock()
         self._fence = threading.Lock()
         self._futex = _futex_fn()
         self._ts = _Timespec()
         self.routes: dict[int, Route] = {}  # transport group id -> consumer of its messages
+        self.raw_routes: dict[int, RawRoute] = {}  # the same, taking the header's fields
         self.default_route: Route | None = None
         n = len(local)
         size = _HDR + n * (_CTL + ring)
@@ -196,8 +213,11 @@ class ShmLinks:
 
     # -- sending
 
-    def send(self, dest: int, hdr: Header, data: np.ndarray, want_request: bool = True) -> Request | None:
-        """Send ``hdr`` and ``data`` (flat uint8, unchanged until done) to global rank
+    def send(
+        self, dest: int, hdr: Header, data: np.ndarray | memoryview, want_request: bool = True
+    ) -> Request | None:
+        """Send ``hdr`` and ``data`` (flat uint8 array or byte memoryview, unchanged until
+        done) to global rank
         ``dest`` (on this node). Returns None when the whole message is already in the
         ring and ``want_request`` is false, else a transport Request completed once it
         is (the rest moves on with this process's later progress)."""
@@ -206,7 +226,7 @@ class ShmLinks:
             if self.closed:
                 raise CollectiveError("transport is closed")
             q = self.queues[i]
-            item = _Out(hdr, data, None)
+            item = _Out(hdr, data.data if isinstance(data, np.ndarray) else data, None)
             q.append(item)
             if len(q) == 1:
                 self._push(i)
@@ -221,14 +241,48 @@ class ShmLinks:
             req.local = self
             return req
 
+    def put(self, dest: int, fields: tuple, data: memoryview) -> bool:
+        """Write a whole message to global rank ``dest`` (on this node) now: ``fields``
+        the header's (MAGIC first), ``data`` its payload (a flat byte memoryview).
+        True when written; False (nothing done) when earlier messages to ``dest`` are
+        still queued or its ring lacks room: then :meth:`send` it (keeps the order)."""
+        i = self.index[dest]
+        n = len(data)
+        with self.lock:
+            if self.closed or self.queues[i]:
+                return False
+            box = self.boxes[i]
+            _, at, hi, _, ti = box.rings[self.me]
+            ring = self.ring
+            pos = self.heads[i]
+            quads = box.quads
+            if ring - (pos - quads[ti]) < _REC + n:
+                return False
+            HEADER.pack_into(box.mm, at + pos % ring, *fields)
+            pos += _REC
+            if n:
+                a = pos % ring
+                first = ring - a
+                mv = box.mv
+                if n <= first:
+                    mv[at + a : at + a + n] = data
+                else:
+                    mv[at + a : at + ring] = data[:first]
+                    mv[at : at + n - first] = data[first:]
+                pos = (pos + n + _REC - 1) // _REC * _REC
+            self.heads[i] = pos
+            quads[hi] = pos
+            self.ring_bell(i)
+            return True
+
     def _push(self, i: int) -> None:
         """Write as much of the queue to local rank i as its ring has room for (lock held).
         With data left over, set our "blocked" flag in its ring, then look at its tail
         once more (it may have consumed before seeing the flag: Dekker's pattern)."""
         q = self.queues[i]
         box = self.boxes[i]
-        data, at, hi, bi, ti = box.rings[self.me]
-        mm, quads = box.mm, box.quads
+        _, at, hi, bi, ti = box.rings[self.me]
+        mm, mv, quads = box.mm, box.mv, box.quads
         ring = self.ring
         pos = self.heads[i]
         tail = quads[ti]
@@ -249,9 +303,9 @@ class ShmLinks:
                     a = pos % ring
                     first = min(n, ring - a)
                     src, off = item.data, item.off
-                    data[a : a + first] = src[off : off + first]
+                    mv[at + a : at + a + first] = src[off : off + first]
                     if n > first:
-                        data[: n - first] = src[off + first : off + n]
+                        mv[at : at + n - first] = src[off + first : off + n]
                     item.off = off + n
                     pos += n
                     if n < left:
@@ -279,25 +333,30 @@ class ShmLinks:
     def _pull(self, i: int) -> bool:
         """Consume what local rank i published in our inbox (lock held); True if any."""
         box = self.boxes[self.me]
-        data, at, hi, bi, ti = box.rings[i]
+        _, at, hi, bi, ti = box.rings[i]
         quads = box.quads
         head = quads[hi]
         pos = self.tails[i]
         if head == pos:
             return False
         ring = self.ring
+        mv = box.mv
         while pos < head:
             cur = self.current[i]
             if cur is None:
                 fields = HEADER.unpack_from(box.mm, at + pos % ring)
                 pos += _REC
-                hdr = Header(*fields[1:])
-                if fields[0] != MAGIC or hdr.src != self.local[i]:
+                if fields[0] != MAGIC or fields[5] != self.local[i]:
                     raise CollectiveError(f"corrupt shared-memory message from rank {self.local[i]}")
-                route = self.routes.get(hdr.group, self.default_route)
-                assert route is not None  # set by whoever created the links
-                target, finish = route(hdr)
-                if not hdr.nbytes:
+                raw_route = self.raw_routes.get(fields[6])
+                if raw_route is not None:
+                    target, finish = raw_route(fields)
+                else:
+                    hdr = Header(*fields[1:])
+                    route = self.routes.get(hdr.group, self.default_route)
+                    assert route is not None  # set by whoever created the links
+                    target, finish = route(hdr)
+                if not fields[11]:  # nbytes
                     finish()
                     continue
                 cur = self.current[i] = _In(target, finish)
@@ -306,9 +365,9 @@ class ShmLinks:
             a = pos % ring
             first = min(n, ring - a)
             g = cur.got
-            tgt[g : g + first] = data[a : a + first]
+            tgt[g : g + first] = mv[at + a : at + a + first]
             if n > first:
-                tgt[g + first : g + n] = data[: n - first]
+                tgt[g + first : g + n] = mv[at : at + n - first]
             cur.got = g + n
             pos += n
             if cur.got == len(tgt):
@@ -345,9 +404,24 @@ class ShmLinks:
         self.progress()
         if cond():
             return True
-        for k in range(_TIGHT + self.spin):
+        if self.busy:  # busy-poll: the peer runs on another core
+            end = time.perf_counter() + self.busy
+            while True:
+                for _ in _POLLS:
+                    if bell[0] != seen:
+                        break
+                else:
+                    if time.perf_counter() < end:
+                        continue
+                    break
+                seen = bell[0]
+                self.progress()
+                if cond():
+                    return True
+        yield_spin = self.yield_spin
+        for _ in range(self.spin):
             if bell[0] == seen:
-                if k >= _TIGHT and self.yield_spin:
+                if yield_spin:
                     os.sched_yield()
                 continue
             seen = bell[0]

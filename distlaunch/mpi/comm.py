@@ -23,16 +23,28 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import collectives as dist
 from ..collectives.group import ProcessGroup
-from .datatypes import UNDEFINED, Spec, parse
+from .datatypes import UNDEFINED, Spec, fast_bytes, parse
 from .errors import ERR_COMM, ERR_RANK, MPIException
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, DoneOp, Engine, Message, RecvOp, Request, SendOp, Status
+from .p2p import (
+    ANY_SOURCE,
+    ANY_TAG,
+    PROC_NULL,
+    DoneOp,
+    Engine,
+    Message,
+    RecvOp,
+    Request,
+    SendOp,
+    Status,
+    truncated,
+)
 
 IN_PLACE: Any = type("InPlace", (), {"__repr__": lambda self: "<MPI.IN_PLACE>"})()
 BOTTOM: Any = None
@@ -54,19 +66,29 @@ class _State:
         self.finalized = False
         self.world: Handle | None = None
         self.self_: Handle | None = None
+        self.rtmod: Any = None  # distlaunch.collectives.runtime, once imported
 
     def runtime(self) -> Any:
-        from ..collectives.runtime import current_runtime  # noqa: PLC0415  (not at import: stays light)
+        from ..collectives import runtime as rtmod  # noqa: PLC0415  (not at import: stays light)
 
         with self.lock:
             if self.finalized:
                 raise MPIException(ERR_COMM, "MPI was finalized; no MPI call may follow MPI.Finalize()")
             if not dist.is_initialized():
                 dist.init_process_group()
-            rt = current_runtime()
+            rt = rtmod.current_runtime()
             if self.engine is None or self.engine.rt is not rt:
                 self.engine = Engine(rt)
+            self.rtmod = rtmod
             return rt
+
+    def live(self) -> Engine | None:
+        """The engine when it serves the current runtime and MPI is not finalized (the
+        cheap check of the point-to-point fast paths), else None (call :meth:`runtime`)."""
+        eng = self.engine
+        if eng is not None and not self.finalized and eng.rt is self.rtmod._runtime:
+            return eng
+        return None
 
 
 STATE = _State()
@@ -195,9 +217,12 @@ class Comm:
         return h
 
     def _eng(self) -> Engine:
-        STATE.runtime()
-        assert STATE.engine is not None
-        return STATE.engine
+        eng = STATE.live()
+        if eng is None:
+            STATE.runtime()
+            eng = STATE.engine
+            assert eng is not None
+        return eng
 
     def _ident(self) -> Any:
         h = self._handle
@@ -308,7 +333,7 @@ class Comm:
         if tag < 0 and ctx is None:
             raise MPIException(4, f"tag={tag} must be >= 0 (MPI.ANY_TAG is for receives)")
         req = eng.send(g, h.ctx if ctx is None else ctx, tag, data)
-        return Request(op=SendOp(req, f"send to rank {dest} (tag {tag})", g), engine=eng)
+        return Request(op=SendOp(req, lambda: f"send to rank {dest} (tag {tag})", g), engine=eng)
 
     def _irecv(self, spec: Spec | None, source: int, tag: int, ctx: int | None = None) -> Request:
         h = self._h()
@@ -324,7 +349,7 @@ class Comm:
             spec,
             h.index.__getitem__,
             None if spec is not None else _unpickle,
-            f"receive from {'any rank' if src is None else f'rank {source}'} (tag {tag})",
+            _recv_what(src, source, tag),
         )
         return Request(op=op, engine=eng)
 
@@ -339,6 +364,12 @@ class Comm:
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """Send ``buf``; returns once it may be reused (eager: does not wait for the
         receive, so Ssend/Bsend/Rsend are the same call)."""
+        eng, h = STATE.live(), self._handle
+        if eng is not None and h is not None and type(dest) is int and 0 <= dest < h.size:
+            data = fast_bytes(buf, False) if type(tag) is int and tag >= 0 else None
+            if data is not None:  # the common case, without Request and Spec objects
+                eng.send_now(h.ranks[dest], h.ctx, tag, data, lambda: f"send to rank {dest} (tag {tag})")
+                return
         self.Isend(buf, dest, tag).Wait()
 
     Ssend = Bsend = Rsend = Send
@@ -351,6 +382,20 @@ class Comm:
     ) -> None:
         """Receive into ``buf`` (the message may be shorter: see ``status.Get_count``;
         a longer one raises MPIException ERR_TRUNCATE)."""
+        eng, h = STATE.live(), self._handle
+        if eng is not None and h is not None and type(tag) is int:
+            if source == ANY_SOURCE or type(source) is int and 0 <= source < h.size:
+                data = fast_bytes(buf, True)
+                if data is not None:  # the common case, without Request and Spec objects
+                    src = None if source == ANY_SOURCE else h.ranks[source]
+                    what = _recv_what(src, source, tag)
+                    m = eng.recv_now(h.ctx, src, tag, data, what)
+                    n = len(m.data)
+                    if n > len(data):
+                        raise truncated(what(), n, h.index[m.src], m.tag, len(data))
+                    if status is not None:
+                        status._set(h.index[m.src], m.tag, n)
+                    return
         self.Irecv(buf, source, tag).Wait(status)
 
     def Sendrecv(
@@ -545,6 +590,10 @@ class MatchedMessage:
     def recv(self, status: Status | None = None) -> Any:
         m, self._msg = self._msg, None
         return None if m is None else _unpickle(m.data)
+
+
+def _recv_what(src: int | None, source: int, tag: int) -> Callable[[], str]:
+    return lambda: f"receive from {'any rank' if src is None else f'rank {source}'} (tag {tag})"
 
 
 def _predefined(which: str) -> Handle:

@@ -19,6 +19,7 @@ datatype, the buffer's own dtype gives it; without a count, the whole buffer is 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -262,9 +263,68 @@ def datatype_of(spec: Any) -> Datatype:
     return t
 
 
+# the last numpy array used for sending / receiving (index: writable), its bytes as a
+# flat uint8 array and a memoryview, and its dtype: programs pass the same buffers
+# again and again, and these views cost more than the rest of a small message's send
+_LAST: list[tuple[weakref.ref, np.ndarray, memoryview, np.dtype] | None] = [None, None]
+
+
+def _array_bytes(arr: np.ndarray, writable: bool) -> tuple[np.ndarray, memoryview, np.dtype] | None:
+    """A numpy array's bytes (uint8 array and memoryview, no copy) and dtype; None when
+    it is not C-contiguous or (``writable``) read-only."""
+    last = _LAST[writable]
+    if last is not None and last[0]() is arr and (not writable or arr.flags.writeable):
+        return last[1], last[2], last[3]
+    flags = arr.flags
+    if not flags.c_contiguous or writable and not flags.writeable:
+        return None
+    raw = arr.reshape(-1).view(np.uint8)
+    mv = raw.data
+    _LAST[writable] = (weakref.ref(arr), raw, mv, arr.dtype)
+    return raw, mv, arr.dtype
+
+
+def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
+    """The message bytes of the common buffer specifications -- a C-contiguous numpy
+    array of a predefined type, ``[array, datatype]``, ``[array, count, datatype]`` with
+    a predefined Datatype -- as a flat byte memoryview of the array (no copy); None for
+    any other form or anything :func:`parse` would reject (parse it: it says why)."""
+    t = None
+    count = -1
+    if type(spec) is list or type(spec) is tuple:
+        if len(spec) == 3:
+            arr, count, t = spec
+            if type(count) is not int or count < 0:
+                return None
+        elif len(spec) == 2:
+            arr, t = spec
+        else:
+            return None
+        if type(t) is not Datatype or not t.contiguous or not t.size:
+            return None
+    else:
+        arr = spec
+    if type(arr) is not np.ndarray:
+        return None
+    got = _array_bytes(arr, writable)
+    if got is None:
+        return None
+    mv = got[1]
+    if t is None:
+        return mv if got[2] in _BY_DTYPE else None  # else parse raises ERR_TYPE
+    n = len(mv) // t.size * t.size if count < 0 else count * t.size
+    if n > len(mv):
+        return None
+    return mv if n == len(mv) else mv[:n]
+
+
 def raw_bytes(obj: Any, writable: bool) -> tuple[np.ndarray, np.dtype]:
     """``obj``'s memory as a flat uint8 array (a view, no copy) and its element dtype.
     MPIException(ERR_BUFFER) for a non-contiguous or (when ``writable``) read-only buffer."""
+    if type(obj) is np.ndarray:
+        got = _array_bytes(obj, writable)
+        if got is not None:
+            return got[0], got[2]
     if type(obj).__module__.startswith("torch"):
         obj = obj.detach().numpy()
     arr = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, dtype=np.uint8)

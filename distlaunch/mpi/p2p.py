@@ -38,7 +38,7 @@ import numpy as np
 from ..collectives.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from ..collectives.shm_p2p import links_for
 from ..collectives.transport import Request as TransportRequest
-from ..collectives.wire import NO_REDOP, OP_CODES, P2P, Header
+from ..collectives.wire import MAGIC, NO_REDOP, OP_CODES, P2P, Header
 from .datatypes import BYTE, UNDEFINED, Datatype, Spec
 from .errors import ERR_TRUNCATE, SUCCESS, MPIException
 
@@ -107,11 +107,12 @@ class Status:
 
 
 class Message:
-    """One arrived message: global ``src``, context id ``ctx``, ``tag``, payload bytes."""
+    """One arrived message: global ``src``, context id ``ctx``, ``tag``, payload bytes
+    (a byte memoryview or uint8 array)."""
 
     __slots__ = ("src", "ctx", "tag", "data")
 
-    def __init__(self, src: int, ctx: int, tag: int, data: memoryview) -> None:
+    def __init__(self, src: int, ctx: int, tag: int, data: Any) -> None:
         self.src, self.ctx, self.tag, self.data = src, ctx, tag, data
 
     def matches(self, ctx: int, src: int | None, tag: int) -> bool:
@@ -120,9 +121,11 @@ class Message:
 
 class PostedRecv:
     """A receive waiting for its message: ``src`` (global, None: any), ``tag``,
-    ``deliver(msg)`` that consumes the message (called with the engine lock held), and
-    ``direct``: the contiguous receive buffer (uint8) a message may be copied into
-    instead (then ``deliver`` is skipped), or None."""
+    ``deliver(msg)`` that consumes the message (called with the engine lock held; None:
+    the message is copied into ``direct`` when it fits, the receive reports a longer
+    one), and ``direct``: the contiguous receive buffer (uint8 array or byte
+    memoryview) a message may be copied into instead (then ``deliver`` is skipped), or
+    None. ``msg`` is set once the message is in place (``error`` once it failed)."""
 
     __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error", "direct")
 
@@ -131,13 +134,34 @@ class PostedRecv:
         ctx: int,
         src: int | None,
         tag: int,
-        deliver: Callable[[Message], Any],
-        direct: np.ndarray | None = None,
+        deliver: Callable[[Message], Any] | None,
+        direct: Any = None,
     ) -> None:
         self.ctx, self.src, self.tag, self.deliver = ctx, src, tag, deliver
         self.msg: Message | None = None
         self.error: BaseException | None = None
         self.direct = direct
+
+
+# an operation's name for error messages, or what makes it (built only on errors)
+What = str | Callable[[], str]
+
+
+def _text(what: What) -> str:
+    return what if isinstance(what, str) else what()
+
+
+def _give(p: PostedRecv, msg: Message) -> None:
+    """Hand ``msg`` to the posted receive ``p`` (engine lock held); ``p.msg`` is set last,
+    so a thread that sees it finds the data in place."""
+    if p.deliver is not None:
+        try:
+            p.deliver(msg)
+        except BaseException as e:  # e.g. truncation: reported by the receive's wait
+            p.error = e
+    elif len(msg.data) <= len(p.direct):
+        p.direct[: len(msg.data)] = msg.data
+    p.msg = msg
 
 
 class Engine:
@@ -157,7 +181,7 @@ class Engine:
         self.waiters = 0
         self.links = links_for(rt)
         if self.links is not None:
-            self.links.routes[MPI_GROUP] = self._local_route
+            self.links.raw_routes[MPI_GROUP] = self._local_route
         with self.lock:
             self._repost()
 
@@ -186,18 +210,15 @@ class Engine:
         for i, p in enumerate(self.posted):
             if msg.matches(p.ctx, p.src, p.tag):
                 del self.posted[i]
-                p.msg = msg
-                try:
-                    p.deliver(msg)
-                except BaseException as e:  # e.g. truncation: reported by the receive's wait
-                    p.error = e
+                _give(p, msg)
                 return
         self.inbox.append(msg)
 
-    def _local_route(self, h: Header) -> tuple[np.ndarray, Callable[[], None]]:
+    def _local_route(self, f: tuple) -> tuple[Any, Callable[[], None]]:
         """Where a message arriving over shared memory goes (see the module docstring);
-        called by the links with their lock held, before its payload is copied."""
-        src, ctx, tag, n = h.src, h.step, h.root, h.nbytes
+        ``f``: its header's fields (shm_p2p's raw route). Called by the links with their
+        lock held, before its payload is copied."""
+        src, ctx, tag, n = f[5], f[8], f[9], f[11]  # Header's src, step, root, nbytes
         with self.lock:
             for i, p in enumerate(self.posted):
                 if p.ctx == ctx and (p.src is None or p.src == src) and (p.tag == ANY_TAG or p.tag == tag):
@@ -206,10 +227,10 @@ class Engine:
             else:
                 p = None
         if p is not None and p.direct is not None and n <= len(p.direct):
-            target = p.direct[:n]
+            target = p.direct if n == len(p.direct) else p.direct[:n]
 
             def direct() -> None:
-                p.msg = Message(src, ctx, tag, target.data)
+                p.msg = Message(src, ctx, tag, target)
                 if self.waiters > 1:  # another thread may wait for this one
                     self._wake()
 
@@ -222,11 +243,7 @@ class Engine:
                 if p is None:
                     self.add(msg)
                     return
-                p.msg = msg
-                try:
-                    p.deliver(msg)
-                except BaseException as e:  # e.g. truncation: reported by the receive's wait
-                    p.error = e
+                _give(p, msg)
             if self.waiters > 1:
                 self._wake()
 
@@ -252,9 +269,10 @@ class Engine:
 
     # -- sending
 
-    def send(self, dest: int, ctx: int, tag: int, payload: np.ndarray) -> TransportRequest | None:
-        """Start sending ``payload`` (uint8, unchanged until done) to global rank ``dest``;
-        None when already complete (sent to oneself: copied)."""
+    def send(self, dest: int, ctx: int, tag: int, payload: Any) -> TransportRequest | None:
+        """Start sending ``payload`` (flat uint8 array or byte memoryview, unchanged until
+        done) to global rank ``dest``; None when already complete (sent to oneself:
+        copied)."""
         if dest == self.rank:
             with self.lock:
                 self.add(Message(dest, ctx, tag, memoryview(payload.tobytes())))
@@ -263,7 +281,40 @@ class Engine:
         links = self.links
         if links is not None and dest in links.index:
             return links.send(dest, hdr, payload, want_request=False)
-        return self.transport.isend(dest, hdr, payload.data, time.monotonic() + self.timeout)
+        return self.transport.isend(dest, hdr, memoryview(payload), time.monotonic() + self.timeout)
+
+    def send_now(self, dest: int, ctx: int, tag: int, data: memoryview, what: What) -> None:
+        """MPI_Send of ``data`` (a flat byte memoryview) to global rank ``dest``: returns
+        once ``data`` may be reused. A whole message that fits the peer's ring is written
+        at once (no Request); else as :meth:`send` and waited for (raises as
+        :meth:`wait_until`, or the send's error)."""
+        links = self.links
+        if links is not None and dest != self.rank and dest in links.index:
+            fields = (MAGIC, P2P, 0, _SEND, NO_REDOP, self.rank, MPI_GROUP, 0, ctx, tag, 0, len(data))
+            if links.put(dest, fields, data):
+                return
+        req = self.send(dest, ctx, tag, data)
+        if req is None:
+            return
+        if not req.done:
+            self.wait_until(lambda: req.done, what, (dest,))
+        if req.error is not None:
+            raise type(req.error)(f"{_text(what)}: {req.error}")
+
+    def recv_now(self, ctx: int, src: int | None, tag: int, buf: memoryview, what: What) -> Message:
+        """MPI_Recv into ``buf`` (a writable flat byte memoryview) from global rank ``src``
+        (None: any): returns the message once it is in ``buf`` (``len(msg.data)``: its
+        bytes; when longer than ``buf`` nothing was copied: the caller reports the
+        truncation). Raises as :meth:`wait_until`, or the receive's error."""
+        p = PostedRecv(ctx, src, tag, None, buf)
+        self.post(p)
+        if p.msg is None and p.error is None:
+            self.wait_until(lambda: p.msg is not None or p.error is not None, what, (src,))
+        e = p.error
+        if e is not None:
+            raise type(e)(f"{_text(what)}: {e}") if isinstance(e, CollectiveError) else e
+        assert p.msg is not None
+        return p.msg
 
     # -- receiving
 
@@ -274,11 +325,7 @@ class Engine:
             for i, m in enumerate(self.inbox):
                 if m.matches(recv.ctx, recv.src, recv.tag):
                     del self.inbox[i]
-                    recv.msg = m
-                    try:
-                        recv.deliver(m)
-                    except BaseException as e:
-                        recv.error = e
+                    _give(recv, m)
                     return
             if self.error is not None:
                 recv.error = self.error
@@ -308,9 +355,10 @@ class Engine:
             if msg in self.inbox:
                 self.inbox.remove(msg)
 
-    def wait_until(self, done: Callable[[], bool], what: str, peers: Sequence[int | None] = ()) -> None:
+    def wait_until(self, done: Callable[[], bool], what: What, peers: Sequence[int | None] = ()) -> None:
         """Block until ``done()`` (checked with progress made); CollectiveTimeoutError
-        after the group timeout, PeerLostError when one of ``peers`` is lost."""
+        after the group timeout, PeerLostError when one of ``peers`` is lost (``what``
+        names the operation in their messages)."""
         deadline = time.monotonic() + self.timeout
         self.waiters += 1
         try:
@@ -321,23 +369,26 @@ class Engine:
         finally:
             self.waiters -= 1
 
-    def _ready(self, done: Callable[[], bool], what: str) -> bool:
+    def _ready(self, done: Callable[[], bool], what: What) -> bool:
+        pump = self.pump
+        if pump is not None and not pump.done and self.error is None:
+            return done()  # nothing arrived over TCP: no lock needed
         with self.lock:
             self.progress()
             if done():
                 return True
             if self.error is not None:
-                raise type(self.error)(f"{what}: {self.error}")
+                raise type(self.error)(f"{_text(what)}: {self.error}")
         return False
 
-    def _check_lost(self, what: str, peers: Sequence[int | None]) -> None:
+    def _check_lost(self, what: What, peers: Sequence[int | None]) -> None:
         for p in peers:
             why = self.transport.lost(p) if p is not None and p != self.rank else None
             if why is not None:
-                raise PeerLostError(f"{what}: rank {p} is lost: {why}")
+                raise PeerLostError(f"{_text(what)}: rank {p} is lost: {why}")
 
     def _wait_links(
-        self, done: Callable[[], bool], what: str, peers: Sequence[int | None], deadline: float
+        self, done: Callable[[], bool], what: What, peers: Sequence[int | None], deadline: float
     ) -> None:
         # the links' waits wake on shared-memory messages and on TCP completions (the pump)
         links = self.links
@@ -346,15 +397,15 @@ class Engine:
             try:
                 ok = links.wait(lambda: self._ready(done, what), min(deadline, time.monotonic() + 0.5), peers)
             except PeerLostError as e:
-                raise PeerLostError(f"{what}: {e}") from None
+                raise PeerLostError(f"{_text(what)}: {e}") from None
             if ok:
                 return
             if time.monotonic() >= deadline:
-                raise CollectiveTimeoutError(f"{what} did not complete within {self.timeout:g} s")
+                raise CollectiveTimeoutError(f"{_text(what)} did not complete within {self.timeout:g} s")
             self._check_lost(what, peers)  # remote peers: their connection ended
 
     def _wait_pump(
-        self, done: Callable[[], bool], what: str, peers: Sequence[int | None], deadline: float
+        self, done: Callable[[], bool], what: What, peers: Sequence[int | None], deadline: float
     ) -> None:
         pause = 0.0
         while True:
@@ -363,7 +414,7 @@ class Engine:
             pump = self.pump
             now = time.monotonic()
             if now >= deadline:
-                raise CollectiveTimeoutError(f"{what} did not complete within {self.timeout:g} s")
+                raise CollectiveTimeoutError(f"{_text(what)} did not complete within {self.timeout:g} s")
             self._check_lost(what, peers)
             # sleep on the pump (new messages wake us); sends and receives completed by
             # another thread are noticed within the (growing) slice
@@ -395,7 +446,7 @@ class _Op:
 
 
 class SendOp(_Op):
-    def __init__(self, req: TransportRequest | None, what: str, dest: int) -> None:
+    def __init__(self, req: TransportRequest | None, what: What, dest: int) -> None:
         self.req, self.what, self.dest = req, what, dest
 
     def test(self) -> bool:
@@ -406,7 +457,7 @@ class SendOp(_Op):
 
     def finish(self, status: Status | None) -> Any:
         if self.req is not None and self.req.error is not None:
-            raise type(self.req.error)(f"{self.what}: {self.req.error}")
+            raise type(self.req.error)(f"{_text(self.what)}: {self.req.error}")
         if status is not None:
             status._set(ANY_SOURCE, ANY_TAG, 0)
         return None
@@ -425,7 +476,7 @@ class RecvOp(_Op):
         spec: Spec | None,
         to_rank: Callable[[int], int],
         decode: Callable[[memoryview], Any] | None = None,
-        what: str = "recv",
+        what: What = "recv",
     ) -> None:
         self.engine, self.spec, self.to_rank, self.decode, self.what = engine, spec, to_rank, decode, what
         self.src = src
@@ -437,11 +488,7 @@ class RecvOp(_Op):
         if self.spec is not None:
             cap = self.spec.nbytes
             if len(msg.data) > cap:
-                raise MPIException(
-                    ERR_TRUNCATE,
-                    f"{self.what}: message of {len(msg.data)} bytes from rank {self.to_rank(msg.src)} "
-                    f"(tag {msg.tag}) does not fit the receive buffer of {cap} bytes (make it larger)",
-                )
+                raise truncated(_text(self.what), len(msg.data), self.to_rank(msg.src), msg.tag, cap)
             self.spec.unpack(msg.data)
         elif self.decode is not None:
             self.result = self.decode(msg.data)
@@ -459,13 +506,22 @@ class RecvOp(_Op):
         if self.posted.error is not None:
             e = self.posted.error
             if isinstance(e, CollectiveError) and not isinstance(e, MPIException):
-                raise type(e)(f"{self.what}: {e}")
+                raise type(e)(f"{_text(self.what)}: {e}")
             raise e
         m = self.posted.msg
         assert m is not None
         if status is not None:
             status._set(self.to_rank(m.src), m.tag, len(m.data))
         return self.result
+
+
+def truncated(what: str, nbytes: int, source: int, tag: int, cap: int) -> MPIException:
+    """The ERR_TRUNCATE error of a receive of ``cap`` bytes that matched a longer message."""
+    return MPIException(
+        ERR_TRUNCATE,
+        f"{what}: message of {nbytes} bytes from rank {source} (tag {tag}) does not fit "
+        f"the receive buffer of {cap} bytes (make it larger)",
+    )
 
 
 class DoneOp(_Op):
