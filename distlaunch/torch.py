@@ -67,9 +67,7 @@ import collections
 import contextlib
 import datetime
 import hashlib
-import hmac
 import os
-import secrets
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -85,12 +83,11 @@ from .collectives.errors import (
     CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
-    ConfigError,
     PeerLostError,
 )
 from .collectives.group import ProcessGroup as Group
 from .collectives.ops import ReduceOp, as_reduce_op, check_op
-from .collectives.runtime import Runtime, _local_host_towards, _tcp_store
+from .collectives.runtime import Runtime, launcher_runtime, local_host_towards
 from .secret import shared_token
 
 __all__ = [
@@ -773,29 +770,17 @@ _STATE: dict = {}  # "runtime": the Runtime of the current distlaunch default gr
 
 class _TorchStore:
     """The runtime's store interface (set/get/add/wait/check/close) over a torch Store.
-    torch's stores are unauthenticated: the runtime's transport secret (the key
-    ``<prefix>g<N>/secret``) is replaced by a random nonce on the way in and by
-    HMAC-SHA256(token, nonce) on the way out, so the store never holds it."""
+    torch's stores are not authenticated: the runtime is given a token for them
+    (``Runtime(store_token=...)``) and keeps its transport secret out of the store."""
 
-    def __init__(self, store: Any, prefix: str, token: str) -> None:
+    def __init__(self, store: Any) -> None:
         self._store = store
-        self._prefix = prefix
-        self._token = token.encode()
-
-    def _secret_key(self, key: str) -> bool:
-        return key.startswith(self._prefix) and key.endswith("/secret")
 
     def set(self, key: str, value: bytes) -> None:
-        if self._secret_key(key):
-            value = secrets.token_hex(16).encode()
         self._store.set(key, value)
 
     def get(self, key: str) -> bytes:
-        value = bytes(self._store.get(key))
-        if self._secret_key(key):
-            mac = hmac.new(self._token, b"distlaunch-torch-transport:" + value, hashlib.sha256)
-            return mac.hexdigest()[:32].encode()
-        return value
+        return bytes(self._store.get(key))
 
     def add(self, key: str, amount: int) -> int:
         return int(self._store.add(key, amount))
@@ -821,39 +806,23 @@ def _machine_id() -> str:
 
 
 def _new_runtime(store: Any, rank: int, size: int, timeout: float) -> Runtime:
-    launcher = os.environ.get("DISTLAUNCH_STORE_PORT")
-    if launcher and os.environ.get("RANK") == str(rank) and os.environ.get("WORLD_SIZE") == str(size):
-        from .env import read_worker_env  # only under `distlaunch run`
-
-        ident = read_worker_env()
-        if ident.store_addr is None or ident.store_port is None:
-            raise ConfigError("DISTLAUNCH_STORE_PORT is set but DISTLAUNCH_STORE_ADDR is not")
-        import time
-
-        client = _tcp_store(
-            ident.store_addr, ident.store_port, -1, ident.store_token, timeout, time.monotonic() + timeout
-        )
-        prefix = f"distlaunch/torch/{ident.run_id}/{ident.restart_count}/"
-        try:
-            return Runtime(
-                rank,
-                size,
-                client,
-                prefix,
-                timeout,
-                _local_host_towards(ident.store_addr),
-                owned=[client],
-                node_id=ident.node_id,
-            )
-        except BaseException:
-            client.close()
-            raise
-    prefix = "distlaunch/torch/"
-    wrapped = _TorchStore(store, prefix, shared_token("torch-backend"))
-    host = os.environ.get("DISTLAUNCH_COLL_HOST") or _local_host_towards(
-        os.environ.get("MASTER_ADDR", "localhost")
+    if (
+        os.environ.get("DISTLAUNCH_STORE_PORT")
+        and os.environ.get("RANK") == str(rank)
+        and os.environ.get("WORLD_SIZE") == str(size)
+    ):
+        return launcher_runtime("torch", timeout)
+    host = local_host_towards(os.environ.get("MASTER_ADDR", "localhost"))
+    return Runtime(
+        rank,
+        size,
+        _TorchStore(store),
+        "distlaunch/torch/",
+        timeout,
+        host,
+        node_id=_machine_id(),
+        store_token=shared_token("torch-backend"),
     )
-    return Runtime(rank, size, wrapped, prefix, timeout, host, node_id=_machine_id())
 
 
 def _group_id(name: str) -> int:
@@ -874,9 +843,7 @@ def _create(opts: Any, pg_options: Any = None) -> DistlaunchProcessGroup:
     rt = _STATE.get("runtime")
     try:
         if ranks and rt is not None:
-            gid = _group_id(str(opts.group_id))
-            g = Group(rt, gid, sorted(ranks), timeout, f"group {gid} {sorted(ranks)}")
-            rt._add_group(g)  # runtime change proposed: Runtime.new_group(ranks, timeout, gid=...)
+            g = rt.new_group_with_id(sorted(ranks), _group_id(str(opts.group_id)), timeout)
             return DistlaunchProcessGroup(g, None)
         rt = _new_runtime(opts.store, rank, size, timeout)
     except CollectiveError as e:

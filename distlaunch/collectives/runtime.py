@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import hmac
 import os
 import secrets
 import socket
@@ -105,7 +106,18 @@ class Runtime:
         host: str,
         owned: Iterable[Any] = (),
         node_id: str | None = None,
+        store_token: str | None = None,
     ):
+        """Join ``world_size`` ranks on ``store`` (set/get/add/wait/check/close) under key
+        ``prefix``; blocks until all joined or ``timeout`` seconds passed
+        (CollectiveTimeoutError naming the absent ranks). ``host``: the address transport
+        sockets listen on (:func:`local_host_towards`); ``owned``: objects closed with
+        the runtime; ``node_id``: ranks with the same id share memory (default
+        DISTLAUNCH_NODE_ID; none: TCP only). ``store_token``: give it when the store is
+        not authenticated (e.g. torch's TCPStore): rank 0 then publishes a random nonce
+        and every rank derives the transport secret as HMAC-SHA256(token, nonce), so the
+        store never holds the secret; the token must be alike on every rank
+        (``distlaunch.secret.shared_token``)."""
         self.rank = rank
         # which ranks may share memory: only the launcher's node id says so (never a host
         # name: loopback multi-node jobs must use TCP); published as <ns>node/<rank>
@@ -130,6 +142,9 @@ class Runtime:
         if rank == 0:
             self.store.set(f"{ns}secret", secrets.token_hex(16).encode())
         secret = self._init_wait([f"{ns}secret"], deadline, timeout)
+        if store_token is not None:  # the store's value is a public nonce
+            mac = hmac.new(store_token.encode(), b"distlaunch-transport:" + secret, hashlib.sha256)
+            secret = mac.hexdigest()[:32].encode()
         self.secret = secret.decode(errors="replace")
         self.transport = TcpTransport(
             rank,
@@ -195,11 +210,29 @@ class Runtime:
             g.on_late(hdr)
 
     def new_group(self, ranks: list, timeout: float) -> ProcessGroup | _NonGroupMember:
+        """The next numbered group of sorted global ``ranks`` (every rank calls it, in
+        the same order); NON_GROUP_MEMBER on ranks outside it."""
         self._next_gid += 1
-        gid = self._next_gid
         if self.rank not in ranks:
             return GroupMember.NON_GROUP_MEMBER
-        g = ProcessGroup(self, gid, ranks, timeout, f"group {gid} {ranks}")
+        return self.new_group_with_id(ranks, self._next_gid, timeout)
+
+    def new_group_with_id(
+        self, ranks: list, gid: int, timeout: float | None = None, name: str | None = None
+    ) -> ProcessGroup:
+        """A group of global ``ranks`` (in group-rank order, this rank among them) with
+        the id ``gid`` the caller chose alike on every member (e.g. an MPI context id or
+        torch's group name; ids 1..2**30 may collide with new_group's numbering).
+        ``timeout``: seconds per operation (default the runtime's); ``name``: for error
+        messages. Does not communicate. Raises CollectiveArgumentError when this rank is
+        not in ``ranks`` or ``gid`` is taken by a live group."""
+        if self.rank not in ranks:
+            raise CollectiveArgumentError(f"rank {self.rank} is not in the group's ranks {list(ranks)}")
+        if gid in self.groups:
+            raise CollectiveArgumentError(f"group id {gid} is already used by {self.groups[gid].name}")
+        g = ProcessGroup(
+            self, gid, list(ranks), timeout or self.timeout, name or f"group {gid} {list(ranks)}"
+        )
         self._add_group(g)
         return g
 
@@ -276,7 +309,10 @@ def _int_arg(value, env_name, what):
         raise ConfigError(f"{env_name}={raw!r} is not an integer") from None
 
 
-def _local_host_towards(host: str) -> str:
+def local_host_towards(host: str) -> str:
+    """The local address transport sockets should listen on to be reachable from the
+    machine ``host`` (its route's source address; 127.0.0.1 for a loopback host or when
+    the route is unknown); DISTLAUNCH_COLL_HOST overrides. Sends nothing."""
     override = os.environ.get("DISTLAUNCH_COLL_HOST")
     if override:
         return override
@@ -316,7 +352,7 @@ def _tcp_store(host, port, rank, token, timeout, deadline):
     from ..store import StoreClient, StoreServer
 
     if rank == 0 and (host, port) not in _servers:
-        bind = "127.0.0.1" if _local_host_towards(host) == "127.0.0.1" else "0.0.0.0"
+        bind = "127.0.0.1" if local_host_towards(host) == "127.0.0.1" else "0.0.0.0"
         try:
             server = StoreServer(host=bind, port=port, token=token)
             server.start()
@@ -331,6 +367,39 @@ def _tcp_store(host, port, rank, token, timeout, deadline):
         if isinstance(e, TimeoutError):
             raise CollectiveTimeoutError(f"cannot reach the store at {host}:{port}: {e}") from e
         raise ConfigError(f"cannot use the store at {host}:{port}: {e}") from e
+
+
+def launcher_runtime(namespace: str, timeout: float) -> Runtime:
+    """The Runtime of a worker started by ``distlaunch run``, on the launcher's
+    authenticated store (DISTLAUNCH_STORE_ADDR/PORT/TOKEN); rank and world size from
+    RANK/WORLD_SIZE. Keys live under ``distlaunch/<namespace>/<run id>/<restart count>/``:
+    a restarted job never sees a previous attempt's keys, and runtimes of different
+    namespaces (this API's "coll", the torch backend's "torch") share the store apart.
+    Ranks of one launcher node share memory. ``timeout``: seconds for joining and for
+    every later operation. Blocks until every rank joined. Raises ConfigError (not under
+    the launcher, or an incomplete environment) and CollectiveTimeoutError (ranks
+    missing at the deadline, or the store unreachable)."""
+    from ..env import read_worker_env  # lazy: only under `distlaunch run`
+
+    ident = read_worker_env()
+    if ident.store_addr is None or ident.store_port is None:  # a hand-made environment may lack one
+        raise ConfigError("DISTLAUNCH_STORE_PORT is set but DISTLAUNCH_STORE_ADDR is not (set both)")
+    deadline = time.monotonic() + timeout
+    store = _tcp_store(ident.store_addr, ident.store_port, -1, ident.store_token, timeout, deadline)
+    try:
+        return Runtime(
+            ident.rank,
+            ident.world_size,
+            store,
+            f"distlaunch/{namespace}/{ident.run_id}/{ident.restart_count}/",
+            timeout,
+            local_host_towards(ident.store_addr),
+            owned=[store],
+            node_id=ident.node_id,
+        )
+    except BaseException:
+        store.close()
+        raise
 
 
 def init_process_group(
@@ -372,22 +441,17 @@ def init_process_group(
     owned, node_id = [], None
     if store is not None:
         r, n = _int_arg(rank, "RANK", "rank"), _int_arg(world_size, "WORLD_SIZE", "world_size")
-        prefix, host = "distlaunch/coll/", _local_host_towards(getattr(store, "host", "127.0.0.1"))
+        prefix, host = "distlaunch/coll/", local_host_towards(getattr(store, "host", "127.0.0.1"))
     elif init_method is None and os.environ.get("DISTLAUNCH_STORE_PORT"):
         from ..env import read_worker_env  # lazy: only under `distlaunch run`
 
         ident = read_worker_env()
-        r, n = ident.rank, ident.world_size
-        for given, actual, what in ((rank, r, "rank"), (world_size, n, "world_size")):
+        for given, actual, what in ((rank, ident.rank, "rank"), (world_size, ident.world_size, "world_size")):
             if given not in (-1, None) and given != actual:
                 raise ConfigError(f"{what}={given} contradicts the launcher's environment ({actual})")
-        if ident.store_addr is None:  # the launcher sets both; a hand-made environment may not
-            raise ConfigError("DISTLAUNCH_STORE_PORT is set but DISTLAUNCH_STORE_ADDR is not")
-        store = _tcp_store(ident.store_addr, ident.store_port, -1, ident.store_token, timeout, deadline)
-        owned.append(store)
-        prefix = f"distlaunch/coll/{ident.run_id}/{ident.restart_count}/"
-        host = _local_host_towards(ident.store_addr)
-        node_id = ident.node_id
+        _runtime = launcher_runtime("coll", timeout)
+        GroupMember.WORLD = _runtime.world
+        return
     elif init_method is None and rank in (-1, None) and "RANK" not in os.environ and _scheduled() is not None:
         sched = _scheduled()
         assert sched is not None
@@ -399,7 +463,7 @@ def init_process_group(
         store = _tcp_store(addr, sched.store_port, r, token, timeout, deadline)
         owned.append(store)
         prefix = f"distlaunch/coll/{sched.context}/"
-        host = _local_host_towards(addr)
+        host = local_host_towards(addr)
         node_id = sched.node_id
     else:
         url = urlparse(init_method or "env://")
@@ -414,7 +478,7 @@ def init_process_group(
                 raise ConfigError(f"init_method {init_method!r} has no path")
             store = FileStore(url.path, timeout=timeout)
             owned.append(store)
-            prefix, host = "distlaunch/coll/", _local_host_towards("localhost")
+            prefix, host = "distlaunch/coll/", local_host_towards("localhost")
         elif url.scheme in ("env", "tcp"):
             if url.scheme == "env":
                 addr = os.environ.get("MASTER_ADDR")
@@ -429,7 +493,7 @@ def init_process_group(
             store = _tcp_store(addr, port, r, token, timeout, deadline)
             owned.append(store)
             prefix = f"distlaunch/coll/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-            host = _local_host_towards(addr)
+            host = local_host_towards(addr)
         else:
             raise ConfigError(
                 f"init_method {init_method!r}: unsupported scheme (use env://, tcp://host:port "
