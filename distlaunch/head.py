@@ -205,7 +205,12 @@ def _supervise_remote(
     """The head's loop when it runs no workers itself: relay output until every agent has
     ended; a stop signal stops every round; agents that do not end within the grace
     period (or at a second Ctrl-C) are killed by their recorded process groups."""
-    relay = SignalRelay(lambda: ())
+    from .engine.slurm import SlurmEngine
+
+    # SIGUSR1/SIGUSR2 sent to the head alone go on to the agents' srun step (the SSH
+    # engine has no way to signal remote workers yet); stop signals stop every round.
+    step = [engine] if isinstance(engine, SlurmEngine) else []
+    relay = SignalRelay(lambda: step, forward_all=True)
     deadline = None
     try:
         while engine.running:

@@ -5,6 +5,14 @@ relaying it keeps mpirun/torchrun's behaviour (the workers see the signal). SIGI
 SIGTERM, SIGHUP and SIGQUIT also mean "stop the job, no restart"; a second SIGINT
 escalates to SIGKILL at once. SIGUSR1/SIGUSR2 are only forwarded.
 
+Except in a launcher that is a task of a Slurm job step (``srun ... distlaunch run``, the
+agents of an allocation): Slurm delivers a signal sent to the step (``scancel --signal``,
+``sbatch --signal=USR1@T``, a signal ``srun`` relays) to every process of the step, the
+workers included (proctrack/cgroup and proctrack/linuxproc track the whole process tree),
+so forwarding SIGUSR1/SIGUSR2 again would run each worker's handler twice; there they are
+not forwarded. (proctrack/pgid signals only the task's process group, which the workers
+are not in; Slurm's documentation advises against it.)
+
 While no workers run (connecting to the store, rendezvous, the exit barrier) the agent
 waits inside ``interruptible()``: there a stopping signal raises LaunchInterrupted in
 the main thread at once, whatever call it is blocked in (Python retries a system call
@@ -16,17 +24,30 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..errors import LaunchInterrupted
 
 if TYPE_CHECKING:
-    from .process import WorkerProcess
+    from typing import Protocol
+
+    class SignalTarget(Protocol):
+        """What a relay forwards to (``process.WorkerProcess``)."""
+
+        def signal_group(self, sig: int) -> None: ...
+
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
+
+
+def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a task started by ``srun`` (``SLURM_STEP_ID`` and ``SLURM_PROCID`` set;
+    a batch script or salloc's shell has no ``SLURM_STEP_ID``). Pure."""
+    env = os.environ if environ is None else environ
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
 
 
 class SignalRelay:
@@ -37,10 +58,16 @@ class SignalRelay:
     ``stop_signal`` is the first stopping signal received (its number decides the exit
     code, 128+N); ``pending`` is a stopping signal nobody has acted on yet (a worker
     group acts on it by stopping its workers, then clears it with ``acted()``).
+
+    SIGUSR1/SIGUSR2 are not forwarded in a Slurm step task (``in_slurm_step``: Slurm
+    already delivered them to the workers); ``forward_all`` forwards them regardless.
     """
 
-    def __init__(self, targets: Callable[[], Iterable[WorkerProcess]]) -> None:
+    def __init__(
+        self, targets: Callable[[], Iterable[SignalTarget]], forward_all: bool | None = None
+    ) -> None:
         self.targets = targets
+        self.forward_all = not in_slurm_step() if forward_all is None else forward_all
         self.stop_signal: int | None = None
         self.pending: int | None = None
         self.sigints = 0
@@ -63,8 +90,9 @@ class SignalRelay:
                 self.stop_signal = signum
             self.pending = signum
         sig = signal.SIGKILL if self.kill_now else signum
-        for w in self.targets():
-            w.signal_group(sig)
+        if signum in STOPPING or self.forward_all:
+            for w in self.targets():
+                w.signal_group(sig)
         if self._raising and signum in STOPPING:
             self._raising = False  # once: the code that handles it must not be interrupted
             raise self._interrupted()

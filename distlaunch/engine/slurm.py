@@ -415,6 +415,20 @@ class SlurmEngine:
         if on_end is not None:
             on_end(k, status)
 
+    def signal_group(self, sig: int) -> None:
+        """Relay SIGUSR1/SIGUSR2 the head received (``sbatch --signal=B:USR1@T`` signals
+        only the batch shell) to every process of the agent step: srun forwards the signals
+        it receives to the step's tasks (srun(1), SIGNALS), which Slurm delivers to each
+        process of the step once, the workers included. Other signals are ignored: the
+        head stops a job through the store. The ``agent.signals.SignalRelay`` target
+        interface; never raises."""
+        if sig not in (signal.SIGUSR1, signal.SIGUSR2) or self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            self.proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
     def abandon(self, node_id: int) -> None:
         self.status.setdefault(node_id, -1)
 
