@@ -119,12 +119,12 @@ def test_env_init_under_distlaunch_run():
     assert len(lines(res, "init ok env transport=shm")) == 2
 
 
+RAISED = r"raised (\w+) ([\d.]+) isDistBackendError=(\w+)"
+
+
 def raised(text: str) -> list:
     """(class name, seconds, is DistBackendError) of each rank's report."""
-    return [
-        (c, float(s), b == "True")
-        for c, s, b in re.findall(r"raised (\w+) ([\d.]+) isDistBackendError=(\w+)", text)
-    ]
+    return [(c, float(s), b == "True") for c, s, b in re.findall(RAISED, text)]
 
 
 def test_mismatched_call_raises_on_every_rank():
@@ -134,15 +134,19 @@ def test_mismatched_call_raises_on_every_rank():
     assert all(c == "DistlaunchMismatchError" and b and s < 30 for c, s, b in got), got
 
 
-def test_timeout_raises_on_every_rank():
-    # init_process_group(timeout=2 s); rank 0 waits for ranks that come too late
-    res = dl("run", "--nproc-per-node", "2", W / "failures.py", "timeout", timeout=120)
-    got = dict(re.findall(r"^\[(\d)\]: raised (\w+)", res.stdout, re.M))
-    assert got.get("0") == "DistlaunchTimeoutError", res.stdout + res.stderr[-3000:]
-    assert got.get("1") in ("DistlaunchPeerLostError", "DistlaunchTimeoutError"), res.stdout
-    assert all(b for _, _, b in raised(res.stdout))
-    took = float(re.search(r"^\[0\]: raised \w+ ([\d.]+)", res.stdout, re.M).group(1))
-    assert 1.9 <= took < 10  # the init timeout, not the 30 min default
+def test_timeout_aborts_every_rank():
+    # init_process_group(timeout=3 s): rank 0 calls all_reduce at once, rank 1 after 2 s,
+    # rank 2 after rank 0 gave up; seconds are counted from each rank's own call
+    timeout = 3.0
+    res = dl("run", "--nproc-per-node", "3", W / "failures.py", "timeout", timeout=120)
+    got = {
+        r: (c, float(s), b == "True") for r, c, s, b in re.findall(rf"^\[(\d)\]: {RAISED}", res.stdout, re.M)
+    }
+    assert sorted(got) == ["0", "1", "2"], res.stdout + res.stderr[-3000:]
+    assert all(c == "DistlaunchTimeoutError" and b for c, _, b in got.values()), got
+    assert timeout - 0.1 <= got["0"][1] < timeout + 5  # the init timeout, not the 30 min default
+    assert got["1"][1] < timeout  # rank 0's ABORT, before rank 1's own deadline
+    assert got["2"][1] < 2  # the group was already broken when rank 2 called
 
 
 def test_killed_peer_raises_on_every_survivor():

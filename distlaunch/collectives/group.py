@@ -20,9 +20,11 @@ Failure handling (see docs/collectives.md):
   asks every group member for its progress (a STATUS request over the transport) and
   raises CollectiveTimeoutError naming the ranks that did not call the operation (or
   PeerLostError for ranks that cannot be reached);
-- a mismatch detected from a message header, or a lost peer, is reported to every group
-  member with an ABORT message, so ranks blocked in the same operation raise the same
-  error class at once;
+- a mismatch detected from a message header, a lost peer, or a timeout is reported to
+  every group member with an ABORT message, so ranks blocked in the same operation raise
+  the same error class at once instead of each waiting out its own deadline, and ranks
+  that have not reached it yet raise at their next call (a timeout's ABORT carries the
+  missing and unreachable ranks);
 - after any failure the group is *broken*: later calls on it raise the first error's
   class immediately (destroy and re-initialise to continue).
 """
@@ -65,6 +67,14 @@ __all__ = ["ProcessGroup", "Work", "DEFAULT_TIMEOUT", "to_seconds"]
 _STATUS_WAIT = 2.0  # seconds to collect peers' status after a timeout
 _ABORT_GRACE = 0.25  # seconds a lost peer's ABORT may trail its connection's end
 _BARRIER = SmallCall("barrier", OP_CODES["barrier"], 0, 0)
+# ABORT reason of a timeout (next to wire.py's ABORT_*; the shared-memory segment gets
+# ABORT_OTHER, the TCP ABORT the class and the ranks)
+ABORT_TIMEOUT = 4
+_ABORT_CLASSES = {
+    ABORT_MISMATCH: CollectiveMismatchError,
+    ABORT_PEER_LOST: PeerLostError,
+    ABORT_TIMEOUT: CollectiveTimeoutError,
+}
 
 # body(backend, ctx) -> result: one collective on the group's backend
 Body = Callable[[Backend, OpContext], Any]
@@ -412,6 +422,8 @@ class ProcessGroup(Members):
             )
         elif isinstance(e, OpTimeout):
             err = self._diagnose_timeout(ctx, what, e.peers)
+            ranks = f"{err.missing_ranks}{err.unreachable_ranks}".replace(" ", "")
+            self._abort_members(ctx.seq, ABORT_TIMEOUT, f"{ranks}\n{err}")
         elif isinstance(e, CollectiveError) and getattr(e, "_from_abort", False):
             err = e
         elif isinstance(e, (CollectiveMismatchError, PeerLostError)):
@@ -429,6 +441,8 @@ class ProcessGroup(Members):
         return err
 
     def _abort_members(self, seq: int, reason: int, text: str) -> None:
+        """Fail operation ``seq`` on every other member: wake the shared-memory waiters,
+        send the TCP ABORT (``reason``, ``text``) to each member (bounded wait)."""
         backend = self._backend
         if backend is not None:
             backend.abort(reason if reason in (ABORT_MISMATCH, ABORT_PEER_LOST) else ABORT_OTHER)
@@ -440,7 +454,7 @@ class ProcessGroup(Members):
             if g != self.runtime.rank:
                 transport.send_control(g, hdr._replace(nbytes=len(payload)), payload, deadline)
 
-    def _diagnose_timeout(self, ctx: OpContext, what: str, waiting_on: list) -> BaseException:
+    def _diagnose_timeout(self, ctx: OpContext, what: str, waiting_on: list) -> CollectiveError:
         others = [g for g in self.ranks if g != self.runtime.rank]
         status = self.runtime.transport.query_status(others, self.gid, time.monotonic() + _STATUS_WAIT)
         missing, notes, lost = [], [], []
@@ -487,10 +501,18 @@ class ProcessGroup(Members):
 
     def on_abort(self, hdr: Header, text: str) -> None:
         """Progress thread: a peer aborted operation ``hdr.seq``; fail ours."""
-        cls = {ABORT_MISMATCH: CollectiveMismatchError, ABORT_PEER_LOST: PeerLostError}.get(
-            hdr.op, CollectiveError
-        )
+        cls = _ABORT_CLASSES.get(hdr.op, CollectiveError)
+        missing: list = []
+        lost: list = []
+        if hdr.op == ABORT_TIMEOUT:  # "[missing][unreachable]\n<message>"
+            head, _, text = text.partition("\n")
+            fields = head.strip("[]").split("][")
+            if len(fields) == 2:
+                missing, lost = ([int(r) for r in f.split(",") if r.isdigit()] for f in fields)
         err = cls(f"rank {hdr.src} aborted {self.name}: {text}")
+        if hdr.op == ABORT_TIMEOUT:
+            err.missing_ranks = missing
+            err.unreachable_ranks = lost
         err._from_abort = True
         err.seq = hdr.seq
         if self.broken is None:

@@ -1,9 +1,10 @@
 """Failure paths of the distlaunch torch backend. ``failures.py MODE [INIT_METHOD RANK WORLD]``
 
 - ``mismatch``: rank 0 calls all_reduce, the others broadcast: every rank raises.
-- ``timeout``: init_process_group(timeout=2 s); rank 0 calls all_reduce, the others
-  only later (after rank 0 gave up and exited): every rank raises (the late ranks at
-  their second call, see below).
+- ``timeout``: init_process_group(timeout=3 s); rank 0 calls all_reduce at once, rank 1
+  two seconds later, the last rank only after rank 0 gave up: rank 0 times out, its
+  ABORT makes rank 1 raise about a second into its call (not after its own 3 s) and
+  the last rank raise at its call (``seconds`` is measured from each rank's call).
 - ``killed``: the last rank SIGKILLs itself instead of calling all_reduce: every
   surviving rank raises (long before the 60 s timeout).
 
@@ -23,7 +24,7 @@ import torch.distributed as dist
 import distlaunch.torch  # noqa: F401  (registers the backend)
 
 mode = sys.argv[1]
-timeout = {"timeout": 2, "killed": 60, "mismatch": 60}[mode]
+timeout = {"timeout": 3, "killed": 60, "mismatch": 60}[mode]
 if len(sys.argv) > 2:  # started by hand: init method, rank, world size
     dist.init_process_group(
         "distlaunch",
@@ -45,11 +46,7 @@ try:
         os.kill(os.getpid(), signal.SIGKILL)
     else:
         if mode == "timeout" and rank:
-            time.sleep(timeout + 2.5)  # rank 0 has given up (timeout + the status query)
-            # rank 0 left its contribution before giving up, so this call may still
-            # complete (the runtime does not abort peers on a timeout); rank 0 is gone
-            # by the next one
-            dist.all_reduce(t)
+            time.sleep(2 if rank < n - 1 else timeout + 3)
             start = time.monotonic()
         dist.all_reduce(t)
     print("no error", flush=True)
