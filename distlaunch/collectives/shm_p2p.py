@@ -73,11 +73,19 @@ Route = Callable[[Header], Sink]
 RawRoute = Callable[[tuple], Sink]
 
 
-def busy_seconds(n_local: int) -> float:
+def busy_seconds(pids: Sequence[int]) -> float:
     """Seconds a waiter busy-polls before yielding its core: DISTLAUNCH_SHM_P2P_BUSY_US
-    (microseconds), default 100; 0 when this node's ranks outnumber the cores this
-    process may run on (a spinning waiter would take the core of the peer it waits for)."""
-    if n_local > len(os.sched_getaffinity(0)):
+    (microseconds), default 100; 0 when the processes ``pids`` (this node's ranks) may
+    run on fewer CPUs together than they are (their affinities: taskset, cgroup
+    cpusets, ``--bind-to``): a spinning waiter would then hold the CPU of the peer it
+    waits for (oversubscription), so it yields at once."""
+    cpus: set[int] = set()
+    for pid in pids:
+        try:
+            cpus |= os.sched_getaffinity(pid)
+        except OSError:  # gone: it will not be waited for long
+            pass
+    if len(cpus) < len(pids):
         return 0.0
     raw = os.environ.get("DISTLAUNCH_SHM_P2P_BUSY_US", "")
     return int(raw) * 1e-6 if raw.isdigit() else BUSY
@@ -156,9 +164,10 @@ class ShmLinks:
         self.local = local
         self.index = {g: i for i, g in enumerate(local)}  # global rank -> local index
         self.me = self.index[self.rank]
+        self.others = [i for i in range(len(local)) if i != self.me]  # local indices of the peers
         self.ring = ring = max(_REC, ring // _REC * _REC)
         self.spin, self.yield_spin = config.spin, config.yield_spin
-        self.busy = busy_seconds(len(local))
+        self._busy: float | None = None  # see busy
         self.lock = threading.RLock()
         self._fence = threading.Lock()
         self._futex = _futex_fn()
@@ -178,6 +187,17 @@ class ShmLinks:
         self.heads = [0] * n  # what we published into each peer's ring
         self.tails = [0] * n  # what we consumed from each peer's ring
         self.current: list[_In | None] = [None] * n
+        # per local rank i, what the hot paths use: the ring we write in its inbox
+        # (mapping, memoryview, u64 words, its u32 words, ring offset, head/tail word
+        # indices) and the ring it writes in ours (the same, and its blocked flag's index)
+        self.outs: list[tuple[mmap.mmap, memoryview, memoryview, memoryview, int, int, int]] = []
+        self.ins: list[tuple[mmap.mmap, memoryview, memoryview, memoryview, int, int, int, int]] = []
+        for i in range(n):
+            box = self.boxes[i]
+            _, at, hi, _, ti = box.rings[self.me]
+            self.outs.append((box.mm, box.mv, box.quads, box.words, at, hi, ti))
+            _, at, hi, bi, ti = own.rings[i]
+            self.ins.append((own.mm, own.mv, own.quads, own.words, at, hi, bi, ti))
         self.closed = False
         for box in self.boxes:
             box.raw[64 + self.me] = 1
@@ -190,6 +210,18 @@ class ShmLinks:
             if box.path and all(box.raw[64 + i] for i in range(n)):
                 _unlink(box.path)
                 box.path = ""
+
+    @property
+    def busy(self) -> float:
+        """Seconds of busy-polling before a wait yields (:func:`busy_seconds`); 0 until
+        every local rank wrote its pid into its inbox."""
+        busy = self._busy
+        if busy is None:
+            pids = [box.quads[1] for box in self.boxes] if not self.closed else [0]
+            if not all(pids):
+                return 0.0
+            busy = self._busy = busy_seconds(pids)
+        return busy
 
     # -- waking
 
@@ -251,28 +283,29 @@ class ShmLinks:
         with self.lock:
             if self.closed or self.queues[i]:
                 return False
-            box = self.boxes[i]
-            _, at, hi, _, ti = box.rings[self.me]
+            mm, mv, quads, words, at, hi, ti = self.outs[i]
             ring = self.ring
             pos = self.heads[i]
-            quads = box.quads
-            if ring - (pos - quads[ti]) < _REC + n:
+            end = pos + _REC + n
+            if end - quads[ti] > ring:
                 return False
-            HEADER.pack_into(box.mm, at + pos % ring, *fields)
-            pos += _REC
+            HEADER.pack_into(mm, at + pos % ring, *fields)
             if n:
-                a = pos % ring
+                a = (pos + _REC) % ring
                 first = ring - a
-                mv = box.mv
                 if n <= first:
                     mv[at + a : at + a + n] = data
                 else:
                     mv[at + a : at + ring] = data[:first]
                     mv[at : at + n - first] = data[first:]
-                pos = (pos + n + _REC - 1) // _REC * _REC
+            pos = (end + _REC - 1) // _REC * _REC
             self.heads[i] = pos
             quads[hi] = pos
-            self.ring_bell(i)
+            words[0] = (words[0] + 1) & 0xFFFFFFFF  # its bell (see ring_bell)
+            self._fence.acquire()
+            self._fence.release()
+            if words[1]:
+                self._futex(_SYS_FUTEX, self.boxes[i].bell_addr, 1, 0x7FFFFFFF, None, None, 0)
             return True
 
     def _push(self, i: int) -> None:
@@ -330,21 +363,63 @@ class ShmLinks:
 
     # -- receiving
 
+    def take(self, i: int, group: int, step: int, root: int | None, buf: memoryview) -> tuple | None:
+        """Consume the next message local rank i sent us when it is complete in the ring,
+        of transport group ``group`` with header fields ``step`` and ``root`` (None: any),
+        and fits ``buf`` (a writable flat byte memoryview): its payload goes to ``buf``
+        and its header's fields are returned (MAGIC first). None: no message yet; ``()``:
+        the next one is another (route it: :meth:`progress`). Lock held. The receive
+        fast path of the MPI engine: no routing, no objects."""
+        mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
+        pos = self.tails[i]
+        head = quads[hi]
+        if head == pos:
+            return None
+        if self.current[i] is not None:
+            return ()
+        ring = self.ring
+        fields = HEADER.unpack_from(mm, at + pos % ring)
+        n = fields[11]
+        if (
+            fields[6] != group
+            or fields[8] != step
+            or root is not None
+            and fields[9] != root
+            or n > len(buf)
+            or n > head - pos - _REC
+            or fields[0] != MAGIC
+            or fields[5] != self.local[i]
+        ):
+            return ()
+        if n:
+            a = (pos + _REC) % ring
+            first = ring - a
+            if n <= first:
+                buf[:n] = mv[at + a : at + a + n]
+            else:
+                buf[:first] = mv[at + a : at + ring]
+                buf[first:n] = mv[at : at + n - first]
+        pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+        self.tails[i] = pos
+        quads[ti] = pos
+        self._fence.acquire()
+        self._fence.release()
+        if words[bi]:  # the sender waits for room
+            self.ring_bell(i)
+        return fields
+
     def _pull(self, i: int) -> bool:
         """Consume what local rank i published in our inbox (lock held); True if any."""
-        box = self.boxes[self.me]
-        _, at, hi, bi, ti = box.rings[i]
-        quads = box.quads
+        mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
         head = quads[hi]
         pos = self.tails[i]
         if head == pos:
             return False
         ring = self.ring
-        mv = box.mv
         while pos < head:
             cur = self.current[i]
             if cur is None:
-                fields = HEADER.unpack_from(box.mm, at + pos % ring)
+                fields = HEADER.unpack_from(mm, at + pos % ring)
                 pos += _REC
                 if fields[0] != MAGIC or fields[5] != self.local[i]:
                     raise CollectiveError(f"corrupt shared-memory message from rank {self.local[i]}")
@@ -356,7 +431,17 @@ class ShmLinks:
                     route = self.routes.get(hdr.group, self.default_route)
                     assert route is not None  # set by whoever created the links
                     target, finish = route(hdr)
-                if not fields[11]:  # nbytes
+                n = fields[11]  # nbytes
+                if n <= head - pos:  # all there (small messages): no _In
+                    if n:
+                        a = pos % ring
+                        first = ring - a
+                        if n <= first:
+                            target[:n] = mv[at + a : at + a + n]
+                        else:
+                            target[:first] = mv[at + a : at + ring]
+                            target[first:n] = mv[at : at + n - first]
+                        pos = (pos + n + _REC - 1) // _REC * _REC
                     finish()
                     continue
                 cur = self.current[i] = _In(target, finish)
@@ -376,8 +461,9 @@ class ShmLinks:
                 cur.finish()
         self.tails[i] = pos
         quads[ti] = pos
-        self._fence_now()
-        if box.words[bi]:  # the sender waits for room
+        self._fence.acquire()
+        self._fence.release()
+        if words[bi]:  # the sender waits for room
             self.ring_bell(i)
         return True
 
@@ -386,13 +472,42 @@ class ShmLinks:
         with self.lock:
             if self.closed:
                 return
-            for i in range(len(self.local)):
-                if i != self.me:
-                    if self.queues[i]:
-                        self._push(i)
-                    self._pull(i)
+            queues = self.queues
+            for i in self.others:
+                if queues[i]:
+                    self._push(i)
+                self._pull(i)
 
     # -- waiting
+
+    def busy_wait(self, cond: Callable[[], bool]) -> bool:
+        """Busy-poll the bell making progress until ``cond()`` (True) or for ``busy``
+        seconds (False; 0 when oversubscribed, see :func:`busy_seconds`): the cheap
+        first part of :meth:`wait`, without deadline and peer checks."""
+        busy = self.busy
+        if not busy:
+            return False
+        bell = self.bell
+        seen = bell[0]
+        self.progress()
+        if cond():
+            return True
+        end = 0.0
+        while True:
+            for _ in _POLLS:
+                if bell[0] != seen:
+                    break
+            else:
+                now = time.perf_counter()
+                if not end:
+                    end = now + busy
+                elif now >= end:
+                    return False
+                continue
+            seen = bell[0]
+            self.progress()
+            if cond():
+                return True
 
     def wait(self, cond: Callable[[], bool], deadline: float, peers: Sequence[int | None] = ()) -> bool:
         """Make progress until ``cond()``; True then, False at ``deadline``
@@ -488,6 +603,7 @@ class ShmLinks:
             own = self.boxes[self.me]
             if own.path:
                 _unlink(own.path)
+            self.outs, self.ins = [], []  # their views would keep the mappings
             for box in self.boxes:
                 box.close()
 

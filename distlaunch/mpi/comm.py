@@ -389,12 +389,11 @@ class Comm:
                 if data is not None:  # the common case, without Request and Spec objects
                     src = None if source == ANY_SOURCE else h.ranks[source]
                     what = _recv_what(src, source, tag)
-                    m = eng.recv_now(h.ctx, src, tag, data, what)
-                    n = len(m.data)
+                    g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what)
                     if n > len(data):
-                        raise truncated(what(), n, h.index[m.src], m.tag, len(data))
+                        raise truncated(what(), n, h.index[g], got_tag, len(data))
                     if status is not None:
-                        status._set(h.index[m.src], m.tag, n)
+                        status._set(h.index[g], got_tag, n)
                     return
         self.Irecv(buf, source, tag).Wait(status)
 

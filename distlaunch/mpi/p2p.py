@@ -48,6 +48,7 @@ PROC_NULL = -1
 MPI_GROUP = 0xFFFFFFFF  # transport group id of every MPI message (no ProcessGroup has it)
 _KEY = (P2P, MPI_GROUP, 0)
 _SEND = OP_CODES["send"]
+_POLLS = range(64)  # bell checks between two looks at the clock while busy-polling
 
 
 class Status:
@@ -301,20 +302,71 @@ class Engine:
         if req.error is not None:
             raise type(req.error)(f"{_text(what)}: {req.error}")
 
-    def recv_now(self, ctx: int, src: int | None, tag: int, buf: memoryview, what: What) -> Message:
+    def recv_now(
+        self, ctx: int, src: int | None, tag: int, buf: memoryview, what: What
+    ) -> tuple[int, int, int]:
         """MPI_Recv into ``buf`` (a writable flat byte memoryview) from global rank ``src``
-        (None: any): returns the message once it is in ``buf`` (``len(msg.data)``: its
-        bytes; when longer than ``buf`` nothing was copied: the caller reports the
-        truncation). Raises as :meth:`wait_until`, or the receive's error."""
+        (None: any): returns (global source, tag, message bytes) once the message is in
+        ``buf`` (when longer than ``buf`` nothing was copied: the caller reports the
+        truncation). Raises as :meth:`wait_until`, or the receive's error.
+
+        From a peer on this node, while no receive is posted and no message kept (so
+        this receive is the only candidate), the message is taken straight from that
+        peer's ring (:meth:`ShmLinks.take`): busy-polled, no routing or objects."""
+        links = self.links
+        if links is not None and src is not None and src != self.rank:
+            i = links.index.get(src)
+            if i is not None:
+                f = self._take(links, i, ctx, tag, buf)
+                if f is None and links.busy:
+                    bell = links.bell
+                    seen = bell[0]
+                    f = self._take(links, i, ctx, tag, buf)
+                    end = 0.0
+                    while f is None:
+                        for _ in _POLLS:
+                            if bell[0] != seen:
+                                break
+                        else:
+                            now = time.perf_counter()
+                            if not end:
+                                end = now + links.busy
+                            elif now >= end:
+                                break
+                            continue
+                        seen = bell[0]
+                        f = self._take(links, i, ctx, tag, buf)
+                if f:
+                    return f[5], f[9], f[11]  # Header's src, root (tag), nbytes
         p = PostedRecv(ctx, src, tag, None, buf)
         self.post(p)
         if p.msg is None and p.error is None:
-            self.wait_until(lambda: p.msg is not None or p.error is not None, what, (src,))
+
+            def done() -> bool:
+                return p.msg is not None or p.error is not None
+
+            if links is not None:  # first a busy-poll without the waits' checks (latency)
+                self.waiters += 1
+                try:
+                    links.busy_wait(lambda: p.msg is not None or p.error is not None or self._tcp())
+                finally:
+                    self.waiters -= 1
+            if not done():
+                self.wait_until(done, what, (src,))
         e = p.error
         if e is not None:
             raise type(e)(f"{_text(what)}: {e}") if isinstance(e, CollectiveError) else e
-        assert p.msg is not None
-        return p.msg
+        m = p.msg
+        assert m is not None
+        return m.src, m.tag, len(m.data)
+
+    def _take(self, links: Any, i: int, ctx: int, tag: int, buf: memoryview) -> tuple | None:
+        """:meth:`ShmLinks.take` for :meth:`recv_now` while it is the only candidate
+        receive (``()`` otherwise: post it)."""
+        with links.lock:
+            if self.posted or self.inbox or links.closed:
+                return ()
+            return links.take(i, MPI_GROUP, ctx, None if tag == ANY_TAG else tag, buf)
 
     # -- receiving
 
@@ -368,6 +420,11 @@ class Engine:
                 self._wait_pump(done, what, peers, deadline)
         finally:
             self.waiters -= 1
+
+    def _tcp(self) -> bool:
+        """True when the pump has a message to match (or failed): :meth:`progress` it."""
+        pump = self.pump
+        return pump is None or pump.done
 
     def _ready(self, done: Callable[[], bool], what: What) -> bool:
         pump = self.pump
