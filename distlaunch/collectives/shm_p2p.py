@@ -57,7 +57,7 @@ from .errors import CollectiveError, PeerLostError
 from .shm import _SLICE, _SYS_FUTEX, ShmConfig, _alive, _futex_fn, _Timespec, _unlink
 from .shm import available as shm_available
 from .transport import Request
-from .wire import HEADER, MAGIC, Header
+from .wire import HEADER, HEADER_SIZE, MAGIC, Header
 
 RING = 1 << 20  # default bytes per (sender, receiver) ring
 _HDR, _CTL, _REC = 4096, 256, 64
@@ -170,6 +170,7 @@ class ShmLinks:
         self._busy: float | None = None  # see busy
         self.lock = threading.RLock()
         self._fence = threading.Lock()
+        self._fence_acquire, self._fence_release = self._fence.acquire, self._fence.release
         self._futex = _futex_fn()
         self._ts = _Timespec()
         self.routes: dict[int, Route] = {}  # transport group id -> consumer of its messages
@@ -273,12 +274,12 @@ class ShmLinks:
             req.local = self
             return req
 
-    def put(self, dest: int, fields: tuple, data: memoryview) -> bool:
-        """Write a whole message to global rank ``dest`` (on this node) now: ``fields``
-        the header's (MAGIC first), ``data`` its payload (a flat byte memoryview).
-        True when written; False (nothing done) when earlier messages to ``dest`` are
-        still queued or its ring lacks room: then :meth:`send` it (keeps the order)."""
-        i = self.index[dest]
+    def put(self, i: int, header: bytes, data: memoryview) -> bool:
+        """Write a whole message to local rank ``i`` (``self.local[i]``) now: ``header``
+        its packed :data:`~.wire.HEADER` (48 bytes), ``data`` its payload (a flat byte
+        memoryview). True when written; False (nothing done) when earlier messages to
+        that rank are still queued or its ring lacks room: then :meth:`send` it (keeps
+        the order)."""
         n = len(data)
         with self.lock:
             if self.closed or self.queues[i]:
@@ -289,7 +290,8 @@ class ShmLinks:
             end = pos + _REC + n
             if end - quads[ti] > ring:
                 return False
-            HEADER.pack_into(mm, at + pos % ring, *fields)
+            a = at + pos % ring
+            mv[a : a + HEADER_SIZE] = header
             if n:
                 a = (pos + _REC) % ring
                 first = ring - a
@@ -302,8 +304,8 @@ class ShmLinks:
             self.heads[i] = pos
             quads[hi] = pos
             words[0] = (words[0] + 1) & 0xFFFFFFFF  # its bell (see ring_bell)
-            self._fence.acquire()
-            self._fence.release()
+            self._fence_acquire()
+            self._fence_release()
             if words[1]:
                 self._futex(_SYS_FUTEX, self.boxes[i].bell_addr, 1, 0x7FFFFFFF, None, None, 0)
             return True
@@ -402,8 +404,8 @@ class ShmLinks:
         pos = (pos + _REC + n + _REC - 1) // _REC * _REC
         self.tails[i] = pos
         quads[ti] = pos
-        self._fence.acquire()
-        self._fence.release()
+        self._fence_acquire()
+        self._fence_release()
         if words[bi]:  # the sender waits for room
             self.ring_bell(i)
         return fields

@@ -28,6 +28,7 @@ the group timeout (default 1800 s: CollectiveTimeoutError).
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +39,7 @@ import numpy as np
 from ..collectives.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from ..collectives.shm_p2p import links_for
 from ..collectives.transport import Request as TransportRequest
-from ..collectives.wire import MAGIC, NO_REDOP, OP_CODES, P2P, Header
+from ..collectives.wire import HEADER, MAGIC, NO_REDOP, OP_CODES, P2P, Header
 from .datatypes import BYTE, UNDEFINED, Datatype, Spec
 from .errors import ERR_TRUNCATE, SUCCESS, MPIException
 
@@ -48,6 +49,8 @@ PROC_NULL = -1
 MPI_GROUP = 0xFFFFFFFF  # transport group id of every MPI message (no ProcessGroup has it)
 _KEY = (P2P, MPI_GROUP, 0)
 _SEND = OP_CODES["send"]
+# HEADER (wire.py) after its first 24 bytes: step (context id), root (tag), count, nbytes
+_HEAD_REST = struct.Struct("<24sIiQQ")
 _POLLS = range(64)  # bell checks between two looks at the clock while busy-polling
 
 
@@ -180,6 +183,8 @@ class Engine:
         self.error: BaseException | None = None
         self.pump: TransportRequest | None = None
         self.waiters = 0
+        # the fields of every message's header before ``step`` (the context id), packed
+        self._head = HEADER.pack(MAGIC, P2P, 0, _SEND, NO_REDOP, self.rank, MPI_GROUP, 0, 0, 0, 0, 0)[:24]
         self.links = links_for(rt)
         if self.links is not None:
             self.links.raw_routes[MPI_GROUP] = self._local_route
@@ -290,9 +295,9 @@ class Engine:
         at once (no Request); else as :meth:`send` and waited for (raises as
         :meth:`wait_until`, or the send's error)."""
         links = self.links
-        if links is not None and dest != self.rank and dest in links.index:
-            fields = (MAGIC, P2P, 0, _SEND, NO_REDOP, self.rank, MPI_GROUP, 0, ctx, tag, 0, len(data))
-            if links.put(dest, fields, data):
+        if links is not None and dest != self.rank:
+            i = links.index.get(dest)
+            if i is not None and links.put(i, _HEAD_REST.pack(self._head, ctx, tag, 0, len(data)), data):
                 return
         req = self.send(dest, ctx, tag, data)
         if req is None:
