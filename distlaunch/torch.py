@@ -88,6 +88,7 @@ from .collectives.errors import (
 from .collectives.group import ProcessGroup as Group
 from .collectives.ops import ReduceOp, as_reduce_op, check_op
 from .collectives.runtime import Runtime, launcher_runtime, local_host_towards
+from .collectives.wire import DTYPE_CODES
 from .secret import shared_token
 
 __all__ = [
@@ -226,6 +227,24 @@ class DistlaunchWork(_TorchWork):
         return self._source
 
 
+class _DoneWork(DistlaunchWork):
+    """Work of an operation that ran in the calling thread: complete when created (no
+    event or lock; built per call, so kept to the least torch's Work needs)."""
+
+    _done = True
+    _event = None
+    _lock: Any = contextlib.nullcontext()
+    _error: BaseException | None = None
+    _future: Future | None = None
+    _source = -1
+
+    def __init__(self, outputs: list, error: BaseException | None = None) -> None:
+        _TorchWork.__init__(self)
+        self._outputs = outputs
+        if error is not None:
+            self._error = error
+
+
 def _complete(fut: Future, outputs: list, error: BaseException | None) -> None:
     if error is None:
         fut.set_result(outputs)
@@ -311,25 +330,31 @@ class _Serial:
         self._thread: threading.Thread | None = None
         self._closed = False
 
+    def idle(self) -> bool:
+        """Nothing queued or running on the helper thread: an operation may run in the
+        calling thread. Read without the lock: only the submitting thread raises
+        ``_pending``, so a 0 it reads cannot become stale."""
+        return not self._pending and not self._closed
+
     def submit(
         self, fn: Callable[[], Any], name: str, group: str, outputs: list, inline: bool
     ) -> DistlaunchWork:
         """Run ``fn`` now (``inline`` and nothing pending) or queue it; its Work."""
+        if inline and self.idle():
+            return _run_now(fn, outputs)
         with self._mutex:
             if self._closed:
                 raise DistlaunchBackendError(f"distlaunch: {self._name} was shut down")
-            now = inline and self._pending == 0
-            work = DistlaunchWork(name, group, outputs, queued=not now)
-            if not now:
+            if not (inline and self._pending == 0):
+                work = DistlaunchWork(name, group, outputs, queued=True)
                 self._pending += 1
                 self._jobs.append((fn, work))
                 if self._thread is None:
                     self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                     self._thread.start()
                 self._cv.notify_all()
-        if now:
-            _run(fn, work)
-        return work
+                return work
+        return _run_now(fn, outputs)  # the helper thread finished meanwhile
 
     def _loop(self) -> None:
         while True:
@@ -354,6 +379,15 @@ class _Serial:
             thread.join(timeout=5)
 
 
+def _run_now(fn: Callable[[], Any], outputs: list) -> DistlaunchWork:
+    """Run ``fn`` in the calling thread; its completed Work (failed with fn's error)."""
+    try:
+        fn()
+    except BaseException as e:  # delivered by wait() / the future, as for queued ones
+        return _DoneWork(outputs, _as_torch_error(e))
+    return _DoneWork(outputs)
+
+
 def _run(fn: Callable[[], Any], work: DistlaunchWork) -> None:
     try:
         fn()
@@ -373,7 +407,7 @@ _HALF = (torch.bfloat16, torch.float16)  # reduced in float32
 def _check(t: Any, what: str) -> Tensor:
     if not isinstance(t, torch.Tensor):
         raise CollectiveArgumentError(f"{what} must be a torch.Tensor, not {type(t).__name__}")
-    if t.device.type != "cpu" or t.layout != torch.strided:
+    if not t.is_cpu or t.layout != torch.strided:
         raise CollectiveArgumentError(
             f"{what} is a {t.layout} tensor on {t.device}; the distlaunch backend takes dense CPU tensors"
         )
@@ -395,12 +429,14 @@ class _Bufs:
             self.back.append((t, src))
         bits = _NO_NUMPY.get(src.dtype)
         try:
-            arr = (src.view(bits) if bits is not None else src).detach().numpy()
+            if bits is not None:
+                src = src.view(bits)
+            arr = (src.detach() if src.requires_grad else src).numpy()
         except (TypeError, RuntimeError) as e:
             raise CollectiveArgumentError(
                 f"{what} has dtype {t.dtype}, which the backend cannot carry"
             ) from e
-        return arr.reshape(-1)
+        return arr if arr.ndim == 1 else arr.reshape(-1)
 
     def reducible(self, t: Tensor, what: str, out: bool) -> Arr:
         """As view(), but half-precision tensors become a float32 copy."""
@@ -417,15 +453,32 @@ class _Bufs:
             t.copy_(src)
 
 
-_REDOPS = {getattr(dist.ReduceOp, op.name): op for op in ReduceOp}
+# keyed by int(RedOpType): hashing torch's pybind enum costs more than the whole lookup
+_REDOPS = {int(getattr(dist.ReduceOp, op.name)): op for op in ReduceOp}
+# dtypes whose contiguous tensors all_reduce reaches as a numpy view with no conversion
+# (not bfloat16/float16, reduced in float32; not complex, whose conj bit numpy lacks)
+_PLAIN = {
+    d
+    for d in (
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    )
+    if torch.empty(0, dtype=d).numpy().dtype in DTYPE_CODES
+}
 
 
 def _op(opts: Any) -> ReduceOp:
     red = opts.reduceOp
-    op = _REDOPS.get(getattr(red, "op", red))  # torch's ReduceOp wraps a RedOpType
+    kind = getattr(red, "op", red)  # torch's ReduceOp wraps a RedOpType
+    op = _REDOPS.get(int(kind))
     if op is not None:
         return op
-    kind = getattr(red, "op", red)
     name = getattr(kind, "name", None)
     if name not in ReduceOp.__members__:
         raise CollectiveArgumentError(
@@ -510,6 +563,28 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
     def allreduce(self, tensors: list, opts: Any = None) -> DistlaunchWork:
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
+        t = tensors[0]
+        if (
+            isinstance(t, Tensor)
+            and t.is_cpu
+            and t.layout == torch.strided
+            and t.dtype in _PLAIN
+            and t.is_contiguous()
+        ):
+            # the common case, kept short (torch's own layer costs about as much as the
+            # runtime's small all_reduce): a view, no stand-ins to copy back
+            op, g = _op(opts), self._g
+            arr = (t.detach() if t.requires_grad else t).numpy()
+            if arr.ndim != 1:
+                arr = arr.reshape(-1)
+            check_op(op, arr.dtype)
+            if (not getattr(opts, "asyncOp", True) or arr.nbytes <= INLINE_BYTES) and self._serial.idle():
+                try:
+                    g.all_reduce(arr, op)
+                except BaseException as e:
+                    return _DoneWork(tensors, _as_torch_error(e))
+                return _DoneWork(tensors)
+            return self._serial.submit(lambda: g.all_reduce(arr, op), "all_reduce", g.name, tensors, False)
         op, bufs = _op(opts), _Bufs()
         arr = bufs.reducible(tensors[0], "tensor", out=True)
         check_op(op, arr.dtype)

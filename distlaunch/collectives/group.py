@@ -422,7 +422,7 @@ class ProcessGroup(Members):
             )
         elif isinstance(e, OpTimeout):
             err = self._diagnose_timeout(ctx, what, e.peers)
-            ranks = f"{err.missing_ranks}{err.unreachable_ranks}".replace(" ", "")
+            ranks = ";".join(",".join(map(str, rs)) for rs in (err.missing_ranks, err.unreachable_ranks))
             self._abort_members(ctx.seq, ABORT_TIMEOUT, f"{ranks}\n{err}")
         elif isinstance(e, CollectiveError) and getattr(e, "_from_abort", False):
             err = e
@@ -504,9 +504,9 @@ class ProcessGroup(Members):
         cls = _ABORT_CLASSES.get(hdr.op, CollectiveError)
         missing: list = []
         lost: list = []
-        if hdr.op == ABORT_TIMEOUT:  # "[missing][unreachable]\n<message>"
+        if hdr.op == ABORT_TIMEOUT:  # "<missing ranks>;<unreachable ranks>\n<message>"
             head, _, text = text.partition("\n")
-            fields = head.strip("[]").split("][")
+            fields = head.split(";")
             if len(fields) == 2:
                 missing, lost = ([int(r) for r in f.split(",") if r.isdigit()] for f in fields)
         err = cls(f"rank {hdr.src} aborted {self.name}: {text}")
