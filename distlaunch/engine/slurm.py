@@ -180,10 +180,21 @@ class SlurmEngine:
         cwd: str,
         cmd_env: Mapping[str, str],
         version: str,
+        agent_argv: Sequence[str] = AGENT_ARGV,
     ) -> SlurmEngine:
-        """Look up the nodes' addresses (``env.slurm_node_addresses``). Blocks. Raises ConfigError."""
+        """Start the agent step on every node of ``nodes`` (``launch``) and, while the
+        agents start, look up the nodes' addresses (``env.slurm_node_addresses``): the
+        step's start overlaps the head's own set-up. Blocks. Raises ConfigError (the step,
+        if started, is closed: its agents read end-of-file and end)."""
         progress(f"asking Slurm for {len(nodes)} node(s)", False)
-        return cls(nodes, slurm_node_addresses(list(nodes.values())), python, cwd, cmd_env, version)
+        engine = cls(nodes, {}, python, cwd, cmd_env, version, agent_argv)
+        try:
+            engine.launch(list(nodes))
+            engine.addresses = slurm_node_addresses(list(nodes.values()))
+        except BaseException:
+            engine.close()
+            raise
+        return engine
 
     # -- addresses --------------------------------------------------------------------
 
@@ -223,17 +234,15 @@ class SlurmEngine:
             cmd,
         ]
 
-    def start(self, specs: Mapping[int, dict[str, Any]]) -> None:
-        """Start the agents, wait until each said hello with this version (each report is
-        said), and only then send the specs. Blocks up to ``start_timeout`` s. Raises
-        ConfigError when srun fails or a node failed its check (nothing was started
-        anywhere: the agents read end-of-file and end)."""
-        progress(f"starting agents on {len(specs)} Slurm node(s)", False)
+    def launch(self, node_ids: Sequence[int]) -> None:
+        """Run the agent step on ``node_ids`` (``srun_argv``) without waiting: the agents
+        say hello and wait for their spec (``start``). Raises ConfigError when srun cannot
+        be run."""
         env = {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
-        self.started = list(specs)
+        self.started = list(node_ids)
         try:
             self.proc = subprocess.Popen(
-                self.srun_argv(list(specs)),
+                self.srun_argv(self.started),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -245,6 +254,17 @@ class SlurmEngine:
         for f in (self.proc.stdout, self.proc.stderr):
             assert f is not None
             os.set_blocking(f.fileno(), False)
+
+    def start(self, specs: Mapping[int, dict[str, Any]]) -> None:
+        """Start the agents (unless ``launch`` did), wait until each said hello with this
+        version (each report is said), and only then send the specs. Blocks up to ``start_timeout`` s. Raises
+        ConfigError when srun fails or a node failed its check (nothing was started
+        anywhere: the agents read end-of-file and end)."""
+        progress(f"starting agents on {len(specs)} Slurm node(s)", False)
+        if self.proc is None:
+            self.launch(list(specs))
+        elif set(specs) != set(self.started):
+            raise ConfigError(f"specs for nodes {sorted(specs)}, but agents run on {sorted(self.started)}")
         problems: dict[str, str] = {}
         try:
             self._await_hellos(set(specs), problems)
@@ -262,6 +282,7 @@ class SlurmEngine:
             )
         for k in specs:
             say(f"preflight {self.nodes[k]}: ok")
+        assert self.proc is not None  # launched above
         stdin = self.proc.stdin
         assert stdin is not None
         try:

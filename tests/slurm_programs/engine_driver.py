@@ -22,8 +22,8 @@ engine = SlurmEngine.connect(
     scenario.get("cwd", os.getcwd()),
     {"PYTHONPATH": os.environ.get("PYTHONPATH", "")} if os.environ.get("PYTHONPATH") else {},
     __version__,
+    agent_argv=[os.path.join(here, "agent.py")],
 )
-engine.agent_argv = [os.path.join(here, "agent.py")]
 engine.start_timeout = scenario.get("start_timeout", 30)
 token = scenario["token"]
 specs = {
