@@ -104,3 +104,79 @@ def test_failing_worker_thread_exits_as_mpiexec_does(tmp_path):
     assert "rank 0 waits for rank 1" in res.stdout and "rank 0 waits for rank 1" in mine
     rc2, theirs, _ = run("thread_failure", 2, tmp_path, ours=False, args=("survives",))
     assert (rc2, theirs) == (rc_ok, mine_ok)
+
+
+@pytest.mark.parametrize("n,ring", [(2, None), (4, "4096")])
+def test_blocking_shapes_match_mpich(n, ring, tmp_path, monkeypatch):
+    """p2p_blocking.py (blocking Send/Recv as programs write them: the receive fast path
+    that takes a message straight from the peer's ring) gives MPICH's output, also with
+    a 4 KiB ring where messages wrap around its end."""
+    if ring:
+        monkeypatch.setenv("DISTLAUNCH_SHM_P2P_RING", ring)
+    rc, mine, err = run("p2p_blocking", n, tmp_path, ours=True, timeout=120)
+    assert rc == 0, err[-3000:]
+    assert not [ln for ln in mine if "False" in ln], mine
+    if not have_mpich():
+        pytest.skip("mpi4py/mpiexec not installed")
+    rc2, theirs, err2 = run("p2p_blocking", n, tmp_path, ours=False, timeout=120)
+    assert rc2 == 0, err2[-3000:]
+    assert mine == theirs
+
+
+def test_idle_receiver_sleeps_instead_of_spinning(tmp_path):
+    """A receive waiting 2 s for its message busy-polls only briefly, then sleeps: its
+    process uses well under a second of CPU meanwhile (spinning all along: ~2 s)."""
+    prog = _script(
+        tmp_path,
+        "comm = MPI.COMM_WORLD\n"
+        "buf = np.zeros(8, np.uint8)\n"
+        "comm.Barrier()\n"
+        "if comm.rank == 0:\n"
+        "    time.sleep(2)\n"
+        "    comm.Send([buf, 8, MPI.BYTE], dest=1, tag=1)\n"
+        "else:\n"
+        "    cpu, t = time.process_time(), time.monotonic()\n"
+        "    comm.Recv([buf, 8, MPI.BYTE], source=0, tag=1)\n"
+        "    print('waited', round(time.monotonic() - t, 2), 'cpu', round(time.process_time() - cpu, 3))\n",
+    )
+    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    words = next(ln for ln in res.stdout.splitlines() if "waited" in ln).split()
+    assert float(words[-3]) >= 1.9
+    assert float(words[-1]) < 0.5, res.stdout
+
+
+def test_oversubscribed_ranks_do_not_spin(tmp_path, monkeypatch):
+    """Both ranks on one CPU (the launcher's affinity): a waiter must yield the CPU at
+    once, not busy-poll, or each message waits for the spinner's time slice to end.
+    With a busy-poll of 100 ms configured, 300 round trips still take well under the
+    ~1 s that even 3 ms (one slice) per wait would."""
+    monkeypatch.setenv("DISTLAUNCH_SHM_P2P_BUSY_US", "100000")
+    prog = _script(
+        tmp_path,
+        "comm = MPI.COMM_WORLD\n"
+        "buf = np.zeros(8, np.uint8)\n"
+        "other = 1 - comm.rank\n"
+        "comm.Barrier()\n"
+        "t = time.monotonic()\n"
+        "for _ in range(300):\n"
+        "    if comm.rank == 0:\n"
+        "        comm.Send([buf, 8, MPI.BYTE], dest=other, tag=1)\n"
+        "        comm.Recv([buf, 8, MPI.BYTE], source=other, tag=1)\n"
+        "    else:\n"
+        "        comm.Recv([buf, 8, MPI.BYTE], source=other, tag=1)\n"
+        "        comm.Send([buf, 8, MPI.BYTE], dest=other, tag=1)\n"
+        "print('took', round(time.monotonic() - t, 3), 'cpus', sorted(os.sched_getaffinity(0)))\n",
+    )
+    cpu = min(os.sched_getaffinity(0))
+    res = subprocess.run(
+        [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "2", str(prog)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [ln for ln in res.stdout.splitlines() if "took" in ln]
+    assert len(lines) == 2 and all(f"cpus [{cpu}]" in ln for ln in lines), res.stdout
+    assert max(float(ln.split()[-3]) for ln in lines) < 0.9, res.stdout
