@@ -24,6 +24,8 @@ CASES = [
     ("environment", 2),
     ("datatypes", 2),
     ("datatypes", 3),
+    ("persistent", 1),
+    ("persistent", 3),
 ]
 
 
@@ -47,6 +49,9 @@ def independent(name: str, n: int) -> list[str]:
         ]
     if name == "p2p_modes":
         return [f"{r} count 4 {(np.arange(4.0) + (r - 1) % n).tolist() + [-1.0] * 6}" for r in range(n)]
+    if name == "persistent":
+        ring = [[[100 * ((r - 1) % n) + k + j for j in range(4)] for k in range(5)] for r in range(n)]
+        return [f"{r} ring {ring[r]} [True, True] [False, False]" for r in range(n)]
     return []
 
 

@@ -39,6 +39,7 @@ from .p2p import (
     DoneOp,
     Engine,
     Message,
+    Prequest,
     RecvOp,
     Request,
     SendOp,
@@ -426,6 +427,21 @@ class Comm:
         s = self._isend(data, dest, sendtag)
         r.Wait(status)
         s.Wait()
+
+    # -- point to point: persistent requests (MPI_Send_init, MPI_Recv_init)
+
+    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:
+        """A persistent send of ``buf`` to ``dest``: each Start sends the buffer's current
+        contents as Isend would (Bsend/Ssend/Rsend_init: the same, see Send)."""
+        self._h()  # COMM_NULL fails here, not at Start
+        return Prequest(start=lambda: self.Isend(buf, dest, tag))
+
+    Bsend_init = Ssend_init = Rsend_init = Send_init
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:
+        """A persistent receive into ``buf``: each Start posts it as Irecv would."""
+        self._h()
+        return Prequest(start=lambda: self.Irecv(buf, source, tag))
 
     # -- point to point: Python objects
 

@@ -41,7 +41,7 @@ from ..collectives.shm_p2p import links_for
 from ..collectives.transport import Request as TransportRequest
 from ..collectives.wire import HEADER, MAGIC, NO_REDOP, OP_CODES, P2P, Header
 from .datatypes import BYTE, UNDEFINED, Datatype, Spec
-from .errors import ERR_TRUNCATE, SUCCESS, MPIException
+from .errors import ERR_REQUEST, ERR_TRUNCATE, SUCCESS, MPIException
 
 ANY_SOURCE = -2  # MPICH's values
 ANY_TAG = -1
@@ -56,6 +56,8 @@ _POLLS = range(64)  # bell checks between two looks at the clock while busy-poll
 
 class Status:
     """MPI_Status: ``source``, ``tag``, ``error`` and the received byte count."""
+
+    __slots__ = ("source", "tag", "error", "nbytes", "cancelled")
 
     def __init__(self, status: Status | None = None) -> None:
         self.source, self.tag, self.error, self.nbytes, self.cancelled = (
@@ -607,16 +609,21 @@ class Request:
     Blocking methods raise as :meth:`Engine.wait_until`; a failed operation raises its
     error (MPIException ERR_TRUNCATE, PeerLostError, ...)."""
 
+    __slots__ = ("_op", "_engine")
+
     def __init__(self, request: Request | None = None, op: _Op | None = None, engine: Engine | None = None):
         self._op: _Op | None = request._op if request is not None else op
         self._engine: Engine | None = request._engine if request is not None else engine
-        self._status: Status | None = None
+
+    def _key(self) -> Any:
+        """What identifies the MPI handle (None: REQUEST_NULL)."""
+        return self._op
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Request) and self._op is other._op
+        return isinstance(other, Request) and self._key() is other._key()
 
     def __hash__(self) -> int:
-        return id(self._op)
+        return id(self._key())
 
     def __bool__(self) -> bool:
         return self._op is not None
@@ -637,12 +644,7 @@ class Request:
             if status is not None:
                 status._set(ANY_SOURCE, ANY_TAG, 0)
             return None
-        st = Status()
-        result = op.finish(st)
-        self._status = st
-        if status is not None:
-            status._set(st.source, st.tag, st.nbytes)
-        return result
+        return op.finish(status)
 
     def _block(self) -> None:
         op, eng = self._op, self._engine
@@ -772,6 +774,49 @@ class Request:
         return done
 
 
-Prequest = Request
+class Prequest(Request):
+    """mpi4py's Prequest: a persistent request (MPI_Send_init / MPI_Recv_init and their
+    Bsend/Ssend/Rsend forms), bound to its arguments once. Inactive when made; Start
+    (or Startall) starts the operation as Isend/Irecv would (a send reads its buffer
+    at each Start); once completed (Wait, a successful Test, ...) it is inactive again
+    -- not REQUEST_NULL -- and may be started anew, until Free. Completing an inactive
+    one returns at once with an empty Status, as MPI does. Start raises MPIException
+    (ERR_REQUEST) on an active or freed request."""
+
+    __slots__ = ("_start",)
+
+    def __init__(self, request: Request | None = None, start: Callable[[], Request] | None = None) -> None:
+        super().__init__(request)
+        self._start: Callable[[], Request] | None = request._start if isinstance(request, Prequest) else start
+
+    def _key(self) -> Any:
+        return self._start if self._start is not None else self._op
+
+    def __bool__(self) -> bool:
+        return self._start is not None
+
+    def Start(self) -> None:
+        """Start the operation (MPI_Start); see the class docstring."""
+        if self._start is None:
+            raise MPIException(ERR_REQUEST, "Start on a freed persistent request (make a new one)")
+        if self._op is not None:
+            raise MPIException(
+                ERR_REQUEST, "Start on an active persistent request: complete it first (Wait/Test)"
+            )
+        req = self._start()
+        self._op, self._engine = req._op, req._engine
+
+    @classmethod
+    def Startall(cls, requests: Sequence[Prequest]) -> None:
+        """Start every request of ``requests`` (MPI_Startall), in order."""
+        for r in requests:
+            r.Start()
+
+    def Free(self) -> None:
+        """Release the request (MPI_Request_free); an active operation still completes."""
+        self._op = None
+        self._start = None
+
+
 Grequest = Request
 REQUEST_NULL = Request()
