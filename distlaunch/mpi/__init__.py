@@ -10,8 +10,9 @@ specifications (``buf``, ``[buf, MPI.DOUBLE]``, ``[buf, count, MPI.DOUBLE]``,
 on first use, from the launcher's environment.
 
 Offered: point-to-point in every mode (Send/Ssend/Bsend/Rsend are all eager), Isend/
-Irecv with Request (Wait/Test/Waitall/Waitany/Testall/...), Sendrecv, Probe/Iprobe/
-Mprobe with Status, ANY_SOURCE/ANY_TAG/PROC_NULL; the collectives, their v-variants,
+Irecv with Request (Wait/Test/Waitall/Waitany/Testall/...), persistent requests
+(Send_init/Recv_init with Prequest.Start/Startall), Sendrecv, Probe/Iprobe/Mprobe with
+Status, ANY_SOURCE/ANY_TAG/PROC_NULL; the collectives, their v-variants,
 IN_PLACE, Scan/Exscan, Reduce_scatter, MINLOC/MAXLOC and Op.Create; communicators (Dup,
 Split, Split_type, Create, Free, COMM_SELF, COMM_NULL, groups, attributes, names);
 derived datatypes; the environment functions. Refused with NotImplementedError: RMA
