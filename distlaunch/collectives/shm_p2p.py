@@ -29,11 +29,20 @@ engine for distlaunch.mpi's messages, else the transport's matching), which name
 destination: the posted receive's own buffer when one matches, else a new buffer kept
 as an unexpected message.
 
+Fast paths (the MPI engine's blocking Send/Recv): :meth:`ShmLinks.put` writes a whole
+message that fits the ring at once from a packed header (no queue, no Request), and
+:meth:`ShmLinks.take` copies the next message of a ring straight into a receive buffer
+when it is the one wanted (no routing, no objects).
+
 Waiting: a waiter watches its bell (senders bump it after publishing data; receivers
 after consuming from a ring whose sender is blocked; the TCP progress thread after
-completing a request), first a few plain checks, then ``config.spin`` checks each after
-a ``sched_yield``, then ``futex(FUTEX_WAIT)`` slices of at most 50 ms with the
-sleeping flag set (Dekker's pattern, as :mod:`.shm`). Between slices it checks the
+completing a request). First it busy-polls the bell for ``busy`` seconds
+(DISTLAUNCH_SHM_P2P_BUSY_US, default 100 us: a wake-up from the kernel costs more than
+a small message's whole trip), unless the node's ranks may run on fewer CPUs together
+than they are (their affinities): a spinner would then hold the CPU of the very peer it
+waits for, so it skips this. Then ``config.spin`` checks each after a ``sched_yield``,
+then ``futex(FUTEX_WAIT)`` slices of at most 50 ms with the sleeping flag set (Dekker's
+pattern, as :mod:`.shm`): an idle waiter uses no CPU. Between slices it checks the
 deadline and whether the peers it waits for still exist (PeerLostError): a peer killed
 in the middle of a message never leaves the survivor hanging. Relies on x86-64 store
 ordering, as :mod:`.shm`.

@@ -20,10 +20,17 @@ operating system, shared memory: the peer's ring; a large message streams throug
 ring while this process waits or tests), so Ssend/Rsend/Bsend behave as Send. A send to
 oneself is copied straight into the engine.
 
-Blocking waits poll the pump and the shared-memory links (short busy-poll, then futex
-sleeps on the links' bell, or slices on the pump without links) so that they notice a
-lost peer (its connection ended or its process on this node is gone: PeerLostError) and
-the group timeout (default 1800 s: CollectiveTimeoutError).
+Blocking Send and Recv of contiguous buffers (Comm.Send/Recv's common case) skip the
+Request, Spec and Message objects: :meth:`Engine.send_now` writes a message that fits
+the peer's ring at once, and :meth:`Engine.recv_now` -- while no other receive is posted
+and no message kept, so the matching order cannot differ -- takes it straight from the
+sender's ring into the buffer (:meth:`ShmLinks.take`); anything else goes the general way.
+
+Blocking waits poll the pump and the shared-memory links (a bounded busy-poll unless the
+node's ranks share CPUs, then yields and futex sleeps on the links' bell; slices on the
+pump without links) so that they notice a lost peer (its connection ended or its process
+on this node is gone: PeerLostError) and the group timeout (default 1800 s:
+CollectiveTimeoutError).
 """
 
 from __future__ import annotations
