@@ -16,15 +16,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .agent.guard import OrphanGuard
-from .agent.node import NodeAgent, NodeOptions, StoreAddress
 from .agent.signals import SignalRelay
 from .config import LaunchConfig
 from .errors import ConfigError, LaunchInterrupted
 from .modes import STORE_HOST, HeadOptions
-from .policy import error_for
 from .report import say
-from .rounds import Signal
 
 if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this module
     from .engine import AgentEngine, OnEnd
@@ -43,19 +39,22 @@ def run_hosts(
     job took. Blocks. Raises ConfigError (unreachable host, failed preflight: nothing was
     started), WorkerFailedError, LaunchInterrupted, RendezvousError.
     """
-    from .events import EventLog
-    from .head_controller import HeadController
+    # Only what starting the agents needs is imported before they start: the engine
+    # starts them at once (the Slurm engine's step in connect()), the rest loads meanwhile.
     from .hosts import is_local
     from .remote.command import shipped_env
-    from .rendezvous import Rendezvous
-    from .store import StoreClient, StoreServer
+    from .rounds import Signal
 
     hosts = list(head.hosts)
     # Through Slurm every node's agent runs in the agent step, this machine's too (inside
     # the job, under Slurm's accounting and scancel).
     remote = [k for k, h in enumerate(hosts) if head.engine == "slurm" or not is_local(h)]
     local = [k for k in range(len(hosts)) if k not in remote]
-    guard = OrphanGuard() if local else None  # forked before any thread exists
+    guard = None
+    if local:
+        from .agent.guard import OrphanGuard
+
+        guard = OrphanGuard()  # forked before any thread exists
     # Until the agents run, a stop signal ends the head at once (exit 128+N), wherever
     # it waits (SSH connect, preflight, agent start); then the agents' stop path takes over.
     relay: SignalRelay | None
@@ -75,6 +74,13 @@ def run_hosts(
         env = shipped_env(os.environ, [], head.env_all)
         cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}
         engine = _connect(head, {k: hosts[k] for k in remote}, python, cwd, cmd_env)
+        from .agent.node import NodeAgent, NodeOptions, StoreAddress
+        from .events import EventLog
+        from .head_controller import HeadController
+        from .policy import error_for
+        from .rendezvous import Rendezvous
+        from .store import StoreClient, StoreServer
+
         store_addr = head.store_addr or (engine.store_address() if remote else STORE_HOST)
         if store_addr is None:
             raise ConfigError(
@@ -206,6 +212,7 @@ def _supervise_remote(
     ended; a stop signal stops every round; agents that do not end within the grace
     period (or at a second Ctrl-C) are killed by their recorded process groups."""
     from .engine.slurm import SlurmEngine
+    from .rounds import Signal
 
     # SIGUSR1/SIGUSR2 sent to the head alone go on to the agents' srun step (the SSH
     # engine has no way to signal remote workers yet); stop signals stop every round.

@@ -1,7 +1,8 @@
 """Faults through the scheduler on the real two-node Slurm cluster (tests/slurm.py):
-``--max-restarts`` inside an allocation, signals Slurm sends to a running job (``scancel
---signal``, ``sbatch --signal=USR1@T``) reaching every worker on both nodes exactly once
-while the job goes on, and the time limit leaving no worker alive.
+the agent step's start racing the head's first reads, ``--max-restarts`` inside an
+allocation, signals Slurm sends to a running job (``scancel --signal``, ``sbatch
+--signal=USR1@T``) reaching every worker on both nodes exactly once while the job goes
+on, and the time limit leaving no worker alive.
 
 Workers are tests/slurm_programs/fault_worker.py: they write a pid mark per attempt and
 a line per SIGUSR1 they get, on the node Slurm says they run on (``SLURMD_NODENAME``).
@@ -9,7 +10,9 @@ a line per SIGUSR1 they get, on the node Slurm says they run on (``SLURMD_NODENA
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -20,6 +23,7 @@ from slurm import ENDED_STATES, slurm_cluster  # noqa: F401  (session-scoped fix
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "slurm_programs", "fault_worker.py")
+DRIVER = os.path.join(HERE, "slurm_programs", "engine_driver.py")
 NODE_OF_RANK = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}  # --nproc-per-node 2 on n[1-2]
 
 
@@ -88,6 +92,26 @@ def assert_each_worker_got_usr1_once(marks: Path, out: Path) -> None:
     wait_for(lambda: len(got(marks)) == 4 and all(got(marks).values()), 60, "SIGUSR1 at all 4 workers", out)
     time.sleep(1.0)  # a second delivery (Slurm's and a forwarded one) would have landed
     assert usr1_marks(marks) == {r: [n] for r, n in NODE_OF_RANK.items()}
+
+
+def test_hellos_waiting_before_start_are_read(slurm_cluster, tmp_path):  # noqa: F811
+    """SlurmEngine.connect() starts the agent step; when start() first reads, the agents'
+    hellos (srun's stdout) and srun's lines saying which node each task runs on (its
+    stderr) are all waiting, and the hellos may be read first: none may be lost (each
+    agent still gets its spec and ends 0) rather than waiting out the start timeout."""
+    scenario = {
+        "token": secrets.token_hex(16),
+        "dir": str(tmp_path),
+        "do": {"n1": "exit 0", "n2": "exit 0"},
+        "delay_start": 2,
+        "start_timeout": 10,
+    }
+    cp = slurm_cluster.run("salloc", "-N2", sys.executable, DRIVER, json.dumps(scenario), timeout=90)
+    lines = [line for line in cp.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"driver printed no summary (exit {cp.returncode}):\n{cp.stdout}\n{cp.stderr}"
+    out = json.loads(lines[-1])
+    assert "error" not in out, out
+    assert sorted((k, s) for k, s, _ in out["ends"]) == [(0, 0), (1, 0)]
 
 
 @pytest.mark.parametrize("max_restarts", [1, 0])

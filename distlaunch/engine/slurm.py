@@ -171,6 +171,9 @@ class SlurmEngine:
         self._in_options = False
         # while starting: reads each agent's first line (hello or check mark)
         self._greeter: Callable[[int, str], bool] | None = None
+        # first lines of tasks srun has not yet said the node of (stdout and stderr are
+        # separate pipes, read in either order)
+        self._unplaced: list[tuple[int, str]] = []
 
     @classmethod
     def connect(
@@ -307,7 +310,10 @@ class SlurmEngine:
 
         def first_line(task: int, text: str) -> bool:
             k = self.task_node.get(task)
-            if k is None:
+            if k is None:  # srun's line placing the task (stderr) not read yet: keep it
+                if text.partition(" ")[0] in (AGENT_HELLO, CHECK_MARK):
+                    self._unplaced.append((task, text))
+                    return True
                 return False
             word, _, rest = text.partition(" ")
             if word == AGENT_HELLO and k not in greeted:
@@ -422,6 +428,10 @@ class SlurmEngine:
         if m is not None and m.group(1) in self.ids:
             for task in _ids(m.group(2)):
                 self.task_node[task] = self.ids[m.group(1)]
+            early, self._unplaced = self._unplaced, []
+            for task, text in early:
+                if self._greeter is not None:
+                    self._greeter(task, text)  # placed now, or kept again
             return False
         m = _FINISH.match(line)
         if m is not None and m.group(1) in self.ids:

@@ -2,7 +2,8 @@
 a SlurmEngine starts tests/slurm_programs/agent.py on every node of the allocation with
 per-node specs, relays their output and reports each agent's end. The scenario (JSON on
 argv: nothing secret) gives each node's ``do`` and engine settings; the last stdout line
-is a JSON summary: ends (node id, status, seconds since start), error (ConfigError text)."""
+is a JSON summary: ends (node id, status, seconds since start), error (ConfigError text).
+``delay_start``: seconds between connect() (which starts the step) and start()."""
 
 import json
 import os
@@ -43,6 +44,9 @@ result = {
     "store": engine.store_address(),
     "master": [engine.master_address(k) for k in specs],
 }
+# the agents' hellos (stdout) and srun's lines placing them (stderr) are both waiting
+# when start() first reads: as when the head's own set-up outlasts the step's start
+time.sleep(scenario.get("delay_start", 0))
 try:
     engine.start(specs)
 except ConfigError as e:
