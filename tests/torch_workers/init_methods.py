@@ -3,7 +3,8 @@ all_gather with gloo's in the same processes. ``init_methods.py METHOD [URL RANK
 
 METHOD: ``env`` (torchrun / distlaunch run: everything from the environment), ``url``
 (tcp:// or file:// given as URL), ``store`` (an explicit torch TCPStore on the URL's
-host:port). Prints ``init ok METHOD transport=<shm|tcp>``.
+host:port; the runtime's transport secret must not be readable from it). Prints
+``init ok METHOD transport=<shm|tcp>``.
 """
 
 import sys
@@ -27,6 +28,14 @@ else:
         store = dist.TCPStore(u.hostname, u.port, world, is_master=rank == 0)
         dist.init_process_group("distlaunch", store=store, rank=rank, world_size=world)
 rank, n = dist.get_rank(), dist.get_world_size()
+if method == "store":  # torch's store is not authenticated: the transport secret stays out
+    rt = distlaunch.torch._STATE["runtime"]
+    # the store torch gave the backend: the group's prefix store, then the device's
+    backend_store = dist.PrefixStore("cpu/", dist.distributed_c10d._world.pg_map[dist.group.WORLD][1])
+    key = f"{rt.prefix}secret"
+    assert backend_store.check([key]), f"{key} is not in the backend's store"
+    published = backend_store.get(key).decode()
+    assert rt.secret and published != rt.secret, "the transport secret is in torch's store"
 gloo = dist.new_group(backend="gloo")
 results = []
 for group in (None, gloo):
