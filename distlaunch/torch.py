@@ -56,8 +56,10 @@ Failures: a dead peer, ranks that called different operations, and an operation 
 finished within ``init_process_group(timeout=...)`` raise on every surviving rank within
 that timeout (as the runtime's CollectiveError classes): :class:`DistlaunchTimeoutError`,
 :class:`DistlaunchPeerLostError`, :class:`DistlaunchMismatchError`, all subclasses of
-torch's ``DistBackendError`` and of the matching ``distlaunch.collectives`` error. After a
-failure the group is broken (later calls raise at once), as in the runtime. Bad
+torch's ``DistBackendError`` and of the matching ``distlaunch.collectives`` error. The
+first rank to fail aborts the group on the others (a timeout too: ranks blocked in the
+operation raise with it, ranks that had not reached it raise at their next call, as
+NCCL's abort on timeout). After a failure the group is broken, as in the runtime. Bad
 arguments raise ValueError (CollectiveArgumentError) on the calling rank only.
 """
 
