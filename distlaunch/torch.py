@@ -58,8 +58,8 @@ that timeout (as the runtime's CollectiveError classes): :class:`DistlaunchTimeo
 :class:`DistlaunchPeerLostError`, :class:`DistlaunchMismatchError`, all subclasses of
 torch's ``DistBackendError`` and of the matching ``distlaunch.collectives`` error. The
 first rank to fail aborts the group on the others (a timeout too: ranks blocked in the
-operation raise with it, ranks that had not reached it raise at their next call, as
-NCCL's abort on timeout). After a failure the group is broken, as in the runtime. Bad
+operation raise with it, ranks that had not reached it raise at their next call).
+After a failure the group is broken, as in the runtime. Bad
 arguments raise ValueError (CollectiveArgumentError) on the calling rank only.
 """
 
