@@ -5,6 +5,7 @@ for the launcher's dependencies. ``distlaunch.launch`` is loaded on first use.
 """
 
 __version__ = "0.1.0"
+AGENT_HELLO = "DISTLAUNCH-AGENT"  # an agent's first line, "<AGENT_HELLO> <version>" (remote.command)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers know the name)
 if TYPE_CHECKING:

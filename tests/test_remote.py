@@ -11,6 +11,7 @@ import selectors
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -555,6 +556,27 @@ def test_start_checked_reports_each_host(sshd_hosts, node1, tmp_path):
     agent = ok[0]
     agent.write_stdin(b"")  # end of stdin before a spec: the agent ends, starting nothing
     assert agent.wait(30) == 0
+
+
+def test_agent_broken_after_hello_says_one_line(tmp_path):
+    # the hello comes before the agent's own imports; a host whose install lost a module
+    # still ends at once with one line naming it, without reading a spec
+    shutil.copytree(ROOT / "distlaunch", tmp_path / "distlaunch")
+    (tmp_path / "distlaunch" / "rounds.py").unlink()
+    p = subprocess.run(
+        [PY, "-m", "distlaunch", "agent"],
+        input="",
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        timeout=60,
+    )
+    assert p.stdout == f"DISTLAUNCH-AGENT {distlaunch.__version__}\n"
+    assert p.returncode == 1
+    assert p.stderr.splitlines() == [
+        "distlaunch agent: cannot start here: No module named 'distlaunch.rounds' (reinstall distlaunch)"
+    ]
 
 
 # --- remote command line ---------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """``distlaunch agent``: the entry point of an agent an engine started on another machine
 (``engine/``), with its job spec as one JSON line on stdin.
 
-The agent first prints ``AGENT_HELLO <version>`` (remote.command) and only then reads
-the spec: the head's start-up check (remote.preflight.start_checked) needs no interpreter
-of its own, and an agent whose head found a problem on any host reads end-of-file and
-ends without starting anything. ``python -m distlaunch agent`` comes here without the
+The agent first prints ``AGENT_HELLO <version>`` (remote.command), before its own
+imports (they run while the head waits for the other hosts), and only then reads the
+spec: the head's start-up check (remote.preflight.start_checked) needs no interpreter of
+its own, and an agent whose head found a problem on any host reads end-of-file and ends
+without starting anything. ``python -m distlaunch agent`` comes here without the
 CLI's imports (``__main__``).
 
 The spec: ``{"config": LaunchConfig.to_dict(), "store": [host, port], "token": secret,
@@ -19,21 +20,18 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from .. import __version__
-from ..config import LaunchConfig
-from ..errors import DistlaunchError, LaunchInterrupted, WorkerFailedError
-from ..remote.command import AGENT_HELLO
-from ..rendezvous import Rendezvous
-from ..report import say
-from .guard import OrphanGuard
-from .node import NodeAgent, NodeOptions, StoreAddress
+from .. import AGENT_HELLO, __version__
 
 
 def run_agent(spec: dict[str, Any]) -> int:
     """Run one node's agent for ``spec`` (see the module docstring; it holds the store's
     secret). Returns the restarts taken; raises as NodeAgent.run. Records its end in the
     store so the head can tell a finished agent from a lost one."""
+    from ..config import LaunchConfig
+    from ..rendezvous import Rendezvous
     from ..store import StoreClient
+    from .guard import OrphanGuard
+    from .node import NodeAgent, NodeOptions, StoreAddress
 
     cfg = LaunchConfig.from_dict(spec["config"])
     os.environ.update(spec.get("env", {}))  # --env-all: the agent and its workers inherit them
@@ -59,6 +57,16 @@ def main() -> NoReturn:
     workers' failure or stop signal code (the head reports those), a DistlaunchError's
     code (said here), or 0 when stdin ends before a spec (the head started nothing)."""
     print(AGENT_HELLO, __version__, flush=True)
+    # the imports run while the head waits for the other hosts' hellos; the version in
+    # the hello matched, so only a broken install fails here
+    try:
+        from ..errors import DistlaunchError, LaunchInterrupted, WorkerFailedError
+        from ..report import say
+        from .node import NodeAgent  # noqa: F401  (loads the rest before the spec arrives)
+    except ImportError as e:
+        print(f"distlaunch agent: cannot start here: {e} (reinstall distlaunch)", file=sys.stderr)
+        os._exit(1)
+
     line = sys.stdin.readline()
     code = 0
     if line:

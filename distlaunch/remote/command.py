@@ -17,6 +17,7 @@ import re
 import shlex
 from collections.abc import Mapping
 
+from .. import AGENT_HELLO as AGENT_HELLO
 from ..env import DISTLAUNCH_VARS, MPI_VARS, STALE_VARS, TORCHRUN_VARS
 from ..errors import ConfigError
 
@@ -177,9 +178,9 @@ def remote_command(python: str, cwd: str, argv: list[str], env: Mapping[str, str
 
 
 # The marks a checked command prints (on stdout) when the host cannot run it, and the
-# first line the agent prints once it runs: "<AGENT_HELLO> <version>" (remote.preflight).
+# first line the agent prints once it runs: "<AGENT_HELLO> <version>" (remote.preflight;
+# defined at the package's top so the agent says it before any other import).
 CHECK_MARK = "DISTLAUNCH-PREFLIGHT"
-AGENT_HELLO = "DISTLAUNCH-AGENT"
 CHECK_FAILED = 97  # the exit status after a mark
 
 
