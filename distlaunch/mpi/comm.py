@@ -23,7 +23,7 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ from .p2p import (
     Request,
     SendOp,
     Status,
+    _text,
     truncated,
 )
 
@@ -369,7 +370,7 @@ class Comm:
         if eng is not None and h is not None and type(dest) is int and 0 <= dest < h.size:
             data = fast_bytes(buf, False) if type(tag) is int and tag >= 0 else None
             if data is not None:  # the common case, without Request and Spec objects
-                eng.send_now(h.ranks[dest], h.ctx, tag, data, lambda: f"send to rank {dest} (tag {tag})")
+                eng.send_now(h.ranks[dest], h.ctx, tag, data, ("send to rank {} (tag {})", dest, tag))
                 return
         self.Isend(buf, dest, tag).Wait()
 
@@ -392,7 +393,7 @@ class Comm:
                     what = _recv_what(src, source, tag)
                     g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what)
                     if n > len(data):
-                        raise truncated(what(), n, h.index[g], got_tag, len(data))
+                        raise truncated(_text(what), n, h.index[g], got_tag, len(data))
                     if status is not None:
                         status._set(h.index[g], got_tag, n)
                     return
@@ -607,8 +608,11 @@ class MatchedMessage:
         return None if m is None else _unpickle(m.data)
 
 
-def _recv_what(src: int | None, source: int, tag: int) -> Callable[[], str]:
-    return lambda: f"receive from {'any rank' if src is None else f'rank {source}'} (tag {tag})"
+def _recv_what(src: int | None, source: int, tag: int) -> tuple:
+    """A receive's name in error messages (see p2p.What)."""
+    if src is None:
+        return ("receive from any rank (tag {})", tag)
+    return ("receive from rank {} (tag {})", source, tag)
 
 
 def _predefined(which: str) -> Handle:

@@ -19,7 +19,6 @@ datatype, the buffer's own dtype gives it; without a count, the whole buffer is 
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -266,21 +265,22 @@ def datatype_of(spec: Any) -> Datatype:
 # the last numpy array used for sending / receiving (index: writable), its bytes as a
 # flat uint8 array and a memoryview, and its dtype: programs pass the same buffers
 # again and again, and these views cost more than the rest of a small message's send
-_LAST: list[tuple[weakref.ref, np.ndarray, memoryview, np.dtype] | None] = [None, None]
+# (the views keep that one array of each kind alive)
+_LAST: list[tuple[np.ndarray, np.ndarray, memoryview, np.dtype] | None] = [None, None]
 
 
 def _array_bytes(arr: np.ndarray, writable: bool) -> tuple[np.ndarray, memoryview, np.dtype] | None:
     """A numpy array's bytes (uint8 array and memoryview, no copy) and dtype; None when
     it is not C-contiguous or (``writable``) read-only."""
     last = _LAST[writable]
-    if last is not None and last[0]() is arr and (not writable or arr.flags.writeable):
+    if last is not None and last[0] is arr and (not writable or arr.flags.writeable):
         return last[1], last[2], last[3]
     flags = arr.flags
     if not flags.c_contiguous or writable and not flags.writeable:
         return None
     raw = arr.reshape(-1).view(np.uint8)
     mv = raw.data
-    _LAST[writable] = (weakref.ref(arr), raw, mv, arr.dtype)
+    _LAST[writable] = (arr, raw, mv, arr.dtype)
     return raw, mv, arr.dtype
 
 
@@ -291,12 +291,14 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
     any other form or anything :func:`parse` would reject (parse it: it says why)."""
     t = None
     count = -1
-    if type(spec) is list or type(spec) is tuple:
-        if len(spec) == 3:
+    tp = type(spec)
+    if tp is list or tp is tuple:
+        k = len(spec)
+        if k == 3:
             arr, count, t = spec
             if type(count) is not int or count < 0:
                 return None
-        elif len(spec) == 2:
+        elif k == 2:
             arr, t = spec
         else:
             return None
@@ -304,18 +306,23 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
             return None
     else:
         arr = spec
-    if type(arr) is not np.ndarray:
+    last = _LAST[writable]
+    if last is not None and last[0] is arr and (not writable or arr.flags.writeable):
+        mv, dtype = last[2], last[3]  # the same array again: no new views
+    elif type(arr) is np.ndarray:
+        got = _array_bytes(arr, writable)
+        if got is None:
+            return None
+        mv, dtype = got[1], got[2]
+    else:
         return None
-    got = _array_bytes(arr, writable)
-    if got is None:
-        return None
-    mv = got[1]
     if t is None:
-        return mv if got[2] in _BY_DTYPE else None  # else parse raises ERR_TYPE
-    n = len(mv) // t.size * t.size if count < 0 else count * t.size
-    if n > len(mv):
-        return None
-    return mv if n == len(mv) else mv[:n]
+        return mv if dtype in _BY_DTYPE else None  # else parse raises ERR_TYPE
+    size = t.size
+    n = len(mv) // size * size if count < 0 else count * size
+    if n >= len(mv):
+        return mv if n == len(mv) else None
+    return mv[:n]
 
 
 def raw_bytes(obj: Any, writable: bool) -> tuple[np.ndarray, np.dtype]:

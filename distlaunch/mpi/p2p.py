@@ -156,12 +156,17 @@ class PostedRecv:
         self.direct = direct
 
 
-# an operation's name for error messages, or what makes it (built only on errors)
-What = str | Callable[[], str]
+# an operation's name for error messages: the text, a function making it, or a format
+# string and its arguments (built only on errors)
+What = str | Callable[[], str] | tuple
 
 
 def _text(what: What) -> str:
-    return what if isinstance(what, str) else what()
+    if isinstance(what, str):
+        return what
+    if isinstance(what, tuple):
+        return str(what[0]).format(*what[1:])
+    return what()
 
 
 def _give(p: PostedRecv, msg: Message) -> None:
