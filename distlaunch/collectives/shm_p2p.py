@@ -177,6 +177,7 @@ class ShmLinks:
         self.ring = ring = max(_REC, ring // _REC * _REC)
         self.spin, self.yield_spin = config.spin, config.yield_spin
         self._busy: float | None = None  # see busy
+        self._busy_retry = 0.0  # when to look again for the pids of the local ranks
         self.lock = threading.RLock()
         self._fence = threading.Lock()
         self._fence_acquire, self._fence_release = self._fence.acquire, self._fence.release
@@ -227,8 +228,12 @@ class ShmLinks:
         every local rank wrote its pid into its inbox."""
         busy = self._busy
         if busy is None:
+            now = time.monotonic()
+            if now < self._busy_retry:
+                return 0.0
             pids = [box.quads[1] for box in self.boxes] if not self.closed else [0]
-            if not all(pids):
+            if not all(pids):  # a rank that has not used point-to-point yet
+                self._busy_retry = now + _SLICE
                 return 0.0
             busy = self._busy = busy_seconds(pids)
         return busy
