@@ -326,7 +326,7 @@ class Comm:
             return None
         return h.global_rank(rank, what)
 
-    def _isend(self, data: np.ndarray, dest: int, tag: int, ctx: int | None = None) -> Request:
+    def _isend(self, data: np.ndarray | memoryview, dest: int, tag: int, ctx: int | None = None) -> Request:
         h = self._h()
         eng = self._eng()
         g = self._peer(h, dest, "dest")
@@ -335,9 +335,11 @@ class Comm:
         if tag < 0 and ctx is None:
             raise MPIException(4, f"tag={tag} must be >= 0 (MPI.ANY_TAG is for receives)")
         req = eng.send(g, h.ctx if ctx is None else ctx, tag, data)
-        return Request(op=SendOp(req, lambda: f"send to rank {dest} (tag {tag})", g), engine=eng)
+        return Request(op=SendOp(req, ("send to rank {} (tag {})", dest, tag), g), engine=eng)
 
-    def _irecv(self, spec: Spec | None, source: int, tag: int, ctx: int | None = None) -> Request:
+    def _irecv(
+        self, spec: Spec | memoryview | None, source: int, tag: int, ctx: int | None = None
+    ) -> Request:
         h = self._h()
         eng = self._eng()
         if source == PROC_NULL:
@@ -359,6 +361,14 @@ class Comm:
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """Start sending ``buf`` (a buffer specification); Wait before changing it."""
+        eng, h = STATE.live(), self._handle
+        if eng is not None and h is not None and type(dest) is int and 0 <= dest < h.size:
+            data = fast_bytes(buf, False) if type(tag) is int and tag >= 0 else None
+            if data is not None:
+                g = h.ranks[dest]
+                if eng.put(g, h.ctx, tag, data):  # written whole: already complete
+                    return Request(op=SendOp(None, "send", g), engine=eng)
+                return self._isend(data, dest, tag)
         return self._isend(parse(buf, False).pack(), dest, tag)
 
     Issend = Ibsend = Irsend = Isend
@@ -377,7 +387,9 @@ class Comm:
     Ssend = Bsend = Rsend = Send
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        return self._irecv(parse(buf, True), source, tag)
+        """Start receiving into ``buf`` (a buffer specification); Wait before using it."""
+        data = fast_bytes(buf, True)
+        return self._irecv(parse(buf, True) if data is None else data, source, tag)
 
     def Recv(
         self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Status | None = None

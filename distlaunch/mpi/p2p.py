@@ -303,16 +303,24 @@ class Engine:
             return links.send(dest, hdr, payload, want_request=False)
         return self.transport.isend(dest, hdr, memoryview(payload), time.monotonic() + self.timeout)
 
+    def put(self, dest: int, ctx: int, tag: int, data: memoryview) -> bool:
+        """Write a whole message of ``data`` (a flat byte memoryview) to global rank
+        ``dest`` on this node at once (:meth:`ShmLinks.put`): True when done; False when
+        it cannot be (a remote peer or oneself, messages queued before it, no room):
+        then :meth:`send` it."""
+        links = self.links
+        if links is None or dest == self.rank:
+            return False
+        i = links.index.get(dest)
+        return i is not None and links.put(i, _HEAD_REST.pack(self._head, ctx, tag, 0, len(data)), data)
+
     def send_now(self, dest: int, ctx: int, tag: int, data: memoryview, what: What) -> None:
         """MPI_Send of ``data`` (a flat byte memoryview) to global rank ``dest``: returns
         once ``data`` may be reused. A whole message that fits the peer's ring is written
         at once (no Request); else as :meth:`send` and waited for (raises as
         :meth:`wait_until`, or the send's error)."""
-        links = self.links
-        if links is not None and dest != self.rank:
-            i = links.index.get(dest)
-            if i is not None and links.put(i, _HEAD_REST.pack(self._head, ctx, tag, 0, len(data)), data):
-                return
+        if self.put(dest, ctx, tag, data):
+            return
         req = self.send(dest, ctx, tag, data)
         if req is None:
             return
@@ -507,6 +515,8 @@ class Engine:
 class _Op:
     """One pending operation behind a Request."""
 
+    __slots__ = ()
+
     def test(self) -> bool:
         raise NotImplementedError
 
@@ -522,6 +532,10 @@ class _Op:
 
 
 class SendOp(_Op):
+    """A send: ``req`` the transport's request (None: complete)."""
+
+    __slots__ = ("req", "what", "dest")
+
     def __init__(self, req: TransportRequest | None, what: What, dest: int) -> None:
         self.req, self.what, self.dest = req, what, dest
 
@@ -540,8 +554,11 @@ class SendOp(_Op):
 
 
 class RecvOp(_Op):
-    """A receive into ``spec`` (buffer) or of an object (``spec`` None: ``decode`` turns
-    the bytes into the result). ``to_rank``: global -> communicator rank."""
+    """A receive into ``spec`` (a buffer specification, or a flat writable byte
+    memoryview: copied straight in) or of an object (``spec`` None: ``decode`` turns the
+    bytes into the result). ``to_rank``: global -> communicator rank."""
+
+    __slots__ = ("engine", "spec", "to_rank", "decode", "what", "src", "result", "posted")
 
     def __init__(
         self,
@@ -549,7 +566,7 @@ class RecvOp(_Op):
         ctx: int,
         src: int | None,
         tag: int,
-        spec: Spec | None,
+        spec: Spec | memoryview | None,
         to_rank: Callable[[int], int],
         decode: Callable[[memoryview], Any] | None = None,
         what: What = "recv",
@@ -557,11 +574,14 @@ class RecvOp(_Op):
         self.engine, self.spec, self.to_rank, self.decode, self.what = engine, spec, to_rank, decode, what
         self.src = src
         self.result: Any = None
-        self.posted = PostedRecv(ctx, src, tag, self._deliver, spec.view() if spec is not None else None)
+        if isinstance(spec, memoryview):
+            self.posted = PostedRecv(ctx, src, tag, None, spec)
+        else:
+            self.posted = PostedRecv(ctx, src, tag, self._deliver, spec.view() if spec is not None else None)
         engine.post(self.posted)
 
     def _deliver(self, msg: Message) -> None:
-        if self.spec is not None:
+        if isinstance(self.spec, Spec):
             cap = self.spec.nbytes
             if len(msg.data) > cap:
                 raise truncated(_text(self.what), len(msg.data), self.to_rank(msg.src), msg.tag, cap)
@@ -586,6 +606,8 @@ class RecvOp(_Op):
             raise e
         m = self.posted.msg
         assert m is not None
+        if isinstance(self.spec, memoryview) and len(m.data) > len(self.spec):  # not copied
+            raise truncated(_text(self.what), len(m.data), self.to_rank(m.src), m.tag, len(self.spec))
         if status is not None:
             status._set(self.to_rank(m.src), m.tag, len(m.data))
         return self.result
@@ -602,6 +624,8 @@ def truncated(what: str, nbytes: int, source: int, tag: int, cap: int) -> MPIExc
 
 class DoneOp(_Op):
     """Already complete (PROC_NULL), with the Status MPI gives it."""
+
+    __slots__ = ("source", "result")
 
     def __init__(self, source: int = PROC_NULL, result: Any = None) -> None:
         self.source, self.result = source, result
