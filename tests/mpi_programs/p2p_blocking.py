@@ -1,9 +1,9 @@
 """Blocking Send/Recv in the shapes programs use (the fast path of distlaunch.mpi):
 typed buffer specifications, sizes that wrap a small ring, ANY_TAG with Status, a
 message with another tag queued ahead of the wanted one (non-overtaking per tag), a
-receive buffer larger than the message, a probed message received afterwards, and a
-ping-pong reusing the same buffers. Ranks pair up (0-1, 2-3, ...); every rank prints
-what it received."""
+receive buffer larger than the message, a probed message received afterwards, a
+ping-pong reusing the same buffers, and two threads receiving from one peer at once.
+Ranks pair up (0-1, 2-3, ...); every rank prints what it received."""
 
 import numpy as np
 from mpi4py import MPI
@@ -81,5 +81,29 @@ if peer != MPI.PROC_NULL:
             comm.Send([s, 16, MPI.BYTE], dest=peer, tag=40)
         total += int(r.sum())
     show("pingpong", total)
+    # 6. two threads receiving from the same peer at once, by tag (MPI_THREAD_MULTIPLE)
+    if first:
+        for k in range(50):
+            comm.Send([fill(10 + k, k), MPI.BYTE], dest=peer, tag=51)
+            comm.Send([fill(20 + k, k), MPI.BYTE], dest=peer, tag=50)
+    else:
+        import threading
+
+        sums = {}
+
+        def take(tag, base):
+            got = []
+            for k in range(50):
+                buf = np.empty(base + k, np.uint8)
+                comm.Recv(buf, source=peer, tag=tag)
+                got.append(bool((buf == fill(base + k, k)).all()))
+            sums[tag] = all(got)
+
+        threads = [threading.Thread(target=take, args=(50, 20)), threading.Thread(target=take, args=(51, 10))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        show("threads", sorted(sums.items()))
 comm.Barrier()
 show("done")
