@@ -180,3 +180,26 @@ def test_oversubscribed_ranks_do_not_spin(tmp_path, monkeypatch):
     lines = [ln for ln in res.stdout.splitlines() if "took" in ln]
     assert len(lines) == 2 and all(f"cpus [{cpu}]" in ln for ln in lines), res.stdout
     assert max(float(ln.split()[-3]) for ln in lines) < 0.9, res.stdout
+
+
+def test_blocking_recv_from_a_peer_that_exits_raises(tmp_path):
+    """A small blocking Recv (the fast path, busy-polling the peer's ring) from a rank
+    that exits without sending: PeerLostError within seconds, not the group timeout."""
+    prog = _script(
+        tmp_path,
+        "comm = MPI.COMM_WORLD\n"
+        "buf = np.zeros(8, np.uint8)\n"
+        "comm.Barrier()\n"
+        "if comm.rank == 1:\n"
+        "    os._exit(0)\n"
+        "t = time.monotonic()\n"
+        "try:\n"
+        "    comm.Recv([buf, 8, MPI.BYTE], source=1, tag=1)\n"
+        "    print('completed', flush=True)\n"
+        "except Exception as e:\n"
+        "    print('raised', type(e).__name__, round(time.monotonic() - t), flush=True)\n",
+    )
+    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
+    lines = [ln for ln in res.stdout.splitlines() if "raised" in ln or "completed" in ln]
+    assert len(lines) == 1 and "raised PeerLostError" in lines[0], res.stdout + res.stderr[-3000:]
+    assert int(lines[0].split()[-1]) < 20
