@@ -130,8 +130,7 @@ class Handle:
 def _new_handle(rt: Any, ranks: list[int], ctx: int, name: str = "") -> Handle:
     """A communicator of ``ranks`` (global, communicator order) with context id ``ctx``
     (also its ProcessGroup's id)."""
-    pg = ProcessGroup(rt, ctx, ranks, rt.timeout, f"communicator {ctx - _CTX_BASE} {ranks}")
-    rt._add_group(pg)
+    pg = rt.new_group_with_id(ranks, ctx, name=f"communicator {ctx - _CTX_BASE} {ranks}")
     return Handle(pg, ranks, ctx, name, rt.rank)
 
 
