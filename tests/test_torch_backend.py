@@ -119,6 +119,23 @@ def test_env_init_under_distlaunch_run():
     assert len(lines(res, "init ok env transport=shm")) == 2
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_tutorial_program_with_only_the_backend_name_changed(world, tmp_path):
+    # tests/workers/torch_tutorial.py (the PyTorch tutorial's operations, each checked
+    # against its expected tensor) with "gloo" -> "distlaunch" and the registering import
+    src = (ROOT / "tests" / "workers" / "torch_tutorial.py").read_text()
+    assert src.count('"gloo"') == 1
+    changed = tmp_path / "tutorial_distlaunch.py"
+    changed.write_text("import distlaunch.torch  # noqa: F401\n" + src.replace('"gloo"', '"distlaunch"'))
+    outs = []
+    for prog in (ROOT / "tests" / "workers" / "torch_tutorial.py", changed):
+        res = dl("run", "--nproc-per-node", world, prog, timeout=180)
+        assert res.returncode == 0, res.stderr[-3000:]
+        outs.append(sorted(res.stdout.splitlines()))
+    assert outs[1] == outs[0]
+    assert sum(ln.endswith("barrier ok") for ln in outs[1]) == world
+
+
 RAISED = r"raised (\w+) ([\d.]+) isDistBackendError=(\w+)"
 
 
