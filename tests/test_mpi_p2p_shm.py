@@ -48,26 +48,14 @@ def _script(tmp_path, body):
     return path
 
 
-@pytest.mark.parametrize("side", ["sender", "receiver"])
-def test_peer_dying_mid_message_raises_within_seconds(side, tmp_path, monkeypatch):
-    """A 32 MiB message through a 64 KiB ring: the peer exits after the first pieces
-    (sender), or without receiving (receiver); the survivor, waiting for the rest or for
-    room to write it, raises PeerLostError long before the group timeout (1800 s)."""
-    monkeypatch.setenv("DISTLAUNCH_SHM_P2P_RING", "65536")
-    dying = 1 if side == "sender" else 0
+def _assert_survivor_raises_peer_lost(tmp_path, setup: str, call: str) -> None:
+    """Run ``setup`` then time ``call`` (one statement) on 2 ranks; exactly one rank
+    reaches the call's end and it must have raised PeerLostError within 20 s."""
     prog = _script(
         tmp_path,
-        "comm = MPI.COMM_WORLD\n"
-        "big = np.ones(32 << 20, np.uint8)\n"
-        "comm.Barrier()\n"
-        f"if comm.rank == {dying}:\n"
-        "    if comm.rank == 1:\n"
-        "        comm.Isend(big, dest=0)\n"
-        "    time.sleep(0.5)\n"
-        "    os._exit(0)\n"
-        "t = time.monotonic()\n"
+        setup + "t = time.monotonic()\n"
         "try:\n"
-        "    comm.Recv(big, source=1) if comm.rank == 0 else comm.Send(big, dest=0)\n"
+        f"    {call}\n"
         "    print('completed', flush=True)\n"
         "except Exception as e:\n"
         "    print('raised', type(e).__name__, round(time.monotonic() - t), flush=True)\n",
@@ -76,6 +64,27 @@ def test_peer_dying_mid_message_raises_within_seconds(side, tmp_path, monkeypatc
     lines = [ln for ln in res.stdout.splitlines() if "raised" in ln or "completed" in ln]
     assert len(lines) == 1 and "raised PeerLostError" in lines[0], res.stdout + res.stderr[-3000:]
     assert int(lines[0].split()[-1]) < 20
+
+
+@pytest.mark.parametrize("side", ["sender", "receiver"])
+def test_peer_dying_mid_message_raises_within_seconds(side, tmp_path, monkeypatch):
+    """A 32 MiB message through a 64 KiB ring: the peer exits after the first pieces
+    (sender), or without receiving (receiver); the survivor, waiting for the rest or for
+    room to write it, raises PeerLostError long before the group timeout (1800 s)."""
+    monkeypatch.setenv("DISTLAUNCH_SHM_P2P_RING", "65536")
+    dying = 1 if side == "sender" else 0
+    _assert_survivor_raises_peer_lost(
+        tmp_path,
+        "comm = MPI.COMM_WORLD\n"
+        "big = np.ones(32 << 20, np.uint8)\n"
+        "comm.Barrier()\n"
+        f"if comm.rank == {dying}:\n"
+        "    if comm.rank == 1:\n"
+        "        comm.Isend(big, dest=0)\n"
+        "    time.sleep(0.5)\n"
+        "    os._exit(0)\n",
+        "comm.Recv(big, source=1) if comm.rank == 0 else comm.Send(big, dest=0)",
+    )
 
 
 def test_failing_worker_thread_exits_as_mpiexec_does(tmp_path):
@@ -185,21 +194,12 @@ def test_oversubscribed_ranks_do_not_spin(tmp_path, monkeypatch):
 def test_blocking_recv_from_a_peer_that_exits_raises(tmp_path):
     """A small blocking Recv (the fast path, busy-polling the peer's ring) from a rank
     that exits without sending: PeerLostError within seconds, not the group timeout."""
-    prog = _script(
+    _assert_survivor_raises_peer_lost(
         tmp_path,
         "comm = MPI.COMM_WORLD\n"
         "buf = np.zeros(8, np.uint8)\n"
         "comm.Barrier()\n"
         "if comm.rank == 1:\n"
-        "    os._exit(0)\n"
-        "t = time.monotonic()\n"
-        "try:\n"
-        "    comm.Recv([buf, 8, MPI.BYTE], source=1, tag=1)\n"
-        "    print('completed', flush=True)\n"
-        "except Exception as e:\n"
-        "    print('raised', type(e).__name__, round(time.monotonic() - t), flush=True)\n",
+        "    os._exit(0)\n",
+        "comm.Recv([buf, 8, MPI.BYTE], source=1, tag=1)",
     )
-    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
-    lines = [ln for ln in res.stdout.splitlines() if "raised" in ln or "completed" in ln]
-    assert len(lines) == 1 and "raised PeerLostError" in lines[0], res.stdout + res.stderr[-3000:]
-    assert int(lines[0].split()[-1]) < 20
