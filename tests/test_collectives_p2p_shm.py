@@ -83,17 +83,24 @@ if "die" in sys.argv and n == 2:
 dist.destroy_process_group()
 """
 
+
+def run(script, n, mode, ring, tmp_path, *args):
+    """``script`` under distlaunch run at world size ``n``, shared memory or TCP, with
+    the ring size ``ring`` (None: the default)."""
+    path = tmp_path / "worker.py"
+    path.write_text(script)
+    env = {**os.environ, "DISTLAUNCH_SHM": "1" if mode == "shm" else "0"}
+    if ring:
+        env["DISTLAUNCH_SHM_P2P_RING"] = ring
+    return dl("run", "--nproc-per-node", str(n), path, *args, timeout=120, env=env)
+
+
 CASES = [(2, "shm", None), (3, "shm", "4096"), (4, "shm", None), (2, "tcp", None)]
 
 
 @pytest.mark.parametrize("n,mode,ring", CASES, ids=[f"{n}-{m}-{r or 'default'}" for n, m, r in CASES])
 def test_p2p_correct_on_both_paths(n, mode, ring, tmp_path):
-    path = tmp_path / "worker.py"
-    path.write_text(WORKER)
-    env = {**os.environ, "DISTLAUNCH_SHM": "1" if mode == "shm" else "0"}
-    if ring:
-        env["DISTLAUNCH_SHM_P2P_RING"] = ring
-    res = dl("run", "--nproc-per-node", str(n), path, timeout=120, env=env)
+    res = run(WORKER, n, mode, ring, tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     for r in range(n):
         for what in ("sizes", "order", "outstanding"):
@@ -106,6 +113,210 @@ def test_peer_dying_mid_message_raises(tmp_path):
     path.write_text(WORKER)
     env = {**os.environ, "DISTLAUNCH_SHM_P2P_RING": "65536"}
     res = dl("run", "--nproc-per-node", "2", path, "die", timeout=120, env=env)
+    lines = [ln for ln in res.stdout.splitlines() if "raised" in ln or "completed" in ln]
+    assert len(lines) == 1 and "raised PeerLostError" in lines[0], res.stdout + res.stderr[-3000:]
+    assert int(lines[0].split()[-1]) < 20
+
+
+# The fast paths of send/recv between ranks of one node (a message that fits the ring is
+# written at once; a blocking recv with nothing else pending copies it straight from the
+# ring): every case where taking the ring's next message could overtake something, run
+# on shared memory and, for reference, on TCP (DISTLAUNCH_SHM=0), which has no fast path.
+FAST = """
+import os, sys, time
+import numpy as np
+import distlaunch.collectives as dist
+from distlaunch.collectives import CollectiveArgumentError, CollectiveMismatchError
+
+dist.init_process_group(timeout=60)
+rank, n = dist.get_rank(), dist.get_world_size()
+ring = int(os.environ.get("DISTLAUNCH_SHM_P2P_RING", 1 << 20))
+
+
+def payload(size, k, dtype=np.uint8):
+    return ((np.arange(size, dtype=np.int64) * 13 + k) % 251).astype(dtype)
+
+
+def expect(buf, k):
+    assert (buf == payload(buf.size, k, buf.dtype)).all(), (buf.size, k)
+
+
+def ok(what):
+    print(rank, what, "ok", flush=True)
+
+
+# interleaved tags, all in the ring before the receiver starts, received tag by tag
+if rank == 1:
+    for k in range(12):
+        dist.send(payload(8, k), dst=0, tag=k % 2)
+dist.barrier()
+if rank == 0:
+    for k in [1, 3, 5, 7, 9, 11, 0, 2, 4, 6, 8, 10]:
+        buf = np.empty(8, np.uint8)
+        assert dist.recv(buf, src=1, tag=k % 2) == 1
+        expect(buf, k)
+ok("tags")
+
+# an any-source receive of tag 8 while a tag-7 message of the same sender waits before
+# it in the ring (now kept aside), then another tag-7 message comes: the kept one first
+if rank == 1:
+    dist.send(payload(5, 70), dst=0, tag=7)
+    dist.send(payload(5, 80), dst=0, tag=8)
+dist.barrier()
+if rank == 0:
+    a, b, c = np.empty(5, np.uint8), np.empty(5, np.uint8), np.empty(5, np.uint8)
+    assert dist.recv(b, tag=8) == 1
+dist.barrier()
+if rank == 1:
+    dist.send(payload(5, 71), dst=0, tag=7)
+dist.barrier()
+if rank == 0:
+    assert dist.recv(a, src=1, tag=7) == 1
+    assert dist.recv(c, src=1, tag=7) == 1
+    expect(a, 70), expect(b, 80), expect(c, 71)
+ok("anysource")
+
+# a posted irecv is matched before a later blocking recv of the same source and tag,
+# with both messages already in the ring when the recv starts
+if rank == 0:
+    first, second = np.empty(3, np.uint8), np.empty(3, np.uint8)
+    w = dist.irecv(first, src=1, tag=5)
+dist.barrier()
+if rank == 1:
+    works = [dist.isend(payload(3, k), dst=0, tag=5) for k in (50, 51)]
+    assert all(w.is_completed() for w in works)  # written at once (TCP: handed to the OS)
+dist.barrier()
+if rank == 0:
+    assert dist.recv(second, src=1, tag=5) == 1
+    assert w.wait() and w.result() == 1
+    expect(first, 50), expect(second, 51)
+    # irecvs started with the messages already there: in order, complete at once
+    bufs = [np.empty(3, np.uint8) for _ in range(3)]
+dist.barrier()
+if rank == 1:
+    for k in range(3):
+        dist.send(payload(3, 60 + k), dst=0, tag=6)
+dist.barrier()
+if rank == 0:
+    works = [dist.irecv(b, src=1, tag=6) for b in bufs]
+    for k, (b, w) in enumerate(zip(bufs, works)):
+        w.wait()
+        expect(b, 60 + k)
+ok("irecv")
+
+# around the ring's size (a message takes a 64-byte record and its payload): the
+# largest that is written at once, one byte more, the ring's size, one byte more
+sizes = [ring - 65, ring - 64, ring - 63, ring, ring + 1]
+for k, size in enumerate(sizes):
+    got = np.empty(size, np.uint8)
+    if rank == 0:
+        dist.send(payload(size, k), dst=1, tag=size % 100)
+        dist.recv(got, src=1, tag=size % 100)
+    elif rank == 1:
+        dist.recv(got, src=0, tag=size % 100)
+        dist.send(payload(size, k + 1), dst=0, tag=size % 100)
+    if rank < 2:
+        expect(got, k + (rank == 0))
+if rank == 1:  # all sent before the receiver looks: written at once or queued behind
+    works = [dist.isend(payload(size, k), dst=0) for k, size in enumerate(sizes)]
+    for w in works:
+        w.wait()
+elif rank == 0:
+    for k, size in enumerate(sizes):
+        got = np.empty(size, np.uint8)
+        dist.recv(got, src=1)
+        expect(got, k)
+ok("ringsize")
+
+# a non-contiguous buffer is refused before anything is sent; the pair goes on
+if rank < 2:
+    strided = np.zeros(8, np.float32)[::2]
+    for call in (lambda: dist.send(strided, dst=1 - rank), lambda: dist.recv(strided, src=1 - rank)):
+        try:
+            call()
+            raise SystemExit("non-contiguous buffer accepted")
+        except CollectiveArgumentError:
+            pass
+    got = np.empty(4, np.float32)
+    if rank == 0:
+        dist.send(np.ascontiguousarray(payload(8, 3, np.float32)[::2]), dst=1)
+    else:
+        dist.recv(got, src=0)
+        assert (got == payload(8, 3, np.float32)[::2]).all()
+ok("strided")
+
+# another dtype (same byte count) or element count: CollectiveMismatchError (what then
+# becomes of the message differs between the paths, as before), and messages of
+# another tag still arrive in order
+if rank == 1:
+    dist.send(payload(4, 90, np.float32), dst=0, tag=9)
+    dist.send(payload(4, 91, np.float32), dst=0, tag=11)
+    dist.send(payload(4, 92, np.float32), dst=0, tag=10)
+    dist.send(payload(4, 93, np.float32), dst=0, tag=10)
+dist.barrier()
+if rank == 0:
+    for wrong, tag in ((np.empty(4, np.int32), 9), (np.empty(3, np.float32), 11)):
+        try:
+            dist.recv(wrong, src=1, tag=tag)
+            raise SystemExit("mismatch not detected")
+        except CollectiveMismatchError as e:
+            print("mismatch:", str(e).split("but ")[-1].strip(), flush=True)
+    for k in (92, 93):
+        got = np.empty(4, np.float32)
+        dist.recv(got, src=1, tag=10)
+        expect(got, k)
+dist.barrier()
+ok("mismatch")
+
+# group ranks vs global ranks: a group of the last two ranks
+if n == 3:
+    g = dist.new_group([1, 2])
+    if rank == 2:
+        dist.send(payload(6, 20), group=g, group_dst=0, tag=2)
+        dist.send(payload(6, 21), dst=1, group=g, tag=2)
+    elif rank == 1:
+        a, b = np.empty(6, np.uint8), np.empty(6, np.uint8)
+        assert dist.recv(a, group=g, group_src=1, tag=2) == 1  # its group rank
+        assert dist.recv(b, src=2, group=g, tag=2) == 2  # its global rank
+        expect(a, 20), expect(b, 21)
+ok("groups")
+
+if "die" in sys.argv:  # a small blocking recv from a rank that exits
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.2)
+        os._exit(0)
+    if rank == 0:
+        t = time.monotonic()
+        try:
+            dist.recv(np.empty(4, np.uint8), src=1)
+            print("completed", flush=True)
+        except Exception as e:
+            print("raised", type(e).__name__, round(time.monotonic() - t), flush=True)
+    os._exit(0)
+dist.destroy_process_group()
+"""
+
+FAST_CASES = [(3, "shm", "4096"), (2, "shm", None), (3, "tcp", "4096")]
+
+
+@pytest.mark.parametrize(
+    "n,mode,ring", FAST_CASES, ids=[f"{n}-{m}-{r or 'default'}" for n, m, r in FAST_CASES]
+)
+def test_fast_path_keeps_the_semantics(n, mode, ring, tmp_path):
+    res = run(FAST, n, mode, ring, tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for r in range(n):
+        for what in ("tags", "anysource", "irecv", "ringsize", "strided", "mismatch", "groups"):
+            assert f"[{r}]: {r} {what} ok" in res.stdout, res.stdout + res.stderr[-3000:]
+    mismatches = [ln.split("mismatch: ", 1)[1] for ln in res.stdout.splitlines() if "mismatch: " in ln]
+    assert mismatches == ["rank 0 receives 4 x int32", "rank 0 receives 3 x float32"], mismatches
+
+
+def test_small_recv_from_exited_peer_raises(tmp_path):
+    path = tmp_path / "fast.py"
+    path.write_text(FAST)
+    res = dl("run", "--nproc-per-node", "2", path, "die", timeout=120)
     lines = [ln for ln in res.stdout.splitlines() if "raised" in ln or "completed" in ln]
     assert len(lines) == 1 and "raised PeerLostError" in lines[0], res.stdout + res.stderr[-3000:]
     assert int(lines[0].split()[-1]) < 20

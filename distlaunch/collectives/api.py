@@ -43,7 +43,7 @@ import numpy as np
 
 from .buffers import as_array, as_array_list, flat
 from .context import to_seconds
-from .errors import CollectiveArgumentError, CollectiveError
+from .errors import CollectiveArgumentError
 from .group import ProcessGroup
 from .ops import ReduceOp, as_reduce_op
 from .runtime import GroupMember, current_runtime
@@ -109,6 +109,19 @@ def _check_tag(tag: int) -> int:
     return tag
 
 
+def _recv_args(
+    tensor: Buffer, src: int | None, group: Group, tag: int, group_src: int | None
+) -> tuple | None:
+    """(group, array, peer's group rank or None, tag, group_src given) of a receive;
+    None on a non-member."""
+    g = resolve_group(group)
+    if g is None:
+        return None
+    arr = as_array(tensor, "tensor")
+    peer = None if src is None and group_src is None else _p2p_peer(g, src, group_src, "src")
+    return g, arr, peer, _check_tag(tag), group_src is not None
+
+
 def isend(
     tensor: Buffer, dst: int | None = None, group: Group = None, tag: int = 0, group_dst: int | None = None
 ) -> Work | None:
@@ -130,12 +143,8 @@ def irecv(
     whose ``result()`` is the sender's rank (global, or group rank if ``group_src`` was
     given). The sender must send the same dtype and element count
     (CollectiveMismatchError otherwise)."""
-    g = resolve_group(group)
-    if g is None:
-        return None
-    arr = as_array(tensor, "tensor")
-    peer = None if src is None and group_src is None else _p2p_peer(g, src, group_src, "src")
-    return g.irecv(arr, peer, _check_tag(tag), group_src=group_src is not None)
+    args = _recv_args(tensor, src, group, tag, group_src)
+    return None if args is None else args[0].irecv(*args[1:])
 
 
 def send(
@@ -154,14 +163,8 @@ def recv(
     """Receive into ``tensor`` from ``src`` (None: any source); returns the sender's rank
     (-1 on a non-member). Blocks up to the group timeout (CollectiveTimeoutError, and the
     receive is withdrawn)."""
-    work = irecv(tensor, src, group, tag, group_src)
-    if work is None:
-        return -1
-    try:
-        return work.result()
-    except CollectiveError:
-        work.cancel()
-        raise
+    args = _recv_args(tensor, src, group, tag, group_src)
+    return -1 if args is None else args[0].recv(*args[1:])
 
 
 # --------------------------------------------------------------------- collectives

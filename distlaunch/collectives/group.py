@@ -54,6 +54,8 @@ from .wire import (
     ABORT_PEER_LOST,
     DTYPE_CODES,
     DTYPE_NAMES,
+    HEADER,
+    MAGIC,
     NO_REDOP,
     OP_CODES,
     OP_NAMES,
@@ -78,6 +80,48 @@ _ABORT_CLASSES = {
 
 # body(backend, ctx) -> result: one collective on the group's backend
 Body = Callable[[Backend, OpContext], Any]
+
+_SEND = OP_CODES["send"]
+
+
+def _raw(arr: np.ndarray) -> memoryview:
+    """``byte_view`` of a C-contiguous array, 6x cheaper (the fast paths' cost)."""
+    # numpy declares ndarray.__buffer__ (the Buffer protocol) only for Python >= 3.12
+    return memoryview(arr).cast("B")  # type: ignore[arg-type]
+
+
+class _Done(Work):
+    """A Work complete when made (a send written at once, a receive taken at once):
+    no event to make or wait on; the result is ``result``."""
+
+    def __init__(self, result: Any = None) -> None:
+        self._name, self._timeout, self._error, self._result = "p2p", None, None, result
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+
+_SENT = _Done()  # shared by every send written at once
+
+
+class _RecvWork(RequestWork):
+    """The Work of a receive posted on the transport; withdrawn from the group's open
+    receives (see ProcessGroup.isend) when cancelled."""
+
+    def __init__(self, group: ProcessGroup, what: str, req: Request, on_done: Callable[[Request, bool], Any]):
+        super().__init__(what, group.timeout, req, group.runtime.transport, on_done)
+        self._group = group
+
+    def cancel(self) -> None:
+        super().cancel()
+        if self._req in self._group._open:
+            self._group._open.remove(self._req)
 
 
 def _meta(arr: np.ndarray, count: int | None = None, root: int = -1, redop: ReduceOp | None = None) -> dict:
@@ -111,6 +155,7 @@ class ProcessGroup(Members):
         self._fast: ShmBackend | None = None  # the backend when it has a small-op fast path
         self._fast_ctx: OpContext | None = None  # reused by _run_small
         self._fast_call: SmallCall | SmallAllReduce | None = None  # the call _fast_ctx describes
+        self._open: list[Request] = []  # receives posted on the transport, maybe unmatched
 
     @property
     def backend(self) -> str | None:
@@ -327,17 +372,43 @@ class ProcessGroup(Members):
 
     # -- point to point (shared memory with ranks of this node, else TCP; not sequenced)
 
-    def isend(self, arr: np.ndarray, peer: int, tag: int) -> RequestWork:
+    def _p2p_header(self, arr: np.ndarray, src: int, tag: int) -> bytes:
+        """The packed wire header of a message of ``arr`` from global rank ``src``."""
+        return HEADER.pack(
+            MAGIC,
+            P2P,
+            DTYPE_CODES[arr.dtype],
+            _SEND,
+            NO_REDOP,
+            src,
+            self.gid,
+            tag,
+            0,
+            -1,
+            arr.size,
+            arr.nbytes,
+        )
+
+    def isend(self, arr: np.ndarray, peer: int, tag: int) -> Work:
         """Start sending ``arr`` (C-contiguous; unchanged until the Work completes) to member
         ``peer``; the Work completes once the data was handed to the operating system
         (TCP) or is in the peer's shared-memory ring (same node: a large message moves
-        on while this process waits on or tests its Works)."""
+        on while this process waits on or tests its Works).
+
+        Fast path (same node): a message that fits the peer's ring with nothing queued
+        before it is written at once (:meth:`~.shm_p2p.ShmLinks.put`) and a completed
+        Work returned; the ring keeps the order of a pair's messages either way."""
         rt = self.runtime
-        links_for(rt)  # peers on this node: over shared memory
+        links = links_for(rt)  # peers on this node: over shared memory
+        dst = self.ranks[peer]
+        if links is not None:
+            i = links.index.get(dst)
+            if i is not None and links.put(i, self._p2p_header(arr, rt.rank, tag), _raw(arr)):
+                return _SENT
         hdr = Header(
             P2P,
             DTYPE_CODES[arr.dtype],
-            OP_CODES["send"],
+            _SEND,
             NO_REDOP,
             rt.rank,
             self.gid,
@@ -347,29 +418,80 @@ class ProcessGroup(Members):
             arr.size,
             arr.nbytes,
         )
-        what = f"send to rank {self.ranks[peer]} (tag {tag}, {arr.size} x {arr.dtype})"
+        what = f"send to rank {dst} (tag {tag}, {arr.size} x {arr.dtype})"
         try:
-            req = rt.transport.isend(
-                self.ranks[peer], hdr, byte_view(arr), time.monotonic() + self.timeout, owner=None
-            )
+            req = rt.transport.isend(dst, hdr, byte_view(arr), time.monotonic() + self.timeout, owner=None)
         except CollectiveError as e:
             raise type(e)(f"{what}: {e}") from e
 
         def done(r: Request, timed_out: bool) -> str | None:
             if timed_out:
-                return f"{what} did not complete within the timeout (is rank {self.ranks[peer]} receiving?)"
+                return f"{what} did not complete within the timeout (is rank {dst} receiving?)"
             if r.error is not None:
                 raise type(r.error)(f"{what}: {r.error}")
             return None
 
         return RequestWork(what, self.timeout, req, rt.transport, done)
 
-    def irecv(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool = False) -> RequestWork:
+    def _take(self, links: Any, i: int, header: bytes, buf: memoryview) -> Any:
+        """:meth:`~.shm_p2p.ShmLinks.take_exact` from local rank i while nothing could
+        come before that message (``()`` otherwise): no receive of this group is posted
+        on the transport, and every message of that sender routed to the transport was
+        received (so none waits as unexpected: :meth:`~.shm_p2p.ShmLinks.settled`).
+        Then torch's order per (source, tag) and posting order cannot differ."""
+        with links.lock:
+            if self._open:
+                self._open = [r for r in self._open if r.header is None and not r.done]
+            if self._open or links.closed or not links.settled(i):
+                return ()
+            return links.take_exact(i, header, buf)
+
+    def _fast_recv(self, arr: np.ndarray, peer: int | None, tag: int, wait: bool) -> bool:
+        """Receive ``arr`` from member ``peer`` straight from its shared-memory ring
+        (``wait``: busy-polling a while, see :meth:`~.shm_p2p.ShmLinks.poll_take`); True
+        when done, False when it cannot be done that way (then post the receive)."""
+        if peer is None:
+            return False
+        links = links_for(self.runtime)
+        src = self.ranks[peer]
+        if links is None:
+            return False
+        i = links.index.get(src)
+        if i is None:
+            return False
+        header, buf = self._p2p_header(arr, src, tag), _raw(arr)
+        if wait:
+            return links.poll_take(lambda: self._take(links, i, header, buf)) is True
+        return self._take(links, i, header, buf) is True
+
+    def recv(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool = False) -> int:
+        """Receive into ``arr`` (C-contiguous) from member ``peer`` (None: any member),
+        blocking up to the group timeout; returns the sender's rank (its group rank when
+        ``group_src``). Raises as :meth:`irecv`'s Work (the receive is then withdrawn).
+
+        Fast path (same node, a specific peer, nothing received out of order before):
+        the message is copied straight from the peer's ring (:meth:`_take`)."""
+        if self._fast_recv(arr, peer, tag, True):
+            assert peer is not None
+            return peer if group_src else self.ranks[peer]
+        work = self.irecv(arr, peer, tag, group_src)
+        try:
+            return work.result()
+        except CollectiveError:
+            work.cancel()
+            raise
+
+    def irecv(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool = False) -> Work:
         """Start receiving into ``arr`` (C-contiguous) from member ``peer`` (None: any member);
         the Work's result is the sender's rank (its group rank when ``group_src``). A
-        sender of another dtype or element count fails it with CollectiveMismatchError."""
+        sender of another dtype or element count fails it with CollectiveMismatchError.
+        A message already complete in the ring of a peer on this node is taken at once
+        (as :meth:`recv`; the Work is then complete)."""
         rt = self.runtime
-        links_for(rt)
+        links = links_for(rt)
+        if self._fast_recv(arr, peer, tag, False):
+            assert peer is not None
+            return _Done(peer if group_src else self.ranks[peer])
         dtype = DTYPE_CODES[arr.dtype]
         who = "any rank" if peer is None else f"rank {self.ranks[peer]}"
         what = f"recv from {who} (tag {tag}, {arr.size} x {arr.dtype})"
@@ -382,11 +504,15 @@ class ProcessGroup(Members):
                 )
             if not self.is_member(h.src):
                 return CollectiveMismatchError(f"rank {h.src} is not in {self.name}")
+            if links is not None:
+                links.claim(h.src)  # accepted: see ShmLinks.settled
             return None
 
         req = rt.transport.irecv(
             None if peer is None else self.ranks[peer], (P2P, self.gid, tag), byte_view(arr), check
         )
+        if not req.done:
+            self._open.append(req)
 
         def done(r: Request, timed_out: bool) -> str | int:
             if timed_out:
@@ -397,7 +523,7 @@ class ProcessGroup(Members):
             src_rank = r.header.src
             return self.group_rank(src_rank) if group_src else src_rank
 
-        return RequestWork(what, self.timeout, req, rt.transport, done)
+        return _RecvWork(self, what, req, done)
 
     # -- failure handling
 

@@ -198,6 +198,11 @@ class ShmLinks:
         self.heads = [0] * n  # what we published into each peer's ring
         self.tails = [0] * n  # what we consumed from each peer's ring
         self.current: list[_In | None] = [None] * n
+        # per local sender: messages routed to ``routes``/``default_route`` (under lock)
+        # and how many of them a receive accepted (claim; under _count_lock)
+        self.kept = [0] * n
+        self.claimed = [0] * n
+        self._count_lock = threading.Lock()
         # per local rank i, what the hot paths use: the ring we write in its inbox
         # (mapping, memoryview, u64 words, its u32 words, ring offset, head/tail word
         # indices) and the ring it writes in ours (the same, and its blocked flag's index)
@@ -386,15 +391,11 @@ class ShmLinks:
         and its header's fields are returned (MAGIC first). None: no message yet; ``()``:
         the next one is another (route it: :meth:`progress`). Lock held. The receive
         fast path of the MPI engine: no routing, no objects."""
-        mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
-        pos = self.tails[i]
-        head = quads[hi]
-        if head == pos:
-            return None
-        if self.current[i] is not None:
-            return ()
-        ring = self.ring
-        fields = HEADER.unpack_from(mm, at + pos % ring)
+        nxt = self._next(i)
+        if not nxt:
+            return nxt
+        at, avail = nxt
+        fields = HEADER.unpack_from(self.ins[i][0], at)
         n = fields[11]
         if (
             fields[6] != group
@@ -402,11 +403,49 @@ class ShmLinks:
             or root is not None
             and fields[9] != root
             or n > len(buf)
-            or n > head - pos - _REC
+            or n > avail
             or fields[0] != MAGIC
             or fields[5] != self.local[i]
         ):
             return ()
+        self._consume(i, n, buf)
+        return fields
+
+    def take_exact(self, i: int, header: bytes, buf: memoryview) -> bool | tuple | None:
+        """Consume the next message local rank i sent us when it is complete in the ring
+        and its packed header is ``header`` (48 bytes: every field, the payload size
+        ``len(buf)`` included): its payload goes to ``buf`` (a writable flat byte
+        memoryview); True then. None: no message yet; ``()``: the next one is another.
+        Lock held. The receive fast path of distlaunch.collectives' recv."""
+        nxt = self._next(i)
+        if not nxt:
+            return nxt
+        at, avail = nxt
+        n = len(buf)
+        if n > avail or self.ins[i][0][at : at + HEADER_SIZE] != header:
+            return ()
+        self._consume(i, n, buf)
+        return True
+
+    def _next(self, i: int) -> tuple | None:
+        """(mapping offset of the header of local rank i's next message, bytes published
+        after its record) (lock held); None: nothing published; ``()``: a message is
+        being received piecewise (:meth:`progress` it)."""
+        _, _, quads, _, at, hi, _, _ = self.ins[i]
+        pos = self.tails[i]
+        head = quads[hi]
+        if head == pos:
+            return None
+        if self.current[i] is not None:
+            return ()
+        return at + pos % self.ring, head - pos - _REC
+
+    def _consume(self, i: int, n: int, buf: memoryview) -> None:
+        """Copy the ``n``-byte payload of local rank i's next message (all in the ring)
+        to ``buf`` and release its space (lock held)."""
+        _, mv, quads, words, at, _, bi, ti = self.ins[i]
+        ring = self.ring
+        pos = self.tails[i]
         if n:
             a = (pos + _REC) % ring
             first = ring - a
@@ -422,7 +461,51 @@ class ShmLinks:
         self._fence_release()
         if words[bi]:  # the sender waits for room
             self.ring_bell(i)
-        return fields
+
+    def poll_take(self, take: Callable[[], Any]) -> Any:
+        """``take()`` until it returns something else than None, again after each ring
+        of the bell, busy-polling for at most ``busy`` seconds (not at all when
+        oversubscribed); returns its last result (None: nothing came in time). The
+        blocking receives' fast path (``take``: a :meth:`take` or :meth:`take_exact`
+        under the lock), and :meth:`busy_wait`."""
+        got = take()
+        busy = self.busy
+        if got is not None or not busy:
+            return got
+        bell = self.bell
+        seen = bell[0]
+        got = take()
+        end = 0.0
+        while got is None:
+            for _ in _POLLS:
+                if bell[0] != seen:
+                    break
+            else:
+                now = time.perf_counter()
+                if not end:
+                    end = now + busy
+                elif now >= end:
+                    return None
+                continue
+            seen = bell[0]
+            got = take()
+        return got
+
+    def claim(self, src: int) -> None:
+        """A receive accepted a message of global rank ``src`` that the links routed to
+        the transport (see :meth:`settled`); any thread."""
+        i = self.index.get(src)
+        if i is not None:
+            with self._count_lock:
+                self.claimed[i] += 1
+
+    def settled(self, i: int) -> bool:
+        """True when every message of local rank i routed to the transport (the
+        collectives' send/recv) was accepted by a receive: none is kept as unexpected,
+        so the next one in the ring is the oldest not received (lock held). A message
+        no receive accepts (a mismatch, a destroyed group) keeps it False: the fast
+        path then stays off for that sender."""
+        return self.kept[i] == self.claimed[i]
 
     def _pull(self, i: int) -> bool:
         """Consume what local rank i published in our inbox (lock held); True if any."""
@@ -446,6 +529,7 @@ class ShmLinks:
                     hdr = Header(*fields[1:])
                     route = self.routes.get(hdr.group, self.default_route)
                     assert route is not None  # set by whoever created the links
+                    self.kept[i] += 1  # before routing: the route may claim it (see settled)
                     target, finish = route(hdr)
                 n = fields[11]  # nbytes
                 if n <= head - pos:  # all there (small messages): no _In
@@ -500,30 +584,14 @@ class ShmLinks:
         """Busy-poll the bell making progress until ``cond()`` (True) or for ``busy``
         seconds (False; 0 when oversubscribed, see :func:`busy_seconds`): the cheap
         first part of :meth:`wait`, without deadline and peer checks."""
-        busy = self.busy
-        if not busy:
+        if not self.busy:
             return False
-        bell = self.bell
-        seen = bell[0]
-        self.progress()
-        if cond():
-            return True
-        end = 0.0
-        while True:
-            for _ in _POLLS:
-                if bell[0] != seen:
-                    break
-            else:
-                now = time.perf_counter()
-                if not end:
-                    end = now + busy
-                elif now >= end:
-                    return False
-                continue
-            seen = bell[0]
+
+        def step() -> bool | None:
             self.progress()
-            if cond():
-                return True
+            return True if cond() else None
+
+        return self.poll_take(step) is True
 
     def wait(self, cond: Callable[[], bool], deadline: float, peers: Sequence[int | None] = ()) -> bool:
         """Make progress until ``cond()``; True then, False at ``deadline``

@@ -58,7 +58,6 @@ _KEY = (P2P, MPI_GROUP, 0)
 _SEND = OP_CODES["send"]
 # HEADER (wire.py) after its first 24 bytes: step (context id), root (tag), count, nbytes
 _HEAD_REST = struct.Struct("<24sIiQQ")
-_POLLS = range(64)  # bell checks between two looks at the clock while busy-polling
 
 
 class Status:
@@ -344,25 +343,7 @@ class Engine:
         if links is not None and src is not None and src != self.rank:
             i = links.index.get(src)
             if i is not None:
-                f = self._take(links, i, ctx, tag, buf)
-                if f is None and links.busy:
-                    bell = links.bell
-                    seen = bell[0]
-                    f = self._take(links, i, ctx, tag, buf)
-                    end = 0.0
-                    while f is None:
-                        for _ in _POLLS:
-                            if bell[0] != seen:
-                                break
-                        else:
-                            now = time.perf_counter()
-                            if not end:
-                                end = now + links.busy
-                            elif now >= end:
-                                break
-                            continue
-                        seen = bell[0]
-                        f = self._take(links, i, ctx, tag, buf)
+                f = links.poll_take(lambda: self._take(links, i, ctx, tag, buf))
                 if f:
                     return f[5], f[9], f[11]  # Header's src, root (tag), nbytes
         p = PostedRecv(ctx, src, tag, None, buf)
