@@ -202,6 +202,33 @@ if rank == 0:
     for k, (b, w) in enumerate(zip(bufs, works)):
         w.wait()
         expect(b, 60 + k)
+# irecvs started before their messages: matched in call order, whichever is waited
+# first, an any-source irecv after a specific one included; a test() loop completes one
+for tags in ((3, 3), (4, 4), (3, None)):  # None: any-source irecv
+    if rank == 0:
+        a, b = np.empty(3, np.uint8), np.empty(3, np.uint8)
+        w1 = dist.irecv(a, src=1, tag=tags[0])
+        w2 = dist.irecv(b, src=tags[1] and 1, tag=3)
+    dist.barrier()
+    if rank == 1:
+        dist.send(payload(3, 30), dst=0, tag=tags[0])
+        dist.send(payload(3, 31), dst=0, tag=3)
+    dist.barrier()
+    if rank == 0:
+        assert w2.result() == 1 and w1.result() == 1
+        expect(a, 30), expect(b, 31)
+if rank == 0:
+    e = np.empty(3, np.uint8)
+    w5 = dist.irecv(e, src=1, tag=2)
+dist.barrier()
+if rank == 1:
+    dist.send(payload(3, 20), dst=0, tag=2)
+elif rank == 0:
+    end = time.monotonic() + 30
+    while not w5.is_completed():
+        assert time.monotonic() < end, "irecv never completed"
+    assert w5.result() == 1
+    expect(e, 20)
 ok("irecv")
 
 # around the ring's size (a message takes a 64-byte record and its payload): the

@@ -12,7 +12,10 @@ else TCP).
 Each collective call gets the group's next sequence number in the calling thread, so
 program order defines the order on every rank. Blocking calls run in the calling thread
 (after the group's pending async collectives); ``async_op=True`` collectives run, in
-order, on one executor thread per group. Point-to-point operations bypass the executor.
+order, on one executor thread per group. Point-to-point operations bypass the executor;
+between ranks of one node, a send that fits the peer's ring is written at once and a
+blocking receive takes it straight from the ring when nothing could come before it
+(:meth:`ProcessGroup.isend`, :meth:`ProcessGroup.recv`; the MPI engine's fast paths).
 
 Failure handling (see docs/collectives.md):
 
@@ -31,6 +34,7 @@ Failure handling (see docs/collectives.md):
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -112,7 +116,7 @@ _SENT = _Done()  # shared by every send written at once
 
 class _RecvWork(RequestWork):
     """The Work of a receive posted on the transport; withdrawn from the group's open
-    receives (see ProcessGroup.isend) when cancelled."""
+    receives (see ProcessGroup._take) when cancelled."""
 
     def __init__(self, group: ProcessGroup, what: str, req: Request, on_done: Callable[[Request, bool], Any]):
         super().__init__(what, group.timeout, req, group.runtime.transport, on_done)
@@ -122,6 +126,45 @@ class _RecvWork(RequestWork):
         super().cancel()
         if self._req in self._group._open:
             self._group._open.remove(self._req)
+
+
+class _LazyRecv(Work):
+    """The Work of an irecv from a peer on this node whose message may yet be taken
+    straight from the ring (see ProcessGroup.irecv): not posted on the transport until
+    its wait, or an earlier-completing test, or another receive of the group needs it
+    posted (``work``: then the posted receive's Work, or the completed one)."""
+
+    def __init__(self, group: ProcessGroup, args: tuple) -> None:
+        self._name, self._timeout, self._error, self._result = "recv", group.timeout, None, None
+        self._group, self.args = group, args  # args: irecv's (arr, peer, tag, group_src)
+        self.work: Work | None = None
+
+    def _settle(self, wait: bool) -> Work | None:
+        return self.work or self._group._settle(self, wait)
+
+    def is_completed(self) -> bool:
+        work = self._settle(False)
+        return work is not None and work.is_completed()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        return None if self.work is None else self.work.exception()
+
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
+        work = self._settle(True)
+        assert work is not None  # settled when waiting
+        return work.wait(timeout)
+
+    def result(self) -> Any:
+        self.wait()
+        assert self.work is not None
+        return self.work.result()
+
+    def cancel(self) -> None:
+        if not self._group._withdraw(self) and self.work is not None:
+            self.work.cancel()
 
 
 def _meta(arr: np.ndarray, count: int | None = None, root: int = -1, redop: ReduceOp | None = None) -> dict:
@@ -156,6 +199,8 @@ class ProcessGroup(Members):
         self._fast_ctx: OpContext | None = None  # reused by _run_small
         self._fast_call: SmallCall | SmallAllReduce | None = None  # the call _fast_ctx describes
         self._open: list[Request] = []  # receives posted on the transport, maybe unmatched
+        # irecvs not posted yet (at most one: a receive started after it posts it first)
+        self._deferred: list[_LazyRecv] = []
 
     @property
     def backend(self) -> str | None:
@@ -433,48 +478,98 @@ class ProcessGroup(Members):
 
         return RequestWork(what, self.timeout, req, rt.transport, done)
 
-    def _take(self, links: Any, i: int, header: bytes, buf: memoryview) -> Any:
+    def _take(self, links: Any, i: int, header: bytes, buf: memoryview, lazy: _LazyRecv | None) -> Any:
         """:meth:`~.shm_p2p.ShmLinks.take_exact` from local rank i while nothing could
         come before that message (``()`` otherwise): no receive of this group is posted
-        on the transport, and every message of that sender routed to the transport was
-        received (so none waits as unexpected: :meth:`~.shm_p2p.ShmLinks.settled`).
-        Then torch's order per (source, tag) and posting order cannot differ."""
+        on the transport or deferred (but ``lazy``, the receive taking it, first), we
+        have nothing queued for that rank (the general path's waits move it on), and
+        every message of that rank routed to the transport was received (so none waits
+        as unexpected: :meth:`~.shm_p2p.ShmLinks.settled`). Then torch's order per
+        (source, tag) and the posting order cannot differ."""
         with links.lock:
             if self._open:
                 self._open = [r for r in self._open if r.header is None and not r.done]
-            if self._open or links.closed or not links.settled(i):
+            deferred = self._deferred
+            if (
+                self._open
+                or (deferred and deferred[0] is not lazy)
+                or links.closed
+                or links.queues[i]
+                or not links.settled(i)
+            ):
                 return ()
-            return links.take_exact(i, header, buf)
+            got = links.take_exact(i, header, buf)
+            if got is True and lazy is not None:
+                del deferred[0]
+            return got
 
-    def _fast_recv(self, arr: np.ndarray, peer: int | None, tag: int, wait: bool) -> bool:
+    def _fast_recv(self, arr: np.ndarray, peer: int | None, tag: int, wait: bool, lazy: Any = None) -> Any:
         """Receive ``arr`` from member ``peer`` straight from its shared-memory ring
-        (``wait``: busy-polling a while, see :meth:`~.shm_p2p.ShmLinks.poll_take`); True
-        when done, False when it cannot be done that way (then post the receive)."""
-        if peer is None:
-            return False
-        links = links_for(self.runtime)
+        (``wait``: busy-polling a while, see :meth:`~.shm_p2p.ShmLinks.poll_take`) as
+        :meth:`_take` (``lazy``: the deferred irecv doing it): True when done, None when
+        its message is not there yet, ``()`` when it cannot be done that way (then post
+        the receive)."""
+        links = None if peer is None else links_for(self.runtime)
+        if links is None or arr.nbytes > links.ring - 64:  # 64: a message's header record
+            return ()
+        assert peer is not None
         src = self.ranks[peer]
-        if links is None:
-            return False
         i = links.index.get(src)
         if i is None:
-            return False
+            return ()
         header, buf = self._p2p_header(arr, src, tag), _raw(arr)
         if wait:
-            return links.poll_take(lambda: self._take(links, i, header, buf)) is True
-        return self._take(links, i, header, buf) is True
+            return links.poll_take(lambda: self._take(links, i, header, buf, lazy))
+        return self._take(links, i, header, buf, lazy)
+
+    def _settle(self, lazy: _LazyRecv, wait: bool) -> Work | None:
+        """Complete the deferred irecv ``lazy`` from the ring when it is first (``wait``:
+        busy-polling a while), else post every deferred irecv (``lazy`` included); its
+        Work then (None: not waiting and its message is not there yet)."""
+        arr, peer, tag, group_src = lazy.args
+        got = self._fast_recv(arr, peer, tag, wait, lazy)
+        if got is True:
+            lazy.work = _Done(peer if group_src else self.ranks[peer])
+        elif got is None and not wait:
+            return None
+        else:
+            self._post_deferred()
+        return lazy.work
+
+    def _post_deferred(self) -> None:
+        """Post the deferred irecvs on the transport, in call order (before any other
+        receive of the group: posting order is matching order)."""
+        links = links_for(self.runtime)
+        if links is None or not self._deferred:
+            return
+        with links.lock:
+            for lazy in self._deferred:
+                lazy.work = self._post(*lazy.args)
+            self._deferred.clear()
+
+    def _withdraw(self, lazy: _LazyRecv) -> bool:
+        """Drop a deferred irecv (cancelled); False when it was posted or completed."""
+        links = links_for(self.runtime)
+        if links is None:
+            return False
+        with links.lock:
+            if lazy in self._deferred:
+                self._deferred.remove(lazy)
+                return True
+        return False
 
     def recv(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool = False) -> int:
         """Receive into ``arr`` (C-contiguous) from member ``peer`` (None: any member),
         blocking up to the group timeout; returns the sender's rank (its group rank when
         ``group_src``). Raises as :meth:`irecv`'s Work (the receive is then withdrawn).
 
-        Fast path (same node, a specific peer, nothing received out of order before):
-        the message is copied straight from the peer's ring (:meth:`_take`)."""
-        if self._fast_recv(arr, peer, tag, True):
+        Fast path (same node, a specific peer, nothing that could come before): the
+        message is copied straight from the peer's ring (:meth:`_take`)."""
+        if self._fast_recv(arr, peer, tag, True) is True:
             assert peer is not None
             return peer if group_src else self.ranks[peer]
-        work = self.irecv(arr, peer, tag, group_src)
+        self._post_deferred()
+        work = self._post(arr, peer, tag, group_src)
         try:
             return work.result()
         except CollectiveError:
@@ -485,13 +580,30 @@ class ProcessGroup(Members):
         """Start receiving into ``arr`` (C-contiguous) from member ``peer`` (None: any member);
         the Work's result is the sender's rank (its group rank when ``group_src``). A
         sender of another dtype or element count fails it with CollectiveMismatchError.
-        A message already complete in the ring of a peer on this node is taken at once
-        (as :meth:`recv`; the Work is then complete)."""
-        rt = self.runtime
-        links = links_for(rt)
-        if self._fast_recv(arr, peer, tag, False):
+
+        From a peer on this node with nothing that could come before (see :meth:`_take`):
+        a message already in the ring is taken at once (a completed Work); else the
+        receive is deferred (posted by its Work's wait or test, or before any later
+        receive of the group, in call order) so that its wait may take the message
+        straight from the ring too."""
+        got = self._fast_recv(arr, peer, tag, False)
+        if got is True:
             assert peer is not None
             return _Done(peer if group_src else self.ranks[peer])
+        if got is None:
+            lazy = _LazyRecv(self, (arr, peer, tag, group_src))
+            links = links_for(self.runtime)
+            assert links is not None  # None comes from the ring
+            with links.lock:
+                self._deferred.append(lazy)
+            return lazy
+        self._post_deferred()
+        return self._post(arr, peer, tag, group_src)
+
+    def _post(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool) -> Work:
+        """Post irecv's receive on the transport; its Work."""
+        rt = self.runtime
+        links = links_for(rt)
         dtype = DTYPE_CODES[arr.dtype]
         who = "any rank" if peer is None else f"rank {self.ranks[peer]}"
         what = f"recv from {who} (tag {tag}, {arr.size} x {arr.dtype})"

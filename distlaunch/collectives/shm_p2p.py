@@ -29,10 +29,16 @@ engine for distlaunch.mpi's messages, else the transport's matching), which name
 destination: the posted receive's own buffer when one matches, else a new buffer kept
 as an unexpected message.
 
-Fast paths (the MPI engine's blocking Send/Recv): :meth:`ShmLinks.put` writes a whole
-message that fits the ring at once from a packed header (no queue, no Request), and
-:meth:`ShmLinks.take` copies the next message of a ring straight into a receive buffer
-when it is the one wanted (no routing, no objects).
+Fast paths (the MPI engine's blocking Send/Recv, distlaunch.collectives' send/isend and
+blocking recv): :meth:`ShmLinks.put` writes a whole message that fits the ring at once
+from a packed header (no queue, no Request), and :meth:`ShmLinks.take` /
+:meth:`ShmLinks.take_exact` copy the next message of a ring straight into a receive
+buffer when it is the one wanted (no routing, no objects), busy-polled by
+:meth:`ShmLinks.poll_take`. The caller makes sure that nothing could be matched before
+it: the MPI engine by having no receive posted and no message kept; the collectives by
+having no receive of the group posted and every message of that sender routed to the
+transport received (:meth:`ShmLinks.settled`: counted by the links, ``claim``-ed by the
+receives), else they take the general way.
 
 Waiting: a waiter watches its bell (senders bump it after publishing data; receivers
 after consuming from a ring whose sender is blocked; the TCP progress thread after
