@@ -492,7 +492,7 @@ class ProcessGroup(Members):
             deferred = self._deferred
             if (
                 self._open
-                or (deferred and deferred[0] is not lazy)
+                or (deferred[:1] != [lazy] if lazy is not None else deferred)  # lazy: not yet settled
                 or links.closed
                 or links.queues[i]
                 or not links.settled(i)
@@ -501,6 +501,8 @@ class ProcessGroup(Members):
             got = links.take_exact(i, header, buf)
             if got is True and lazy is not None:
                 del deferred[0]
+                _, peer, _, group_src = lazy.args
+                lazy.work = _Done(peer if group_src else self.ranks[peer])
             return got
 
     def _fast_recv(self, arr: np.ndarray, peer: int | None, tag: int, wait: bool, lazy: Any = None) -> Any:
@@ -526,13 +528,11 @@ class ProcessGroup(Members):
         """Complete the deferred irecv ``lazy`` from the ring when it is first (``wait``:
         busy-polling a while), else post every deferred irecv (``lazy`` included); its
         Work then (None: not waiting and its message is not there yet)."""
-        arr, peer, tag, group_src = lazy.args
-        got = self._fast_recv(arr, peer, tag, wait, lazy)
-        if got is True:
-            lazy.work = _Done(peer if group_src else self.ranks[peer])
-        elif got is None and not wait:
+        arr, peer, tag, _ = lazy.args
+        got = self._fast_recv(arr, peer, tag, wait, lazy)  # sets lazy.work when taken
+        if got is None and not wait:
             return None
-        else:
+        if got is not True:
             self._post_deferred()
         return lazy.work
 
