@@ -127,7 +127,9 @@ def isend(
 ) -> Work | None:
     """Start sending ``tensor`` to ``dst``; returns a Work (None on a non-member).
     ``tensor`` must not be modified until the Work completes (no copy is made). Completes
-    once the data was handed to the operating system."""
+    once the data was handed to the operating system (TCP) or is in ``dst``'s
+    shared-memory ring (same node: a message that fits the ring, 1 MiB by default, is
+    written at once and the Work returned complete)."""
     g = resolve_group(group)
     if g is None:
         return None
@@ -142,7 +144,8 @@ def irecv(
     """Start receiving into ``tensor`` from ``src`` (None: any source); returns a Work
     whose ``result()`` is the sender's rank (global, or group rank if ``group_src`` was
     given). The sender must send the same dtype and element count
-    (CollectiveMismatchError otherwise)."""
+    (CollectiveMismatchError otherwise). Receives from one source and tag match its
+    messages in call order (torch.distributed's rule), whichever Work is waited first."""
     args = _recv_args(tensor, src, group, tag, group_src)
     return None if args is None else args[0].irecv(*args[1:])
 
@@ -150,8 +153,8 @@ def irecv(
 def send(
     tensor: Buffer, dst: int | None = None, group: Group = None, tag: int = 0, group_dst: int | None = None
 ) -> None:
-    """Send ``tensor`` to ``dst`` (blocks until the data is handed to the OS, at most
-    the group timeout: CollectiveTimeoutError)."""
+    """Send ``tensor`` to ``dst`` (blocks until the data is handed to the OS or is in
+    ``dst``'s shared-memory ring, at most the group timeout: CollectiveTimeoutError)."""
     work = isend(tensor, dst, group, tag, group_dst)
     if work is not None:
         work.wait()
