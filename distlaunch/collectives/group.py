@@ -623,8 +623,10 @@ class ProcessGroup(Members):
         req = rt.transport.irecv(
             None if peer is None else self.ranks[peer], (P2P, self.gid, tag), byte_view(arr), check
         )
-        if not req.done:
-            self._open.append(req)
+        if links is not None and not req.done:  # for _take (no links: no fast path)
+            with links.lock:
+                self._open = [r for r in self._open if r.header is None and not r.done]
+                self._open.append(req)
 
         def done(r: Request, timed_out: bool) -> str | int:
             if timed_out:

@@ -78,6 +78,7 @@ RING = 1 << 20  # default bytes per (sender, receiver) ring
 _HDR, _CTL, _REC = 4096, 256, 64
 BUSY = 100e-6  # default seconds of busy-polling the bell before yielding the core
 _POLLS = range(64)  # bell checks between two looks at the clock while busy-polling
+_PID_RETRY = 0.001  # seconds between looks for the local ranks' pids until all are known
 
 # a consumer's answer to a header: (destination of hdr.nbytes bytes -- a uint8 array or
 # a writable byte memoryview --, called when the payload is in place)
@@ -244,7 +245,7 @@ class ShmLinks:
                 return 0.0
             pids = [box.quads[1] for box in self.boxes] if not self.closed else [0]
             if not all(pids):  # a rank that has not used point-to-point yet
-                self._busy_retry = now + _SLICE
+                self._busy_retry = now + _PID_RETRY
                 return 0.0
             busy = self._busy = busy_seconds(pids)
         return busy
