@@ -479,8 +479,8 @@ class ProcessGroup(Members):
         return RequestWork(what, self.timeout, req, rt.transport, done)
 
     def _take(self, links: Any, i: int, header: bytes, buf: memoryview, lazy: _LazyRecv | None) -> Any:
-        """:meth:`~.shm_p2p.ShmLinks.take_exact` from local rank i while nothing could
-        come before that message (``()`` otherwise): no receive of this group is posted
+        """:meth:`~.shm_p2p.ShmLinks.take` of the message with the packed ``header`` from
+        local rank i while nothing could come before it (``()`` otherwise): no receive of this group is posted
         on the transport or deferred (but ``lazy``, the receive taking it, first), we
         have nothing queued for that rank (the general path's waits move it on), and
         every message of that rank routed to the transport was received (so none waits
@@ -498,7 +498,7 @@ class ProcessGroup(Members):
                 or not links.settled(i)
             ):
                 return ()
-            got = links.take_exact(i, header, buf)
+            got = links.take(i, 0, 0, None, buf, header)
             if got is True and lazy is not None:
                 del deferred[0]
                 _, peer, _, group_src = lazy.args

@@ -31,14 +31,13 @@ as an unexpected message.
 
 Fast paths (the MPI engine's blocking Send/Recv, distlaunch.collectives' send/isend and
 blocking recv): :meth:`ShmLinks.put` writes a whole message that fits the ring at once
-from a packed header (no queue, no Request), and :meth:`ShmLinks.take` /
-:meth:`ShmLinks.take_exact` copy the next message of a ring straight into a receive
-buffer when it is the one wanted (no routing, no objects), busy-polled by
-:meth:`ShmLinks.poll_take`. The caller makes sure that nothing could be matched before
-it: the MPI engine by having no receive posted and no message kept; the collectives by
-having no receive of the group posted and every message of that sender routed to the
-transport received (:meth:`ShmLinks.settled`: counted by the links, ``claim``-ed by the
-receives), else they take the general way.
+from a packed header (no queue, no Request), and :meth:`ShmLinks.take` copies the next
+message of a ring straight into a receive buffer when it is the one wanted (no routing,
+no objects), busy-polled by :meth:`ShmLinks.poll_take`. The caller makes sure that
+nothing could be matched before it: the MPI engine by having no receive posted and no
+message kept; the collectives by having no receive of the group posted and every
+message of that sender routed to the transport received (:meth:`ShmLinks.settled`:
+counted by the links, ``claim``-ed by the receives), else they take the general way.
 
 Waiting: a waiter watches its bell (senders bump it after publishing data; receivers
 after consuming from a ring whose sender is blocked; the TCP progress thread after
@@ -391,68 +390,47 @@ class ShmLinks:
 
     # -- receiving
 
-    def take(self, i: int, group: int, step: int, root: int | None, buf: memoryview) -> tuple | None:
+    def take(
+        self, i: int, group: int, step: int, root: int | None, buf: memoryview, header: bytes | None = None
+    ) -> Any:
         """Consume the next message local rank i sent us when it is complete in the ring,
         of transport group ``group`` with header fields ``step`` and ``root`` (None: any),
         and fits ``buf`` (a writable flat byte memoryview): its payload goes to ``buf``
-        and its header's fields are returned (MAGIC first). None: no message yet; ``()``:
-        the next one is another (route it: :meth:`progress`). Lock held. The receive
-        fast path of the MPI engine: no routing, no objects."""
-        nxt = self._next(i)
-        if not nxt:
-            return nxt
-        at, avail = nxt
-        fields = HEADER.unpack_from(self.ins[i][0], at)
-        n = fields[11]
-        if (
-            fields[6] != group
-            or fields[8] != step
-            or root is not None
-            and fields[9] != root
-            or n > len(buf)
-            or n > avail
-            or fields[0] != MAGIC
-            or fields[5] != self.local[i]
-        ):
-            return ()
-        self._consume(i, n, buf)
-        return fields
-
-    def take_exact(self, i: int, header: bytes, buf: memoryview) -> bool | tuple | None:
-        """Consume the next message local rank i sent us when it is complete in the ring
-        and its packed header is ``header`` (48 bytes: every field, the payload size
-        ``len(buf)`` included): its payload goes to ``buf`` (a writable flat byte
-        memoryview); True then. None: no message yet; ``()``: the next one is another.
-        Lock held. The receive fast path of distlaunch.collectives' recv."""
-        nxt = self._next(i)
-        if not nxt:
-            return nxt
-        at, avail = nxt
-        n = len(buf)
-        if n > avail or self.ins[i][0][at : at + HEADER_SIZE] != header:
-            return ()
-        self._consume(i, n, buf)
-        return True
-
-    def _next(self, i: int) -> tuple | None:
-        """(mapping offset of the header of local rank i's next message, bytes published
-        after its record) (lock held); None: nothing published; ``()``: a message is
-        being received piecewise (:meth:`progress` it)."""
-        _, _, quads, _, at, hi, _, _ = self.ins[i]
+        and its header's fields are returned (MAGIC first). With ``header`` (48 bytes)
+        instead: when its packed header is exactly that (every field, the payload size
+        ``len(buf)`` included); True is returned. None: no message yet; ``()``: the next
+        one is another (route it: :meth:`progress`). Lock held. The receive fast paths
+        of the MPI engine and of the collectives' recv: no routing, no objects (one
+        function, all inline: the latency of small messages)."""
+        mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
         pos = self.tails[i]
         head = quads[hi]
         if head == pos:
             return None
         if self.current[i] is not None:
             return ()
-        return at + pos % self.ring, head - pos - _REC
-
-    def _consume(self, i: int, n: int, buf: memoryview) -> None:
-        """Copy the ``n``-byte payload of local rank i's next message (all in the ring)
-        to ``buf`` and release its space (lock held)."""
-        _, mv, quads, words, at, _, bi, ti = self.ins[i]
         ring = self.ring
-        pos = self.tails[i]
+        a = at + pos % ring
+        fields: Any
+        if header is not None:
+            n = len(buf)
+            if n > head - pos - _REC or mm[a : a + HEADER_SIZE] != header:
+                return ()
+            fields = True
+        else:
+            fields = HEADER.unpack_from(mm, a)
+            n = fields[11]
+            if (
+                fields[6] != group
+                or fields[8] != step
+                or root is not None
+                and fields[9] != root
+                or n > len(buf)
+                or n > head - pos - _REC
+                or fields[0] != MAGIC
+                or fields[5] != self.local[i]
+            ):
+                return ()
         if n:
             a = (pos + _REC) % ring
             first = ring - a
@@ -468,17 +446,20 @@ class ShmLinks:
         self._fence_release()
         if words[bi]:  # the sender waits for room
             self.ring_bell(i)
+        return fields
 
     def poll_take(self, take: Callable[[], Any]) -> Any:
         """``take()`` until it returns something else than None, again after each ring
         of the bell, busy-polling for at most ``busy`` seconds (not at all when
         oversubscribed); returns its last result (None: nothing came in time). The
-        blocking receives' fast path (``take``: a :meth:`take` or :meth:`take_exact`
-        under the lock), and :meth:`busy_wait`."""
+        blocking receives' fast path (``take``: a :meth:`take` under the lock), and
+        :meth:`busy_wait`."""
         got = take()
-        busy = self.busy
-        if got is not None or not busy:
+        if got is not None:
             return got
+        busy = self.busy
+        if not busy:
+            return None
         bell = self.bell
         seen = bell[0]
         got = take()
