@@ -154,7 +154,8 @@ class _LazyRecv(Work):
 
     def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
         work = self._settle(True)
-        assert work is not None  # settled when waiting
+        if work is None:  # withdrawn by cancel before it was posted
+            raise CollectiveError(f"{self._name} was cancelled: it will not complete")
         return work.wait(timeout)
 
     def result(self) -> Any:
