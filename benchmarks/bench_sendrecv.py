@@ -47,49 +47,35 @@ def worker(lib: str, sizes: list[int]) -> None:
 
         dist.init_process_group()
         rank = dist.get_rank()
-        peer = 1 - rank
-
-        def blocking(a, b):
-            if rank == 0:
-                dist.send(a, peer)
-                dist.recv(b, peer)
-            else:
-                dist.recv(b, peer)
-                dist.send(a, peer)
-
-        def nonblocking(a, b):
-            if rank == 0:
-                dist.isend(a, peer).wait()
-                dist.irecv(b, peer).wait()
-            else:
-                dist.irecv(b, peer).wait()
-                dist.isend(a, peer).wait()
-
+        send, recv, isend, irecv = dist.send, dist.recv, dist.isend, dist.irecv
         barrier, done = dist.barrier, dist.destroy_process_group
+        wait = "wait"
     else:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
         rank = comm.Get_rank()
-        peer = 1 - rank
-
-        def blocking(a, b):
-            if rank == 0:
-                comm.Send(a, peer)
-                comm.Recv(b, peer)
-            else:
-                comm.Recv(b, peer)
-                comm.Send(a, peer)
-
-        def nonblocking(a, b):
-            if rank == 0:
-                comm.Isend(a, peer).Wait()
-                comm.Irecv(b, peer).Wait()
-            else:
-                comm.Irecv(b, peer).Wait()
-                comm.Isend(a, peer).Wait()
-
+        send, recv, isend, irecv = comm.Send, comm.Recv, comm.Isend, comm.Irecv
         barrier, done = comm.Barrier, (lambda: None)
+        wait = "Wait"
+    peer = 1 - rank
+
+    def blocking(a, b):
+        if rank == 0:
+            send(a, peer)
+            recv(b, peer)
+        else:
+            recv(b, peer)
+            send(a, peer)
+
+    def nonblocking(a, b):
+        if rank == 0:
+            getattr(isend(a, peer), wait)()
+            getattr(irecv(b, peer), wait)()
+        else:
+            getattr(irecv(b, peer), wait)()
+            getattr(isend(a, peer), wait)()
+
     results = {}
     for kind, fn in (("blocking", blocking), ("nonblocking", nonblocking)):
         for size in sizes:

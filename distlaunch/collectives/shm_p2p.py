@@ -114,6 +114,17 @@ def segment_name(secret: str, rank: int) -> str:
     return f"{prefix}p2p-{digest}"
 
 
+def _ring_read(dst: Any, mv: memoryview, at: int, ring: int, a: int, n: int) -> None:
+    """Copy ``n`` bytes from offset ``a`` of the ring at ``mv[at : at + ring]`` into
+    ``dst``, wrapping at the ring's end."""
+    first = ring - a
+    if n <= first:
+        dst[:n] = mv[at + a : at + a + n]
+    else:
+        dst[:first] = mv[at + a : at + ring]
+        dst[first:n] = mv[at : at + n - first]
+
+
 class _Inbox:
     """One mapped inbox segment (ours or a peer's)."""
 
@@ -432,13 +443,7 @@ class ShmLinks:
             ):
                 return ()
         if n:
-            a = (pos + _REC) % ring
-            first = ring - a
-            if n <= first:
-                buf[:n] = mv[at + a : at + a + n]
-            else:
-                buf[:first] = mv[at + a : at + ring]
-                buf[first:n] = mv[at : at + n - first]
+            _ring_read(buf, mv, at, ring, (pos + _REC) % ring, n)
         pos = (pos + _REC + n + _REC - 1) // _REC * _REC
         self.tails[i] = pos
         quads[ti] = pos
@@ -522,13 +527,7 @@ class ShmLinks:
                 n = fields[11]  # nbytes
                 if n <= head - pos:  # all there (small messages): no _In
                     if n:
-                        a = pos % ring
-                        first = ring - a
-                        if n <= first:
-                            target[:n] = mv[at + a : at + a + n]
-                        else:
-                            target[:first] = mv[at + a : at + ring]
-                            target[first:n] = mv[at : at + n - first]
+                        _ring_read(target, mv, at, ring, pos % ring, n)
                         pos = (pos + n + _REC - 1) // _REC * _REC
                     finish()
                     continue
