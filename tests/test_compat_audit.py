@@ -1,0 +1,65 @@
+"""Issue 17 audit: the peers' spellings that tests/test_compat.py left out, and the
+refusals of bad values of the new options (one line naming the value, exit 2, nothing
+started)."""
+
+import json
+
+import pytest
+from conftest import WORKERS, dl
+from test_pernode import free_port
+
+
+def envs_of(tmp_path, n):
+    return [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(n)]
+
+
+HARD_CODED_PORT = """\
+import os, torch, torch.distributed as dist
+os.environ["MASTER_ADDR"] = "127.0.0.1"  # as the PyTorch tutorial (dist_tuto) hard-codes them
+os.environ["MASTER_PORT"] = "{port}"
+dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(int(t.item()))
+dist.destroy_process_group()
+"""
+
+
+def test_single_node_program_with_its_own_master_port(tmp_path):
+    """Single-node jobs leave MASTER_PORT to the program (issue 17 keeps this): the
+    tutorial's hard-coded port is free for its rank 0, which hosts torch's store there."""
+    pytest.importorskip("torch")
+    script = tmp_path / "tutorial.py"
+    script.write_text(HARD_CODED_PORT.format(port=free_port()))
+    res = dl("run", "--nproc-per-node", "2", "--no-prefix", script, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["3", "3"]  # 1 + 2
+
+
+@pytest.mark.parametrize(
+    "args, bad",
+    [
+        (["--rdzv-conf", "timeout=120,bogus=1"], "'bogus'"),
+        (["--rdzv-conf", "keep_alive_interval=-1"], "keep_alive_interval='-1'"),
+        (["--rdzv-conf", "is_host=maybe"], "'maybe'"),
+        (["--stdin", "2"], "'2'"),
+        (["-H", "localhost:2", "--include", "localhost:5"], "not 5"),
+        (["-H", "localhost:2", "--include", "localhost:x"], "'x'"),
+        (["--env-file", "/nonexistent/job.env"], "/nonexistent/job.env"),
+        (["--rdzv-backend", "etcd", "--rdzv-endpoint", "localhost:2379"], "etcd"),
+        (["--rdzv-backend", "etcd-v2"], "etcd-v2"),
+        (["-H", "node[5-2]:2"], "'5-2'"),
+        (["--signals-to-handle", "SIGSEGV"], "'SIGSEGV'"),
+        (["--run-path", "--no-python"], "--run-path"),
+    ],
+)
+def test_bad_values_of_the_new_options_are_one_line_and_exit_2(tmp_path, args, bad):
+    """Refused before anything starts: the script (which would leave a file) never runs."""
+    marker = tmp_path / "ran"
+    script = tmp_path / "touch.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    res = dl("run", *args, script)
+    assert res.returncode == 2, res.stderr
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("distlaunch: error: ") and bad in line
+    assert not marker.exists()
