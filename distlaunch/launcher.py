@@ -128,7 +128,7 @@ def _run_fixed(
             server = StoreServer(bind, store.port, token=store.token, torch_clients=torch_store)
             server.start()
             assert server.port is not None  # bound by start()
-            store = dataclasses.replace(store, port=server.port)
+            store = dataclasses.replace(store, port=server.port, connect=server.connect_local)
         agent = NodeAgent(
             cfg,
             store,
@@ -216,7 +216,7 @@ def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig) -> int:
         )
         agent = NodeAgent(
             cfg,
-            StoreAddress(host, port, token),
+            StoreAddress(host, port, token, server.connect_local if server is not None else None),
             opts,
             guard,
             master_addr=mode.local_addr or _address_towards(host, port),

@@ -332,6 +332,50 @@ def test_blocking_get_is_woken_by_another_clients_set(server, client):
     other.close()
 
 
+def test_local_connection_shares_the_store_without_a_handshake(server, client):
+    # The launcher's own agent talks to its server over a socketpair the server adopted
+    # as authenticated: no greeting, no token; same store, blocking calls, clone.
+    local = StoreClient("127.0.0.1", server.port, token=None, timeout=20, connect=server.connect_local)
+    assert server.stats["accepted"] == 1  # only the TCP client: nothing was accepted for it
+    got = []
+    t = threading.Thread(target=lambda: got.append(local.get("from-tcp")))
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive() and not got  # really blocked, on the server
+    client.set("from-tcp", b"1")
+    t.join(5)
+    assert got == [b"1"]
+    other = local.clone()
+    other.set("from-local", b"2")
+    assert client.get("from-local") == b"2"
+    assert local.add("n", 3) == 3 and client.add("n", 1) == 4
+    other.close()
+    local.close()
+
+
+def test_local_connection_ends_with_the_server():
+    server = StoreServer(token=TOKEN).start()
+    local = StoreClient("127.0.0.1", server.port, timeout=20, connect=server.connect_local)
+    local.set("k", b"v")
+    t0 = time.monotonic()
+    errs = []
+
+    def blocked():
+        try:
+            local.get("never")
+        except StoreError as e:
+            errs.append(e)
+
+    t = threading.Thread(target=blocked)
+    t.start()
+    time.sleep(0.2)
+    server.stop()
+    t.join(5)
+    assert isinstance(errs[0], StoreConnectionError) and time.monotonic() - t0 < 5
+    with pytest.raises(StoreError, match="not running"):
+        server.connect_local()
+
+
 def test_wait_and_multi_get_need_every_key(server, client):
     other = client.clone()
     res = {}

@@ -39,6 +39,9 @@ class StoreAddress:
     host: str
     port: int
     token: str
+    # Set in the process that runs the store: an authenticated local connection
+    # (StoreServer.connect_local), no handshake on the way to the first worker.
+    connect: Callable[[], socket.socket] | None = None
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,7 @@ class NodeAgent:
                         timeout=60.0,
                         connect_timeout=o.join_timeout,
                         on_retry=self._connect_report(),
+                        connect=self.store_addr.connect,
                     )
                 except StoreError as e:  # never reached: not "lost"
                     raise RendezvousError(str(e)) from e

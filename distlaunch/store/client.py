@@ -130,6 +130,9 @@ class StoreClient:
       attempt (``problem``: one line saying what is wrong with the endpoint; ``waited``:
       seconds since connecting began), so a caller can report a long wait or stop it by
       raising (the exception propagates from the constructor).
+    * ``connect``: for the process that runs the server: a callable returning a socket
+      already connected and authenticated (``StoreServer.connect_local``); ``host`` and
+      ``port`` then only name the store in messages, and ``clone`` calls it again.
 
     Connecting blocks. Refused or reset connections, unreachable hosts, host names that
     do not resolve (yet), and peers that accept but close or send no greeting within
@@ -153,6 +156,7 @@ class StoreClient:
         connect_timeout: float | None = None,
         ack_set: bool = False,
         on_retry: Callable[[str, float], object] | None = None,
+        connect: Callable[[], socket.socket] | None = None,
     ) -> None:
         self.host = host
         self.port = int(port)
@@ -164,6 +168,7 @@ class StoreClient:
         self._connect_timeout = self.timeout if connect_timeout is None else _timeout(connect_timeout)
         self._ack_set = bool(ack_set)
         self._on_retry = on_retry
+        self._local = connect
         self._unacked = False  # an unacknowledged set was sent since the last reply
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -175,6 +180,10 @@ class StoreClient:
     # --- connection -------------------------------------------------------------------------
 
     def _connect(self) -> None:
+        if self._local is not None:
+            self._sock = self._local()
+            self._sock_limit = None
+            return
         start = time.monotonic()
         deadline = start + self._connect_timeout
         delay = 0.01
@@ -620,6 +629,7 @@ class StoreClient:
             timeout=self.timeout,
             connect_timeout=connect_timeout or self._connect_timeout,
             ack_set=self._ack_set,
+            connect=self._local,
         )
 
     def close(self) -> None:
