@@ -181,8 +181,11 @@ def resolve(
     )
     endpoint = o["rdzv_endpoint"]
     if _rdzv_backend(o["rdzv_backend"]) == "static" and endpoint is not None:
-        # torchrun's static backend: the endpoint is node 0's store, ranks from --node-rank
-        kw["master_addr"], kw["master_port"] = parse_endpoint(endpoint)
+        # torchrun's static backend: the endpoint is node 0's store, ranks from --node-rank;
+        # port 0 on one node is a free port, as torch's TCPStore binds it there
+        addr, port = parse_endpoint(endpoint, allow_zero=True)
+        _check_free_port(endpoint, port, max_nodes or nnodes)
+        kw["master_addr"], kw["master_port"] = addr, port or None
         endpoint = None
     static = endpoint is None and nnodes > 1
     if static:
@@ -376,15 +379,20 @@ def _check_nodes(text: str, nnodes: int, max_nodes: int | None, node_rank: int, 
     if max_nodes is not None and max_nodes < nnodes:
         raise ConfigError(f"--nnodes {text} is invalid: MAX must be at least MIN")
     if endpoint is not None:
-        if parse_endpoint(endpoint, allow_zero=True)[1] == 0 and (max_nodes or nnodes) > 1:
-            raise ConfigError(
-                f"--rdzv-endpoint {endpoint} picks a free port, which the other nodes cannot "
-                f"know; give a port, e.g. {endpoint[:-1]}29400"
-            )
+        _check_free_port(endpoint, parse_endpoint(endpoint, allow_zero=True)[1], max_nodes or nnodes)
     elif max_nodes is not None:
         raise ConfigError(
             f"--nnodes {text} needs --rdzv-endpoint HOST:PORT (a `distlaunch "
             f"store`, or the first launcher there)"
+        )
+
+
+def _check_free_port(endpoint: str, port: int, nodes: int) -> None:
+    """torchrun's --rdzv-endpoint HOST:0 (a free port) is for one node only."""
+    if port == 0 and nodes > 1:
+        raise ConfigError(
+            f"--rdzv-endpoint {endpoint} picks a free port, which the other nodes cannot "
+            f"know; give a port, e.g. {endpoint[:-1]}29400"
         )
 
 

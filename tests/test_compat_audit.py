@@ -13,6 +13,20 @@ def envs_of(tmp_path, n):
     return [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(n)]
 
 
+def test_static_backend_endpoint_port_zero_on_one_node(tmp_path):
+    """torchrun --rdzv-backend static --rdzv-endpoint 127.0.0.1:0 --nnodes 1: torch's
+    TCPStore binds a free port there; with more nodes it is refused like c10d's."""
+    args = ["run", "--rdzv-backend", "static", "--rdzv-endpoint", "127.0.0.1:0", "--nproc-per-node", "2"]
+    res = dl(*args, WORKERS / "actor.py", "--dump-env", tmp_path)
+    assert res.returncode == 0, res.stderr
+    [port] = {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs_of(tmp_path, 2)}
+    assert port[0] == "127.0.0.1" and int(port[1]) > 0
+    res = dl(*args, "--nnodes", "2", WORKERS / "actor.py")
+    assert res.returncode == 2
+    [line] = res.stderr.strip().splitlines()
+    assert "127.0.0.1:0 picks a free port" in line and "127.0.0.1:29400" in line
+
+
 HARD_CODED_PORT = """\
 import os, torch, torch.distributed as dist
 os.environ["MASTER_ADDR"] = "127.0.0.1"  # as the PyTorch tutorial (dist_tuto) hard-codes them
