@@ -8,13 +8,14 @@ after it looks at flag combinations again:
 | ``SingleNode`` | neither of the below | this launcher, on loopback |
 | ``StaticNodes`` | ``--nnodes N`` (N > 1) | node 0, on ``--master-addr:--master-port`` |
 | ``DynamicNodes`` | ``--rdzv-endpoint HOST:PORT`` | the launcher that binds it first |
-| ``HeadNodes`` | ``-H`` / ``--hostfile`` | this head, for agents started over SSH |
+| ``HeadNodes`` | ``-H`` / ``--hostfile``; ``--include`` alone | this head, for agents started over SSH |
 
 Each carries ``job``, the validated :class:`~distlaunch.config.LaunchConfig` every node's
 agent runs, plus what only that mode needs. Every bad value or combination raises
 :class:`~distlaunch.errors.ConfigError` here, before anything starts. Option values that
 come from elsewhere than the command line (a job file, the environment of a scheduler)
 are merged into the options before ``resolve``, which therefore sees one mapping.
+``--include``/``--exclude`` without a host list pick slots of ``localhost`` (DeepSpeed's).
 
 Pure apart from ``LaunchConfig.validate`` (file checks) and, for head mode only, reading
 a hostfile; head mode's modules are imported only when it is chosen.
@@ -206,6 +207,8 @@ def resolve(
         return HeadNodes(job, _head_options(o, nnodes, job.nproc_per_node))
     if slurm == "allocation":
         return HeadNodes(job, _allocation_options(o, job.nproc_per_node, "nproc_per_node" in given, env))
+    if o["include"] is not None or o["exclude"] is not None:
+        return _local_selection(o, job, per_node=endpoint is not None or static or slurm == "step")
     if endpoint is not None:
         host, port = parse_endpoint(endpoint, allow_zero=True)
         return DynamicNodes(
@@ -301,6 +304,25 @@ def _allocation_options(
         )
     hosts = filter_hosts([Host(n, slots=k) for n, k in zip(names, slots)], o["include"], o["exclude"])
     return HeadOptions(tuple(hosts), None, engine="slurm", **_same_named(o))
+
+
+def _local_selection(o: Mapping[str, Any], job: LaunchConfig, per_node: bool) -> HeadNodes:
+    """DeepSpeed's --include/--exclude without a hostfile pick among this machine's slots
+    (deepspeed/launcher/runner.py: the pool is then ``localhost``; DeepSpeed's has every
+    GPU, ours --nproc-per-node slots): ``--include localhost:1`` runs one worker with
+    CUDA_VISIBLE_DEVICES=1, as ``-H localhost:N --include localhost:1`` does. Raises
+    ConfigError in a per-node launch, whose launcher starts only its own node's workers."""
+    if per_node:
+        flag = "--include" if o["include"] is not None else "--exclude"
+        raise ConfigError(
+            f"{flag} picks hosts of -H/--hostfile (or slots of a single-node launch); a "
+            f"per-node launch cannot use it: drop {flag} and set CUDA_VISIBLE_DEVICES on each node"
+        )
+    n = job.nproc_per_node
+    try:
+        return HeadNodes(job, _head_options({**o, "hosts": f"localhost:{n}"}, 1, n))
+    except ConfigError as e:  # the implicit list is not what the user wrote: say it
+        raise ConfigError(f"{e} (without -H the list is localhost with --nproc-per-node {n} slots)") from None
 
 
 def _rdzv_backend(name: str) -> str:

@@ -3,6 +3,7 @@ refusals of bad values of the new options (one line naming the value, exit 2, no
 started)."""
 
 import json
+import os
 
 import pytest
 from conftest import WORKERS, dl
@@ -11,6 +12,34 @@ from test_pernode import free_port
 
 def envs_of(tmp_path, n):
     return [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(n)]
+
+
+def without_cuda_env():
+    return {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+
+
+@pytest.mark.parametrize("selection", [["--include", "localhost:0,2"], ["--exclude", "localhost:1"]])
+def test_deepspeed_selection_without_hostfile_picks_local_slots(tmp_path, selection):
+    """`deepspeed --include localhost:0,2 train.py` (no hostfile: DeepSpeed's pool is this
+    machine, runner.py): the chosen slots only, every worker of the node with
+    CUDA_VISIBLE_DEVICES=0,2 (launch.py joins the node's slot ids)."""
+    args = ["run", "--nproc-per-node", "3", *selection]
+    res = dl(*args, WORKERS / "actor.py", "--dump-env", tmp_path, env=without_cuda_env())
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "2.json").exists()
+    assert [(e["RANK"], e["WORLD_SIZE"], e["CUDA_VISIBLE_DEVICES"]) for e in envs_of(tmp_path, 2)] == [
+        ("0", "2", "0,2"),
+        ("1", "2", "0,2"),
+    ]
+    plan = dl(*args, "--dry-run", WORKERS / "actor.py")
+    assert plan.returncode == 0 and "CUDA_VISIBLE_DEVICES=0,2" in plan.stdout, plan.stderr
+
+
+def test_deepspeed_selection_is_refused_in_per_node_launches():
+    res = dl("run", "--nnodes", "2", "--include", "localhost:0", WORKERS / "actor.py")
+    assert res.returncode == 2
+    [line] = res.stderr.strip().splitlines()
+    assert "--include" in line and "CUDA_VISIBLE_DEVICES" in line
 
 
 def test_static_backend_endpoint_port_zero_on_one_node(tmp_path):
