@@ -179,8 +179,10 @@ def _env_entries(value: object, where: str) -> list[str]:
     default=None,
     type=int,
     metavar="PORT",
-    help="Port exported as MASTER_PORT for the program's own rendezvous "
-    "(default: a free port). Must be free.",
+    help="Port exported as MASTER_PORT. One node: for the program's own rendezvous "
+    "(default: a free port; must be free). Per-node launches (--nnodes N): node 0's store "
+    "(default 29500), where torch's init_process_group(env://) finds a TCPStore (one port "
+    "per job, as torchrun).",
 )
 @option(
     "--max-restarts",
@@ -270,7 +272,7 @@ def _env_entries(value: object, where: str) -> list[str]:
     default=None,
     metavar="HOST[:N],...",
     help="Start the job on these hosts over SSH from here, N workers each (default "
-    "--nproc-per-node), e.g. node1:4,user@node2:4.",
+    "--nproc-per-node), e.g. node1:4,user@node2:4 or node[01-16]:8 (Slurm-style ranges).",
 )
 @option(
     "--hostfile",
@@ -278,10 +280,24 @@ def _env_entries(value: object, where: str) -> list[str]:
     default=None,
     type=click.Path(dir_okay=False),
     help="Hosts from a file: OpenMPI 'host slots=N', DeepSpeed 'host slots=N', MPICH "
-    "'host:N', one per line; # comments.",
+    "'host:N', one per line, names may hold ranges (node[01-16]); # comments.",
 )
-@option("--include", group=HOSTS, default=None, metavar="HOSTS", help="Use only these hosts of the list.")
-@option("--exclude", group=HOSTS, default=None, metavar="HOSTS", help="Leave these hosts of the list out.")
+@option(
+    "--include",
+    group=HOSTS,
+    default=None,
+    metavar="HOSTS",
+    help="Use only these hosts of the list, or some of their slots as DeepSpeed's "
+    "--include: host1:0,2@host2 (the workers get CUDA_VISIBLE_DEVICES=0,2); ranges allowed. "
+    "Without -H: slots of this machine (localhost:1).",
+)
+@option(
+    "--exclude",
+    group=HOSTS,
+    default=None,
+    metavar="HOSTS",
+    help="Leave these hosts of the list out, or some of their slots: host1:1@host2 (DeepSpeed's --exclude).",
+)
 @option(
     "--launcher",
     group=HOSTS,
@@ -378,7 +394,8 @@ def _env_entries(value: object, where: str) -> list[str]:
     default=None,
     metavar="HOST:PORT",
     help="Rendezvous store for per-node launches; node ranks are assigned by arrival. "
-    "The launcher that can bind it hosts it, or run `distlaunch store` there.",
+    "The launcher that can bind it hosts it, or run `distlaunch store` there. HOST:0 "
+    "picks a free port (one node only, as torchrun).",
 )
 @option(
     "--rdzv-id",

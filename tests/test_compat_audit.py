@@ -106,3 +106,12 @@ def test_bad_values_of_the_new_options_are_one_line_and_exit_2(tmp_path, args, b
     [line] = res.stderr.strip().splitlines()
     assert line.startswith("distlaunch: error: ") and bad in line
     assert not marker.exists()
+
+
+def test_help_names_the_peer_spellings():
+    """`distlaunch run --help` shows each peer spelling next to its option's kin."""
+    res = dl("run", "--help")
+    assert res.returncode == 0, res.stderr
+    text = " ".join(res.stdout.split())  # click wraps lines
+    spellings = ["node[01-16]:8", "host1:0,2@host2", "host1:1@host2", "HOST:0", "'NCCL_*'", "one port per"]
+    assert [s for s in spellings if s not in text] == []
