@@ -449,6 +449,25 @@ def test_without_ssh_client_paramiko_reads_config_and_warns(sshd_hosts, tmp_path
     assert res.stderr.count("uses include, which paramiko does not read") == 1
 
 
+def test_without_ssh_client_match_exec_is_refused_in_one_line(sshd_hosts, tmp_path):
+    # paramiko runs `Match exec` through invoke, which distlaunch hides while paramiko is
+    # imported (start-up); without ssh -G to run it, the config is refused with the fix.
+    marker = tmp_path / "ran"
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f'Match exec "touch {marker}"\n    Port 1\nHost *\n    HostName 127.0.0.2\n')
+    env = dict(os.environ, PATH=str(tmp_path / "no-bin"))  # no ssh client to ask
+    res = dl("run", "--ssh-config", cfg, "-H", "anyhost:1", ROOT / "tests" / "workers" / "actor.py", env=env)
+    assert res.returncode != 0
+    assert "uses Match exec; install the OpenSSH client" in res.stderr
+    assert not marker.exists()
+
+
+def test_invoke_stays_importable_after_paramiko():
+    code = "import distlaunch.remote.ssh, invoke, paramiko.config; print(invoke.__name__)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout == "invoke\n", res.stderr
+
+
 # --- preflight --------------------------------------------------------------------------------
 
 

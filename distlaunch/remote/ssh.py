@@ -38,18 +38,31 @@ import select
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
-
-import paramiko
+from typing import Any, cast
 
 from ..agent.output import warn_once
 from ..hosts import Host
 from . import RemoteError
+
+# paramiko imports invoke (~35 ms, a tenth of a 2-host head launch) only so that its own
+# ssh_config parser can run `Match exec` commands; our settings come from `ssh -G`, which
+# runs them itself. invoke is hidden only while paramiko is first imported and stays
+# importable for everyone else (paramiko's parser, used when no ssh client is installed,
+# then refuses `Match exec`: see _lookup).
+_hide_invoke = "invoke" not in sys.modules and "paramiko" not in sys.modules
+if _hide_invoke:
+    cast(dict[str, Any], sys.modules)["invoke"] = None  # `import invoke` raises ImportError
+try:
+    import paramiko
+finally:
+    if _hide_invoke:
+        del sys.modules["invoke"]
 
 __all__ = ["SSHOptions", "SSHConnection", "RemoteProcess", "connect_all"]
 
@@ -133,15 +146,21 @@ def _lookup(name: str, path: str | None) -> dict[str, Any]:
         config = paramiko.SSHConfig.from_path(path)
         with open(path, encoding="utf-8", errors="replace") as f:
             unread = {w.split()[0].lower() for w in f if w.split()} & {"include", "match"}
+        settings = dict(config.lookup(name))
     except (OSError, ValueError, paramiko.SSHException) as e:
         raise RemoteError(f"cannot read ssh config {path}: {e}") from e
+    except ImportError:  # `Match exec`, which needs invoke: see _import_paramiko
+        raise RemoteError(
+            f"cannot read ssh config {path}: it uses Match exec; install the OpenSSH client "
+            f"(ssh) so distlaunch can ask ssh -G"
+        ) from None
     if unread:
         warn_once(
             "ssh-config",
             f"{path} uses {' and '.join(sorted(unread))}, which paramiko does not read as OpenSSH "
             f"does; install the OpenSSH client (ssh) so distlaunch can ask ssh -G",
         )
-    return dict(config.lookup(name))
+    return settings
 
 
 def _parse_ssh_g(text: str, name: str) -> dict[str, Any]:
