@@ -23,7 +23,7 @@ Host keys are verified against known_hosts as ``ssh`` with ``StrictHostKeyChecki
 an unknown key is refused unless new keys are accepted (then it is appended to the
 known_hosts file, like ``accept-new``); a *changed* key is always refused. Entries for a
 non-22 port are ``[address]:port``, as OpenSSH writes them. Not supported: ``Match exec``
-beyond what paramiko implements, ``HostKeyAlias``, certificates, password and
+without an ``ssh`` client (refused), ``HostKeyAlias``, certificates, password and
 keyboard-interactive authentication (launches are non-interactive).
 """
 
@@ -149,7 +149,7 @@ def _lookup(name: str, path: str | None) -> dict[str, Any]:
         settings = dict(config.lookup(name))
     except (OSError, ValueError, paramiko.SSHException) as e:
         raise RemoteError(f"cannot read ssh config {path}: {e}") from e
-    except ImportError:  # `Match exec`, which needs invoke: see _import_paramiko
+    except ImportError:  # `Match exec`, which needs invoke: see the import of paramiko above
         raise RemoteError(
             f"cannot read ssh config {path}: it uses Match exec; install the OpenSSH client "
             f"(ssh) so distlaunch can ask ssh -G"
