@@ -6,6 +6,9 @@ Prints, per launcher: median wall time of a job of N no-op Python workers, the l
 process's own peak RSS (VmHWM of the top process, sampled until it exits), and the
 cost of one restart (median wall time of a run whose rank 0 fails once with
 --max-restarts 1, minus the clean run). Ratios are ours / theirs (lower is better).
+"click floor" is the least any click-based launcher can cost: a click command that
+parses --nproc-per-node, starts the workers with RANK set and waits (no store, no
+supervision, no output prefixes); distlaunch minus it is what supervision costs.
 Launchers run interleaved so machine noise hits all alike. Peers that are not installed
 (`pip install mpi4py mpich`, torch) are skipped.
 """
@@ -22,6 +25,19 @@ import time
 
 BIN = os.path.dirname(sys.executable)
 NOOP = "pass\n"
+CLICK_FLOOR = """import os, subprocess, sys
+import click
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@click.option("--nproc-per-node", type=int, default=1)
+@click.argument("script")
+def run(nproc_per_node, script):
+    env = lambda r: dict(os.environ, RANK=str(r), WORLD_SIZE=str(nproc_per_node))
+    ps = [subprocess.Popen([sys.executable, script], env=env(r)) for r in range(nproc_per_node)]
+    sys.exit(max(p.wait() for p in ps))
+
+run()
+"""
 FAIL_ONCE = (
     "import os, sys\n"
     "if os.environ.get('RANK') == '0' and os.environ.get('TORCHELASTIC_RESTART_COUNT') == '0':\n"
@@ -54,7 +70,7 @@ def timed(cmd: list[str]) -> tuple[float, int]:
     return wall, peak
 
 
-def launchers(nproc: int) -> dict[str, callable]:
+def launchers(nproc: int, floor: str) -> dict[str, callable]:
     found = {
         "distlaunch": lambda script, restarts=0: [
             os.path.join(BIN, "distlaunch"),
@@ -66,6 +82,13 @@ def launchers(nproc: int) -> dict[str, callable]:
             script,
         ]
     }
+    found["click floor"] = lambda script, restarts=0: [
+        sys.executable,
+        floor,
+        "--nproc-per-node",
+        str(nproc),
+        script,
+    ]
     if os.path.exists(os.path.join(BIN, "mpiexec")):
         found["mpiexec"] = lambda script, restarts=0: [
             os.path.join(BIN, "mpiexec"),
@@ -100,11 +123,13 @@ def main() -> None:
     noop, fail_once = os.path.join(tmp, "noop.py"), os.path.join(tmp, "fail_once.py")
     open(noop, "w").write(NOOP)
     open(fail_once, "w").write(FAIL_ONCE)
+    floor = os.path.join(tmp, "click_floor.py")
+    open(floor, "w").write(CLICK_FLOOR)
     env_note = os.environ.get("OMP_NUM_THREADS")
-    found = launchers(args.nproc)
+    found = launchers(args.nproc, floor)
     wall = {k: [] for k in found}
     rss = {k: [] for k in found}
-    restart = {k: [] for k in found if k != "mpiexec"}  # mpiexec has no restarts
+    restart = {k: [] for k in found if k in ("distlaunch", "torchrun")}  # the others do not restart
     for _ in range(args.reps):
         for name, cmd in found.items():
             w, r = timed(cmd(noop))
@@ -116,21 +141,23 @@ def main() -> None:
         f"{args.nproc} no-op Python workers, {args.reps} interleaved runs each, medians "
         f"(cores: {os.cpu_count()}, OMP_NUM_THREADS={env_note})"
     )
-    print(f"{'launcher':<12}{'wall s':>10}{'peak RSS MiB':>15}{'restart s':>12}")
+    print(f"{'launcher':<14}{'wall s':>10}{'peak RSS MiB':>15}{'restart s':>12}")
     med = {k: statistics.median(v) for k, v in wall.items()}
     mem = {k: max(v) / 1024 for k, v in rss.items()}
     rst = {k: statistics.median(v) for k, v in restart.items()}
     for name in found:
         r = f"{rst[name]:.3f}" if name in rst else "n/a"
-        print(f"{name:<12}{med[name]:>10.3f}{mem[name]:>15.1f}{r:>12}")
+        print(f"{name:<14}{med[name]:>10.3f}{mem[name]:>15.1f}{r:>12}")
     print("ratios, distlaunch / peer (lower is better):")
     for peer in found:
         if peer == "distlaunch":
             continue
-        line = f"  vs {peer:<9} wall {med['distlaunch'] / med[peer]:.2f}x  RSS {mem['distlaunch'] / mem[peer]:.2f}x"  # noqa: E501
+        line = f"  vs {peer:<12} wall {med['distlaunch'] / med[peer]:.2f}x  RSS {mem['distlaunch'] / mem[peer]:.2f}x"  # noqa: E501
         if peer in rst:
             line += f"  restart {rst['distlaunch'] / rst[peer]:.2f}x"
         print(line)
+    if "mpiexec" in med:
+        print(f"  (click floor / mpiexec: wall {med['click floor'] / med['mpiexec']:.2f}x)")
 
 
 if __name__ == "__main__":
