@@ -319,7 +319,9 @@ def filter_hosts(hosts: list[Host], include: str | None, exclude: str | None) ->
     ``hosts`` is kept; names match case-insensitively; ``user@`` is ignored.
 
     Raises ConfigError: both given (as DeepSpeed, they are mutually exclusive), a name
-    not in ``hosts``, a slot id the host does not have, or nothing left.
+    not in ``hosts``, a slot id the host does not have, a host named twice (its
+    meaning differs between DeepSpeed versions; the error gives the one-entry
+    spelling), or nothing left.
     """
     if include is not None and exclude is not None:
         raise ConfigError("--include and --exclude are mutually exclusive; use one")
@@ -329,6 +331,7 @@ def filter_hosts(hosts: list[Host], include: str | None, exclude: str | None) ->
     assert value is not None
     by_name = {h.name.lower(): h for h in hosts}
     chosen: dict[str, set[int]] = {}  # host -> slot ids selected (include) or dropped (exclude)
+    twice = None
     for names, slots in _selection(value, flag, set(by_name)):
         for name in names:
             if name not in by_name:
@@ -339,7 +342,15 @@ def filter_hosts(hosts: list[Host], include: str | None, exclude: str | None) ->
             if bad:
                 wrong = ", ".join(map(str, bad))
                 raise ConfigError(f"{flag}: {name} has slots 0..{count - 1}, not {wrong}; fix the slot ids")
+            twice = twice or (name if name in chosen else None)
             chosen.setdefault(name, set()).update(range(count) if slots is None else slots)
+    if twice is not None:
+        # DeepSpeed's runner.py reads a host named twice as its last entry (before
+        # parse_node_config_list) or as the union of the slot lists, a bare name then
+        # losing its whole host (after): no one reading is the peer's, so none is ours.
+        host, union = by_name[twice], sorted(chosen[twice])
+        merged = host.name if len(union) == slots_of(host) else f"{host.name}:{','.join(map(str, union))}"
+        raise ConfigError(f"{flag}: {host.name} is named twice; write {merged}")
     keep = []
     for h in hosts:
         all_ids = set(range(slots_of(h)))

@@ -97,15 +97,21 @@ def test_single_node_program_with_its_own_master_port(tmp_path):
     ],
 )
 def test_bad_values_of_the_new_options_are_one_line_and_exit_2(tmp_path, args, bad):
-    """Refused before anything starts: the script (which would leave a file) never runs."""
+    assert bad in refused(tmp_path, *args)
+
+
+def refused(tmp_path, *args):
+    """`distlaunch run ARGS script`'s one error line, after checking it exits 2 before
+    anything starts: the script (which would leave a file) never runs."""
     marker = tmp_path / "ran"
     script = tmp_path / "touch.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
     res = dl("run", *args, script)
     assert res.returncode == 2, res.stderr
     [line] = res.stderr.strip().splitlines()
-    assert line.startswith("distlaunch: error: ") and bad in line
+    assert line.startswith("distlaunch: error: ")
     assert not marker.exists()
+    return line
 
 
 def test_help_names_the_peer_spellings():
@@ -115,3 +121,21 @@ def test_help_names_the_peer_spellings():
     text = " ".join(res.stdout.split())  # click wraps lines
     spellings = ["node[01-16]:8", "host1:0,2@host2", "host1:1@host2", "HOST:0", "'NCCL_*'", "one port per"]
     assert [s for s in spellings if s not in text] == []
+
+
+@pytest.mark.parametrize(
+    "selection, merged",
+    [
+        (["--include", "localhost:0@localhost:1"], "localhost:0,1"),
+        (["--include", "localhost@localhost:1"], "localhost"),
+        (["--exclude", "localhost:2@localhost:0"], "localhost:0,2"),
+        (["--include", "localhost:1@localhost,127.0.0.2"], "localhost"),
+    ],
+)
+def test_deepspeed_selection_naming_a_host_twice_is_refused(tmp_path, selection, merged):
+    """DeepSpeed's runner.py reads `--include 'node1:0@node1:1'` as slot 1 only (before
+    parse_node_config_list: the last entry wins) or as slots 0,1 (after it; and then
+    `node1@node1:1` loses the whole host): the same line means different slots in
+    different versions, so it is refused, with the one-entry spelling of the union."""
+    line = refused(tmp_path, "-H", "localhost:3,127.0.0.2:1", *selection)
+    assert line.endswith(f"{selection[0]}: localhost is named twice; write {merged}")
