@@ -167,6 +167,8 @@ def resolve(
     if slurm == "step":  # what the user gave (e.g. --run-id) stays
         o = {**options, **{k: v for k, v in _step_defaults(env).items() if k not in given}}
     nnodes, max_nodes = parse_nnodes(o["nnodes"])
+    if o["hosts"] or o["hostfile"]:
+        _check_head_only(o, nnodes, max_nodes)
     if o["standalone"]:
         nnodes = 1
     kw: dict[str, Any] = {
@@ -204,7 +206,7 @@ def resolve(
     _check_signals(o["signals_to_handle"])
     job = LaunchConfig(**kw).validate()
     if o["hosts"] or o["hostfile"]:
-        return HeadNodes(job, _head_options(o, nnodes, job.nproc_per_node))
+        return HeadNodes(job, _head_options(o, job.nproc_per_node))
     if slurm == "allocation":
         return HeadNodes(job, _allocation_options(o, job.nproc_per_node, "nproc_per_node" in given, env))
     if o["include"] is not None or o["exclude"] is not None:
@@ -320,7 +322,7 @@ def _local_selection(o: Mapping[str, Any], job: LaunchConfig, per_node: bool) ->
         )
     n = job.nproc_per_node
     try:
-        return HeadNodes(job, _head_options({**o, "hosts": f"localhost:{n}"}, 1, n))
+        return HeadNodes(job, _head_options({**o, "hosts": f"localhost:{n}"}, n))
     except ConfigError as e:  # the implicit list is not what the user wrote: say it
         raise ConfigError(f"{e} (without -H the list is localhost with --nproc-per-node {n} slots)") from None
 
@@ -430,16 +432,50 @@ def worker_env(names: Sequence[str], files: Sequence[str] = ()) -> tuple[tuple[s
     return tuple(sorted(out.items()))
 
 
-def _head_options(o: Mapping[str, Any], nnodes: int, nproc_per_node: int) -> HeadOptions:
+def _check_head_only(o: Mapping[str, Any], nnodes: int, max_nodes: int | None) -> None:
+    """torchrun's per-node options name what head mode (-H/--hostfile) sets itself: the
+    head hosts the store, the host list gives the nodes in node-rank order and each
+    node's MASTER_ADDR is the address SSH reached. Given together they were ignored;
+    raises ConfigError naming the first one. --rdzv-id stays: it is the run id here too."""
+    drop = "drop one of them"
+    clashes = [
+        (
+            o["rdzv_endpoint"] is not None,
+            f"--rdzv-endpoint {o['rdzv_endpoint']}",
+            f"the head hosts the store: {drop}",
+        ),
+        (
+            o["rdzv_backend"] == "static",
+            "--rdzv-backend static",
+            f"the head hosts the store and ranks the nodes: {drop}",
+        ),
+        (
+            nnodes > 1 or max_nodes is not None,
+            f"--nnodes {o['nnodes']}",
+            "the host list sets the nodes: drop --nnodes",
+        ),
+        (
+            o["node_rank"] != 0,
+            f"--node-rank {o['node_rank']}",
+            f"the host list's order sets the node ranks: {drop}",
+        ),
+        (
+            o["local_addr"] is not None,
+            f"--local-addr {o['local_addr']}",
+            "the head's address is --store-addr: use that",
+        ),
+    ]
+    for clash, given, why in clashes:
+        if clash:
+            raise ConfigError(f"{given} is for per-node launches; with -H/--hostfile {why}")
+
+
+def _head_options(o: Mapping[str, Any], nproc_per_node: int) -> HeadOptions:
     from .hosts import check_one_local, filter_hosts, parse_host_list, parse_hostfile, resolve_slots
     from .remote.ssh import SSHOptions
 
     if o["hosts"] and o["hostfile"]:
         raise ConfigError("give either -H/--hosts or --hostfile, not both")
-    if nnodes > 1:
-        raise ConfigError(
-            f"--nnodes {nnodes} is for per-node launches; with -H/--hostfile the host list sets the nodes"
-        )
     hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
     hosts = filter_hosts(resolve_slots(hosts, nproc_per_node), o["include"], o["exclude"])
     check_one_local(hosts)

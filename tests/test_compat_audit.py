@@ -139,3 +139,47 @@ def test_deepspeed_selection_naming_a_host_twice_is_refused(tmp_path, selection,
     different versions, so it is refused, with the one-entry spelling of the union."""
     line = refused(tmp_path, "-H", "localhost:3,127.0.0.2:1", *selection)
     assert line.endswith(f"{selection[0]}: localhost is named twice; write {merged}")
+
+
+@pytest.mark.parametrize("listing", ["-H", "--hostfile"])
+@pytest.mark.parametrize(
+    "per_node",
+    [
+        ["--rdzv-endpoint", "127.0.0.1:29400"],
+        ["--rdzv-endpoint", "127.0.0.1:0"],
+        ["--rdzv-backend", "static"],
+        ["--node-rank", "1"],
+        ["--nnodes", "2"],
+        ["--nnodes", "1:2"],
+        ["--standalone", "--nnodes", "2"],
+        ["--local-addr", "127.0.0.1"],
+    ],
+)
+def test_per_node_options_with_a_host_list_are_refused(tmp_path, listing, per_node):
+    """torchrun's per-node options name a store, node count or rank that head mode sets
+    itself (the head hosts the store, the host list gives the nodes in rank order): with
+    -H/--hostfile they were ignored or refused for another reason; now one line says so."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=1\n")
+    hosts = "localhost:1" if listing == "-H" else hostfile
+    line = refused(tmp_path, listing, hosts, *per_node)
+    assert f"{' '.join(per_node[-2:])} is for per-node launches; with -H/--hostfile " in line
+
+
+def test_head_mode_keeps_its_run_id_and_one_node_count(tmp_path):
+    """--rdzv-id is the run id (torchrun's job id) in head mode too: it names the log
+    directory; --nnodes 1 (torchrun's default) is accepted."""
+    res = dl(
+        "run",
+        "-H",
+        "localhost:1",
+        "--nnodes",
+        "1",
+        "--rdzv-id",
+        "job7",
+        "--log-dir",
+        tmp_path,
+        WORKERS / "actor.py",
+    )
+    assert res.returncode == 0, res.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["job7"]
