@@ -59,9 +59,11 @@ def setup(base: Path, n: int):
     known = base / "bench_known_hosts"
     known.write_text("".join(f"[{a}]:{ports[a]} {key_line}\n" for a in addrs))
     config = base / "bench_ssh_config"
+    port_line = f"    Port {port}\n" if extra else ""  # no aliases beyond sshd's own two
     config.write_text(
         f"Host {' '.join(server.addresses)}\n    Port {server.port}\n"
-        f"Host 127.0.0.*\n    Port {port}\n    User root\n    IdentityFile {server.key_file}\n"
+        f"Host 127.0.0.*\n{port_line}    User root\n"
+        f"    IdentityFile {server.key_file}\n"
         f"    IdentitiesOnly yes\n    BatchMode yes\n    UserKnownHostsFile {known}\n"
         f"    StrictHostKeyChecking yes\n"
     )
