@@ -353,29 +353,6 @@ def test_local_connection_shares_the_store_without_a_handshake(server, client):
     local.close()
 
 
-def test_local_connection_ends_with_the_server():
-    server = StoreServer(token=TOKEN).start()
-    local = StoreClient("127.0.0.1", server.port, timeout=20, connect=server.connect_local)
-    local.set("k", b"v")
-    t0 = time.monotonic()
-    errs = []
-
-    def blocked():
-        try:
-            local.get("never")
-        except StoreError as e:
-            errs.append(e)
-
-    t = threading.Thread(target=blocked)
-    t.start()
-    time.sleep(0.2)
-    server.stop()
-    t.join(5)
-    assert isinstance(errs[0], StoreConnectionError) and time.monotonic() - t0 < 5
-    with pytest.raises(StoreError, match="not running"):
-        server.connect_local()
-
-
 def test_wait_and_multi_get_need_every_key(server, client):
     other = client.clone()
     res = {}
@@ -708,10 +685,12 @@ def test_shared_client_is_thread_safe(client):
 # --- lifecycle -----------------------------------------------------------------------------------
 
 
-def test_server_stop_gives_connection_error_not_a_hang():
+@pytest.mark.parametrize("local", [False, True], ids=["tcp", "connect_local"])
+def test_server_stop_gives_connection_error_not_a_hang(local):
     srv = StoreServer(token=TOKEN).start()
-    blocked = StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=60)
-    idle = StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=60)
+    connect = srv.connect_local if local else None
+    blocked = StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=60, connect=connect)
+    idle = StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=60, connect=connect)
     errs = []
 
     def run():
@@ -733,6 +712,9 @@ def test_server_stop_gives_connection_error_not_a_hang():
     with pytest.raises(StoreConnectionError, match="closed"):  # and it stays broken
         idle.set("k", b"v")
     srv.stop()  # idempotent
+    if local:
+        with pytest.raises(StoreError, match="not running"):
+            srv.connect_local()
 
 
 def test_unacknowledged_set_failure_surfaces_by_the_next_reply():
