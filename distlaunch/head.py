@@ -92,7 +92,7 @@ def run_hosts(
         server.start()
         assert server.port is not None  # bound by start()
         store = StoreAddress(store_addr, server.port, token)
-        client = StoreClient(store_addr, server.port, token=token, timeout=30)
+        client = StoreClient(store_addr, server.port, token=token, timeout=30, connect=server.connect_local)
         rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
 
         def node_options(k: int) -> NodeOptions:

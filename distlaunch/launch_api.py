@@ -98,7 +98,9 @@ def launch(
     cmd += [*options, "-m", "distlaunch.launch_api"]
     with StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server:
         assert server.port is not None  # bound on entry
-        with StoreClient("127.0.0.1", server.port, token=token, timeout=30) as store:
+        with StoreClient(
+            "127.0.0.1", server.port, token=token, timeout=30, connect=server.connect_local
+        ) as store:
             store.set("payload", payload)
             job = subprocess.Popen(cmd, env={**os.environ, PORT_VAR: str(server.port), TOKEN_VAR: token})
             try:

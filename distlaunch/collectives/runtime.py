@@ -360,8 +360,14 @@ def _tcp_store(host, port, rank, token, timeout, deadline):
             raise ConfigError(f"rank 0 cannot host the store on {bind}:{port}: {e}") from e
         _servers[(host, port)] = server
     try:
+        own = _servers.get((host, port))  # rank 0 talks to the store it runs without a handshake
         return StoreClient(
-            host, port, token=token, timeout=timeout, connect_timeout=max(0.1, deadline - time.monotonic())
+            host,
+            port,
+            token=token,
+            timeout=timeout,
+            connect_timeout=max(0.1, deadline - time.monotonic()),
+            connect=own.connect_local if own is not None else None,
         )
     except StoreError as e:
         if isinstance(e, TimeoutError):
