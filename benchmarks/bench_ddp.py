@@ -177,9 +177,9 @@ def worker_ddp(args):
         groups = {"gloo": dist.new_group(backend="gloo"), "distlaunch": None}
         groups["noop"] = dist.new_group(backend="noop")
         times: dict = {k: [] for k in groups}
-        for _ in range(args.rounds):
-            for k, g in groups.items():
-                times[k].append(_ddp_step_time(g, args.steps))
+        for r in range(args.rounds):  # the order alternates: no backend always follows another
+            for k in list(groups) if r % 2 == 0 else list(groups)[::-1]:
+                times[k].append(_ddp_step_time(groups[k], args.steps))
         res.update({k: statistics.median(v) for k, v in times.items()})
         time.sleep(0.2)  # let gloo's thread release its last op before exit (torch 2.13)
         dist.destroy_process_group()
