@@ -457,7 +457,7 @@ def test_without_ssh_client_match_exec_is_refused_in_one_line(sshd_hosts, tmp_pa
     cfg.write_text(f'Match exec "touch {marker}"\n    Port 1\nHost *\n    HostName 127.0.0.2\n')
     env = dict(os.environ, PATH=str(tmp_path / "no-bin"))  # no ssh client to ask
     res = dl("run", "--ssh-config", cfg, "-H", "anyhost:1", ROOT / "tests" / "workers" / "actor.py", env=env)
-    assert res.returncode != 0
+    assert res.returncode == 2, res.stderr
     assert "uses Match exec; install the OpenSSH client" in res.stderr
     assert not marker.exists()
 
