@@ -198,7 +198,7 @@ def test_unreachable_host_is_a_usage_error(sshd_hosts, tmp_path):
         "--ssh-config",
         sshd_hosts.ssh_config,
         "-H",
-        "node1:1,127.0.0.9:1",
+        "node1:1,127.0.0.9:1,127.0.0.10:1",
         "--ssh-port",
         str(sshd_hosts.port),
         WORKERS / "actor.py",
@@ -207,7 +207,10 @@ def test_unreachable_host_is_a_usage_error(sshd_hosts, tmp_path):
         timeout=60,
     )
     assert res.returncode == 2
-    assert "127.0.0.9" in res.stderr
+    # one line naming every unreachable host, each reason once (no stray separators)
+    [line] = res.stderr.strip().splitlines()
+    assert line.startswith("distlaunch: error: cannot connect to 2 of 3 hosts: 127.0.0.9"), line
+    assert "; 127.0.0.10" in line and ":;" not in line
     assert not list(tmp_path.iterdir())
 
 

@@ -57,7 +57,7 @@ class SSHEngine:
         try:
             conns = dict(zip(hosts, connect_all(list(hosts.values()), ssh)))
         except RemoteError as e:
-            raise ConfigError(str(e).replace("\n", "; ")) from e
+            raise ConfigError(str(e)) from e  # one line per host; the CLI joins them
         return cls(conns, python, cwd, cmd_env, version)
 
     def store_address(self) -> str | None:
