@@ -513,6 +513,31 @@ def test_byte_budget_bounds_values_waits_and_partial_queries():
         assert srv.stats["internal_errors"] == 0, srv.last_internal_error
 
 
+def test_closing_a_huge_duplicate_wait_does_not_stall_the_server():
+    """Two connections WAIT on one key repeated MAX_KEYS_PER_QUERY times; one closes. The
+    loop (which also serves distlaunch clients) stays responsive, and the other waiter is
+    still completed by a set of the key (torch's libuv server completes [k, k] once k is set)."""
+    srv = OurServer()
+    try:
+        keys = tq_str(b"/k") * T.MAX_KEYS_PER_QUERY
+        waiters = [raw_torch(srv.port) for _ in range(2)]
+        for w in waiters:
+            w.sendall(bytes([T.WAIT]) + struct.pack("<Q", T.MAX_KEYS_PER_QUERY) + keys)
+            w.sendall(bytes([T.PING]) + struct.pack("<I", 5))  # answered once the wait is registered
+            assert recv_exact(w, 4) == struct.pack("<I", 5)
+        waiters[1].close()
+        time.sleep(0.2)  # the server sees the close
+        with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=1.0) as c:
+            c.ping()
+        writer = raw_torch(srv.port)
+        writer.sendall(bytes([T.SET]) + tq_str(b"/k") + tq_str(b"v"))
+        assert recv_exact(waiters[0], 1) == T.STOP_WAITING
+        waiters[0].sendall(bytes([T.CANCEL_WAIT]))
+        assert recv_exact(waiters[0], 1) == T.WAIT_CANCELED
+    finally:
+        srv.close()
+
+
 def test_torch_connection_flood_refused_without_evicting(tserver):
     first = [raw_torch(tserver.port) for _ in range(tserver.max_torch_connections)]
     extra = [validated(tserver.port) for _ in range(5)]

@@ -171,8 +171,8 @@ class TorchConn:
         self.key: bytes | None = None  # a multi_set pair's key, waiting for its value
         self.held = 0  # bytes of the partly parsed query already taken off the buffer
         self.charged = 0  # input bytes charged to the budget
-        self.wait_keys: dict[bytes, int] = {}  # the pending wait's registrations per key
-        self.awaited = 0  # registrations still to fire before STOP_WAITING
+        self.wait_keys: set[bytes] = set()  # the pending wait's keys not stored yet
+        self.awaited = 0  # keys still to fire before STOP_WAITING
 
     def parse(self, buf: bytearray) -> tuple[int, list[Any]] | None:
         """Take the next complete query off the front of ``buf``: ``(qtype, args)``, or
@@ -277,7 +277,8 @@ class TorchKeySpace:
         self.budget = budget
         self.data: dict[bytes, bytes] = {}
         self.queues: dict[bytes, deque[bytes]] = {}
-        self.waiting: dict[bytes, list[TorchConn]] = {}
+        # key -> the connections waiting on it, in registration order (a dict: O(1) removal)
+        self.waiting: dict[bytes, dict[TorchConn, None]] = {}
         self.used = 0  # bytes charged: entries + waits + input in flight
 
     # --- accounting -----------------------------------------------------------------------
@@ -309,30 +310,28 @@ class TorchKeySpace:
 
     def _register(self, st: TorchConn, keys: list[bytes]) -> None:
         self._cancel(st)  # one pending wait per connection (torch's client never has two)
+        # A key listed twice is awaited once: libuv's server registers it twice and the
+        # key's one write fires both, so the outcome is the same, at O(distinct keys).
+        keys = list(dict.fromkeys(keys))
         self._charge(sum(len(k) + ENTRY_OVERHEAD for k in keys))
         for k in keys:
-            self.waiting.setdefault(k, []).append(st)
-            st.wait_keys[k] = st.wait_keys.get(k, 0) + 1
+            self.waiting.setdefault(k, {})[st] = None
+        st.wait_keys = set(keys)
         st.awaited = len(keys)
 
     def _cancel(self, st: TorchConn) -> None:
-        for k, times in st.wait_keys.items():
-            lst = self.waiting[k]
-            for _ in range(times):
-                lst.remove(st)
-            self.used -= times * (len(k) + ENTRY_OVERHEAD)
-            if not lst:
+        for k in st.wait_keys:
+            d = self.waiting[k]
+            del d[st]
+            self.used -= len(k) + ENTRY_OVERHEAD
+            if not d:
                 del self.waiting[k]
-        st.wait_keys = {}
+        st.wait_keys = set()
         st.awaited = 0
 
     def _fire(self, st: TorchConn, k: bytes) -> bool:
-        """One registration of ``st`` on ``k`` fired (already removed from ``waiting``)."""
-        left = st.wait_keys[k] - 1
-        if left:
-            st.wait_keys[k] = left
-        else:
-            del st.wait_keys[k]
+        """``st``'s registration on ``k`` fired (already removed from ``waiting``)."""
+        st.wait_keys.discard(k)
         self.used -= len(k) + ENTRY_OVERHEAD
         st.awaited -= 1
         if st.awaited == 0:
@@ -341,18 +340,21 @@ class TorchKeySpace:
         return False
 
     def _wake(self, k: bytes) -> None:
-        lst = self.waiting.pop(k, None)
-        if lst:
-            for st in lst:
+        d = self.waiting.pop(k, None)
+        if d:
+            for st in d:
                 self._fire(st, k)
 
     def _wake_one(self, k: bytes) -> None:
-        lst = self.waiting.get(k)
-        while lst:
-            st = lst.pop(0)
+        """A queue push: fire ``k``'s registrations in order until one wait completes
+        (libuv's wakeupOneWaitingClient)."""
+        d = self.waiting.get(k)
+        while d:
+            st = next(iter(d))
+            del d[st]
             if self._fire(st, k):
                 break
-        if lst is not None and not lst:
+        if d is not None and not d:
             del self.waiting[k]
 
     def _present(self, k: bytes) -> bool:
