@@ -315,6 +315,28 @@ T = TypeVar("T")
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral ports (32768-60999)
 
 
+def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a task started by ``srun`` (``SLURM_STEP_ID`` and ``SLURM_PROCID`` set;
+    a batch script or salloc's shell has no ``SLURM_STEP_ID``). Pure."""
+    env = os.environ if environ is None else environ
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+
+
+def route_source(host: str) -> str | None:
+    """This machine's address on the route to ``host``: 127.0.0.1 for a loopback host,
+    else the route's source address (a UDP connect picks the route and sends nothing);
+    None when ``host`` does not resolve or has no route. Blocks on name resolution."""
+    try:
+        addr = socket.gethostbyname(host)
+        if addr.startswith("127."):
+            return "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
+
 def scheduler_identity(environ: Mapping[str, str] | None = None) -> SchedulerIdentity | None:
     """The rank, world size, node and store location of a process that srun (a step:
     SLURM_STEP_ID and SLURM_PROCID set) or mpiexec (PMI_RANK/PMI_SIZE: MPICH hydra,
@@ -324,7 +346,7 @@ def scheduler_identity(environ: Mapping[str, str] | None = None) -> SchedulerIde
     MASTER_ADDR."""
     e = os.environ if environ is None else environ
     port = _int(e, "MASTER_PORT", 0) or None
-    if "SLURM_STEP_ID" in e and "SLURM_PROCID" in e:
+    if in_slurm_step(e):
         job, step = _int(e, "SLURM_JOB_ID"), _int(e, "SLURM_STEP_ID")
         nodes = _parse(expand_hostlist, e, "SLURM_STEP_NODELIST")
         world = _int(e, "SLURM_STEP_NUM_TASKS", _int(e, "SLURM_NTASKS", 0) or None)

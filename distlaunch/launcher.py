@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worker_env
 from .config import LaunchConfig
+from .env import route_source
 from .errors import ConfigError
 from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
 from .report import say
@@ -170,16 +171,6 @@ def _shared_token(cfg: LaunchConfig, token_file: str | None) -> str:
     return shared_token(cfg.run_id, token_file)
 
 
-def _address_towards(host: str, port: int) -> str:
-    """The local address this machine uses to reach ``host`` (a UDP connect sends nothing)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((host, port))
-            return s.getsockname()[0]
-        except OSError:
-            return socket.gethostname()
-
-
 def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig) -> int:
     """Per-node launch with dynamic membership through the store at the endpoint; the
     launcher that can bind that address hosts the store (torchrun's c10d backend)."""
@@ -219,7 +210,7 @@ def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig) -> int:
             StoreAddress(host, port, token, server.connect_local if server is not None else None),
             opts,
             guard,
-            master_addr=mode.local_addr or _address_towards(host, port),
+            master_addr=mode.local_addr or route_source(host) or socket.gethostname(),
             events=_event_log(cfg),
         )
         return agent.run()

@@ -36,6 +36,7 @@ from .config import (
     parse_std,
     run_id_from,
 )
+from .env import in_slurm_step
 from .errors import ConfigError
 from .topology import MAX_NODES
 
@@ -241,7 +242,7 @@ def _slurm_place(o: Mapping[str, Any], given: frozenset[str], env: Mapping[str, 
     and store from Slurm), or None (Slurm is not involved, or --launcher ssh / per-node
     options say otherwise). Raises ConfigError for --launcher slurm outside Slurm."""
     launcher = o.get("launcher") or "auto"
-    in_step = "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+    in_step = in_slurm_step(env)
     in_allocation = "SLURM_JOB_ID" in env and not in_step
     if launcher == "slurm" and not (in_step or in_allocation):
         raise ConfigError(

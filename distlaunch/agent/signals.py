@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from ..env import in_slurm_step
 from ..errors import LaunchInterrupted
 
 if TYPE_CHECKING:
@@ -41,13 +42,6 @@ if TYPE_CHECKING:
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
-
-
-def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
-    """True in a task started by ``srun`` (``SLURM_STEP_ID`` and ``SLURM_PROCID`` set;
-    a batch script or salloc's shell has no ``SLURM_STEP_ID``). Pure."""
-    env = os.environ if environ is None else environ
-    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
 
 
 class SignalRelay:

@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from ..env import slurm_node_address
 from ..secret import shared_token
 from .context import DEFAULT_TIMEOUT, Members, to_seconds
 from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
@@ -316,14 +315,9 @@ def local_host_towards(host: str) -> str:
     override = os.environ.get("DISTLAUNCH_COLL_HOST")
     if override:
         return override
-    try:
-        if host in ("localhost", "") or socket.gethostbyname(host).startswith("127."):
-            return "127.0.0.1"
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((socket.gethostbyname(host), 9))  # no packet is sent; picks the route
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
+    from ..env import route_source  # (env is not imported by `import distlaunch.collectives`)
+
+    return "127.0.0.1" if host in ("localhost", "") else route_source(host) or "127.0.0.1"
 
 
 def _scheduled() -> Any:
@@ -335,6 +329,8 @@ def _scheduled() -> Any:
 
 def _slurm_node_address(name: str) -> str:
     """``env.slurm_node_address``, its error naming the way out (MASTER_ADDR)."""
+    from ..env import slurm_node_address  # lazy: only under srun
+
     try:
         return slurm_node_address(name)
     except ConfigError as e:

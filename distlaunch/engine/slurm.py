@@ -40,14 +40,13 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from ..agent.output import write_all
-from ..env import slurm_node_addresses
+from ..env import route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
 from ..remote.command import AGENT_HELLO, CHECK_MARK, checked_command
@@ -128,18 +127,6 @@ def broadcast_line(specs: Mapping[str, dict[str, Any]]) -> bytes:
     return (json.dumps({SPECS_KEY: nodes, "common": common}) + "\n").encode()
 
 
-def _route_to(addr: str) -> str | None:
-    """This machine's address on the route to ``addr`` (no packet is sent)."""
-    try:
-        if socket.gethostbyname(addr).startswith("127."):
-            return "127.0.0.1"
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((addr, 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return None
-
-
 class SlurmEngine:
     """Agents on the Slurm nodes ``nodes`` (node id -> node name) of the current
     allocation, run as ``python`` in ``cwd`` with ``cmd_env`` on the command line
@@ -204,7 +191,7 @@ class SlurmEngine:
     def store_address(self) -> str | None:
         here = os.environ.get("SLURMD_NODENAME")
         others = [a for n, a in self.addresses.items() if n != here] or list(self.addresses.values())
-        return _route_to(others[0]) if others else None
+        return route_source(others[0]) if others else None
 
     def master_address(self, node_id: int) -> str:
         return self.addresses[self.nodes[node_id]]
