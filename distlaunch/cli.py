@@ -550,18 +550,16 @@ def _print_config(
     for key, value in merged.items():
         name = "env_names" if key == "env" else key
         source = ctx.get_parameter_source(name) if name in params else None
-        if source is ParameterSource.ENVIRONMENT:
+        if key in ("script", "args"):
+            where = "from the job file" if script_from_job else "from the command line"
+        elif source is ParameterSource.ENVIRONMENT:
             where = f"from {params[name].envvar}"
         elif source is ParameterSource.DEFAULT_MAP:
             where = "from the job file"
-        elif source in (ParameterSource.DEFAULT, None) and key not in ("script", "args"):
+        elif source in (ParameterSource.DEFAULT, None):
             where = "default"
         else:
-            where = (
-                "from the command line"
-                if key not in ("script", "args") or not ctx.meta.get("job_file")
-                else "given"
-            )
+            where = "from the command line"
         line = yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=True, width=1 << 20).strip()
         click.echo(f"{line[1:-1]}  # {where}")
 
