@@ -584,7 +584,7 @@ def _print_head_plan(mode: HeadNodes) -> None:
         from .engine.slurm import SlurmEngine
 
         names = dict(enumerate(h.name for h in head.hosts))
-        srun = SlurmEngine(names, {}, python, cwd, cmd_env, __version__).srun_argv(list(names))
+        srun = SlurmEngine(names, python, cwd, cmd_env, __version__).srun_argv(list(names))
         cmd = shlex.join(srun[:-1]) + " '<host checks; then the agent>'"
     nodes = assign_ranks([slots_of(h) for h in head.hosts])
     click.echo(

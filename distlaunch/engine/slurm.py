@@ -131,25 +131,25 @@ class SlurmEngine:
     """Agents on the Slurm nodes ``nodes`` (node id -> node name) of the current
     allocation, run as ``python`` in ``cwd`` with ``cmd_env`` on the command line
     (nothing secret: see remote.command). See ``engine.AgentEngine`` for the methods.
-    ``agent_argv``: the agent program's arguments after ``python`` (tests start a stand-in)."""
+    ``agent_argv``: the agent program's arguments after ``python`` (tests start a stand-in).
+    ``start_timeout``: how long ``start`` waits for the agents' hellos, in seconds."""
+
+    start_timeout = 60.0
 
     def __init__(
         self,
         nodes: Mapping[int, str],
-        addresses: Mapping[str, str],
         python: str,
         cwd: str,
         cmd_env: Mapping[str, str],
         version: str,
         agent_argv: Sequence[str] = AGENT_ARGV,
-        start_timeout: float = 60.0,
     ):
         self.nodes = dict(nodes)
         self.ids = {name: k for k, name in self.nodes.items()}
-        self.addresses = dict(addresses)
+        self.addresses: dict[str, str] = {}  # node name -> address, set by connect
         self.python, self.cwd, self.cmd_env, self.version = python, cwd, dict(cmd_env), version
         self.agent_argv = list(agent_argv)
-        self.start_timeout = start_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.started: list[int] = []
         self.task_node: dict[int, int] = {}  # srun task id -> node id
@@ -172,14 +172,14 @@ class SlurmEngine:
         version: str,
         agent_argv: Sequence[str] = AGENT_ARGV,
     ) -> SlurmEngine:
-        """Start the agent step on every node of ``nodes`` (``launch``) and, while the
+        """Start the agent step on every node of ``nodes`` (``_launch``) and, while the
         agents start, look up the nodes' addresses (``env.slurm_node_addresses``): the
         step's start overlaps the head's own set-up. Blocks. Raises ConfigError (the step,
         if started, is closed: its agents read end-of-file and end)."""
         progress(f"asking Slurm for {len(nodes)} node(s)", False)
-        engine = cls(nodes, {}, python, cwd, cmd_env, version, agent_argv)
+        engine = cls(nodes, python, cwd, cmd_env, version, agent_argv)
         try:
-            engine.launch(list(nodes))
+            engine._launch(list(nodes))
             engine.addresses = slurm_node_addresses(list(nodes.values()))
         except BaseException:
             engine.close()
@@ -224,7 +224,7 @@ class SlurmEngine:
             cmd,
         ]
 
-    def launch(self, node_ids: Sequence[int]) -> None:
+    def _launch(self, node_ids: Sequence[int]) -> None:
         """Run the agent step on ``node_ids`` (``srun_argv``) without waiting: the agents
         say hello and wait for their spec (``start``). Raises ConfigError when srun cannot
         be run."""
@@ -246,14 +246,13 @@ class SlurmEngine:
             os.set_blocking(f.fileno(), False)
 
     def start(self, specs: Mapping[int, dict[str, Any]]) -> None:
-        """Start the agents (unless ``launch`` did), wait until each said hello with this
-        version (each report is said), and only then send the specs. Blocks up to ``start_timeout`` s. Raises
-        ConfigError when srun fails or a node failed its check (nothing was started
-        anywhere: the agents read end-of-file and end)."""
+        """Wait until each agent of the step ``connect`` started said hello with this
+        version (each report is said), and only then send the specs. Blocks up to
+        ``start_timeout`` s. Raises ConfigError when ``specs`` are not for the started
+        nodes, srun fails or a node failed its check (nothing was started anywhere: the
+        agents read end-of-file and end)."""
         progress(f"starting agents on {len(specs)} Slurm node(s)", False)
-        if self.proc is None:
-            self.launch(list(specs))
-        elif set(specs) != set(self.started):
+        if set(specs) != set(self.started):
             raise ConfigError(f"specs for nodes {sorted(specs)}, but agents run on {sorted(self.started)}")
         problems: dict[str, str] = {}
         try:
@@ -272,7 +271,7 @@ class SlurmEngine:
             )
         for k in specs:
             say(f"preflight {self.nodes[k]}: ok")
-        assert self.proc is not None  # launched above
+        assert self.proc is not None  # launched by connect
         stdin = self.proc.stdin
         assert stdin is not None
         try:
