@@ -49,7 +49,7 @@ from ..agent.output import write_all
 from ..env import route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
-from ..remote.command import AGENT_HELLO, CHECK_MARK, checked_command
+from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, checked_command, version_mismatch
 from ..report import progress, say
 from . import OnEnd
 
@@ -79,11 +79,6 @@ _VERBOSE = re.compile(
     r"^srun: (-{5}|defined options|end of defined options|jobid \d+: nodes|[a-z_]+/[\w]+: |\S+ +: )"
 )
 _NOISE = ("srun: cluster configuration lacks support for cpu binding",)
-_MARKS = {
-    "nodir": "directory {cwd} does not exist",
-    "nocd": "directory {cwd} cannot be entered (permissions?)",
-    "nopython": "python {python} not found or not executable",
-}
 
 
 def _ids(text: str) -> list[int]:
@@ -305,11 +300,11 @@ class SlurmEngine:
             if word == AGENT_HELLO and k not in greeted:
                 greeted.add(k)
                 if rest.strip() != self.version:
-                    problems[self.nodes[k]] = f"distlaunch {self.version} expected, found {rest.strip()}"
+                    problems[self.nodes[k]] = version_mismatch(self.version, rest.strip(), self.python)
                 return True
             if word == CHECK_MARK:
-                why = _MARKS.get(rest.strip(), "host check failed: {rest}")
-                problems[self.nodes[k]] = why.format(cwd=self.cwd, python=self.python, rest=rest)
+                why = check_problem(rest.strip(), self.python, self.cwd)
+                problems[self.nodes[k]] = why or f"host check failed: {rest}"
                 return True
             return False
 

@@ -21,7 +21,16 @@ from .. import AGENT_HELLO as AGENT_HELLO
 from ..env import DISTLAUNCH_VARS, MPI_VARS, STALE_VARS, TORCHRUN_VARS
 from ..errors import ConfigError
 
-__all__ = ["HOST_SPECIFIC", "shipped_env", "env_file", "remote_command", "checked_command", "host_checks"]
+__all__ = [
+    "HOST_SPECIFIC",
+    "shipped_env",
+    "env_file",
+    "remote_command",
+    "checked_command",
+    "host_checks",
+    "check_problem",
+    "version_mismatch",
+]
 
 # Not shipped by env_all: they describe the head's machine, login or terminal, and the
 # remote sshd/login sets its own. Patterns use fnmatch syntax.
@@ -202,6 +211,24 @@ def host_checks(python: str, cwd: str) -> str:
             "esac",
         ]
     )
+
+
+def check_problem(mark: str, python: str, cwd: str) -> str | None:
+    """What a :func:`host_checks` mark (``nodir``, ``nocd`` or ``nopython``) says is wrong
+    with ``cwd`` or ``python``, as one line; None for any other mark. Pure."""
+    if mark == "nodir":
+        return f"directory {cwd} does not exist"
+    if mark == "nocd":
+        return f"directory {cwd} cannot be entered (permissions?)"
+    if mark == "nopython":
+        return f"python {python} not found or not executable"
+    return None
+
+
+def version_mismatch(expected: str, found: str, python: str) -> str:
+    """The problem of a host whose ``python`` imports distlaunch ``found`` while the head
+    runs ``expected`` (mixed versions would speak different protocols). Pure."""
+    return f"distlaunch {expected} expected, found {found} (python {python})"
 
 
 def checked_command(python: str, cwd: str, argv: list[str], env: Mapping[str, str]) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..hosts import Host
 from . import RemoteError
-from .command import AGENT_HELLO, CHECK_MARK, host_checks
+from .command import AGENT_HELLO, CHECK_MARK, check_problem, host_checks, version_mismatch
 from .ssh import RemoteProcess, SSHConnection
 
 __all__ = ["HostReport", "preflight", "start_checked"]
@@ -55,15 +55,13 @@ def _verdict(python: str, cwd: str, version: str, status: int, out: str, err: st
             marks[key] = value.strip()
         elif line.strip():
             other.append(line.strip())
-    if "nodir" in marks:
-        return f"directory {cwd} does not exist"
-    if "nocd" in marks:
-        return f"directory {cwd} cannot be entered (permissions?)"
-    if "nopython" in marks:
-        return f"python {python} not found or not executable"
+    for key in marks:  # host_checks prints at most one mark, then exits
+        problem = check_problem(key, python, cwd)
+        if problem is not None:
+            return problem
     if "version" in marks:
         found = marks["version"]
-        return None if found == version else f"distlaunch {version} expected, found {found} (python {python})"
+        return None if found == version else version_mismatch(version, found, python)
     if "rc" in marks:
         detail = other[-1] if other else f"exit status {marks['rc']}"
         return f"distlaunch not importable by python {python} in {cwd}: {detail}"
@@ -144,7 +142,7 @@ def start_checked(
             word, _, found = line.decode(errors="replace").partition(" ")
             if nl and word == AGENT_HELLO:
                 if found.strip() != version:
-                    problems[k] = f"distlaunch {version} expected, found {found.strip()} (python {python})"
+                    problems[k] = version_mismatch(version, found.strip(), python)
             elif word == _MARK:
                 status = p.exit_status()
                 why = _verdict(python, cwd, version, -1 if status is None else status, line.decode(), "")
