@@ -164,16 +164,16 @@ class DistlaunchWork(_TorchWork):
     ``is_completed()`` never blocks; ``_source_rank()`` is the sender's group rank of a
     receive."""
 
-    def __init__(self, name: str, group: str, outputs: list, queued: bool) -> None:
+    def __init__(self, name: str, group: str, outputs: list) -> None:
         super().__init__()
         self._name = name  # with group: formatted only for errors (this is per call)
         self._group = group
         self._outputs = outputs
         self._done = False
-        # an operation run in the calling thread completes before its Work is returned:
-        # only queued ones need an event and a lock (completed by another thread)
-        self._event = threading.Event() if queued else None
-        self._lock: Any = threading.Lock() if queued else contextlib.nullcontext()
+        # completed by another thread (an operation run in the calling thread is a
+        # _DoneWork, complete when created: no event, no lock)
+        self._event = threading.Event()
+        self._lock: Any = threading.Lock()
         self._error: BaseException | None = None
         self._future: Future | None = None
         self._source = -1
@@ -183,13 +183,12 @@ class DistlaunchWork(_TorchWork):
             self._error = error
             self._done = True
             fut = self._future
-        if self._event is not None:
-            self._event.set()
+        self._event.set()
         if fut is not None:
             _complete(fut, self._outputs, error)
 
     def _wait_done(self, timeout: float | None) -> None:
-        if not self._done and self._event is not None and not self._event.wait(timeout):
+        if not self._done and not self._event.wait(timeout):
             raise DistlaunchTimeoutError(
                 f"distlaunch: {self._name} on {self._group} did not complete within {timeout:g} s"
             )
@@ -234,7 +233,6 @@ class _DoneWork(DistlaunchWork):
     event or lock; built per call, so kept to the least torch's Work needs)."""
 
     _done = True
-    _event = None
     _lock: Any = contextlib.nullcontext()
     _error: BaseException | None = None
     _future: Future | None = None
@@ -269,7 +267,7 @@ class _P2PWork(DistlaunchWork):
     def __init__(
         self, name: str, group: str, outputs: list, req: Any, then: Callable[[], None] | None = None
     ) -> None:
-        super().__init__(name, group, outputs, queued=True)
+        super().__init__(name, group, outputs)
         self._req = req
         self._then = then
         self._wait_lock = threading.Lock()
@@ -348,7 +346,7 @@ class _Serial:
             if self._closed:
                 raise DistlaunchBackendError(f"distlaunch: {self._name} was shut down")
             if not (inline and self._pending == 0):
-                work = DistlaunchWork(name, group, outputs, queued=True)
+                work = DistlaunchWork(name, group, outputs)
                 self._pending += 1
                 self._jobs.append((fn, work))
                 if self._thread is None:
