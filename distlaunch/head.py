@@ -211,13 +211,11 @@ def _supervise_remote(
     """The head's loop when it runs no workers itself: relay output until every agent has
     ended; a stop signal stops every round; agents that do not end within the grace
     period (or at a second Ctrl-C) are killed by their recorded process groups."""
-    from .engine.slurm import SlurmEngine
     from .rounds import Signal
 
-    # SIGUSR1/SIGUSR2 sent to the head alone go on to the agents' srun step (the SSH
-    # engine has no way to signal remote workers yet); stop signals stop every round.
-    step = [engine] if isinstance(engine, SlurmEngine) else []
-    relay = SignalRelay(lambda: step, forward_all=True)
+    # SIGUSR1/SIGUSR2 sent to the head alone go on to the agents where the engine can
+    # (engine.signal_group: Slurm's step; not SSH yet); stop signals stop every round.
+    relay = SignalRelay(lambda: [engine], forward_all=True)
     deadline = None
     try:
         while engine.running:

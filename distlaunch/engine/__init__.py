@@ -5,6 +5,7 @@ One implementation per way of reaching the nodes; :class:`AgentEngine` is what t
 
 - ``ssh.SSHEngine``: one SSH connection per host, one exec per agent (paramiko, imported
   only by that module).
+- ``slurm.SlurmEngine``: every agent in one ``srun`` step inside the user's allocation.
 
 An engine starts ``python -m distlaunch agent`` (``agent/entry.py``) with each node's job
 spec on the agent's stdin (the spec holds the store's secret: never on a command line),
@@ -56,6 +57,11 @@ class AgentEngine(Protocol):
     def kill(self, node_id: int, records: list[tuple[int, int]]) -> None:
         """SIGKILL node ``node_id``'s recorded processes (validated ``(pid, start time)``
         records, agent.kill). Best effort; blocks for a few seconds at most; never raises."""
+
+    def signal_group(self, sig: int) -> None:
+        """Relay signal ``sig`` the head received to the agents' processes where the engine
+        can (Slurm: SIGUSR1/SIGUSR2 to the whole step); a no-op where it cannot (SSH). The
+        ``agent.signals.SignalRelay`` target interface; never raises."""
 
     def close(self) -> None:
         """Release every connection and channel; agents still running lose their stdin

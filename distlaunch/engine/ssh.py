@@ -106,6 +106,10 @@ class SSHEngine:
         if records and node_id in self.conns:
             kill_remote(self.conns[node_id], kill_command(self.python, self.cwd, self.cmd_env, records))
 
+    def signal_group(self, sig: int) -> None:
+        """No-op: there is no way to signal the remote workers over SSH yet (the head
+        stops a job through the store)."""
+
     def close(self) -> None:
         self.relay.close()
         for c in self.conns.values():
