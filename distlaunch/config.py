@@ -96,7 +96,7 @@ TORCHRUN_RDZV_KEYS = frozenset(RDZV_ALIASES) | RDZV_NO_EFFECT | {"keep_alive_max
 
 # --stdin: rank 0 only (mpiexec), every worker (torchrun: they inherit it), nobody.
 STDIN_MODES = ("0", "all", "none")
-HEARTBEAT_INTERVAL = 1.0  # seconds, NodeOptions.heartbeat_interval's default
+HEARTBEAT_INTERVAL = 1.0  # seconds between a node's heartbeats (NodeOptions' default)
 
 
 def parse_rdzv_conf(text: str | None) -> tuple[tuple[str, str], ...]:

@@ -195,12 +195,7 @@ def resolve(
     if static:
         kw["master_addr"] = kw["master_addr"] or STATIC_MASTER_ADDR
         kw["master_port"] = kw["master_port"] or STATIC_MASTER_PORT
-    free_port = endpoint is not None and parse_endpoint(endpoint, allow_zero=True)[1] == 0
-    run_id = (
-        o["rdzv_id"]
-        or o["run_id"]
-        or (None if free_port else _default_run_id(endpoint, static, kw["master_port"]))
-    )
+    run_id = o["rdzv_id"] or o["run_id"] or _default_run_id(endpoint, static, kw["master_port"])
     if run_id:
         kw["run_id"] = run_id
     _check_nodes(o["nnodes"], nnodes, max_nodes, o["node_rank"], endpoint)
@@ -306,7 +301,7 @@ def _allocation_options(
             f"give --nproc-per-node"
         )
     hosts = filter_hosts([Host(n, slots=k) for n, k in zip(names, slots)], o["include"], o["exclude"])
-    return HeadOptions(tuple(hosts), None, engine="slurm", **_same_named(o))
+    return _head(o, hosts, None, "slurm")
 
 
 def _local_selection(o: Mapping[str, Any], job: LaunchConfig, per_node: bool) -> HeadNodes:
@@ -480,13 +475,18 @@ def _head_options(o: Mapping[str, Any], nproc_per_node: int) -> HeadOptions:
     hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
     hosts = filter_hosts(resolve_slots(hosts, nproc_per_node), o["include"], o["exclude"])
     check_one_local(hosts)
+    ssh = SSHOptions(**{field: o[name] for name, field in _SSH_FIELDS.items()})
+    return _head(o, hosts, ssh, "slurm" if o.get("launcher") == "slurm" else "ssh")
+
+
+def _head(o: Mapping[str, Any], hosts: Sequence[Host], ssh: SSHOptions | None, engine: str) -> HeadOptions:
+    """Head mode over ``hosts`` (a host list, or a Slurm allocation's nodes). Raises
+    ConfigError when --min-nodes asks for more nodes than there are."""
     if o["min_nodes"] is not None and o["min_nodes"] > len(hosts):
         raise ConfigError(
             f"--min-nodes {o['min_nodes']} is more than the {len(hosts)} host(s) "
             f"listed; give at most {len(hosts)}"
         )
-    ssh = SSHOptions(**{field: o[name] for name, field in _SSH_FIELDS.items()})
-    engine = "slurm" if o.get("launcher") == "slurm" else "ssh"
     return HeadOptions(tuple(hosts), ssh, engine=engine, **_same_named(o))
 
 

@@ -26,13 +26,16 @@ from distlaunch.modes import DynamicNodes, HeadNodes, SingleNode, StaticNodes, r
 SCRIPT = str(WORKERS / "actor.py")
 
 
-def mode_of(*args: str):
+def mode_of(*args: str, env: dict[str, str] | None = None):
+    """The mode of `distlaunch run ARGS SCRIPT --flag` in environment ``env`` (default
+    empty: no Slurm, whatever machine the tests run on); the options given are named."""
     ctx = cli.run.make_context("run", [*args, SCRIPT, "--flag"])
     o = dict(ctx.params)
     script, script_args = o.pop("script"), o.pop("script_args")
     for action in ("print_config", "dry_run"):
         o.pop(action)
-    return resolve(script, script_args, o)
+    given = frozenset(k for k in o if ctx.get_parameter_source(k).name == "COMMANDLINE")
+    return resolve(script, script_args, o, given, {} if env is None else env)
 
 
 def test_single_node():
@@ -243,3 +246,41 @@ def test_underscore_spellings_still_parse():
     )
     assert (ctx.params["nproc_per_node"], ctx.params["max_restarts"]) == ("2", 3)
     assert ctx.params["script_args"] == ("--not_an_option_of_run",)  # the script's, untouched
+
+
+# --- Slurm allocations (salloc/sbatch without a host list): the environment decides ------
+
+ALLOCATION = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+
+
+@pytest.mark.parametrize(
+    "args, env, slots",
+    [
+        ([], {}, [2, 2]),  # SLURM_TASKS_PER_NODE, Slurm's own compressed form
+        ([], {"SLURM_NTASKS_PER_NODE": "3"}, [3, 3]),  # --ntasks-per-node wins over it
+        (["--nproc-per-node", "1"], {"SLURM_NTASKS_PER_NODE": "3"}, [1, 1]),  # ours wins
+        ([], {"SLURM_TASKS_PER_NODE": "3,1"}, [3, 1]),
+    ],
+)
+def test_allocation_is_head_mode_over_its_nodes(args, env, slots):
+    m = mode_of(*args, env={**ALLOCATION, **env})
+    assert isinstance(m, HeadNodes) and m.head.engine == "slurm" and m.head.ssh is None
+    assert [(h.name, h.slots) for h in m.head.hosts] == list(zip(["n1", "n2"], slots))
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        ([], {"SLURM_TASKS_PER_NODE": "2"}, "gives 1 nodes, SLURM_JOB_NODELIST 2"),
+        (["--min-nodes", "3"], {}, "--min-nodes 3 is more than the 2 host(s)"),
+        (["--launcher", "slurm"], {"SLURM_JOB_ID": None}, "--launcher slurm needs a Slurm allocation"),
+    ],
+)
+def test_allocation_errors(args, env, message):
+    merged = {k: v for k, v in {**ALLOCATION, **env}.items() if v is not None}
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        mode_of(*args, env=merged)
+
+
+def test_launcher_ssh_inside_an_allocation_stays_on_this_node():
+    assert isinstance(mode_of("--launcher", "ssh", env=ALLOCATION), SingleNode)

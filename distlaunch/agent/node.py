@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import STD_ERR, STD_OUT, LaunchConfig
+from ..config import HEARTBEAT_INTERVAL, STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import EventLog, round_end_event, round_event
@@ -52,7 +52,7 @@ class NodeOptions:
     host_label: str = ""  # shown in --prefix-host prefixes and root-cause summaries
     prefix_host: bool = False
     join_timeout: float = 600.0
-    heartbeat_interval: float = 1.0
+    heartbeat_interval: float = HEARTBEAT_INTERVAL
     heartbeat_timeout: float = 15.0
     exit_barrier_timeout: float = 300.0
     last_call_timeout: float = 3.0  # dynamic membership: wait this long for more nodes
