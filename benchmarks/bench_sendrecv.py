@@ -25,14 +25,7 @@ import subprocess
 import sys
 import time
 
-UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "B": 1}
-
-
-def size_of(text: str) -> int:
-    for unit, mult in UNITS.items():
-        if text.endswith(unit):
-            return int(text[: -len(unit)]) * mult
-    return int(text)
+from distlaunch.collectives.bench import parse_sizes
 
 
 def iters_for(size: int) -> int:
@@ -113,7 +106,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="4,1KiB,64KiB,1MiB")
     ap.add_argument("--rounds", type=int, default=3)
     opts = ap.parse_args()
-    sizes = [size_of(s) for s in opts.sizes.split(",")]
+    sizes = parse_sizes(opts.sizes)
     if opts.worker:
         worker(opts.worker, sizes)
         return
