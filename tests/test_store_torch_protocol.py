@@ -589,6 +589,74 @@ def test_client_that_never_reads_cannot_make_the_server_buffer():
         assert srv.stats["internal_errors"] == 0, srv.last_internal_error
 
 
+def test_a_reply_past_the_budget_closes_its_connection():
+    """MULTI_GET of one stored 1 MiB key x1000 would be a 1 GB reply: refused before it is
+    built (the budget is 8 MiB); the store serves on."""
+    with StoreServer(token=TOKEN, torch_clients=True, torch_max_bytes=8 << 20) as srv:
+        t = raw_torch(srv.port)
+        t.sendall(bytes([T.SET]) + tq_str(b"/big") + tq_str(b"b" * (1 << 20)) + bytes([T.GETNUMKEYS]))
+        assert recv_exact(t, 8) == struct.pack("<q", 1)  # stored before m asks
+        m = raw_torch(srv.port)
+        m.sendall(bytes([T.MULTI_GET]) + struct.pack("<Q", 1000) + tq_str(b"/big") * 1000)
+        assert closed_by_peer(m)
+        assert srv.stats["torch_limit_drops"] == 1
+        t.sendall(bytes([T.GET]) + tq_str(b"/big") + bytes([T.LIST_KEYS]))
+        assert recv_exact(t, 8 + (1 << 20)) == tq_str(b"b" * (1 << 20))
+        assert recv_exact(t, 8 + 8 + 4) == struct.pack("<q", 1) + tq_str(b"/big")
+        with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10) as c:
+            c.ping()
+        assert srv.stats["internal_errors"] == 0, srv.last_internal_error
+
+
+def _unsent_torch_bytes(srv: StoreServer) -> int:
+    """What the server holds for its torch connections' replies and input, from the
+    connections themselves (not from the budget's own counter)."""
+    return sum(
+        len(c.inbuf) + (len(c.out) - c.outpos if c.out else 0) + sum(map(len, c.outq))
+        for c in list(srv._conns.values())
+        if c.torch is not None
+    )
+
+
+def test_replies_nobody_reads_are_charged_to_the_budget():
+    """Connections that GET a 6 MiB value and never read: their unsent replies count
+    against the 16 MiB budget, so past it further GETs close their connections; pings and
+    distlaunch clients keep working, and closing the readers releases everything."""
+    budget, size = 16 << 20, 6 << 20
+    with StoreServer(token=TOKEN, torch_clients=True, torch_max_bytes=budget) as srv:
+        space = srv._torch
+        assert space is not None
+        t = raw_torch(srv.port)
+        t.sendall(bytes([T.SET]) + tq_str(b"/big") + tq_str(b"b" * size) + bytes([T.GETNUMKEYS]))
+        assert recv_exact(t, 8) == struct.pack("<q", 1)
+        stored = space.used
+        before = srv.stats["requests"]
+        sinks = []
+        for _ in range(8):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", srv.port))
+            s.sendall(T.VALIDATE_PREFIX + bytes([T.GET]) + tq_str(b"/big"))
+            sinks.append(s)
+        assert eventually(lambda: srv.stats["requests"] >= before + 2 * len(sinks))  # VALIDATE, GET
+        assert srv.stats["torch_limit_drops"] >= 1
+        held = _unsent_torch_bytes(srv)
+        assert 0 < held <= budget - stored and space.used <= budget
+        late = raw_torch(srv.port)
+        late.sendall(bytes([T.GET]) + tq_str(b"/big"))
+        assert closed_by_peer(late)
+        t.sendall(bytes([T.PING]) + struct.pack("<I", 9))
+        assert recv_exact(t, 4) == struct.pack("<I", 9)
+        with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10) as c:
+            c.ping()
+        for s in sinks:
+            s.close()
+        assert eventually(lambda: space.used == stored)
+        t.sendall(bytes([T.GET]) + tq_str(b"/big"))
+        assert len(recv_exact(t, 8 + size)) == 8 + size
+        assert srv.stats["internal_errors"] == 0, srv.last_internal_error
+
+
 # --- end to end ------------------------------------------------------------------------------
 
 _WORKER = """

@@ -609,6 +609,10 @@ class StoreServer:
             self._close(c)
             return
         c.outpos += n
+        if c.torch is not None:
+            self._torch_account(c)  # less unsent: release that part of its charge
+            if c.closed:
+                return
         if c.outpos >= len(out):
             c.outpos = 0
             if c.outq:
@@ -794,6 +798,8 @@ class StoreServer:
                 reply = space.handle(st, *q)
                 if reply:
                     self._send(c, reply)
+                    if c.out is not None and not c.closed:  # what the kernel did not take
+                        space.account(st, self._torch_held(c))
         except TorchLimitError:
             self.stats["torch_limit_drops"] += 1
             self._close(c)
@@ -801,10 +807,17 @@ class StoreServer:
             self.stats["protocol_errors"] += 1
             self._close(c)
 
+    @staticmethod
+    def _torch_held(c: _Conn) -> int:
+        """Bytes held for a torch connection outside the key space: its input not parsed
+        yet and its replies not sent yet (charged to the budget)."""
+        unsent = len(c.out) - c.outpos if c.out is not None else 0
+        return len(c.inbuf) + unsent + sum(map(len, c.outq))
+
     def _torch_account(self, c: _Conn) -> None:
         assert c.torch is not None and self._torch is not None
         try:
-            self._torch.account(c.torch, len(c.inbuf))
+            self._torch.account(c.torch, self._torch_held(c))
         except TorchLimitError:
             self.stats["torch_limit_drops"] += 1
             self._close(c)

@@ -39,7 +39,8 @@ up to 8 MiB, 128 Ki keys per query; a query breaking them, an unknown query type
 ``ADD`` on a value ``std::stoll`` cannot read, or anything but ``VALIDATE`` first closes
 that one connection, as torch does. On top (torch has no limits there): every byte held
 for the torch key space (stored keys, values, queues, pending waits, partly received
-queries) counts against one budget; a query that would exceed it closes its connection.
+queries, replies not sent yet) counts against one budget; a query that would exceed it
+closes its connection (GET, MULTI_GET and LIST_KEYS are refused before their reply is built).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ class TorchConn:
         self.items: list[Any] = []
         self.key: bytes | None = None  # a multi_set pair's key, waiting for its value
         self.held = 0  # bytes of the partly parsed query already taken off the buffer
-        self.charged = 0  # input bytes charged to the budget
+        self.charged = 0  # input and unsent reply bytes charged to the budget
         self.wait_keys: set[bytes] = set()  # the pending wait's keys not stored yet
         self.awaited = 0  # keys still to fire before STOP_WAITING
 
@@ -269,7 +270,7 @@ class TorchKeySpace:
     that a write completes). Single-threaded: the store server's loop thread only.
 
     ``budget`` caps the bytes held for torch clients (stored entries, queues, pending
-    waits, partly received queries; ``ENTRY_OVERHEAD`` per entry); ``handle`` and
+    waits, partly received queries, unsent replies; ``ENTRY_OVERHEAD`` per entry); ``handle`` and
     ``account`` raise TorchLimitError past it, and the caller closes that connection."""
 
     def __init__(self, send: Callable[[TorchConn, bytes], None], budget: int = DEFAULT_BUDGET) -> None:
@@ -289,8 +290,9 @@ class TorchKeySpace:
         self.used += n
 
     def account(self, st: TorchConn, buffered: int) -> None:
-        """Charge ``st`` for its buffered input (``buffered`` bytes) plus its partly parsed
-        query. Raises TorchLimitError past the budget."""
+        """Charge ``st`` for ``buffered`` bytes (its input not parsed yet and its replies
+        not sent yet) plus its partly parsed query; less than before releases the
+        difference. Raises TorchLimitError past the budget."""
         now = buffered + st.held
         self._charge(now - st.charged)
         st.charged = now
@@ -300,6 +302,12 @@ class TorchKeySpace:
         self._cancel(st)
         self.used -= st.charged
         st.charged = 0
+
+    def _room(self, n: int) -> None:
+        """Refuse a reply of ``n`` bytes that the budget could not hold if unsent (checked
+        before it is built: a MULTI_GET of one large key repeated would be gigabytes)."""
+        if self.used + n > self.budget:
+            raise TorchLimitError(f"a torch reply of {n} bytes exceeds the {self.budget}-byte budget")
 
     def _store(self, k: bytes, v: bytes) -> None:
         old = self.data.get(k)
@@ -364,9 +372,12 @@ class TorchKeySpace:
 
     def handle(self, st: TorchConn, q: int, a: list[Any]) -> bytes:
         """Apply one parsed query; return its reply (b"" when it has none, or when it
-        waits). Raises StoreProtocolError (the connection is to be closed)."""
+        waits). Raises StoreProtocolError (the connection is to be closed), TorchLimitError
+        when the budget could not hold the query's effect or its reply."""
         if q == GET:
-            return _blob(self.data.get(a[0], b""))
+            value = self.data.get(a[0], b"")
+            self._room(8 + len(value))
+            return _blob(value)
         if q == SET:
             self._store(a[0], a[1])
             self._wake(a[0])
@@ -414,7 +425,9 @@ class TorchKeySpace:
             self._wake(k)
             return b""
         if q == MULTI_GET:
-            return b"".join(_blob(self.data.get(k, b"")) for k in a[0])
+            values = [self.data.get(k, b"") for k in a[0]]
+            self._room(sum(8 + len(v) for v in values))
+            return b"".join(map(_blob, values))
         if q == MULTI_SET:
             for k, v in a[0]:
                 self._store(k, v)
@@ -446,6 +459,7 @@ class TorchKeySpace:
             queue = self.queues.get(a[0])
             return _I64.pack(len(queue) if queue else 0)
         if q == LIST_KEYS:
+            self._room(8 + sum(8 + len(k) for k in self.data))
             return _I64.pack(len(self.data)) + b"".join(_blob(k) for k in self.data)
         if q == BARRIER:
             k, world = a
