@@ -56,6 +56,7 @@ from .wire import (
     ABORT_MISMATCH,
     ABORT_OTHER,
     ABORT_PEER_LOST,
+    ABORT_TIMEOUT,
     DTYPE_CODES,
     DTYPE_NAMES,
     HEADER,
@@ -73,9 +74,6 @@ __all__ = ["ProcessGroup", "Work", "DEFAULT_TIMEOUT", "to_seconds"]
 _STATUS_WAIT = 2.0  # seconds to collect peers' status after a timeout
 _ABORT_GRACE = 0.25  # seconds a lost peer's ABORT may trail its connection's end
 _BARRIER = SmallCall("barrier", OP_CODES["barrier"], 0, 0)
-# ABORT reason of a timeout (next to wire.py's ABORT_*; the shared-memory segment gets
-# ABORT_OTHER, the TCP ABORT the class and the ranks)
-ABORT_TIMEOUT = 4
 _ABORT_CLASSES = {
     ABORT_MISMATCH: CollectiveMismatchError,
     ABORT_PEER_LOST: PeerLostError,

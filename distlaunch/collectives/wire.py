@@ -38,8 +38,9 @@ HEADER_SIZE = HEADER.size
 # message kinds
 HELLO, COLL, P2P, ABORT, STATUS_REQ, STATUS_REP = 1, 2, 3, 4, 5, 6
 
-# ABORT reason codes (carried in the op field)
-ABORT_MISMATCH, ABORT_PEER_LOST, ABORT_OTHER = 1, 2, 3
+# ABORT reason codes (carried in the op field). A timeout's ABORT goes over TCP with
+# its class and ranks; the shared-memory segment records it as ABORT_OTHER
+ABORT_MISMATCH, ABORT_PEER_LOST, ABORT_OTHER, ABORT_TIMEOUT = 1, 2, 3, 4
 
 NO_REDOP = 255
 
