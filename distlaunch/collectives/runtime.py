@@ -454,9 +454,12 @@ def init_process_group(
         _runtime = launcher_runtime("coll", timeout)
         GroupMember.WORLD = _runtime.world
         return
-    elif init_method is None and rank in (-1, None) and "RANK" not in os.environ and _scheduled() is not None:
-        sched = _scheduled()
-        assert sched is not None
+    elif (
+        init_method is None
+        and rank in (-1, None)
+        and "RANK" not in os.environ
+        and (sched := _scheduled()) is not None
+    ):
         r, n = sched.rank, sched.world_size
         if world_size not in (-1, None) and world_size != n:
             raise ConfigError(f"world_size={world_size} contradicts {sched.source}'s environment ({n})")
