@@ -642,12 +642,8 @@ class ShmLinks:
 
     def _check_peers(self, peers: Sequence[int | None]) -> None:
         for p in peers:
-            i = self.index.get(p) if p is not None else None
-            if i is None or i == self.me:
-                continue
-            pid = self.boxes[i].quads[1]
-            if pid and not _alive(pid):
-                raise PeerLostError(f"rank {p} (pid {pid}) died: its process no longer exists")
+            if p is not None and (why := self.lost(p)) is not None:
+                raise PeerLostError(f"rank {p} died: {why}")
 
     def lost(self, peer: int) -> str | None:
         """Why local rank ``peer`` is lost (its process is gone), or None."""
