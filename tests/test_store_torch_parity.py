@@ -47,30 +47,38 @@ def stores():
             yield theirs, ours, [0]
 
 
-def _apply(store, op, is_torch, prefix):
+def apply_op(s, op, prefix):
+    """Make the call ``op`` (from ``store_ops``, or a queue op) on store ``s`` (a TCPStore or
+    a StoreClient: same names and argument orders), its keys under ``prefix``."""
     name, *args = op
     k = lambda key: prefix + key  # noqa: E731  (fresh keys per example)
-    if name == "set":
-        return store.set(k(args[0]), args[1])
-    if name == "get":
-        return store.get(k(args[0]))
-    if name == "add":
-        return store.add(k(args[0]), args[1])
-    if name == "compare_set":
-        return store.compare_set(k(args[0]), args[1], args[2])
-    if name == "check":
-        return store.check([k(x) for x in args[0]])
-    if name == "delete_key":
-        return store.delete_key(k(args[0]))
-    if name == "append":
-        return store.append(k(args[0]), args[1])
-    if name == "multi_get":
-        return store.multi_get([k(x) for x in args[0]])
+    if name in ("multi_get", "check"):
+        return getattr(s, name)([k(x) for x in args[0]])
     if name == "multi_set":
-        return store.multi_set([k(x) for x, _ in args[0]], [v for _, v in args[0]])
+        return s.multi_set([k(x) for x, _ in args[0]], [v for _, v in args[0]])
     if name == "num_keys":
-        return store.num_keys()
-    raise AssertionError(name)
+        return s.num_keys()
+    if name == "queue_pop":
+        return s.queue_pop(k(args[0]), False)
+    return getattr(s, name)(k(args[0]), *args[1:])
+
+
+def compare_ops(theirs, mine, ops, prefix, skip, wrap=lambda fn: fn(), after=None):
+    """Apply ``ops`` to both stores under ``prefix`` and assert the same results.
+    ``skip(op)`` leaves out a call that would block or drop the connection; ``wrap(fn)`` is
+    what a call gives (by default its result; an exception fails the test); ``after(op)``
+    runs after each call made. ``num_keys`` is compared relative to the counts before the
+    first op (earlier examples' keys are there too)."""
+    base_theirs, base_mine = theirs.num_keys(), mine.num_keys()
+    for op in ops:
+        if skip(op):
+            continue
+        if op[0] == "num_keys":
+            assert mine.num_keys() - base_mine == theirs.num_keys() - base_theirs, op
+        else:
+            assert wrap(lambda: apply_op(mine, op, prefix)) == wrap(lambda: apply_op(theirs, op, prefix)), op
+        if after is not None:
+            after(op)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -79,26 +87,23 @@ def test_same_results_as_tcpstore(stores, ops):
     theirs, ours, counter = stores
     counter[0] += 1
     prefix = f"ex{counter[0]}/"
-    base_theirs, base_ours = theirs.num_keys(), ours.num_keys()
     present: dict[str, bytes] = {}  # to stay clear of what blocks or crashes TCPStore
-    for op in ops:
+
+    def skip(op) -> bool:
         name = op[0]
-        if name in ("get",) and op[1] not in present:
-            continue  # both would block until the timeout
+        if name == "get" and op[1] not in present:
+            return True  # both would block until the timeout
         if name == "multi_get" and not all(x in present for x in op[1]):
-            continue
+            return True
         if name == "add" and op[1] in present:
             try:
                 int(present[op[1]])
             except ValueError:
-                continue  # TCPStore drops the connection here; ours raises StoreError
-        got_theirs = _apply(theirs, op, True, prefix)
-        got_ours = _apply(ours, op, False, prefix)
-        if name == "num_keys":
-            assert got_ours - base_ours == got_theirs - base_theirs, op
-        else:
-            assert got_ours == got_theirs, op
-        # track which keys exist (via both stores, which agree)
+                return True  # TCPStore drops the connection here; ours raises StoreError
+        return False
+
+    def track(op) -> None:
+        """Which keys exist, and their values (via both stores, which must agree)."""
         for key in "abcn":
             exists = theirs.check([prefix + key])
             assert ours.check([prefix + key]) == exists, (op, key)
@@ -107,3 +112,5 @@ def test_same_results_as_tcpstore(stores, ops):
                 assert ours.get(prefix + key) == present[key], (op, key)
             else:
                 present.pop(key, None)
+
+    compare_ops(theirs, ours, ops, prefix, skip, after=track)

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_store import TOKEN, closed_by_peer, eventually, recv_exact, recv_frame
-from test_store_torch_parity import KEYS, store_ops
+from test_store_torch_parity import KEYS, compare_ops, store_ops
 
 from distlaunch.store import StoreClient, StoreServer
 from distlaunch.store import protocol as P
@@ -235,20 +235,6 @@ OPS = st.one_of(
 )
 
 
-def _apply(s, op, prefix):
-    name, *args = op
-    k = lambda key: prefix + key  # noqa: E731
-    if name in ("multi_get", "check"):
-        return getattr(s, name)([k(x) for x in args[0]])
-    if name == "multi_set":
-        return s.multi_set([k(x) for x, _ in args[0]], [v for _, v in args[0]])
-    if name == "num_keys":
-        return s.num_keys()
-    if name == "queue_pop":
-        return s.queue_pop(k(args[0]), False)
-    return getattr(s, name)(k(args[0]), *args[1:])
-
-
 @pytest.fixture(scope="module")
 def random_pair():
     srv = OurServer()
@@ -263,21 +249,19 @@ def test_random_operations_same_as_torch_server(random_pair, ops):
     theirs, mine, counter = random_pair
     counter[0] += 1
     prefix = f"ex{counter[0]}/"
-    base_theirs, base_mine = theirs.num_keys(), mine.num_keys()
-    for op in ops:
+
+    def skip(op) -> bool:
         name = op[0]
         keys = op[1] if name == "multi_get" else [op[1]] if name in ("get", "add") else []
         if name in ("get", "multi_get") and not theirs.check([prefix + x for x in keys]):
-            continue  # both would block until the timeout
+            return True  # both would block until the timeout
         if name == "add":
             cur = theirs.get(prefix + op[1]) if theirs.check([prefix + op[1]]) else b"0"
             if not cur.strip() or not (cur.split()[0].lstrip(b"+-")[:1] or b"x").isdigit():
-                continue  # both drop the connection; tested in the scenario
-        a, b = outcome(lambda: _apply(mine, op, prefix)), outcome(lambda: _apply(theirs, op, prefix))
-        if name == "num_keys":
-            assert a[1] - base_mine == b[1] - base_theirs, op
-        else:
-            assert a == b, op
+                return True  # both drop the connection; tested in the scenario
+        return False
+
+    compare_ops(theirs, mine, ops, prefix, skip, wrap=outcome)
 
 
 def send_wait(s: socket.socket, key: bytes):
