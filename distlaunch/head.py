@@ -1,6 +1,6 @@
 """Head mode: many nodes started from one head (``distlaunch run -H``).
 
-The head hosts the store, has an engine (``engine/``: SSH) start ``python -m distlaunch
+The head hosts the store, has an engine (``engine/``: SSH or Slurm) start ``python -m distlaunch
 agent`` on every other host (this machine's agent runs in-process), lets the
 ``HeadController`` plan each round, relays output until every agent has ended, and stops
 or kills what remains when the job ends. The remote side is ``agent/entry.py``.
