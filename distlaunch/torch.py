@@ -578,13 +578,8 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
             if arr.ndim != 1:
                 arr = arr.reshape(-1)
             check_op(op, arr.dtype)
-            if (not getattr(opts, "asyncOp", True) or arr.nbytes <= INLINE_BYTES) and self._serial.idle():
-                try:
-                    g.all_reduce(arr, op)
-                except BaseException as e:
-                    return _DoneWork(tensors, _as_torch_error(e))
-                return _DoneWork(tensors)
-            return self._serial.submit(lambda: g.all_reduce(arr, op), "all_reduce", g.name, tensors, False)
+            inline = not getattr(opts, "asyncOp", True) or arr.nbytes <= INLINE_BYTES
+            return self._serial.submit(lambda: g.all_reduce(arr, op), "all_reduce", g.name, tensors, inline)
         op, bufs = _op(opts), _Bufs()
         arr = bufs.reducible(tensors[0], "tensor", out=True)
         check_op(op, arr.dtype)
