@@ -155,6 +155,32 @@ def test_idle_receiver_sleeps_instead_of_spinning(tmp_path):
     assert float(words[-1]) < 0.5, res.stdout
 
 
+def test_waiting_recv_busy_polls_once(tmp_path, monkeypatch):
+    """DISTLAUNCH_SHM_P2P_BUSY_US bounds a blocking receive's busy-poll as a whole: with
+    200 ms configured, a Recv waiting 1.5 s spins once (fast path), then sleeps (~0.2 s
+    of CPU); it used 0.55-0.9 s when each later step and each 0.5 s wait slice spun
+    again."""
+    monkeypatch.setenv("DISTLAUNCH_SHM_P2P_BUSY_US", "200000")
+    prog = _script(
+        tmp_path,
+        "comm = MPI.COMM_WORLD\n"
+        "buf = np.zeros(8, np.uint8)\n"
+        "comm.Barrier()\n"
+        "if comm.rank == 0:\n"
+        "    time.sleep(1.5)\n"
+        "    comm.Send([buf, 8, MPI.BYTE], dest=1, tag=1)\n"
+        "else:\n"
+        "    cpu, t = time.process_time(), time.monotonic()\n"
+        "    comm.Recv([buf, 8, MPI.BYTE], source=0, tag=1)\n"
+        "    print('waited', round(time.monotonic() - t, 2), 'cpu', round(time.process_time() - cpu, 3))\n",
+    )
+    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    words = next(ln for ln in res.stdout.splitlines() if "waited" in ln).split()
+    assert float(words[-3]) >= 1.4
+    assert float(words[-1]) < 0.45, res.stdout
+
+
 def test_oversubscribed_ranks_do_not_spin(tmp_path, monkeypatch):
     """Both ranks on one CPU (the launcher's affinity): a waiter must yield the CPU at
     once, not busy-poll, or each message waits for the spinner's time slice to end.

@@ -457,8 +457,7 @@ class ShmLinks:
         """``take()`` until it returns something else than None, again after each ring
         of the bell, busy-polling for at most ``busy`` seconds (not at all when
         oversubscribed); returns its last result (None: nothing came in time). The
-        blocking receives' fast path (``take``: a :meth:`take` under the lock), and
-        :meth:`busy_wait`."""
+        blocking receives' fast path (``take``: a :meth:`take` under the lock)."""
         got = take()
         if got is not None:
             return got
@@ -567,30 +566,21 @@ class ShmLinks:
 
     # -- waiting
 
-    def busy_wait(self, cond: Callable[[], bool]) -> bool:
-        """Busy-poll the bell making progress until ``cond()`` (True) or for ``busy``
-        seconds (False; 0 when oversubscribed, see :func:`busy_seconds`): the cheap
-        first part of :meth:`wait`, without deadline and peer checks."""
-        if not self.busy:
-            return False
-
-        def step() -> bool | None:
-            self.progress()
-            return True if cond() else None
-
-        return self.poll_take(step) is True
-
-    def wait(self, cond: Callable[[], bool], deadline: float, peers: Sequence[int | None] = ()) -> bool:
+    def wait(
+        self, cond: Callable[[], bool], deadline: float, peers: Sequence[int | None] = (), spin: bool = True
+    ) -> bool:
         """Make progress until ``cond()``; True then, False at ``deadline``
         (``time.monotonic()`` seconds). Raises PeerLostError when a local rank of
         ``peers`` (global ranks; None: not checked) no longer exists, CollectiveError
-        once closed. Spins briefly, then sleeps on the bell (see the module docstring)."""
+        once closed. Busy-polls for ``busy`` seconds first (``spin``; False when the
+        caller just did, e.g. :meth:`poll_take`, or waits again after a slice), then
+        sleeps on the bell (see the module docstring)."""
         bell = self.bell
         seen = bell[0]
         self.progress()
         if cond():
             return True
-        if self.busy:  # busy-poll: the peer runs on another core
+        if spin and self.busy:  # busy-poll: the peer runs on another core
             end = time.perf_counter() + self.busy
             while True:
                 for _ in _POLLS:

@@ -340,27 +340,18 @@ class Engine:
         this receive is the only candidate), the message is taken straight from that
         peer's ring (:meth:`ShmLinks.take`): busy-polled, no routing or objects."""
         links = self.links
+        spun = False
         if links is not None and src is not None and src != self.rank:
             i = links.index.get(src)
             if i is not None:
                 f = links.poll_take(lambda: self._take(links, i, ctx, tag, buf))
                 if f:
                     return f[5], f[9], f[11]  # Header's src, root (tag), nbytes
+                spun = f is None  # it busy-polled for nothing: the wait does not again
         p = PostedRecv(ctx, src, tag, None, buf)
         self.post(p)
         if p.msg is None and p.error is None:
-
-            def done() -> bool:
-                return p.msg is not None or p.error is not None
-
-            if links is not None:  # first a busy-poll without the waits' checks (latency)
-                self.waiters += 1
-                try:
-                    links.busy_wait(lambda: p.msg is not None or p.error is not None or self._tcp())
-                finally:
-                    self.waiters -= 1
-            if not done():
-                self.wait_until(done, what, (src,))
+            self.wait_until(lambda: p.msg is not None or p.error is not None, what, (src,), not spun)
         e = p.error
         if e is not None:
             raise type(e)(f"{_text(what)}: {e}") if isinstance(e, CollectiveError) else e
@@ -415,24 +406,22 @@ class Engine:
             if msg in self.inbox:
                 self.inbox.remove(msg)
 
-    def wait_until(self, done: Callable[[], bool], what: What, peers: Sequence[int | None] = ()) -> None:
+    def wait_until(
+        self, done: Callable[[], bool], what: What, peers: Sequence[int | None] = (), spin: bool = True
+    ) -> None:
         """Block until ``done()`` (checked with progress made); CollectiveTimeoutError
         after the group timeout, PeerLostError when one of ``peers`` is lost (``what``
-        names the operation in their messages)."""
+        names the operation in their messages). ``spin``: busy-poll the shared-memory
+        links first (False when the caller just did)."""
         deadline = time.monotonic() + self.timeout
         self.waiters += 1
         try:
             if self.links is not None:
-                self._wait_links(done, what, peers, deadline)
+                self._wait_links(done, what, peers, deadline, spin)
             else:
                 self._wait_pump(done, what, peers, deadline)
         finally:
             self.waiters -= 1
-
-    def _tcp(self) -> bool:
-        """True when the pump has a message to match (or failed): :meth:`progress` it."""
-        pump = self.pump
-        return pump is None or pump.done
 
     def _ready(self, done: Callable[[], bool], what: What) -> bool:
         pump = self.pump
@@ -453,18 +442,22 @@ class Engine:
                 raise PeerLostError(f"{_text(what)}: rank {p} is lost: {why}")
 
     def _wait_links(
-        self, done: Callable[[], bool], what: What, peers: Sequence[int | None], deadline: float
+        self, done: Callable[[], bool], what: What, peers: Sequence[int | None], deadline: float, spin: bool
     ) -> None:
-        # the links' waits wake on shared-memory messages and on TCP completions (the pump)
+        # the links' waits wake on shared-memory messages and on TCP completions (the
+        # pump); only the first slice busy-polls (the busy time is per wait, not per slice)
         links = self.links
         assert links is not None
         while True:
             try:
-                ok = links.wait(lambda: self._ready(done, what), min(deadline, time.monotonic() + 0.5), peers)
+                ok = links.wait(
+                    lambda: self._ready(done, what), min(deadline, time.monotonic() + 0.5), peers, spin
+                )
             except PeerLostError as e:
                 raise PeerLostError(f"{_text(what)}: {e}") from None
             if ok:
                 return
+            spin = False
             if time.monotonic() >= deadline:
                 raise CollectiveTimeoutError(f"{_text(what)} did not complete within {self.timeout:g} s")
             self._check_lost(what, peers)  # remote peers: their connection ended
