@@ -88,4 +88,9 @@ def flat(arr: np.ndarray) -> np.ndarray:
 def byte_view(arr: np.ndarray) -> memoryview:
     """Writable (or read-only, as ``arr``) memoryview of ``arr``'s bytes, format 'B'."""
     # numpy's stubs declare ndarray.__buffer__ (the Buffer protocol) only for Python >= 3.12
+    if arr.flags.c_contiguous and not arr.dtype.hasobject:
+        try:  # the buffer protocol directly: ~6x cheaper (the fast paths' cost)
+            return memoryview(arr).cast("B")  # type: ignore[arg-type]
+        except (ValueError, TypeError):  # datetime64 / timedelta64, empty n-d shapes
+            pass
     return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
