@@ -347,3 +347,33 @@ def test_small_recv_from_exited_peer_raises(tmp_path):
     lines = [ln for ln in res.stdout.splitlines() if "raised" in ln or "completed" in ln]
     assert len(lines) == 1 and "raised PeerLostError" in lines[0], res.stdout + res.stderr[-3000:]
     assert int(lines[0].split()[-1]) < 20
+
+
+def test_waiting_recv_busy_polls_once(tmp_path, monkeypatch):
+    """DISTLAUNCH_SHM_P2P_BUSY_US bounds a blocking recv's busy-poll as a whole: with
+    200 ms configured, a recv waiting 1.5 s spins once (the fast path's try), then
+    sleeps on the links (~0.2 s of CPU); it spun a second time in the posted receive's
+    wait (~0.4 s)."""
+    monkeypatch.setenv("DISTLAUNCH_SHM_P2P_BUSY_US", "200000")
+    path = tmp_path / "late.py"
+    path.write_text(
+        "import time\nimport numpy as np\nimport distlaunch.collectives as dist\n"
+        "dist.init_process_group(timeout=60)\n"
+        "buf = np.zeros(8, np.uint8)\n"
+        "for _ in range(3):  # the links know both ranks' processes: busy-polling is on\n"
+        "    dist.send(buf, dst=1, tag=0) if dist.get_rank() == 0 else dist.recv(buf, src=0, tag=0)\n"
+        "dist.barrier()\n"
+        "if dist.get_rank() == 0:\n"
+        "    time.sleep(1.5)\n"
+        "    dist.send(buf, dst=1, tag=1)\n"
+        "else:\n"
+        "    cpu, t = time.process_time(), time.monotonic()\n"
+        "    dist.recv(buf, src=0, tag=1)\n"
+        "    print('waited', round(time.monotonic() - t, 2), 'cpu', round(time.process_time() - cpu, 3))\n"
+        "dist.destroy_process_group()\n"
+    )
+    res = dl("run", "--nproc-per-node", "2", path, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    words = next(ln for ln in res.stdout.splitlines() if "waited" in ln).split()
+    assert float(words[-3]) >= 1.4
+    assert float(words[-1]) < 0.3, res.stdout  # 0.40 when it spun twice, 0.21 now

@@ -110,8 +110,15 @@ class _RecvWork(RequestWork):
     """The Work of a receive posted on the transport; withdrawn from the group's open
     receives (see ProcessGroup._take) when cancelled."""
 
-    def __init__(self, group: ProcessGroup, what: str, req: Request, on_done: Callable[[Request, bool], Any]):
-        super().__init__(what, group.timeout, req, group.runtime.transport, on_done)
+    def __init__(
+        self,
+        group: ProcessGroup,
+        what: str,
+        req: Request,
+        on_done: Callable[[Request, bool], Any],
+        spin: bool = True,
+    ):
+        super().__init__(what, group.timeout, req, group.runtime.transport, on_done, spin)
         self._group = group
 
     def cancel(self) -> None:
@@ -558,11 +565,12 @@ class ProcessGroup(Members):
 
         Fast path (same node, a specific peer, nothing that could come before): the
         message is copied straight from the peer's ring (:meth:`_take`)."""
-        if self._fast_recv(arr, peer, tag, True) is True:
+        got = self._fast_recv(arr, peer, tag, True)
+        if got is True:
             assert peer is not None
             return peer if group_src else self.ranks[peer]
         self._post_deferred()
-        work = self._post(arr, peer, tag, group_src)
+        work = self._post(arr, peer, tag, group_src, spin=got is not None)  # None: it has spun
         try:
             return work.result()
         except CollectiveError:
@@ -593,8 +601,8 @@ class ProcessGroup(Members):
         self._post_deferred()
         return self._post(arr, peer, tag, group_src)
 
-    def _post(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool) -> Work:
-        """Post irecv's receive on the transport; its Work."""
+    def _post(self, arr: np.ndarray, peer: int | None, tag: int, group_src: bool, spin: bool = True) -> Work:
+        """Post irecv's receive on the transport; its Work (``spin``: see RequestWork)."""
         rt = self.runtime
         links = links_for(rt)
         dtype = DTYPE_CODES[arr.dtype]
@@ -630,7 +638,7 @@ class ProcessGroup(Members):
             src_rank = r.header.src
             return self.group_rank(src_rank) if group_src else src_rank
 
-        return _RecvWork(self, what, req, done)
+        return _RecvWork(self, what, req, done, spin)
 
     # -- failure handling
 

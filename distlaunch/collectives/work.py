@@ -74,13 +74,21 @@ class RequestWork(Work):
     """Work of one point-to-point request; completes with the transport request.
 
     ``on_done(req, timed_out)``: on a timeout, the message of the CollectiveTimeoutError;
-    otherwise the result, or raises the operation's CollectiveError.
+    otherwise the result, or raises the operation's CollectiveError. ``spin``: busy-poll
+    the shared-memory links before sleeping (False when the caller just did).
     """
 
     def __init__(
-        self, name: str, timeout: float, req: Request, transport: Any, on_done: Callable[[Request, bool], Any]
+        self,
+        name: str,
+        timeout: float,
+        req: Request,
+        transport: Any,
+        on_done: Callable[[Request, bool], Any],
+        spin: bool = True,
     ):
         super().__init__(name, timeout)
+        self._spin = spin
         self._req = req
         self._transport = transport
         self._on_done = on_done
@@ -100,7 +108,7 @@ class RequestWork(Work):
             return req.wait(t)
         deadline = time.monotonic() + (t if t is not None else 1e9)
         try:
-            return req.local.wait(lambda: req.done, deadline, (req.peer,))
+            return req.local.wait(lambda: req.done, deadline, (req.peer,), self._spin)
         except PeerLostError as e:
             if not req.is_send:
                 self._transport.cancel(req)
