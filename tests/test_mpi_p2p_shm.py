@@ -132,16 +132,16 @@ def test_blocking_shapes_match_mpich(n, ring, tmp_path, monkeypatch):
     assert mine == theirs
 
 
-def test_idle_receiver_sleeps_instead_of_spinning(tmp_path):
-    """A receive waiting 2 s for its message busy-polls only briefly, then sleeps: its
-    process uses well under a second of CPU meanwhile (spinning all along: ~2 s)."""
+def _late_recv(tmp_path, delay: float) -> tuple[float, float]:
+    """Rank 1 Recvs a message rank 0 sends ``delay`` s after a barrier: (seconds waited,
+    seconds of CPU rank 1's process used meanwhile)."""
     prog = _script(
         tmp_path,
         "comm = MPI.COMM_WORLD\n"
         "buf = np.zeros(8, np.uint8)\n"
         "comm.Barrier()\n"
         "if comm.rank == 0:\n"
-        "    time.sleep(2)\n"
+        f"    time.sleep({delay})\n"
         "    comm.Send([buf, 8, MPI.BYTE], dest=1, tag=1)\n"
         "else:\n"
         "    cpu, t = time.process_time(), time.monotonic()\n"
@@ -151,8 +151,15 @@ def test_idle_receiver_sleeps_instead_of_spinning(tmp_path):
     res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
     assert res.returncode == 0, res.stderr[-3000:]
     words = next(ln for ln in res.stdout.splitlines() if "waited" in ln).split()
-    assert float(words[-3]) >= 1.9
-    assert float(words[-1]) < 0.5, res.stdout
+    return float(words[-3]), float(words[-1])
+
+
+def test_idle_receiver_sleeps_instead_of_spinning(tmp_path):
+    """A receive waiting 2 s for its message busy-polls only briefly, then sleeps: its
+    process uses well under a second of CPU meanwhile (spinning all along: ~2 s)."""
+    waited, cpu = _late_recv(tmp_path, 2)
+    assert waited >= 1.9
+    assert cpu < 0.5, cpu
 
 
 def test_waiting_recv_busy_polls_once(tmp_path, monkeypatch):
@@ -161,24 +168,9 @@ def test_waiting_recv_busy_polls_once(tmp_path, monkeypatch):
     of CPU); it used 0.55-0.9 s when each later step and each 0.5 s wait slice spun
     again."""
     monkeypatch.setenv("DISTLAUNCH_SHM_P2P_BUSY_US", "200000")
-    prog = _script(
-        tmp_path,
-        "comm = MPI.COMM_WORLD\n"
-        "buf = np.zeros(8, np.uint8)\n"
-        "comm.Barrier()\n"
-        "if comm.rank == 0:\n"
-        "    time.sleep(1.5)\n"
-        "    comm.Send([buf, 8, MPI.BYTE], dest=1, tag=1)\n"
-        "else:\n"
-        "    cpu, t = time.process_time(), time.monotonic()\n"
-        "    comm.Recv([buf, 8, MPI.BYTE], source=0, tag=1)\n"
-        "    print('waited', round(time.monotonic() - t, 2), 'cpu', round(time.process_time() - cpu, 3))\n",
-    )
-    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
-    assert res.returncode == 0, res.stderr[-3000:]
-    words = next(ln for ln in res.stdout.splitlines() if "waited" in ln).split()
-    assert float(words[-3]) >= 1.4
-    assert float(words[-1]) < 0.45, res.stdout
+    waited, cpu = _late_recv(tmp_path, 1.5)
+    assert waited >= 1.4
+    assert cpu < 0.45, cpu
 
 
 def test_oversubscribed_ranks_do_not_spin(tmp_path, monkeypatch):
