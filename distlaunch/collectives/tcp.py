@@ -54,8 +54,10 @@ from .wire import COLL, DTYPE_NAMES, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS
 
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _SUSPECT_GRACE = 1.0  # seconds; see _conn_failed_locked
+_SUSPECT_RECHECK = 0.05  # seconds between looks at a suspect whose handshake is under way
 HANDSHAKE_TIMEOUT = 5.0  # seconds an incoming connection may take to authenticate
 _ACCEPT_PAUSE = 0.1  # seconds accept() is left alone after running out of descriptors
+_LINGER = 5.0  # seconds close() waits for peers to read what was sent (see _linger)
 _NONCE, _MAC = 16, 32  # bytes
 _OUT_OF_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -396,7 +398,7 @@ class TcpTransport(Transport):
             if item is None:
                 if self._closed:
                     req.complete(CollectiveError("transport is closed"))
-                elif peer is not None and peer in self._lost:
+                elif peer is not None and peer in self._lost and req.local is None:
                     req.complete(PeerLostError(f"rank {peer} is lost: {self._lost[peer]}"))
                 elif peer is None:
                     self._posted_any.setdefault(key, collections.deque()).append(req)
@@ -425,6 +427,13 @@ class TcpTransport(Transport):
         if why is None and self.local is not None:
             why = self.local.lost(peer)
         return why
+
+    def _local_p2p(self, key: tuple, peer: int) -> bool:
+        """True when messages ``key`` from ``peer`` come over the shared-memory links,
+        not TCP: the end of a TCP connection then says nothing about them (the links'
+        waits notice a peer whose process is gone, after taking what it sent)."""
+        local = self.local
+        return local is not None and key[0] == P2P and peer in local.index
 
     def _take_unexpected(self, key, peer):
         # lock held
@@ -561,6 +570,10 @@ class TcpTransport(Transport):
         for peer, (deadline, reason) in list(self._suspects.items()):
             if any(c.peer == peer and not c.outgoing for c in self._conns):
                 del self._suspects[peer]  # its incoming connection will tell
+            elif now >= deadline and any(c.hs is not None and c.hs[0] == peer for c in self._pending):
+                # a connection claiming to be that peer is mid-handshake (a late one of a
+                # loaded peer): wait for it to prove itself (handshake_timeout bounds it)
+                wait = _SUSPECT_RECHECK if wait is None else min(wait, _SUSPECT_RECHECK)
             elif now >= deadline:
                 del self._suspects[peer]
                 victims = self._peer_lost_locked(peer, reason)
@@ -826,7 +839,7 @@ class TcpTransport(Transport):
     def _peer_lost_locked(self, peer, reason):
         self._lost.setdefault(peer, reason)
         victims = []
-        for k in [k for k in self._posted if k[1] == peer]:
+        for k in [k for k in self._posted if k[1] == peer and not self._local_p2p(k[0], peer)]:
             victims.extend(self._posted.pop(k))
         out = self._out.pop(peer, None)
         if out is not None:
@@ -834,6 +847,62 @@ class TcpTransport(Transport):
             out.sendq.clear()
             self._close_conn_locked(out)
         return victims
+
+    def _linger(self, deadline: float) -> None:
+        """Close gracefully (progress thread stopped): write what is queued, half-close
+        every outgoing connection and wait, until ``deadline``, for each peer to read it
+        all and close its end, draining whatever arrives meanwhile. Closing a socket
+        whose receive queue holds unread bytes makes Linux send RST, and a peer whose
+        connection is reset may lose data it has not read yet; a peer destroying its
+        group at the same time drains our connection here, so neither waits for the
+        other. What MPI_Finalize and torch's destroy_process_group promise: a completed
+        send is delivered even if the sender then exits."""
+        with self._lock:
+            outgoing = {c for c in self._out.values() if not c.closed}
+            conns = [c for c in self._conns if not c.closed]
+        if not outgoing:
+            return
+        sel = selectors.DefaultSelector()
+        try:
+            for c in conns:
+                if c in outgoing and not c.sendq:
+                    self._half_close(c)
+                sel.register(c.sock, _READ | (_WRITE if c.sendq else 0), c)
+            while outgoing:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                for key, mask in sel.select(left):
+                    c = key.data
+                    if mask & _WRITE and c.sendq:
+                        with self._lock:
+                            self._flush(c)
+                        if c.closed:
+                            sel.unregister(key.fileobj)
+                            outgoing.discard(c)
+                            continue
+                        if not c.sendq:
+                            self._half_close(c)
+                            sel.modify(c.sock, _READ, c)
+                    if mask & _READ:
+                        try:
+                            more = c.sock.recv(1 << 16)
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        except OSError:
+                            more = b""
+                        if not more:  # the peer has read everything and closed
+                            sel.unregister(c.sock)
+                            outgoing.discard(c)
+        finally:
+            sel.close()
+
+    @staticmethod
+    def _half_close(conn: _Conn) -> None:
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)  # FIN after the data already written
+        except OSError:
+            pass
 
     def _shutdown(self, error):
         with self._lock:
@@ -858,6 +927,7 @@ class TcpTransport(Transport):
             self.local.close()
         self._wake()
         self._thread.join(timeout=5)
+        self._linger(time.monotonic() + _LINGER)
         self._shutdown(CollectiveError("the process group was destroyed"))
         for s in (self._listen, self._wake_r, self._wake_w):
             s.close()

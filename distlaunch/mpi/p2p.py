@@ -435,10 +435,13 @@ class Engine:
                 raise type(self.error)(f"{_text(what)}: {self.error}")
         return False
 
-    def _check_lost(self, what: What, peers: Sequence[int | None]) -> None:
+    def _check_lost(self, what: What, peers: Sequence[int | None], done: Callable[[], bool]) -> None:
+        """PeerLostError when one of ``peers`` is lost and ``done()`` is still false
+        after taking what arrived: a peer that sent and then ended (MPI_Finalize, exit)
+        has its messages delivered first."""
         for p in peers:
             why = self.transport.lost(p) if p is not None and p != self.rank else None
-            if why is not None:
+            if why is not None and not self._ready(done, what):
                 raise PeerLostError(f"{_text(what)}: rank {p} is lost: {why}")
 
     def _wait_links(
@@ -460,7 +463,7 @@ class Engine:
             spin = False
             if time.monotonic() >= deadline:
                 raise CollectiveTimeoutError(f"{_text(what)} did not complete within {self.timeout:g} s")
-            self._check_lost(what, peers)  # remote peers: their connection ended
+            self._check_lost(what, peers, done)  # remote peers: their connection ended
 
     def _wait_pump(
         self, done: Callable[[], bool], what: What, peers: Sequence[int | None], deadline: float
@@ -473,7 +476,7 @@ class Engine:
             now = time.monotonic()
             if now >= deadline:
                 raise CollectiveTimeoutError(f"{_text(what)} did not complete within {self.timeout:g} s")
-            self._check_lost(what, peers)
+            self._check_lost(what, peers, done)
             # sleep on the pump (new messages wake us); sends and receives completed by
             # another thread are noticed within the (growing) slice
             pause = min(0.05, pause * 2 or 0.0005) if self.waiters > 1 or pump is None else 0.05
