@@ -4,12 +4,16 @@ for distlaunch.collectives, the torch backend and distlaunch.mpi. Real launches,
 processes; the stress runs have two CPU-bound processes beside the job, under which the
 receivers used to fail with PeerLostError ("rank 0 is lost: connection closed by peer")."""
 
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 from conftest import WORKERS, dl, dl_popen
 from test_pernode import finish, free_port
+
+from distlaunch.collectives.tcp import _LINGER
 
 PROG = WORKERS / "send_then_exit.py"
 APIS = ["collectives", "torch", "mpi"]
@@ -85,3 +89,31 @@ def test_two_nodes_over_tcp(api):
     results = finish(procs, timeout=120)
     assert [r[2] for r in results] == [0, 0], results
     _received(results[0][0] + results[1][0], 4)
+
+
+DESTROY = """
+import time, numpy as np, distlaunch.collectives as dist
+dist.init_process_group()
+r, w = dist.get_rank(), dist.get_world_size()
+x = np.zeros(4, np.float32)
+reqs = [dist.isend(x, (r + 1) % w), dist.irecv(np.zeros(4, np.float32), (r - 1) % w)]
+for q in reqs:
+    q.wait()
+t = time.monotonic()
+dist.destroy_process_group()
+print(f"destroy took {time.monotonic() - t:.3f} s")
+"""
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_destroying_together_do_not_wait_for_each_other(world, tmp_path):
+    # every rank half-closes its connections and waits for its peers to read them: ranks
+    # that destroy at once each read and close the others' connections meanwhile (a
+    # pair connected both ways used to wait out the whole 5 s linger)
+    prog = tmp_path / "destroy.py"
+    prog.write_text(DESTROY)
+    env = {**os.environ, "DISTLAUNCH_SHM": "0"}  # every message over TCP
+    res = dl("run", "--nproc-per-node", world, prog, env=env, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    took = [float(t) for t in re.findall(r"destroy took ([\d.]+) s", res.stdout)]
+    assert len(took) == world and max(took) < _LINGER / 2, took

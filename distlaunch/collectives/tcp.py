@@ -894,6 +894,8 @@ class TcpTransport(Transport):
                         if not more:  # the peer has read everything and closed
                             sel.unregister(c.sock)
                             outgoing.discard(c)
+                            # incoming: the peer lingers for our end of it, as we do
+                            self._half_close(c)
         finally:
             sel.close()
 
