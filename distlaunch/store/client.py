@@ -449,7 +449,9 @@ class StoreClient:
     def _timed_out(self, what: str, body: bytes, timeout: float) -> StoreTimeoutError:
         r = Reader(body)
         missing = [k.decode("utf-8", "replace") for k in r.keys()]
-        names = ", ".join(repr(k) for k in missing)
+        names = ", ".join(repr(k) for k in missing) + (
+            " and maybe more" if len(missing) >= P.TIMEOUT_KEYS else ""
+        )
         return StoreTimeoutError(f"store {what} timed out after {timeout:g} s waiting for key(s) {names}")
 
     # --- c10d Store API ----------------------------------------------------------------------

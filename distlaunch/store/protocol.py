@@ -27,6 +27,7 @@ MAX_VALUE_BYTES = 64 * 1024 * 1024  # one value (also the cap for append's resul
 MAX_KEYS_PER_REQUEST = 65536  # check / wait / multi_get / multi_set
 MAX_FRAME_BYTES = 128 * 1024 * 1024  # one frame's payload, either direction
 AUTH_TIMEOUT = 30.0  # seconds a new connection has to authenticate
+TIMEOUT_KEYS = 16  # keys a TIMEOUT reply names at most (a wait on thousands stays small)
 
 # --- framing ---------------------------------------------------------------------------------
 HEADER = struct.Struct("!IB")
@@ -70,7 +71,7 @@ VALUE = 0x81  # value
 INT = 0x82  # i64
 BOOL = 0x83  # u8 (0 or 1)
 VALUES = 0x84  # u32 n | n x value
-TIMEOUT = 0x85  # keys (the keys still missing at the deadline)
+TIMEOUT = 0x85  # keys (the first TIMEOUT_KEYS of the keys still missing at the deadline)
 ERROR = 0x86  # UTF-8 message (the rest of the payload)
 
 REQUEST_NAMES = {

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import errno
 import heapq
+import itertools
 import math
 import os
 import select
@@ -133,6 +134,11 @@ class _Conn:
 
 
 class _Waiter:
+    """A blocked GET / WAIT / MULTI_GET. ``registered``: the keys it is parked on, the
+    ones missing so far: a write touches only the waiters of its own key, and a waiter is
+    looked at as a whole (its other keys) only once that set is empty, so the work a
+    write causes never depends on how many keys its waiters wait for."""
+
     __slots__ = ("conn", "op", "keys", "registered", "done")
 
     def __init__(self, conn: _Conn, op: int, keys: list[bytes]) -> None:
@@ -870,7 +876,7 @@ class StoreServer:
         while heap and heap[0][0] <= now:
             w = heapq.heappop(heap)[2]
             if not w.done:
-                missing = [k for k in w.keys if k not in self._data]
+                missing = list(itertools.islice((k for k in w.keys if k not in self._data), P.TIMEOUT_KEYS))
                 self._retire(w)
                 self._answer(w.conn, P.frame(P.TIMEOUT, P.enc_keys(missing)))
 
@@ -887,30 +893,29 @@ class StoreServer:
     def _block(self, c: _Conn, op: int, keys: list[bytes], timeout: float) -> None:
         w = _Waiter(c, op, keys)
         c.waiter = w
-        for k in keys:
-            if k not in self._data and k not in w.registered:
-                w.registered.add(k)
-                self._waiters.setdefault(k, {})[w] = None
+        self._register(w)
         if not math.isinf(timeout):
             self._seq += 1
             heapq.heappush(self._heap, (time.monotonic() + timeout, self._seq, w))
+
+    def _register(self, w: _Waiter) -> bool:
+        """Park ``w`` on each of its keys that does not exist; False when none is missing."""
+        data, waiters = self._data, self._waiters
+        for k in w.keys:
+            if k not in data and k not in w.registered:
+                w.registered.add(k)
+                waiters.setdefault(k, {})[w] = None
+        return bool(w.registered)
 
     def _wake(self, key: bytes) -> None:
         lst = self._waiters.pop(key, None)
         if not lst:
             return
-        data = self._data
         for w in lst:
-            w.registered.discard(key)
-            if w.done:
-                continue
-            missing = [k for k in w.keys if k not in data]
-            if missing:
-                # A key it needs was deleted after it was set: wait for it again.
-                for k in missing:
-                    if k not in w.registered:
-                        w.registered.add(k)
-                        self._waiters.setdefault(k, {})[w] = None
+            registered = w.registered
+            registered.discard(key)
+            # others still missing, or (once) a key it counted was deleted since: park again
+            if w.done or registered or self._register(w):
                 continue
             self._retire(w)
             self._answer(w.conn, self._reply_for(w))
