@@ -112,14 +112,14 @@ class Rendezvous:
         abort: Callable[[], bool] | None = None,
         rnd: int | None = None,
         report: float = 5.0,
-        awaited: str | None = None,
-    ) -> list[dict[str, Any]]:
+        awaited: str | Callable[[], str] | None = None,
+    ) -> list[Any]:
         """Block until every key exists (``timeout`` s), waiting in SLICE-second slices;
         ``keys`` may be a callable re-read each slice (nodes found lost meanwhile drop
         out). Raises RendezvousError as soon as ``abort()`` is true, LaunchInterrupted
         when round ``rnd`` (if given) was stopped by a signal. Says what it still waits
-        for (``awaited``, else the missing node ranks) through ``on_wait`` after
-        ``report`` s, then at growing intervals."""
+        for (``awaited``, a text or a callable making it, else the missing node ranks)
+        through ``on_wait`` after ``report`` s, then at growing intervals."""
         end = time.monotonic() + timeout
         progress = WaitReport(report)
         current = keys() if callable(keys) else keys
@@ -135,14 +135,35 @@ class Rendezvous:
                     self.raise_if_signalled(rnd)
                 current = keys() if callable(keys) else keys
                 if time.monotonic() >= end:
-                    missing = awaited or self._missing(current)
+                    missing = self._awaited(awaited, current)
                     raise RendezvousError(
                         f"{what}: gave up waiting for {missing} after {timeout:g} s"
                     ) from None
                 if self.on_wait is not None and (waited := progress.due()) is not None:
-                    missing = awaited or self._missing(current)
+                    missing = self._awaited(awaited, current)
                     self.on_wait(f"{what}: waiting for {missing} ({waited:.0f} s of {timeout:g} s)")
         return [json.loads(v) for v in self.store.multi_get(current)]
+
+    def _awaited(self, awaited: str | Callable[[], str] | None, keys: list[str]) -> str:
+        if awaited is None:
+            return self._missing(keys)
+        return awaited if isinstance(awaited, str) else awaited()
+
+    def _nodes_missing(
+        self, rnd: int, counter: str, key: Callable[[int], str], lost: Collection[int] = ()
+    ) -> Callable[[], str]:
+        """What a wait for the ``key`` of every node of round ``rnd`` not in ``lost``
+        still waits for: node 0 names the nodes (one look per node, only when it
+        reports), the others count them from ``counter`` (one look), so a report costs
+        the store O(1) per node."""
+
+        def text() -> str:
+            if self.node_rank == 0:
+                return self._missing([key(k) for k in range(self.num_nodes) if k not in lost])
+            n = self.store.add(counter, 0)
+            return f"{max(self.num_nodes - len(lost) - n, 1)} of {self.num_nodes} nodes"
+
+        return text
 
     def _missing(self, keys: list[str]) -> str:
         """``node(s) 1, 3``: the node ranks of the keys (``.../<K>``) that do not exist yet."""
@@ -161,62 +182,104 @@ class Rendezvous:
 
     def join(self, rnd: int, slots: int, host: str, addr: str) -> list[Member]:
         """Publish this node's slots for round ``rnd`` and block until every node has;
-        returns all members in node-rank order."""
-        self.store.set(
-            self.keys(rnd).node(self.node_rank), json.dumps({"slots": slots, "host": host, "addr": addr})
-        )
+        returns all members in node-rank order. Costs O(1) store operations per node
+        whatever the number of nodes: its own key, one ``add`` on the round's counter,
+        one awaited key; the node whose ``add`` completes the count publishes the member
+        list (torch elastic's c10d rendezvous instead re-reads and rewrites a state that
+        grows with the nodes on every join)."""
+        k = self.keys(rnd)
+        self.store.set(k.node(self.node_rank), json.dumps({"slots": slots, "host": host, "addr": addr}))
+        self._count_in(rnd)
         return self.members(rnd, self.join_timeout)
+
+    def _count_in(self, rnd: int) -> None:
+        """Count a node whose key ``r<R>/node/<K>`` is set; the last one publishes the
+        members (if a node is counted twice -- the head stood in for it, then it came --
+        the publisher's multi_get still waits for every node's key)."""
+        k = self.keys(rnd)
+        if self.store.add(k.ready, 1) != self.num_nodes:
+            return
+        try:
+            infos = self.store.multi_get(
+                [k.node(n) for n in range(self.num_nodes)], timeout=self.join_timeout
+            )
+        except StoreTimeoutError:
+            return  # members() times out too, naming the nodes that never came
+        self.store.compare_set(k.members, b"", b"[" + b",".join(infos) + b"]")
 
     def members(self, rnd: int, timeout: float) -> list[Member]:
         """Every node of round ``rnd`` (``num_nodes`` of them), in node-rank order; blocks
         until all have joined, at most ``timeout`` s."""
-        keys = [self.keys(rnd).node(k) for k in range(self.num_nodes)]
-        infos = self._wait_all(keys, f"rendezvous round {rnd}", timeout, rnd=rnd)
-        return [Member(k, i["slots"], i["host"], i["addr"]) for k, i in enumerate(infos)]
+        k = self.keys(rnd)
+        (infos,) = self._wait_all(
+            [k.members],
+            f"rendezvous round {rnd}",
+            timeout,
+            rnd=rnd,
+            awaited=self._nodes_missing(rnd, k.ready, k.node),
+        )
+        return [Member(n, i["slots"], i["host"], i["addr"]) for n, i in enumerate(infos)]
 
     def join_dynamic(
         self, rnd: int, min_nodes: int, max_nodes: int, last_call: float, slots: int, host: str, addr: str
     ) -> list[Member]:
         """Dynamic membership (torchrun's c10d rendezvous with ``--nnodes MIN:MAX``): take
-        a node rank by arrival order, wait until at least ``min_nodes`` arrived (up to
-        ``join_timeout`` s), then ``last_call`` more seconds for others (up to
-        ``max_nodes``). The first node to close the round fixes its size; sets
-        ``node_rank`` and ``num_nodes`` for this round and returns the members. Polls the
-        counter every 20 ms (rendezvous is not a hot path). Raises RendezvousError when
-        too few nodes arrive, LateJoin when this node came after the round closed."""
-        joined = self.keys(rnd).joined
-        arrived = self.store.add(joined, 1)
+        a node rank by arrival order (one ``add``), wait until at least ``min_nodes``
+        arrived (up to ``join_timeout`` s), then ``last_call`` more seconds for others (up
+        to ``max_nodes``). A node whose arrival reaches the minimum closes the round
+        after its last call, the one reaching the maximum at once (the first closer fixes
+        the size); every other node blocks on the one ``closed`` key (no polling). Sets
+        ``node_rank`` and ``num_nodes`` for this round and returns the members. Raises
+        RendezvousError when too few nodes arrive, LateJoin when this node came after
+        the round closed."""
+        k = self.keys(rnd)
+        arrived = self.store.add(k.joined, 1)
         me = arrived - 1
-        count = lambda: self.store.add(joined, 0)  # noqa: E731
-        progress = WaitReport(5.0)
-        checked = time.monotonic()
-        end = checked + self.join_timeout
-        while (n := count()) < min_nodes:
-            now = time.monotonic()
-            if now >= end:
-                raise RendezvousError(
-                    f"rendezvous round {rnd}: only {n} of at least {min_nodes} "
-                    f"nodes arrived within {self.join_timeout:g} s"
-                )
-            if now - checked >= SLICE:
-                checked = now
-                self.raise_if_signalled(rnd)
-                if self.on_wait is not None and (waited := progress.due()) is not None:
-                    self.on_wait(
-                        f"rendezvous round {rnd}: {n} of at least {min_nodes} nodes "
-                        f"arrived; waiting for more ({waited:.0f} s of "
-                        f"{self.join_timeout:g} s)"
-                    )
-            time.sleep(0.02)
-        end = time.monotonic() + last_call
-        while count() < max_nodes and time.monotonic() < end:
-            time.sleep(0.02)
-        size = min(count(), max_nodes)
-        size = int(self.store.compare_set(self.keys(rnd).closed, b"", str(size)))
+        close = lambda: self.store.compare_set(  # noqa: E731
+            k.closed, b"", str(min(self.store.add(k.joined, 0), max_nodes))
+        )
+        if arrived >= max_nodes:
+            close()
+        elif arrived >= min_nodes and not self._wait_closed(rnd, last_call, "last call"):
+            close()
+        if not self._wait_closed(rnd, self.join_timeout, f"at least {min_nodes}"):
+            n = self.store.add(k.joined, 0)
+            raise RendezvousError(
+                f"rendezvous round {rnd}: only {n} of at least {min_nodes} "
+                f"nodes arrived within {self.join_timeout:g} s"
+            )
+        size = int(self.store.get(k.closed))
         if me >= size:
             raise LateJoin(rnd, size)
         self.node_rank, self.num_nodes = me, size
         return self.join(rnd, slots, host, addr)
+
+    def _wait_closed(self, rnd: int, timeout: float, wanted: str) -> bool:
+        """Block until round ``rnd`` of a dynamic launch is closed (True) or ``timeout``
+        s pass (False), in SLICE-second waits that look for a stop signal and report
+        how many nodes arrived (``wanted``: of how many) through ``on_wait``."""
+        key = self.keys(rnd).closed
+        progress = WaitReport(5.0)
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return self.store.check([key])
+            try:
+                self.store.wait([key], timeout=max(0.001, min(left, SLICE)))
+                return True
+            except StoreTimeoutError:
+                self.raise_if_signalled(rnd)
+                if (
+                    wanted != "last call"
+                    and self.on_wait is not None
+                    and (waited := progress.due()) is not None
+                ):
+                    n = self.store.add(self.keys(rnd).joined, 0)
+                    self.on_wait(
+                        f"rendezvous round {rnd}: {n} of {wanted} nodes arrived; waiting for "
+                        f"more ({waited:.0f} s of {timeout:g} s)"
+                    )
 
     def publish_plan(self, rnd: int, members: list[int] | None, restarts: int = 0) -> None:
         """Head mode: who takes part in round ``rnd`` (node ids: the host's index in the
@@ -254,7 +317,10 @@ class Rendezvous:
 
     def wait_members_done(self, rnd: int, size: int, timeout: float) -> None:
         """Block until round ``rnd``'s ``size`` members passed their exit barrier."""
-        self._wait_all([self.keys(rnd).done(k) for k in range(size)], f"end of round {rnd}", timeout, rnd=rnd)
+        k = self.keys(rnd)
+        self._wait_all(
+            [k.alldone], f"end of round {rnd}", timeout, rnd=rnd, awaited=f"the {size} nodes of round {rnd}"
+        )
 
     def publish_pgids(self, rnd: int, pgids: list[list[int]]) -> None:
         """Record this node's agent pid and worker process groups (the head kills them over
@@ -287,8 +353,11 @@ class Rendezvous:
         """Head mode: node ``node_rank``'s agent is gone; fill in its part of round
         ``rnd``'s join (unless it joined) and of its exit barrier, so the others go on."""
         k = self.keys(rnd)
-        self.store.compare_set(k.node(node_rank), b"", json.dumps({"slots": slots, "host": host, "addr": ""}))
-        self.store.set(k.done(node_rank), b"1")
+        info = json.dumps({"slots": slots, "host": host, "addr": "", "stand_in": True}).encode()
+        if self.store.compare_set(k.node(node_rank), b"", info) == info:
+            self._count_in(rnd)
+        if self.store.compare_set(k.done(node_rank), b"", b"s") == b"s":
+            self.store.add(k.ndone, 1)
 
     def recorded(self, rnd: int, node_ranks: list[int]) -> set[int]:
         """Those of ``node_ranks`` that recorded their processes in round ``rnd`` (their
@@ -328,13 +397,29 @@ class Rendezvous:
         can be found lost meanwhile), and return the cause that stopped the round (None:
         every worker succeeded)."""
         k = self.keys(rnd)
-        self.store.set(k.done(self.node_rank), b"1")
-        keys = lambda: [
-            k.done(n)
-            for n in range(self.num_nodes)  # noqa: E731
-            if n not in lost()
-        ]
-        self._wait_all(keys, f"exit barrier of round {rnd}", timeout, abort or (lambda: False), report=10.0)
+        mine = self.store.compare_set(k.done(self.node_rank), b"", b"1") == b"1"  # else the head's
+        n = self.store.add(k.ndone, 1 if mine else 0)
+        what = f"exit barrier of round {rnd}"
+        progress = WaitReport(10.0)
+        end = time.monotonic() + timeout
+        while n < self.num_nodes - len(lost()):
+            left = end - time.monotonic()
+            try:
+                self.store.wait([k.alldone], timeout=max(0.001, min(left, SLICE)))
+                break
+            except StoreTimeoutError:
+                if abort is not None and abort():
+                    raise RendezvousError(f"{what}: the store stopped answering") from None
+                n = self.store.add(k.ndone, 0)
+                waiting = self._nodes_missing(rnd, k.ndone, k.done, lost())
+                if time.monotonic() >= end:
+                    raise RendezvousError(
+                        f"{what}: gave up waiting for {waiting()} after {timeout:g} s"
+                    ) from None
+                if self.on_wait is not None and (waited := progress.due()) is not None:
+                    self.on_wait(f"{what}: waiting for {waiting()} ({waited:.0f} s of {timeout:g} s)")
+        else:
+            self.store.set(k.alldone, b"1")  # releases the others' waits
         cause = self.request_stop(rnd, Over())  # also releases every watcher
         return None if isinstance(cause, Over) else cause
 
@@ -353,10 +438,14 @@ class Rendezvous:
     def arrived(self, rnd: int) -> int:
         """How many nodes announced themselves in round ``rnd`` so far (with dynamic
         membership, late ones included)."""
-        joined = self.keys(rnd).joined
-        if self.store.check([joined]):
-            return self.store.add(joined, 0)
-        return sum(self._present([self.keys(rnd).node(k) for k in range(self.num_nodes)]))
+        k = self.keys(rnd)
+        return self.store.add(k.joined if self.store.check([k.joined]) else k.ready, 0)
+
+    def lost_nodes(self, rnd: int) -> set[int]:
+        """The nodes some node's heartbeat found lost in round ``rnd`` (one look)."""
+        k = self.keys(rnd).lost
+        raw = self.store.get(k) if self.store.check([k]) else b""
+        return {int(x) for x in raw.decode().split(",") if x}
 
 
 class StopWatcher:
@@ -382,12 +471,17 @@ class StopWatcher:
 
 
 class Heartbeat:
-    """Every ``interval`` seconds: bump this node's counter for round ``rnd`` and check the
-    others'. A node whose counter has not moved for ``timeout`` seconds is reported once
-    through ``on_lost(node_rank, seconds)``. A store that does not answer within
-    ``timeout`` (frozen, or cut off while the connection stays up) or drops the
-    connection is reported once through ``on_store_lost()``. Uses its own store
-    connection; stops with ``stop()``."""
+    """Every ``interval`` seconds: set this node's counter for round ``rnd`` and look at
+    the counter of the next node in the ring (node K watches K+1, the last watches 0). A
+    node whose counter has not moved for ``timeout`` seconds is found lost: it is added
+    to ``lost`` and to the round's ``lost`` key, reported once through
+    ``on_lost(node_rank, seconds)`` (which stops the round), and its watcher moves on to
+    the node after it. So a node costs the store two operations per interval whatever
+    the number of nodes (watching every node cost each node N); the others learn of the
+    loss from the round's stop key (Rendezvous.lost_nodes names the lost). A store that
+    does not answer within ``timeout`` (frozen, or cut off while the connection stays
+    up) or drops the connection is reported once through ``on_store_lost()``. Uses its
+    own store connection; stops with ``stop()``."""
 
     def __init__(
         self,
@@ -408,25 +502,40 @@ class Heartbeat:
         self.thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
         self.thread.start()
 
+    def watched(self, watching: int) -> int:
+        """The node after ``watching`` in the ring that is not known lost (this node's own
+        rank when every other one is)."""
+        r = self.rdzv
+        k = watching
+        for _ in range(r.num_nodes):
+            k = (k + 1) % r.num_nodes
+            if k not in self.lost:
+                return k
+        return r.node_rank
+
     def _run(self) -> None:
         from .errors import StoreError
 
         r = self.rdzv
-        keys = [r.keys(self.rnd).hb(k) for k in range(r.num_nodes)]
-        last: dict[int, tuple[int, float]] = {}
+        keys = r.keys(self.rnd)
+        mine, beats = keys.hb(r.node_rank), 0
+        watching = self.watched(r.node_rank)
+        last: tuple[int, float] | None = None
         try:
             while not self._stop.wait(self.interval):
-                self.client.add(keys[r.node_rank], 1)
+                beats += 1
+                self.client.set(mine, str(beats))  # no reply awaited (as TCPStore's set)
+                if watching == r.node_rank:
+                    continue
+                beat = self.client.add(keys.hb(watching), 0)
                 now = time.monotonic()
-                for k, key in enumerate(keys):
-                    if k == r.node_rank or k in self.lost:
-                        continue
-                    beat = self.client.add(key, 0)
-                    if k not in last or last[k][0] != beat:
-                        last[k] = (beat, now)
-                    elif now - last[k][1] >= self.timeout:
-                        self.lost.add(k)
-                        self.on_lost(k, now - last[k][1])
+                if last is None or last[0] != beat:
+                    last = (beat, now)
+                elif now - last[1] >= self.timeout:
+                    self.lost.add(watching)
+                    self.client.append(keys.lost, f"{watching},")
+                    self.on_lost(watching, now - last[1])
+                    watching, last = self.watched(watching), None
         except StoreError:
             if not self._stop.is_set():
                 self.on_store_lost()

@@ -5,16 +5,25 @@ Keys live under ``<run_id>/`` (values are JSON):
 
     r<R>/plan         head mode: {"members": [node ids], "restarts": N} or {"end": true}
     r<R>/node/<K>     node K joined round R: {"slots", "host", "addr"}
+    r<R>/ready        count of nodes that published r<R>/node/<K>; the one that brings it
+                      to the round's size publishes r<R>/members
+    r<R>/members      every node's r<R>/node/<K> value, as one JSON list in node-rank order
+                      (each node waits on this one key, not on N)
     r<R>/master       {"addr", "port", "restarts"}: MASTER_ADDR/MASTER_PORT for round R
                       (node 0 picks) and the job's restart count
     r<R>/stop         the first cause that stopped round R (a compare_set: first writer
                       wins), as encoded by :func:`encode_cause`
     r<R>/pgids/<K>    [[agent pid, start], [worker pgid, start]...] of node K in round R
                       (start: /proc start time, so the head never kills a reused pid)
-    r<R>/done/<K>     node K's workers of round R have all exited
+    r<R>/done/<K>     node K's workers of round R have all exited ("1"; "s": the head
+                      stood in for a lost agent)
+    r<R>/ndone        count of the r<R>/done/<K> keys; whoever sees it reach the round's
+                      size less the lost nodes sets r<R>/alldone, which the barrier awaits
+    r<R>/alldone      every node not lost passed round R's exit barrier
     r<R>/left         count of agents that read round R's outcome (the store's host keeps
                       the store up until everyone has)
-    r<R>/hb/<K>       node K's heartbeat counter in round R
+    r<R>/hb/<K>       node K's heartbeat counter in round R (node K-1 watches it)
+    r<R>/lost         "K,": appended by the node that found node K lost in round R
     r<R>/joined       dynamic membership: arrival counter (arrival order = node rank)
     r<R>/closed       dynamic membership: the number of nodes admitted to round R
     agent_exit/<I>    head mode: the agent of host I (its index in the host list) ended
@@ -69,6 +78,26 @@ class RoundKeys:
     @property
     def closed(self) -> str:
         return self._k("closed")
+
+    @property
+    def ready(self) -> str:
+        return self._k("ready")
+
+    @property
+    def members(self) -> str:
+        return self._k("members")
+
+    @property
+    def ndone(self) -> str:
+        return self._k("ndone")
+
+    @property
+    def alldone(self) -> str:
+        return self._k("alldone")
+
+    @property
+    def lost(self) -> str:
+        return self._k("lost")
 
     def node(self, k: int) -> str:
         return self._k(f"node/{k}")

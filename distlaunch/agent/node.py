@@ -426,7 +426,8 @@ class NodeAgent:
                 )
             if relay.kill_now and result.stop_signal is not None:  # a second Ctrl-C: no exit barrier
                 raise LaunchInterrupted(result.stop_signal)
-            lost = (lambda: heartbeat.lost) if heartbeat else set
+            # the nodes found lost: by this node's heartbeat, or by another's (the ring)
+            lost = (lambda: heartbeat.lost | rdzv.lost_nodes(rnd)) if heartbeat else set
             # Every round ends at the exit barrier, so no node leaves (or, on node 0, takes
             # the store down) while another still needs it. A (further) stop signal here
             # leaves it at once: the workers are gone already.
