@@ -104,50 +104,29 @@ class Rendezvous:
         """The key names of round ``rnd`` of this job."""
         return RoundKeys(self.run_id, rnd)
 
-    def _wait_all(
-        self,
-        keys: list[str] | Callable[[], list[str]],
-        what: str,
-        timeout: float,
-        abort: Callable[[], bool] | None = None,
-        rnd: int | None = None,
-        report: float = 5.0,
-        awaited: str | Callable[[], str] | None = None,
-    ) -> list[Any]:
-        """Block until every key exists (``timeout`` s), waiting in SLICE-second slices;
-        ``keys`` may be a callable re-read each slice (nodes found lost meanwhile drop
-        out). Raises RendezvousError as soon as ``abort()`` is true, LaunchInterrupted
-        when round ``rnd`` (if given) was stopped by a signal. Says what it still waits
-        for (``awaited``, a text or a callable making it, else the missing node ranks)
-        through ``on_wait`` after ``report`` s, then at growing intervals."""
+    def _wait_key(
+        self, key: str, what: str, timeout: float, rnd: int | None, awaited: str | Callable[[], str]
+    ) -> Any:
+        """The JSON value of ``key``, blocking until it exists (``timeout`` s) in
+        SLICE-second gets. Raises LaunchInterrupted when round ``rnd`` (if given) was
+        stopped by a signal, RendezvousError at the timeout. Says what it waits for
+        (``awaited``, a text or a callable making it) through ``on_wait`` after 5 s,
+        then at growing intervals."""
         end = time.monotonic() + timeout
-        progress = WaitReport(report)
-        current = keys() if callable(keys) else keys
+        progress = WaitReport(5.0)
         while True:
             left = end - time.monotonic()
             try:
-                self.store.wait(current, timeout=max(0.001, min(left, SLICE)))
-                break
+                return json.loads(self.store.get(key, timeout=max(0.001, min(left, SLICE))))
             except StoreTimeoutError:
-                if abort is not None and abort():
-                    raise RendezvousError(f"{what}: the store stopped answering") from None
                 if rnd is not None:
                     self.raise_if_signalled(rnd)
-                current = keys() if callable(keys) else keys
                 if time.monotonic() >= end:
-                    missing = self._awaited(awaited, current)
-                    raise RendezvousError(
-                        f"{what}: gave up waiting for {missing} after {timeout:g} s"
-                    ) from None
+                    text = awaited if isinstance(awaited, str) else awaited()
+                    raise RendezvousError(f"{what}: gave up waiting for {text} after {timeout:g} s") from None
                 if self.on_wait is not None and (waited := progress.due()) is not None:
-                    missing = self._awaited(awaited, current)
-                    self.on_wait(f"{what}: waiting for {missing} ({waited:.0f} s of {timeout:g} s)")
-        return [json.loads(v) for v in self.store.multi_get(current)]
-
-    def _awaited(self, awaited: str | Callable[[], str] | None, keys: list[str]) -> str:
-        if awaited is None:
-            return self._missing(keys)
-        return awaited if isinstance(awaited, str) else awaited()
+                    text = awaited if isinstance(awaited, str) else awaited()
+                    self.on_wait(f"{what}: waiting for {text} ({waited:.0f} s of {timeout:g} s)")
 
     def _nodes_missing(
         self, rnd: int, counter: str, key: Callable[[int], str], lost: Collection[int] = ()
@@ -211,12 +190,8 @@ class Rendezvous:
         """Every node of round ``rnd`` (``num_nodes`` of them), in node-rank order; blocks
         until all have joined, at most ``timeout`` s."""
         k = self.keys(rnd)
-        (infos,) = self._wait_all(
-            [k.members],
-            f"rendezvous round {rnd}",
-            timeout,
-            rnd=rnd,
-            awaited=self._nodes_missing(rnd, k.ready, k.node),
+        infos = self._wait_key(
+            k.members, f"rendezvous round {rnd}", timeout, rnd, self._nodes_missing(rnd, k.ready, k.node)
         )
         return [Member(n, i["slots"], i["host"], i["addr"]) for n, i in enumerate(infos)]
 
@@ -306,21 +281,19 @@ class Rendezvous:
     def master(self, rnd: int) -> tuple[str, int, int]:
         """Round ``rnd``'s MASTER_ADDR, MASTER_PORT and restart count; blocks until node 0
         published them (``join_timeout`` s)."""
-        (m,) = self._wait_all(
-            [self.keys(rnd).master],
+        m = self._wait_key(
+            self.keys(rnd).master,
             f"rendezvous round {rnd}",
             self.join_timeout,
-            rnd=rnd,
-            awaited="node 0 to publish MASTER_ADDR",
+            rnd,
+            "node 0 to publish MASTER_ADDR",
         )
         return m["addr"], m["port"], m["restarts"]
 
     def wait_members_done(self, rnd: int, size: int, timeout: float) -> None:
         """Block until round ``rnd``'s ``size`` members passed their exit barrier."""
         k = self.keys(rnd)
-        self._wait_all(
-            [k.alldone], f"end of round {rnd}", timeout, rnd=rnd, awaited=f"the {size} nodes of round {rnd}"
-        )
+        self._wait_key(k.alldone, f"end of round {rnd}", timeout, rnd, f"the {size} nodes of round {rnd}")
 
     def publish_pgids(self, rnd: int, pgids: list[list[int]]) -> None:
         """Record this node's agent pid and worker process groups (the head kills them over
