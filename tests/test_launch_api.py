@@ -36,6 +36,13 @@ def test_failure_carries_traceback():
     assert "fail_on_rank_one" in str(e.value)
 
 
+def test_launch_failed_error_is_importable_from_the_package():
+    """The README's name: `from distlaunch import LaunchFailedError` (loaded on first use)."""
+    from distlaunch import LaunchFailedError as exported
+
+    assert exported is LaunchFailedError
+
+
 def test_restart_then_results():
     assert distlaunch.launch(fail_first_attempt, nproc_per_node=2, max_restarts=1) == [1, 1]
 
