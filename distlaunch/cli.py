@@ -330,7 +330,13 @@ def _env_entries(value: object, where: str) -> list[str]:
     metavar="DIR",
     help="Working directory on the hosts (default: the head's).",
 )
-@option("--ssh-port", group=HOSTS, default=None, type=int, help="SSH port (overrides ~/.ssh/config).")
+@option(
+    "--ssh-port",
+    group=HOSTS,
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="SSH port (overrides ~/.ssh/config).",
+)
 @option("--ssh-user", group=HOSTS, default=None, help="SSH user (overrides ~/.ssh/config).")
 @option(
     "--ssh-key",
