@@ -186,6 +186,12 @@ def test_head_mode_dry_run_per_host(marker_script):
         (["--run-id", "x" * 200], "--run-id"),
         (["--rdzv-endpoint", "::1:29400", "--nnodes", "1:2"], "'::1:29400'"),
         (["-H", "localhost:2,127.0.0.1:2"], "localhost, 127.0.0.1"),
+        (
+            ["--nproc-per-node", "4", "--local-ranks-filter", "1,5"],
+            "--local-ranks-filter 1,5: no node runs local rank 5 (4 worker(s) per node at most); "
+            "give local ranks from 0 to 3",
+        ),
+        (["-H", "localhost:2", "--local-ranks-filter", "2"], "give local ranks from 0 to 1"),
         (["-H", "127.0.0.2:1", "--ssh-port", "-1"], "'--ssh-port': -1 is not in the range 1<=x<=65535"),
         (["-H", "127.0.0.2:1", "--ssh-port", "65536"], "'--ssh-port': 65536 is not in the range"),
     ],

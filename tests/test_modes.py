@@ -133,6 +133,8 @@ def test_hostfile_with_exclude(tmp_path):
 
 def test_job_fields_are_parsed():
     m = mode_of(
+        "--nproc-per-node",
+        "2",
         "--redirects",
         "0:3",
         "--tee",
@@ -177,6 +179,8 @@ def test_job_fields_are_parsed():
         (["--redirects", "7"], "--redirects '7'"),
         (["--tee", "x"], "--tee 'x'"),
         (["--local-ranks-filter", "x"], "--local-ranks-filter 'x'"),
+        (["--nproc-per-node", "2", "--local-ranks-filter", "2"], "--local-ranks-filter 2: no node runs"),
+        (["-H", "a:1,b:3", "--local-ranks-filter", "3"], "give local ranks from 0 to 2"),
         (["--rdzv-conf", "x"], "--rdzv-conf item 'x'"),
         (["--rdzv-conf", "bogus=1"], "'bogus' is unknown"),
         (["-x", "1BAD"], "-x '1BAD'"),
