@@ -635,7 +635,13 @@ BENCH_OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_
     help="Message sizes in bytes per rank, doubling from MIN to MAX (B, KiB, MiB, GiB).",
 )
 @click.option("--dtype", default="float32", show_default=True, help="Element type.")
-@click.option("--iters", default=None, type=int, help="Timed iterations per size (default: by size).")
+@click.option(
+    "--iters",
+    default=None,
+    type=int,
+    metavar="N",
+    help="Timed iterations per size, at least 1 (default: by size).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of the table.")
 @click.option(
     "--plot",
@@ -657,7 +663,13 @@ def bench(
 ) -> None:
     """Measure a collective, nccl-tests style: rank 0 prints size, count, dtype, time,
     algbw, busbw and a correctness check per size. Extra options go to distlaunch run
-    (e.g. --ssh-config)."""
+    (e.g. --ssh-config). Bad --sizes, --dtype or --iters exit 2 before any worker starts."""
+    from .collectives.bench import parse_options
+
+    try:
+        parse_options(sizes, dtype, iters)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     args = [
         "--nproc-per-node",
         nproc_per_node,
@@ -672,7 +684,7 @@ def bench(
         dtype,
     ]
     args += [
-        *(["--iters", str(iters)] if iters else []),
+        *(["--iters", str(iters)] if iters is not None else []),
         *(["--json"] if as_json else []),
         *(["--plot", plot] if plot else []),
     ]
