@@ -734,20 +734,32 @@ def store(host: str, port: int) -> None:
     """Run a standalone rendezvous store until Ctrl-C or SIGTERM.
 
     The secret comes from DISTLAUNCH_STORE_TOKEN; if unset, one is generated and shown
-    once on stderr. Clients must present it (HMAC challenge; never sent in clear).
+    once on stderr. Clients must present it (HMAC challenge; never sent in clear). An
+    address that cannot be bound exits 2 before anything is served.
     """
     import os
 
-    from .store import serve_forever
+    from .errors import StoreError
+    from .store import StoreServer
 
     token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or os.urandom(16).hex()
+    server = StoreServer(host, port, token)
+    try:
+        server.start()
+    except StoreError as e:
+        # socket.create_server's OSError adds "(while attempting to bind on address ...)"
+        why = str(getattr(e.__cause__, "strerror", None) or e).split(" (while attempting")[0]
+        raise ConfigError(
+            f"--host {host} --port {port} cannot be bound ({why}); choose a free --port "
+            f"(0 picks one) and, for --host, an address of this machine"
+        ) from None
 
     def ready(server: StoreServer) -> None:
         say(f"store listening on {host}:{server.port}")
         if "DISTLAUNCH_STORE_TOKEN" not in os.environ:
             say(f"generated secret (export it for clients): DISTLAUNCH_STORE_TOKEN={token}")
 
-    serve_forever(host, port, token, on_ready=ready)
+    server.serve_forever(on_ready=ready)
 
 
 def _print_plan(plan: Plan) -> None:
