@@ -180,7 +180,7 @@ def _env_entries(value: object, where: str) -> list[str]:
     type=int,
     metavar="PORT",
     help="Port exported as MASTER_PORT. One node: for the program's own rendezvous "
-    "(default: a free port; must be free). Per-node launches (--nnodes N): node 0's store "
+    "(default or 0: a free port; must be free). Per-node launches (--nnodes N): node 0's store "
     "(default 29500), where torch's init_process_group(env://) finds a TCPStore (one port "
     "per job, as torchrun).",
 )

@@ -204,6 +204,13 @@ def _resolve(
         kw["master_addr"], kw["master_port"] = addr, port or None
         endpoint = None
     static = endpoint is None and nnodes > 1
+    if kw["master_port"] == 0:  # torch's TCPStore: port 0 binds a free port
+        if static:
+            raise ConfigError(
+                f"--master-port 0 picks a free port on node 0, which the other {nnodes - 1} node(s) "
+                f"cannot know; give a port, e.g. --master-port {STATIC_MASTER_PORT} (the default)"
+            )
+        kw["master_port"] = None  # one node: a free port, chosen at start
     if static:
         kw["master_addr"] = kw["master_addr"] or STATIC_MASTER_ADDR
         kw["master_port"] = kw["master_port"] or STATIC_MASTER_PORT

@@ -46,6 +46,13 @@ def test_single_node():
     assert re.fullmatch(r"[0-9a-f]{12}", m.job.run_id)  # random
 
 
+@pytest.mark.parametrize("args", [[], ["--nnodes", "1:2", "--rdzv-endpoint", "h:29400"], ["-H", "a:1"]])
+def test_master_port_0_is_a_free_port_where_one_node_chooses_it(args):
+    """torch's TCPStore binds a free port for port 0: the port chosen at start, as with
+    no --master-port (a per-node static launch refuses it: see test_usage_errors)."""
+    assert mode_of(*args, "--master-port", "0").job.master_port is None
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -179,6 +186,11 @@ def test_job_fields_are_parsed():
         (["--redirects", "7"], "--redirects '7'"),
         (["--tee", "x"], "--tee 'x'"),
         (["--local-ranks-filter", "x"], "--local-ranks-filter 'x'"),
+        (
+            ["--nnodes", "2", "--master-port", "0"],
+            "--master-port 0 picks a free port on node 0, which the other 1 node(s) cannot know; "
+            "give a port, e.g. --master-port 29500",
+        ),
         (["--nproc-per-node", "2", "--local-ranks-filter", "2"], "--local-ranks-filter 2: no node runs"),
         (["-H", "a:1,b:3", "--local-ranks-filter", "3"], "give local ranks from 0 to 2"),
         (["--rdzv-conf", "x"], "--rdzv-conf item 'x'"),
