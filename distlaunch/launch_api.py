@@ -10,13 +10,15 @@ unpickles data from anyone else. The job itself is an ordinary ``distlaunch run`
 subprocess running this module as its worker (``python -m distlaunch.launch_api``), so
 the caller's process gets no signal handlers and forks nothing. Workers on other hosts
 reach this store at the head's address (the one ``distlaunch run`` announces to them);
-its port and secret travel as ``-x`` variables, which go to hosts over SSH stdin.
+its port and secret, and the values of ``env=``, travel as ``-x NAME`` variables (in
+the environment of ``distlaunch run``, never its argv), which go to hosts over SSH stdin.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -59,12 +61,14 @@ def launch(
     functions defined in ``__main__`` or a notebook work (their code travels by value;
     modules they import must be importable on the workers). Results come back the same
     way. ``hosts`` is a ``-H`` list (``"node1:2,node2:2"``);
-    ``env`` sets variables for every worker; ``options`` are more ``distlaunch run``
-    options. Worker output goes to this process's stdout/stderr, prefixed by rank.
+    ``env`` sets variables for every worker (their values stay off command lines: they
+    reach ``distlaunch run`` in its environment, as ``-x NAME`` does; names are letters,
+    digits and ``_``); ``options`` are more ``distlaunch run`` options. Worker output
+    goes to this process's stdout/stderr, prefixed by rank.
 
     Blocks until the job ends, at most ``timeout`` seconds (None: no limit). Raises
     TypeError if the call cannot be pickled (e.g. it holds a lock or an open socket),
-    ConfigError for bad options, LaunchFailedError (with the failed rank's traceback)
+    ConfigError for bad options or ``env`` names, LaunchFailedError (with the failed rank's traceback)
     when the job fails after its restarts, subprocess.TimeoutExpired on timeout (the job
     is stopped first).
     """
@@ -91,8 +95,10 @@ def launch(
         "-x",
         TOKEN_VAR,
     ]
-    for name, value in (env or {}).items():
-        cmd += ["-x", f"{name}={value}"]
+    for name in env or {}:  # by name: values off argv (ps shows it), as PORT_VAR's
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # not a glob, no '='
+            raise ConfigError(f"launch(env=...): {name!r} is not a variable name; use letters, digits and _")
+        cmd += ["-x", name]
     if hosts:
         cmd += ["-H", hosts]
     cmd += [*options, "-m", "distlaunch.launch_api"]
@@ -102,7 +108,8 @@ def launch(
             "127.0.0.1", server.port, token=token, timeout=30, connect=server.connect_local
         ) as store:
             store.set("payload", payload)
-            job = subprocess.Popen(cmd, env={**os.environ, PORT_VAR: str(server.port), TOKEN_VAR: token})
+            job_env = {**os.environ, **(env or {}), PORT_VAR: str(server.port), TOKEN_VAR: token}
+            job = subprocess.Popen(cmd, env=job_env)
             try:
                 code = job.wait(timeout)
             except subprocess.TimeoutExpired:

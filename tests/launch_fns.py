@@ -38,3 +38,10 @@ def argparse_error():
     p = argparse.ArgumentParser()
     p.add_argument("--needed", required=True)
     p.parse_args([])
+
+
+def launcher_cmdline_and_env(name):
+    """The command line of this worker's parent (the `distlaunch run` launcher) and the
+    value of variable ``name`` here."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        return f.read().decode(), os.environ.get(name)

@@ -1,14 +1,23 @@
 """distlaunch.launch(fn, ...): per-rank results, failures with tracebacks, restarts, hosts."""
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
-from launch_fns import argparse_error, die_by_signal, fail_first_attempt, fail_on_rank_one, rank_info
+from launch_fns import (
+    argparse_error,
+    die_by_signal,
+    fail_first_attempt,
+    fail_on_rank_one,
+    launcher_cmdline_and_env,
+    rank_info,
+)
 
 import distlaunch
+from distlaunch.errors import ConfigError
 from distlaunch.launch_api import LaunchFailedError
 
 
@@ -41,6 +50,25 @@ def test_launch_failed_error_is_importable_from_the_package():
     from distlaunch import LaunchFailedError as exported
 
     assert exported is LaunchFailedError
+
+
+def test_env_values_stay_off_the_command_line():
+    """env= values reach the workers through the launcher's environment, not its argv
+    (which every user sees in ps)."""
+    [(cmdline, value)] = distlaunch.launch(
+        launcher_cmdline_and_env, args=("API_SECRET",), env={"API_SECRET": "hunter2-xyz"}
+    )
+    assert value == "hunter2-xyz"
+    assert "distlaunch.launch_api" in cmdline and "API_SECRET" in cmdline  # -x API_SECRET, by name
+    assert "hunter2-xyz" not in cmdline
+
+
+@pytest.mark.parametrize("name", ["NCCL_*", "A=B", "1X"])
+def test_env_names_must_be_variable_names(name):
+    with pytest.raises(
+        ConfigError, match=f"launch\\(env=...\\): {re.escape(repr(name))} is not a variable name"
+    ):
+        distlaunch.launch(rank_info, args=(1,), env={name: "v"})
 
 
 def test_restart_then_results():
