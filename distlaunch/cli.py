@@ -763,9 +763,13 @@ def store(host: str, port: int) -> None:
 
 
 def _print_plan(plan: Plan) -> None:
+    """The variables every worker gets alike once, then per rank only those that differ
+    (of the ones set or changed from this environment); -x values and the store secret
+    as ****; a port chosen at start as such."""
     import os
     import shlex
 
+    from .modes import DynamicNodes, SingleNode
     from .topology import cpu_sets, format_cpus
 
     c, mode = plan.cfg, plan.mode
@@ -774,17 +778,25 @@ def _print_plan(plan: Plan) -> None:
         f"{mode.nnodes}, max restarts {c.max_restarts}"
     )
     click.echo(f"store: {mode.store_text()}, token DISTLAUNCH_STORE_TOKEN=****")
-    cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
+    hidden = set(SECRET_VARS) | {k for k, _ in c.env}  # -x values may be secrets
+    envs = []
     for slot in plan.slots:
-        env = plan.worker_env(slot)
-        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
-        click.echo(
-            f"rank {slot.rank} (local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}): "
-            f"{shlex.join(plan.argv)}"
-        )
-        hidden = set(SECRET_VARS) | {k for k, _ in c.env}  # -x values may be secrets
-        for k in sorted(changed):
-            click.echo(f"    {k}={'****' if k in hidden else changed[k]}")
+        env = {k: v for k, v in plan.worker_env(slot).items() if os.environ.get(k) != v}
+        if plan.master_port is None:
+            where = "this node" if isinstance(mode, SingleNode) else "node 0"
+            env["MASTER_PORT"] = f"<a free port on {where}, chosen at start>"
+        if isinstance(mode, DynamicNodes):  # whichever launcher becomes node 0 announces it
+            env["MASTER_ADDR"] = "<node 0's address, announced at start>"
+        envs.append({k: "****" if k in hidden else v for k, v in env.items()})
+    same = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
+    click.echo(f"every worker: {shlex.join(plan.argv)}")
+    for k in sorted(same):
+        click.echo(f"    {k}={same[k]}")
+    cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
+    for slot, env in zip(plan.slots, envs):
+        own = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k not in same)
+        where = f"local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}"
+        click.echo(f"rank {slot.rank} ({where}): {own}")
 
 
 def _report(e: DistlaunchError) -> None:

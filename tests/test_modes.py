@@ -212,7 +212,7 @@ def test_usage_errors(args, needle):
     "args, ranks, master_port",
     [
         (["--nproc-per-node", "2"], [0, 1], None),
-        (["--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "2", "--master-port", "1"], [4, 5], None),
+        (["--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "2", "--master-port", "1"], [4, 5], 1),
         (["--nnodes", "2:4", "--node-rank", "1", "--rdzv-endpoint", "h:1"], [1], None),
     ],
 )
