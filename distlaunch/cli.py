@@ -6,10 +6,11 @@ mode (``modes.py``) and hands it to ``launcher`` or ``head``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
@@ -112,7 +113,11 @@ def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) 
         elif name == "hosts" and isinstance(value, list):
             value = ",".join(map(str, value))
         param = params.get(name)
-        if param is None or name in ("config", "print_config") or not isinstance(param, click.Option):
+        if (
+            param is None
+            or name in ("config", "print_config", "root_cause_file")
+            or not isinstance(param, click.Option)
+        ):
             raise ConfigError(
                 f"{where}: unknown option; see 'distlaunch run --help' for the names (dashes or underscores)"
             )
@@ -497,6 +502,7 @@ def _env_entries(value: object, where: str) -> list[str]:
 @option(
     "--dry-run", is_flag=True, help="Print the plan (ranks, command lines, environment) and start nothing."
 )
+@option("--root-cause-file", hidden=True, default=None, help="Internal: see _root_cause_to.")
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -512,6 +518,7 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         script, script_args = job.get("script"), tuple(job.get("args", ()))
     if script is None:
         raise click.UsageError("Missing argument 'SCRIPT' (or 'script:' in the --config file).", ctx)
+    root_cause_file = o.pop("root_cause_file")
     if o.pop("print_config"):
         _print_config(ctx, script, script_args, o, script_from_job)
         return
@@ -526,7 +533,8 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
             return
         from .head import run_hosts
 
-        restarts = run_hosts(mode.job, mode.head)
+        with _root_cause_to(root_cause_file):
+            restarts = run_hosts(mode.job, mode.head)
         if restarts:
             say(f"all workers succeeded after {restarts} restart(s)")
         return
@@ -536,9 +544,29 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     if dry_run:
         _print_plan(plan)
         return
-    restarts = launcher.run(mode, plan)
+    with _root_cause_to(root_cause_file):
+        restarts = launcher.run(mode, plan)
     if restarts:
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+
+
+@contextlib.contextmanager
+def _root_cause_to(path: str | None) -> Iterator[None]:
+    """For ``distlaunch.launch()`` (``--root-cause-file PATH``, hidden): the first failed
+    worker goes to PATH as JSON (``{"rank": R, "exit_code": C}``), so that its exception
+    names the rank the summary names, and the summary leaves out the worker's stderr:
+    its traceback was in the worker's output, and launch() raises it (one report)."""
+    try:
+        yield
+    except WorkerFailedError as e:
+        if path is not None and e.failure is not None:
+            import dataclasses
+            import json
+
+            with open(path, "w") as f:
+                json.dump({"rank": e.failure.rank, "exit_code": e.exit_code}, f)
+            e.failure = dataclasses.replace(e.failure, stderr_tail="", error_file_text=None)
+        raise
 
 
 def _print_config(

@@ -21,6 +21,7 @@ import pickle
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -101,8 +102,10 @@ def launch(
         cmd += ["-x", name]
     if hosts:
         cmd += ["-H", hosts]
-    cmd += [*options, "-m", "distlaunch.launch_api"]
-    with StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server:
+    scratch = tempfile.TemporaryDirectory(prefix="distlaunch_launch_")
+    root_cause = os.path.join(scratch.name, "root_cause.json")  # see cli._root_cause_to
+    cmd += ["--root-cause-file", root_cause, *options, "-m", "distlaunch.launch_api"]
+    with scratch, StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server:
         assert server.port is not None  # bound on entry
         with StoreClient(
             "127.0.0.1", server.port, token=token, timeout=30, connect=server.connect_local
@@ -125,19 +128,39 @@ def launch(
                 raise LaunchFailedError(
                     f"no worker started (distlaunch run exited with {code})", None, None, code
                 )
-            world = int(store.get(f"world/{attempt}"))
             if code == 0:
+                world = int(store.get(f"world/{attempt}"))
                 return [pickle.loads(store.get(f"result/{attempt}/{r}")) for r in range(world)]
-            for r in range(world):
-                if store.check([f"error/{attempt}/{r}"]):
-                    tb = store.get(f"error/{attempt}/{r}").decode()
-                    raise LaunchFailedError(f"rank {r} raised (exit code {code}):\n{tb}", r, tb, code)
-            raise LaunchFailedError(
-                f"the job failed with exit code {code} (a worker died without raising; see its output above)",
-                None,
-                None,
-                code,
-            )
+            raise _failure(store, attempt, root_cause, code)
+
+
+def _failure(store: Any, attempt: int, root_cause: str, code: int) -> LaunchFailedError:
+    """The error of a job that ended with ``code``: its root cause (the first failed
+    worker, as ``distlaunch run`` named it in ``root_cause``) with its traceback if it
+    raised. One line: the traceback was in the worker's output already."""
+    import json
+
+    try:
+        with open(root_cause) as f:
+            rank = int(json.load(f)["rank"])
+    except FileNotFoundError:  # no worker failed: e.g. stopped by a signal, a lost node
+        return LaunchFailedError(
+            f"distlaunch run exited with code {code} (see its output above)", None, None, code
+        )
+    key = f"error/{attempt}/{rank}"
+    if not store.check([key]):
+        return LaunchFailedError(
+            f"rank {rank} failed without raising (exit code {code}); see its output above", rank, None, code
+        )
+    tb = store.get(key).decode()
+    last = next((ln for ln in reversed(tb.splitlines()) if ln.strip()), "an exception")
+    return LaunchFailedError(
+        f"rank {rank} raised {last} (exit code {code}); its traceback is in the worker's output "
+        f"above and in LaunchFailedError.traceback",
+        rank,
+        tb,
+        code,
+    )
 
 
 def _worker_main() -> None:
@@ -154,8 +177,8 @@ def _worker_main() -> None:
         token=os.environ[TOKEN_VAR],
         timeout=60,
     ) as store:
-        if rank == 0:
-            store.set(f"world/{attempt}", os.environ["WORLD_SIZE"])
+        # every rank: the caller finds the attempt even if rank 0 was stopped before this
+        store.set(f"world/{attempt}", os.environ["WORLD_SIZE"])
         fn, args, kwargs = pickle.loads(store.get("payload"))
         try:
             result = fn(*args, **kwargs)

@@ -241,8 +241,10 @@ def test_help_lists_each_option_once_by_concern():
     out = CliRunner().invoke(cli.cli, ["run", "--help"]).output
     assert "_" not in "".join(re.findall(r"--[\w-]+", out))  # no underscore spellings
     listed = re.findall(r"^  (?:-\w, )?(--[\w-]+)", out, re.M)
-    options = [
-        p for p in cli.run.get_params(cli.run.make_context("run", ["x"])) if p.param_type_name == "option"
+    options = [  # hidden: internal (--root-cause-file, for launch())
+        p
+        for p in cli.run.get_params(cli.run.make_context("run", ["x"]))
+        if p.param_type_name == "option" and not getattr(p, "hidden", False)
     ]
     assert len(listed) == len(set(listed)) == len(options)
     sections = re.findall(r"^(\w[\w ]*):$", out, re.M)
