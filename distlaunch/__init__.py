@@ -1,7 +1,8 @@
 """distlaunch: launch, supervise and connect distributed Python programs.
 
 Kept import-light on purpose: workers import ``distlaunch.collectives`` and must not pay
-for the launcher's dependencies. ``distlaunch.launch`` is loaded on first use.
+for the launcher's dependencies. ``distlaunch.launch`` and ``distlaunch.LaunchFailedError``
+are loaded on first use.
 """
 
 __version__ = "0.1.0"
@@ -9,12 +10,15 @@ AGENT_HELLO = "DISTLAUNCH-AGENT"  # an agent's first line, "<AGENT_HELLO> <versi
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type checkers know the name)
 if TYPE_CHECKING:
+    from .launch_api import LaunchFailedError as LaunchFailedError
     from .launch_api import launch as launch  # its real signature, for type checkers
+
+_LAZY = ("launch", "LaunchFailedError")  # from launch_api, on first use
 
 
 def __getattr__(name: str) -> object:
-    if name == "launch":
-        from .launch_api import launch
+    if name in _LAZY:
+        from . import launch_api
 
-        return launch
+        return getattr(launch_api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,10 +6,11 @@ mode (``modes.py``) and hands it to ``launcher`` or ``head``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
@@ -112,7 +113,11 @@ def _load_config(ctx: click.Context, _param: click.Parameter, path: str | None) 
         elif name == "hosts" and isinstance(value, list):
             value = ",".join(map(str, value))
         param = params.get(name)
-        if param is None or name in ("config", "print_config") or not isinstance(param, click.Option):
+        if (
+            param is None
+            or name in ("config", "print_config", "root_cause_file")
+            or not isinstance(param, click.Option)
+        ):
             raise ConfigError(
                 f"{where}: unknown option; see 'distlaunch run --help' for the names (dashes or underscores)"
             )
@@ -180,7 +185,7 @@ def _env_entries(value: object, where: str) -> list[str]:
     type=int,
     metavar="PORT",
     help="Port exported as MASTER_PORT. One node: for the program's own rendezvous "
-    "(default: a free port; must be free). Per-node launches (--nnodes N): node 0's store "
+    "(default or 0: a free port; must be free). Per-node launches (--nnodes N): node 0's store "
     "(default 29500), where torch's init_process_group(env://) finds a TCPStore (one port "
     "per job, as torchrun).",
 )
@@ -330,7 +335,13 @@ def _env_entries(value: object, where: str) -> list[str]:
     metavar="DIR",
     help="Working directory on the hosts (default: the head's).",
 )
-@option("--ssh-port", group=HOSTS, default=None, type=int, help="SSH port (overrides ~/.ssh/config).")
+@option(
+    "--ssh-port",
+    group=HOSTS,
+    default=None,
+    type=click.IntRange(1, 65535),
+    help="SSH port (overrides ~/.ssh/config).",
+)
 @option("--ssh-user", group=HOSTS, default=None, help="SSH user (overrides ~/.ssh/config).")
 @option(
     "--ssh-key",
@@ -491,6 +502,7 @@ def _env_entries(value: object, where: str) -> list[str]:
 @option(
     "--dry-run", is_flag=True, help="Print the plan (ranks, command lines, environment) and start nothing."
 )
+@option("--root-cause-file", hidden=True, default=None, help="Internal: see _root_cause_to.")
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -506,6 +518,7 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         script, script_args = job.get("script"), tuple(job.get("args", ()))
     if script is None:
         raise click.UsageError("Missing argument 'SCRIPT' (or 'script:' in the --config file).", ctx)
+    root_cause_file = o.pop("root_cause_file")
     if o.pop("print_config"):
         _print_config(ctx, script, script_args, o, script_from_job)
         return
@@ -520,7 +533,8 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
             return
         from .head import run_hosts
 
-        restarts = run_hosts(mode.job, mode.head)
+        with _root_cause_to(root_cause_file):
+            restarts = run_hosts(mode.job, mode.head)
         if restarts:
             say(f"all workers succeeded after {restarts} restart(s)")
         return
@@ -530,9 +544,29 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     if dry_run:
         _print_plan(plan)
         return
-    restarts = launcher.run(mode, plan)
+    with _root_cause_to(root_cause_file):
+        restarts = launcher.run(mode, plan)
     if restarts:
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+
+
+@contextlib.contextmanager
+def _root_cause_to(path: str | None) -> Iterator[None]:
+    """For ``distlaunch.launch()`` (``--root-cause-file PATH``, hidden): the first failed
+    worker goes to PATH as JSON (``{"rank": R, "exit_code": C}``), so that its exception
+    names the rank the summary names, and the summary leaves out the worker's stderr:
+    its traceback was in the worker's output, and launch() raises it (one report)."""
+    try:
+        yield
+    except WorkerFailedError as e:
+        if path is not None and e.failure is not None:
+            import dataclasses
+            import json
+
+            with open(path, "w") as f:
+                json.dump({"rank": e.failure.rank, "exit_code": e.exit_code}, f)
+            e.failure = dataclasses.replace(e.failure, stderr_tail="", error_file_text=None)
+        raise
 
 
 def _print_config(
@@ -629,7 +663,13 @@ BENCH_OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_
     help="Message sizes in bytes per rank, doubling from MIN to MAX (B, KiB, MiB, GiB).",
 )
 @click.option("--dtype", default="float32", show_default=True, help="Element type.")
-@click.option("--iters", default=None, type=int, help="Timed iterations per size (default: by size).")
+@click.option(
+    "--iters",
+    default=None,
+    type=int,
+    metavar="N",
+    help="Timed iterations per size, at least 1 (default: by size).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines instead of the table.")
 @click.option(
     "--plot",
@@ -651,7 +691,13 @@ def bench(
 ) -> None:
     """Measure a collective, nccl-tests style: rank 0 prints size, count, dtype, time,
     algbw, busbw and a correctness check per size. Extra options go to distlaunch run
-    (e.g. --ssh-config)."""
+    (e.g. --ssh-config). Bad --sizes, --dtype or --iters exit 2 before any worker starts."""
+    from .collectives.bench import parse_options
+
+    try:
+        parse_options(sizes, dtype, iters)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     args = [
         "--nproc-per-node",
         nproc_per_node,
@@ -666,7 +712,7 @@ def bench(
         dtype,
     ]
     args += [
-        *(["--iters", str(iters)] if iters else []),
+        *(["--iters", str(iters)] if iters is not None else []),
         *(["--json"] if as_json else []),
         *(["--plot", plot] if plot else []),
     ]
@@ -716,26 +762,42 @@ def store(host: str, port: int) -> None:
     """Run a standalone rendezvous store until Ctrl-C or SIGTERM.
 
     The secret comes from DISTLAUNCH_STORE_TOKEN; if unset, one is generated and shown
-    once on stderr. Clients must present it (HMAC challenge; never sent in clear).
+    once on stderr. Clients must present it (HMAC challenge; never sent in clear). An
+    address that cannot be bound exits 2 before anything is served.
     """
     import os
 
-    from .store import serve_forever
+    from .errors import StoreError
+    from .store import StoreServer
 
     token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or os.urandom(16).hex()
+    server = StoreServer(host, port, token)
+    try:
+        server.start()
+    except StoreError as e:
+        # socket.create_server's OSError adds "(while attempting to bind on address ...)"
+        why = str(getattr(e.__cause__, "strerror", None) or e).split(" (while attempting")[0]
+        raise ConfigError(
+            f"--host {host} --port {port} cannot be bound ({why}); choose a free --port "
+            f"(0 picks one) and, for --host, an address of this machine"
+        ) from None
 
     def ready(server: StoreServer) -> None:
         say(f"store listening on {host}:{server.port}")
         if "DISTLAUNCH_STORE_TOKEN" not in os.environ:
             say(f"generated secret (export it for clients): DISTLAUNCH_STORE_TOKEN={token}")
 
-    serve_forever(host, port, token, on_ready=ready)
+    server.serve_forever(on_ready=ready)
 
 
 def _print_plan(plan: Plan) -> None:
+    """The variables every worker gets alike once, then per rank only those that differ
+    (of the ones set or changed from this environment); -x values and the store secret
+    as ****; a port chosen at start as such."""
     import os
     import shlex
 
+    from .modes import DynamicNodes, SingleNode
     from .topology import cpu_sets, format_cpus
 
     c, mode = plan.cfg, plan.mode
@@ -744,17 +806,25 @@ def _print_plan(plan: Plan) -> None:
         f"{mode.nnodes}, max restarts {c.max_restarts}"
     )
     click.echo(f"store: {mode.store_text()}, token DISTLAUNCH_STORE_TOKEN=****")
-    cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
+    hidden = set(SECRET_VARS) | {k for k, _ in c.env}  # -x values may be secrets
+    envs = []
     for slot in plan.slots:
-        env = plan.worker_env(slot)
-        changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
-        click.echo(
-            f"rank {slot.rank} (local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}): "
-            f"{shlex.join(plan.argv)}"
-        )
-        hidden = set(SECRET_VARS) | {k for k, _ in c.env}  # -x values may be secrets
-        for k in sorted(changed):
-            click.echo(f"    {k}={'****' if k in hidden else changed[k]}")
+        env = {k: v for k, v in plan.worker_env(slot).items() if os.environ.get(k) != v}
+        if plan.master_port is None:
+            where = "this node" if isinstance(mode, SingleNode) else "node 0"
+            env["MASTER_PORT"] = f"<a free port on {where}, chosen at start>"
+        if isinstance(mode, DynamicNodes):  # whichever launcher becomes node 0 announces it
+            env["MASTER_ADDR"] = "<node 0's address, announced at start>"
+        envs.append({k: "****" if k in hidden else v for k, v in env.items()})
+    same = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
+    click.echo(f"every worker: {shlex.join(plan.argv)}")
+    for k in sorted(same):
+        click.echo(f"    {k}={same[k]}")
+    cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
+    for slot, env in zip(plan.slots, envs):
+        own = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k not in same)
+        where = f"local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}"
+        click.echo(f"rank {slot.rank} ({where}): {own}")
 
 
 def _report(e: DistlaunchError) -> None:

@@ -10,15 +10,18 @@ unpickles data from anyone else. The job itself is an ordinary ``distlaunch run`
 subprocess running this module as its worker (``python -m distlaunch.launch_api``), so
 the caller's process gets no signal handlers and forks nothing. Workers on other hosts
 reach this store at the head's address (the one ``distlaunch run`` announces to them);
-its port and secret travel as ``-x`` variables, which go to hosts over SSH stdin.
+its port and secret, and the values of ``env=``, travel as ``-x NAME`` variables (in
+the environment of ``distlaunch run``, never its argv), which go to hosts over SSH stdin.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -59,12 +62,14 @@ def launch(
     functions defined in ``__main__`` or a notebook work (their code travels by value;
     modules they import must be importable on the workers). Results come back the same
     way. ``hosts`` is a ``-H`` list (``"node1:2,node2:2"``);
-    ``env`` sets variables for every worker; ``options`` are more ``distlaunch run``
-    options. Worker output goes to this process's stdout/stderr, prefixed by rank.
+    ``env`` sets variables for every worker (their values stay off command lines: they
+    reach ``distlaunch run`` in its environment, as ``-x NAME`` does; names are letters,
+    digits and ``_``); ``options`` are more ``distlaunch run`` options. Worker output
+    goes to this process's stdout/stderr, prefixed by rank.
 
     Blocks until the job ends, at most ``timeout`` seconds (None: no limit). Raises
     TypeError if the call cannot be pickled (e.g. it holds a lock or an open socket),
-    ConfigError for bad options, LaunchFailedError (with the failed rank's traceback)
+    ConfigError for bad options or ``env`` names, LaunchFailedError (with the failed rank's traceback)
     when the job fails after its restarts, subprocess.TimeoutExpired on timeout (the job
     is stopped first).
     """
@@ -91,18 +96,23 @@ def launch(
         "-x",
         TOKEN_VAR,
     ]
-    for name, value in (env or {}).items():
-        cmd += ["-x", f"{name}={value}"]
+    for name in env or {}:  # by name: values off argv (ps shows it), as PORT_VAR's
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # not a glob, no '='
+            raise ConfigError(f"launch(env=...): {name!r} is not a variable name; use letters, digits and _")
+        cmd += ["-x", name]
     if hosts:
         cmd += ["-H", hosts]
-    cmd += [*options, "-m", "distlaunch.launch_api"]
-    with StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server:
+    scratch = tempfile.TemporaryDirectory(prefix="distlaunch_launch_")
+    root_cause = os.path.join(scratch.name, "root_cause.json")  # see cli._root_cause_to
+    cmd += ["--root-cause-file", root_cause, *options, "-m", "distlaunch.launch_api"]
+    with scratch, StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server:
         assert server.port is not None  # bound on entry
         with StoreClient(
             "127.0.0.1", server.port, token=token, timeout=30, connect=server.connect_local
         ) as store:
             store.set("payload", payload)
-            job = subprocess.Popen(cmd, env={**os.environ, PORT_VAR: str(server.port), TOKEN_VAR: token})
+            job_env = {**os.environ, **(env or {}), PORT_VAR: str(server.port), TOKEN_VAR: token}
+            job = subprocess.Popen(cmd, env=job_env)
             try:
                 code = job.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -118,19 +128,39 @@ def launch(
                 raise LaunchFailedError(
                     f"no worker started (distlaunch run exited with {code})", None, None, code
                 )
-            world = int(store.get(f"world/{attempt}"))
             if code == 0:
+                world = int(store.get(f"world/{attempt}"))
                 return [pickle.loads(store.get(f"result/{attempt}/{r}")) for r in range(world)]
-            for r in range(world):
-                if store.check([f"error/{attempt}/{r}"]):
-                    tb = store.get(f"error/{attempt}/{r}").decode()
-                    raise LaunchFailedError(f"rank {r} raised (exit code {code}):\n{tb}", r, tb, code)
-            raise LaunchFailedError(
-                f"the job failed with exit code {code} (a worker died without raising; see its output above)",
-                None,
-                None,
-                code,
-            )
+            raise _failure(store, attempt, root_cause, code)
+
+
+def _failure(store: Any, attempt: int, root_cause: str, code: int) -> LaunchFailedError:
+    """The error of a job that ended with ``code``: its root cause (the first failed
+    worker, as ``distlaunch run`` named it in ``root_cause``) with its traceback if it
+    raised. One line: the traceback was in the worker's output already."""
+    import json
+
+    try:
+        with open(root_cause) as f:
+            rank = int(json.load(f)["rank"])
+    except FileNotFoundError:  # no worker failed: e.g. stopped by a signal, a lost node
+        return LaunchFailedError(
+            f"distlaunch run exited with code {code} (see its output above)", None, None, code
+        )
+    key = f"error/{attempt}/{rank}"
+    if not store.check([key]):
+        return LaunchFailedError(
+            f"rank {rank} failed without raising (exit code {code}); see its output above", rank, None, code
+        )
+    tb = store.get(key).decode()
+    last = next((ln for ln in reversed(tb.splitlines()) if ln.strip()), "an exception")
+    return LaunchFailedError(
+        f"rank {rank} raised {last} (exit code {code}); its traceback is in the worker's output "
+        f"above and in LaunchFailedError.traceback",
+        rank,
+        tb,
+        code,
+    )
 
 
 def _worker_main() -> None:
@@ -147,8 +177,8 @@ def _worker_main() -> None:
         token=os.environ[TOKEN_VAR],
         timeout=60,
     ) as store:
-        if rank == 0:
-            store.set(f"world/{attempt}", os.environ["WORLD_SIZE"])
+        # every rank: the caller finds the attempt even if rank 0 was stopped before this
+        store.set(f"world/{attempt}", os.environ["WORLD_SIZE"])
         fn, args, kwargs = pickle.loads(store.get("payload"))
         try:
             result = fn(*args, **kwargs)

@@ -40,15 +40,19 @@ class Plan:
     slots: list[WorkerSlot]
     argv: list[str]
     master_addr: str
-    master_port: int | None  # None: chosen at start
+    master_port: int | None  # None: a free port, chosen at start (by node 0)
 
     @property
     def cfg(self) -> LaunchConfig:
         return self.mode.job
 
     def worker_env(self, slot: WorkerSlot) -> dict[str, str]:
-        """The environment a worker will get (store fields filled in at start)."""
-        return worker_env(self.cfg, slot, os.environ, 0, (self.master_addr, self.master_port or 0), None)
+        """The environment a worker will get (store fields filled in at start; MASTER_PORT
+        is 0 where ``master_port`` is None)."""
+        master = (self.master_addr, self.master_port or 0)
+        return worker_env(
+            self.cfg, slot, os.environ, 0, master, None, agent_store=isinstance(self.mode, StaticNodes)
+        )
 
 
 def _check_port_free(port: int, option: str) -> None:
@@ -72,13 +76,12 @@ def make_plan(mode: NodeMode) -> Plan:
     if cfg.master_port is not None and mode.node_rank == 0:
         _check_port_free(cfg.master_port, "--master-port")
     slots = node_slots([cfg.nproc_per_node] * mode.nnodes, mode.node_rank)
-    return Plan(
-        mode,
-        slots,
-        worker_argv(cfg),
-        cfg.master_addr or "localhost",
-        cfg.master_port if mode.nnodes == 1 else None,
-    )
+    # as NodeAgent._master_port will choose it: a static launch's store (torchrun's one
+    # port per job), a single node's --master-port, else a free port at start
+    port = mode.store_endpoint()[1] if isinstance(mode, StaticNodes) else None
+    if isinstance(mode, SingleNode):
+        port = cfg.master_port
+    return Plan(mode, slots, worker_argv(cfg), cfg.master_addr or "localhost", port)
 
 
 def run(mode: NodeMode, plan: Plan | None = None) -> int:

@@ -162,6 +162,18 @@ def resolve(
     on the command line, in a job file or a PET_* variable, not defaulted). ``environ``
     (default os.environ) tells whether this runs inside a Slurm allocation or step.
     Raises ConfigError for any bad value or combination."""
+    mode = _resolve(script, script_args, options, given, environ)
+    _check_ranks_filter(mode)
+    return mode
+
+
+def _resolve(
+    script: str,
+    script_args: tuple[str, ...],
+    options: Mapping[str, Any],
+    given: frozenset[str],
+    environ: Mapping[str, str] | None,
+) -> Mode:
     env = os.environ if environ is None else environ
     slurm = _slurm_place(options, given, env)
     o = options
@@ -192,6 +204,13 @@ def resolve(
         kw["master_addr"], kw["master_port"] = addr, port or None
         endpoint = None
     static = endpoint is None and nnodes > 1
+    if kw["master_port"] == 0:  # torch's TCPStore: port 0 binds a free port
+        if static:
+            raise ConfigError(
+                f"--master-port 0 picks a free port on node 0, which the other {nnodes - 1} node(s) "
+                f"cannot know; give a port, e.g. --master-port {STATIC_MASTER_PORT} (the default)"
+            )
+        kw["master_port"] = None  # one node: a free port, chosen at start
     if static:
         kw["master_addr"] = kw["master_addr"] or STATIC_MASTER_ADDR
         kw["master_port"] = kw["master_port"] or STATIC_MASTER_PORT
@@ -224,6 +243,24 @@ def resolve(
     if static:
         return StaticNodes(job, nnodes, o["node_rank"], o["store_token_file"])
     return SingleNode(job)
+
+
+def _check_ranks_filter(mode: Mode) -> None:
+    """--local-ranks-filter names local ranks that exist on some node (else it would
+    hide every line of output, silently)."""
+    shown = mode.job.local_ranks_filter
+    if not shown:
+        return
+    most = mode.job.nproc_per_node
+    if isinstance(mode, HeadNodes):
+        from .hosts import slots_of
+
+        most = max(map(slots_of, mode.head.hosts))
+    if max(shown) >= most:
+        raise ConfigError(
+            f"--local-ranks-filter {','.join(map(str, sorted(shown)))}: no node runs local rank "
+            f"{max(shown)} ({most} worker(s) per node at most); give local ranks from 0 to {most - 1}"
+        )
 
 
 # A per-node launch's own options: given any of them, a launch under srun is taken as

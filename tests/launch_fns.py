@@ -38,3 +38,26 @@ def argparse_error():
     p = argparse.ArgumentParser()
     p.add_argument("--needed", required=True)
     p.parse_args([])
+
+
+def launcher_cmdline_and_env(name):
+    """The command line of this worker's parent (the `distlaunch run` launcher) and the
+    value of variable ``name`` here."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        return f.read().decode(), os.environ.get(name)
+
+
+def fail_on_rank_one_then_rank_zero_raises_when_stopped():
+    """Rank 1 fails first; rank 0 turns the stop (SIGTERM) into an exception of its own,
+    as programs that clean up on SIGTERM do: a consequence, not the root cause."""
+    import signal
+    import time
+
+    if os.environ["RANK"] == "1":
+        raise KeyError("rank one is broken")
+
+    def stopped(signum, frame):
+        raise RuntimeError("rank zero was stopped")
+
+    signal.signal(signal.SIGTERM, stopped)
+    time.sleep(60)

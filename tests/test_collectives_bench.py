@@ -104,3 +104,31 @@ def test_bench_plot_without_matplotlib(tmp_path):
     assert p.returncode == 2, p.stderr
     assert "needs matplotlib" in p.stderr + p.stdout and "float32" not in p.stdout  # nothing measured
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--sizes", "5:1"], "--sizes '5:1' is invalid"),
+        (["--sizes", "64..8"], "--sizes '64..8' is invalid"),
+        (["--dtype", "foo"], "--dtype 'foo' is not an element type"),
+        (["--dtype", "U4"], "give one of bool, int8"),
+        (["--iters", "0"], "--iters 0 is invalid: give at least 1"),
+        (["--iters", "-5"], "--iters -5 is invalid"),
+    ],
+)
+def test_bad_options_exit_2_before_workers_start(tmp_path, args, needle):
+    """One line, exit 2, and no worker ran (each would print its own error)."""
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("OMP_NUM_THREADS", None)  # else no line says that workers are being started
+    p = subprocess.run(
+        [sys.executable, "-m", "distlaunch", "bench", "--nproc-per-node", "2", "--sizes", "8B", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.splitlines()) == 1 and needle in p.stderr, p.stderr
+    assert p.stdout == ""

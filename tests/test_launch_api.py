@@ -1,14 +1,24 @@
 """distlaunch.launch(fn, ...): per-rank results, failures with tracebacks, restarts, hosts."""
 
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
-from launch_fns import argparse_error, die_by_signal, fail_first_attempt, fail_on_rank_one, rank_info
+from launch_fns import (
+    argparse_error,
+    die_by_signal,
+    fail_first_attempt,
+    fail_on_rank_one,
+    fail_on_rank_one_then_rank_zero_raises_when_stopped,
+    launcher_cmdline_and_env,
+    rank_info,
+)
 
 import distlaunch
+from distlaunch.errors import ConfigError
 from distlaunch.launch_api import LaunchFailedError
 
 
@@ -28,12 +38,57 @@ def test_results_indexed_by_rank():
     assert out == [{"rank": 10 * r + 1, "world": 3, "who": "api"} for r in range(3)]
 
 
-def test_failure_carries_traceback():
+def test_failure_carries_traceback(capfd):
+    """One failed rank, one report: its traceback reaches the console once (the worker's
+    output), the exception names it in one line and carries the whole traceback."""
     with pytest.raises(LaunchFailedError) as e:
         distlaunch.launch(fail_on_rank_one, nproc_per_node=2)
     assert e.value.rank == 1 and e.value.exit_code == 1
+    assert "KeyError: 'rank one is broken'" in e.value.traceback and "fail_on_rank_one" in e.value.traceback
+    assert str(e.value).splitlines() == [
+        "rank 1 raised KeyError: 'rank one is broken' (exit code 1); its traceback is in the "
+        "worker's output above and in LaunchFailedError.traceback"
+    ]
+    err = capfd.readouterr().err
+    assert err.count("KeyError: 'rank one is broken'") == 1 and err.count("in fail_on_rank_one") == 1, err
+    assert "root cause (first failed worker)" in err and "rank 1 (local rank 1)" in err
+
+
+def test_failure_names_the_root_cause_not_a_later_failure(capfd):
+    """Rank 0 raises too, after rank 1 failed and the group was stopped: the exception
+    names rank 1, the first failed worker, as the console's root cause does."""
+    with pytest.raises(LaunchFailedError) as e:
+        distlaunch.launch(fail_on_rank_one_then_rank_zero_raises_when_stopped, nproc_per_node=2)
+    assert e.value.rank == 1 and e.value.exit_code == 1, str(e.value)
     assert "KeyError: 'rank one is broken'" in e.value.traceback
-    assert "fail_on_rank_one" in str(e.value)
+    err = capfd.readouterr().err
+    assert "rank 1 (local rank 1)" in err.split("root cause")[1]
+
+
+def test_launch_failed_error_is_importable_from_the_package():
+    """The README's name: `from distlaunch import LaunchFailedError` (loaded on first use)."""
+    from distlaunch import LaunchFailedError as exported
+
+    assert exported is LaunchFailedError
+
+
+def test_env_values_stay_off_the_command_line():
+    """env= values reach the workers through the launcher's environment, not its argv
+    (which every user sees in ps)."""
+    [(cmdline, value)] = distlaunch.launch(
+        launcher_cmdline_and_env, args=("API_SECRET",), env={"API_SECRET": "hunter2-xyz"}
+    )
+    assert value == "hunter2-xyz"
+    assert "distlaunch.launch_api" in cmdline and "API_SECRET" in cmdline  # -x API_SECRET, by name
+    assert "hunter2-xyz" not in cmdline
+
+
+@pytest.mark.parametrize("name", ["NCCL_*", "A=B", "1X"])
+def test_env_names_must_be_variable_names(name):
+    with pytest.raises(
+        ConfigError, match=f"launch\\(env=...\\): {re.escape(repr(name))} is not a variable name"
+    ):
+        distlaunch.launch(rank_info, args=(1,), env={name: "v"})
 
 
 def test_restart_then_results():

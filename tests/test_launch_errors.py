@@ -136,6 +136,44 @@ def test_dry_run_starts_nothing(marker_script):
     assert "WORLD_SIZE=3" in res.stdout
 
 
+@pytest.mark.parametrize(
+    "args, master",
+    [
+        ([], ["MASTER_ADDR=localhost", "MASTER_PORT=<a free port on this node, chosen at start>"]),
+        (["--master-port", "29517"], ["MASTER_ADDR=localhost", "MASTER_PORT=29517"]),
+        (  # node 0's store is MASTER_PORT (torchrun's one port per job)
+            ["--nnodes", "2", "--node-rank", "1"],
+            ["MASTER_ADDR=127.0.0.1", "MASTER_PORT=29500", "TORCHELASTIC_USE_AGENT_STORE=True"],
+        ),
+        (
+            ["--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:29400"],
+            [
+                "MASTER_ADDR=<node 0's address, announced at start>",
+                "MASTER_PORT=<a free port on node 0, chosen at start>",
+            ],
+        ),
+    ],
+)
+def test_dry_run_shows_shared_variables_once_and_the_port_as_chosen(marker_script, args, master):
+    """What every worker gets alike is listed once; each rank's line holds only its own
+    values; MASTER_PORT is never the placeholder 0."""
+    script, marker = marker_script
+    res = dl("run", "--nproc-per-node", "4", "-x", "SHARED_X=v", *args, "--dry-run", script, timeout=30)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    shared = [ln.strip() for ln in lines if ln.startswith("    ")]
+    for want in [*master, "SHARED_X=****", "LOCAL_WORLD_SIZE=4", "TORCHELASTIC_RESTART_COUNT=0"]:
+        assert shared.count(want) == 1 and res.stdout.count(want) == 1, (want, res.stdout)
+    ranks = [ln for ln in lines if ln.startswith("rank ")]
+    first = int(ranks[0].split()[1])
+    for k, line in enumerate(ranks):
+        own = line.split("): ", 1)[1].split()
+        assert f"RANK={first + k}" in own and f"LOCAL_RANK={k}" in own and len(own) < 10, line
+    assert "MASTER_PORT=0" not in res.stdout
+    assert len(lines) < 40  # was 4 x 29 lines
+    assert not marker.exists()
+
+
 def test_head_mode_dry_run_per_host(marker_script):
     import os
 
@@ -186,6 +224,14 @@ def test_head_mode_dry_run_per_host(marker_script):
         (["--run-id", "x" * 200], "--run-id"),
         (["--rdzv-endpoint", "::1:29400", "--nnodes", "1:2"], "'::1:29400'"),
         (["-H", "localhost:2,127.0.0.1:2"], "localhost, 127.0.0.1"),
+        (
+            ["--nproc-per-node", "4", "--local-ranks-filter", "1,5"],
+            "--local-ranks-filter 1,5: no node runs local rank 5 (4 worker(s) per node at most); "
+            "give local ranks from 0 to 3",
+        ),
+        (["-H", "localhost:2", "--local-ranks-filter", "2"], "give local ranks from 0 to 1"),
+        (["-H", "127.0.0.2:1", "--ssh-port", "-1"], "'--ssh-port': -1 is not in the range 1<=x<=65535"),
+        (["-H", "127.0.0.2:1", "--ssh-port", "65536"], "'--ssh-port': 65536 is not in the range"),
     ],
 )
 def test_hostile_values_exit_2_at_once(marker_script, tmp_path, args, needle):

@@ -46,6 +46,13 @@ def test_single_node():
     assert re.fullmatch(r"[0-9a-f]{12}", m.job.run_id)  # random
 
 
+@pytest.mark.parametrize("args", [[], ["--nnodes", "1:2", "--rdzv-endpoint", "h:29400"], ["-H", "a:1"]])
+def test_master_port_0_is_a_free_port_where_one_node_chooses_it(args):
+    """torch's TCPStore binds a free port for port 0: the port chosen at start, as with
+    no --master-port (a per-node static launch refuses it: see test_usage_errors)."""
+    assert mode_of(*args, "--master-port", "0").job.master_port is None
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -133,6 +140,8 @@ def test_hostfile_with_exclude(tmp_path):
 
 def test_job_fields_are_parsed():
     m = mode_of(
+        "--nproc-per-node",
+        "2",
         "--redirects",
         "0:3",
         "--tee",
@@ -177,6 +186,13 @@ def test_job_fields_are_parsed():
         (["--redirects", "7"], "--redirects '7'"),
         (["--tee", "x"], "--tee 'x'"),
         (["--local-ranks-filter", "x"], "--local-ranks-filter 'x'"),
+        (
+            ["--nnodes", "2", "--master-port", "0"],
+            "--master-port 0 picks a free port on node 0, which the other 1 node(s) cannot know; "
+            "give a port, e.g. --master-port 29500",
+        ),
+        (["--nproc-per-node", "2", "--local-ranks-filter", "2"], "--local-ranks-filter 2: no node runs"),
+        (["-H", "a:1,b:3", "--local-ranks-filter", "3"], "give local ranks from 0 to 2"),
         (["--rdzv-conf", "x"], "--rdzv-conf item 'x'"),
         (["--rdzv-conf", "bogus=1"], "'bogus' is unknown"),
         (["-x", "1BAD"], "-x '1BAD'"),
@@ -196,7 +212,7 @@ def test_usage_errors(args, needle):
     "args, ranks, master_port",
     [
         (["--nproc-per-node", "2"], [0, 1], None),
-        (["--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "2", "--master-port", "1"], [4, 5], None),
+        (["--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "2", "--master-port", "1"], [4, 5], 1),
         (["--nnodes", "2:4", "--node-rank", "1", "--rdzv-endpoint", "h:1"], [1], None),
     ],
 )
@@ -225,8 +241,10 @@ def test_help_lists_each_option_once_by_concern():
     out = CliRunner().invoke(cli.cli, ["run", "--help"]).output
     assert "_" not in "".join(re.findall(r"--[\w-]+", out))  # no underscore spellings
     listed = re.findall(r"^  (?:-\w, )?(--[\w-]+)", out, re.M)
-    options = [
-        p for p in cli.run.get_params(cli.run.make_context("run", ["x"])) if p.param_type_name == "option"
+    options = [  # hidden: internal (--root-cause-file, for launch())
+        p
+        for p in cli.run.get_params(cli.run.make_context("run", ["x"]))
+        if p.param_type_name == "option" and not getattr(p, "hidden", False)
     ]
     assert len(listed) == len(set(listed)) == len(options)
     sections = re.findall(r"^(\w[\w ]*):$", out, re.M)

@@ -18,7 +18,7 @@ import time
 
 import pytest
 from conftest import WORKERS, dl_cmd, dl_popen
-from test_supervision import wait_for
+from test_supervision import started, wait_for
 
 TOKEN = "signals-phases-secret"
 ENV = dict(os.environ, DISTLAUNCH_STORE_TOKEN=TOKEN)
@@ -125,6 +125,45 @@ def assert_stopped_by(la, signum, seconds=PROMPT):
     rc = la.exits_within(seconds)
     assert rc == 128 + signum, la.lines
     assert la.said(f"stopped by signal {signum}"), la.lines
+
+
+# --- workers that ignore the stop signal ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "signum, stop_timeout, line",
+    [
+        (signal.SIGINT, 60, "stopping 2 workers (up to 60 s; Ctrl-C again to kill now)"),
+        (signal.SIGTERM, 1, "stopping 2 workers (up to 1 s)"),  # a second SIGTERM does not kill
+    ],
+)
+def test_stopping_workers_that_ignore_the_signal_is_said_once(
+    launchers, tmp_path, signum, stop_timeout, line
+):
+    """They keep the launcher waiting up to --stop-timeout: the first stop signal says so
+    at once, and how to cut it short; nothing more is said until the end."""
+    la = launchers(
+        "run",
+        "--nproc-per-node",
+        2,
+        "--stop-timeout",
+        stop_timeout,
+        WORKERS / "actor.py",
+        "--mark-dir",
+        tmp_path,
+        "--ignore",
+        signum.name,
+        "--sleep",
+        60,
+    )
+    assert wait_for(started(tmp_path, 2))
+    la.signal(signum)
+    assert wait_for(lambda: la.said("stopping"), PROMPT), la.lines
+    assert la.proc.poll() is None  # still waiting for the workers
+    if signum == signal.SIGINT:
+        la.signal(signal.SIGINT)  # kills at once
+    assert_stopped_by(la, signum)
+    assert la.said("stopping") == [f"distlaunch: {line}"], la.lines
 
 
 # --- (a) waiting for other nodes to join -------------------------------------------------

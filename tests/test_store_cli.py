@@ -3,10 +3,11 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 
 import pytest
-from conftest import dl_cmd
+from conftest import dl, dl_cmd
 
 from distlaunch.errors import StoreAuthError
 from distlaunch.store import StoreClient
@@ -43,3 +44,16 @@ def test_standalone_store_generates_and_shows_token():
     finally:
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=15) == 0
+
+
+def test_address_in_use_exits_2_with_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = dl("store", "--port", port, timeout=30)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.splitlines() == [
+        f"distlaunch: error: --host 127.0.0.1 --port {port} cannot be bound (Address already in use); "
+        f"choose a free --port (0 picks one) and, for --host, an address of this machine"
+    ]

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, cast
 
+from ..report import say
 from ..topology import WorkerSlot
 from .guard import OrphanGuard
 from .output import StreamSink
@@ -125,6 +126,7 @@ class WorkerGroup:
         while open_pipes or self.live():
             if self.relay.stop_signal is not None and kill_at is None:
                 kill_at = time.monotonic() + self.stop_timeout  # signal already forwarded
+                self._say_stopping()
             if self.relay.kill_now:
                 kill_at = 0.0
             now = time.monotonic()
@@ -184,6 +186,14 @@ class WorkerGroup:
                         failure = self._fail(w, spec)
                         kill_at = self._stop_group(signal.SIGTERM)
         return AttemptResult(failure, self.relay.stop_signal)
+
+    def _say_stopping(self) -> None:
+        """Once, at a stop signal: workers that ignore it keep the launcher waiting up to
+        ``stop_timeout``, so say so and how to cut it short (mpirun says it too)."""
+        n = len(self.live())
+        if n and self.stop_timeout > 0 and not self.relay.kill_now:
+            hint = "; Ctrl-C again to kill now" if self.relay.stop_signal == signal.SIGINT else ""
+            say(f"stopping {n} worker{'s' if n > 1 else ''} (up to {self.stop_timeout:g} s{hint})")
 
     def _stop_group(self, sig: int) -> float:
         """Signal every live worker's group; return when SIGKILL is due."""

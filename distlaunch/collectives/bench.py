@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 import distlaunch.collectives as dist
+from distlaunch.collectives.wire import DTYPE_CODES
 
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 _UNITS = {
@@ -74,6 +75,32 @@ def parse_sizes(text: str) -> list:
             lo *= 2
         return out
     return [parse_size(t) for t in text.split(",") if t.strip()]
+
+
+def parse_options(sizes: str, dtype: str, iters: int | None) -> tuple[list[int], np.dtype]:
+    """``--sizes``, ``--dtype`` and ``--iters`` as (sizes in bytes, dtype), checked by
+    `distlaunch bench` before any worker starts and again by each worker. Raises
+    ValueError: one line naming the option, its value and what is accepted."""
+    try:
+        out = parse_sizes(sizes)
+    except ValueError:
+        out = []
+    if not out:
+        raise ValueError(
+            f"--sizes {sizes!r} is invalid: give MIN..MAX (doubling) or a list, in B, KiB, MiB "
+            f"or GiB, e.g. 8B..64MiB or 8B,1KiB"
+        )
+    try:
+        dt: np.dtype | None = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in DTYPE_CODES:
+        names = ", ".join(map(str, DTYPE_CODES))
+        raise ValueError(f"--dtype {dtype!r} is not an element type of the collectives; give one of {names}")
+    if iters is not None and iters < 1:
+        raise ValueError(f"--iters {iters} is invalid: give at least 1 (or leave it out: by size)")
+    assert dt is not None  # in DTYPE_CODES
+    return out, dt
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -201,9 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None)
     args = p.parse_args(argv)
     try:
-        sizes = parse_sizes(args.sizes)
-        dtype = np.dtype(args.dtype)
-    except (ValueError, TypeError) as e:
+        sizes, dtype = parse_options(args.sizes, args.dtype, args.iters)
+    except ValueError as e:
         print(f"bench: {e}", file=sys.stderr)
         return 2
     dist.init_process_group()
