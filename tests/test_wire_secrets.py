@@ -16,6 +16,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 
 import pytest
 from conftest import dl_popen
@@ -164,9 +165,25 @@ def test_no_secret_crosses_the_wire_and_a_capture_does_not_authenticate(tmp_path
     capture = _capture(addr, tmp_path / "job.pcap")
     try:
         nodes = [
-            dl_popen("run", "--nnodes", 2, "--node-rank", k, "--master-addr", addr, "--master-port", port,
-                     "--nproc-per-node", 1, "--max-restarts", 1, "--no-prefix", tmp_path / "prog.py", out,
-                     env=env)  # fmt: skip
+            dl_popen(
+                "run",
+                "--nnodes",
+                2,
+                "--node-rank",
+                k,
+                "--master-addr",
+                addr,
+                "--master-port",
+                port,
+                "--nproc-per-node",
+                1,
+                "--max-restarts",
+                1,
+                "--no-prefix",
+                tmp_path / "prog.py",
+                out,
+                env=env,
+            )  # fmt: skip
             for k in range(2)
         ]
         try:
@@ -205,3 +222,30 @@ def test_no_secret_crosses_the_wire_and_a_capture_does_not_authenticate(tmp_path
     for secret in secrets:
         for form in _forms(secret):
             assert form not in wire, f"a secret crossed the wire as {form!r}"
+
+
+MISMATCH = """\
+import sys
+import distlaunch.collectives as dist
+try:
+    dist.init_process_group(init_method=sys.argv[1], rank=int(sys.argv[2]), world_size=2, timeout=3)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_a_rank_with_another_secret_fails_at_init_in_one_line(tmp_path):
+    """file:// ranks derive the key from their own secret (DISTLAUNCH_STORE_TOKEN here):
+    a rank holding another one is told so at init (it matches rank 0's public check
+    value), and rank 0's timeout names it, instead of failing at its first connection."""
+    init = f"file://{tmp_path}/store"
+    ranks = []
+    for r, token in enumerate(("the-first-secret-0123456789", "another-secret-0123456789")):
+        env = dict(os.environ, DISTLAUNCH_STORE_TOKEN=token)
+        ranks.append(subprocess.Popen([sys.executable, "-c", MISMATCH, init, str(r)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    (out0, err0), (out1, err1) = (p.communicate(timeout=30) for p in ranks)
+    assert out1.startswith("ConfigError rank 1 holds a different secret from rank 0's"), (out1, err1)
+    assert "DISTLAUNCH_STORE_TOKEN" in out1 and len(out1.splitlines()) == 1
+    assert out0.startswith("CollectiveTimeoutError"), (out0, err0)
+    assert "ranks [1] hold a different secret from rank 0's" in out0, out0
