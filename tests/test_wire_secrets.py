@@ -195,7 +195,10 @@ def test_no_secret_crosses_the_wire_and_a_capture_does_not_authenticate(tmp_path
 
             def captured() -> bool:
                 streams = _streams(tmp_path / "job.pcap")
-                to_rank0[:] = [b for (_, d), flows in streams.items() if d == rank0 for b in flows if b]
+                # a connection's handshake (HELLO + nonce, HELLO + proof) is in the file
+                whole = 2 * HEADER_SIZE + 48
+                to_rank0[:] = [b for (_, d), fl in streams.items() if d == rank0 for b in fl]
+                to_rank0[:] = [b for b in to_rank0 if len(b) >= whole]
                 return bool(to_rank0)
 
             assert wait_for(captured, 5), "no connection to rank 0's transport was captured"
