@@ -18,8 +18,10 @@ context: workers see only their job's token in their environment, never the long
 file secret, and jobs of one user cannot read each other's keys by accident.
 
 Nothing here is derivable from public information (run ids, ports, job ids, user names):
-that is the point (torchrun's TCPStore has no secret at all). Standard library only, and
-cheap: workers import it through ``distlaunch.collectives``.
+that is the point (torchrun's TCPStore has no secret at all). Every further key a process
+needs (the collectives transport's) is :func:`derive_key` of the token it already holds
+and public values, so no secret is ever a store value or a payload on the wire. Standard
+library only, and cheap: workers import it through ``distlaunch.collectives``.
 """
 
 from __future__ import annotations
@@ -131,3 +133,19 @@ def shared_token(context: str, token_file: str | None = None) -> str:
     else:
         secret = _user_secret()
     return hmac.new(secret.encode(), f"distlaunch-store:{context}".encode(), hashlib.sha256).hexdigest()
+
+
+def derive_key(token: str | bytes, purpose: str, *public: str | bytes) -> bytes:
+    """A 32-byte key for ``purpose`` (e.g. "transport"): HMAC-SHA256(token, label),
+    the label being ``distlaunch-key:<purpose>`` and every ``public`` value (run id,
+    restart count, a published nonce...), each length-prefixed so that no two
+    different lists give the same label. Processes holding the same token and the same
+    public values agree on the key without exchanging anything secret; without the
+    token it cannot be computed, and it reveals nothing of the token (HMAC is a PRF).
+    Pure; str values are UTF-8 encoded."""
+    msg = bytearray(b"distlaunch-key:" + purpose.encode())
+    for v in public:
+        b = v.encode() if isinstance(v, str) else bytes(v)
+        msg += len(b).to_bytes(4, "big") + b
+    key = token.encode() if isinstance(token, str) else bytes(token)
+    return hmac.new(key, bytes(msg), hashlib.sha256).digest()

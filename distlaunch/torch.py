@@ -23,8 +23,9 @@ Bootstrap (which store the runtime rendezvouses on):
 - otherwise (torchrun, ``tcp://``, ``file://`` or ``store=`` started by hand): the store
   torch passes to the backend, which is the only one every rank has. torch's TCPStore is
   not authenticated, so the transport secret never goes into it: rank 0 publishes a
-  random nonce and every rank derives the secret as HMAC-SHA256(token, nonce), the token
-  from ``distlaunch.secret.shared_token`` (DISTLAUNCH_STORE_TOKEN, a token file, or the
+  random nonce and every rank derives the key from it and a token (``Runtime``, as on
+  every init path: ``secret.derive_key``), the token from
+  ``distlaunch.secret.shared_token`` (DISTLAUNCH_STORE_TOKEN, a token file, or the
   per-user secret file; ranks on several machines need the same secret there). Ranks
   share memory when they are on the same machine (host name and boot id).
 
@@ -841,7 +842,7 @@ _STATE: dict = {}  # "runtime": the Runtime of the current distlaunch default gr
 class _TorchStore:
     """The runtime's store interface (set/get/add/wait/check/close) over a torch Store.
     torch's stores are not authenticated: the runtime is given a token for them
-    (``Runtime(store_token=...)``) and keeps its transport secret out of the store."""
+    (``Runtime(token=...)``), from which it derives its transport key."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -891,7 +892,7 @@ def _new_runtime(store: Any, rank: int, size: int, timeout: float) -> Runtime:
         timeout,
         host,
         node_id=_machine_id(),
-        store_token=shared_token("torch-backend"),
+        token=shared_token("torch-backend"),
     )
 
 

@@ -26,9 +26,16 @@ Init methods (``init_process_group(init_method=...)``):
 - ``store=``: any object with set/get/add/wait/check (e.g. a StoreClient) plus
   ``rank``/``world_size``.
 
+file:// and ``store=`` derive the transport key from ``shared_token("collectives")``
+(DISTLAUNCH_STORE_TOKEN, a token file, or the per-user secret file): ranks on several
+machines need the same one, as for env://.
+
 On every store, ranks first take a *generation* number (``add`` on one counter) so that
-re-initialising on the same store uses fresh keys; rank 0 publishes a random secret
-that authenticates transport connections; each rank publishes its listening address;
+re-initialising on the same store uses fresh keys; rank 0 publishes a random public
+nonce, from which every rank derives the key that authenticates transport connections
+(``secret.derive_key`` of the token it holds, the key prefix, which names the run id and
+restart count, and the nonce: no secret is a store value, the store's traffic is
+plain; docs/security.md); each rank publishes its listening address;
 then all ranks wait until everyone joined (CollectiveTimeoutError names the ranks that
 did not). Transport sockets listen on DISTLAUNCH_COLL_HOST if set, else on the local
 address that routes to the store host (127.0.0.1 for a loopback store or a file store).
@@ -48,7 +55,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from ..secret import shared_token
+from ..secret import TOKEN_VAR, derive_key, shared_token
 from .context import DEFAULT_TIMEOUT, Members, to_seconds
 from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
 from .filestore import FileStore
@@ -59,6 +66,15 @@ from .tcp import HANDSHAKE_TIMEOUT, TcpTransport
 from .wire import Header
 
 _BACKENDS = {None, "auto", "cpu", "gloo", "cpu:gloo"}
+_NONCE = 16  # bytes of rank 0's public nonce
+# file:// and store= have no store token: their ranks share one through secret.shared_token
+_SHARED_CONTEXT = "collectives"
+
+
+def _key_check(key: bytes) -> bytes:
+    """A public check value of the transport key (a MAC of a fixed label: reveals nothing
+    of the key) so that a rank with another token fails at init with a clear error."""
+    return hmac.new(key, b"distlaunch-key-check", hashlib.sha256).digest()
 
 
 class _NonGroupMember:
@@ -105,18 +121,20 @@ class Runtime:
         host: str,
         owned: Iterable[Any] = (),
         node_id: str | None = None,
-        store_token: str | None = None,
+        token: str | bytes = "",
     ):
         """Join ``world_size`` ranks on ``store`` (set/get/add/wait/check/close) under key
         ``prefix``; blocks until all joined or ``timeout`` seconds passed
         (CollectiveTimeoutError naming the absent ranks). ``host``: the address transport
         sockets listen on (:func:`local_host_towards`); ``owned``: objects closed with
         the runtime; ``node_id``: ranks with the same id share memory (default
-        DISTLAUNCH_NODE_ID; none: TCP only). ``store_token``: give it when the store is
-        not authenticated (e.g. torch's TCPStore): rank 0 then publishes a random nonce
-        and every rank derives the transport secret as HMAC-SHA256(token, nonce), so the
-        store never holds the secret; the token must be alike on every rank
-        (``distlaunch.secret.shared_token``)."""
+        DISTLAUNCH_NODE_ID; none: TCP only). ``token``: the secret every rank already
+        holds (the launcher's DISTLAUNCH_STORE_TOKEN, or ``distlaunch.secret.shared_token``):
+        rank 0 publishes a random nonce and every rank derives the transport key as
+        ``secret.derive_key(token, "transport", prefix, nonce)``, so no secret is ever a
+        store value or crosses the wire (the store's traffic is not encrypted). Raises
+        ConfigError on a rank whose token differs from rank 0's (rank 0 publishes a
+        check value, HMAC-SHA256(key, label), with the nonce)."""
         self.rank = rank
         # which ranks may share memory: only the launcher's node id says so (never a host
         # name: loopback multi-node jobs must use TCP); published as <ns>node/<rank>
@@ -138,20 +156,28 @@ class Runtime:
         generation = (self.store.add(f"{prefix}generation", 1) - 1) // world_size
         self.prefix = ns = f"{prefix}g{generation}/"
         self.store.set(f"{ns}arrived/{rank}", b"1")  # only read to name absent ranks
-        if rank == 0:
-            self.store.set(f"{ns}secret", secrets.token_hex(16).encode())
-        secret = self._init_wait([f"{ns}secret"], deadline, timeout)
-        if store_token is not None:  # the store's value is a public nonce
-            mac = hmac.new(store_token.encode(), b"distlaunch-transport:" + secret, hashlib.sha256)
-            secret = mac.hexdigest()[:32].encode()
-        self.secret = secret.decode(errors="replace")
+        if not token:
+            raise ConfigError(f"no secret to derive the collectives key from: set {TOKEN_VAR}")
+        if rank == 0:  # public: a fresh key per initialisation, even on a reused store
+            nonce = secrets.token_bytes(_NONCE)
+            self.store.set(f"{ns}nonce", nonce + _key_check(derive_key(token, "transport", ns, nonce)))
+        published = self._init_wait([f"{ns}nonce"], deadline, timeout)
+        key = derive_key(token, "transport", ns, published[:_NONCE])
+        if not hmac.compare_digest(published[_NONCE:], _key_check(key)):
+            self.store.set(f"{ns}other-token/{rank}", b"1")  # for rank 0's timeout message
+            raise ConfigError(
+                f"rank {rank} holds a different secret from rank 0's (its key does not match rank 0's "
+                f"check value): give every rank the same {TOKEN_VAR} (or the same per-user secret file)"
+            )
+        # hex: shared-memory names hash it (never the key itself: /dev/shm is public)
+        self.secret = key.hex()
         self.transport = TcpTransport(
             rank,
             world_size,
             self.store,
             ns,
             host,
-            secret,
+            key,
             self._status,
             self._abort,
             handshake_timeout=min(HANDSHAKE_TIMEOUT, timeout),
@@ -177,9 +203,15 @@ class Runtime:
             absent = [
                 r for r in range(self.world_size) if not self.store.check([f"{self.prefix}arrived/{r}"])
             ]
+            other = absent or [
+                r for r in range(self.world_size) if self.store.check([f"{self.prefix}other-token/{r}"])
+            ]
             why = (
                 f"ranks {absent} did not join"
                 if absent
+                else f"ranks {other} hold a different secret from rank 0's "
+                f"(give every rank the same {TOKEN_VAR})"
+                if other
                 else f"every rank arrived, but store key {keys[0]!r} did not appear"
             )
             raise CollectiveTimeoutError(
@@ -398,6 +430,7 @@ def launcher_runtime(namespace: str, timeout: float) -> Runtime:
             local_host_towards(ident.store_addr),
             owned=[store],
             node_id=ident.node_id,
+            token=ident.store_token or "",
         )
     except BaseException:
         store.close()
@@ -440,7 +473,7 @@ def init_process_group(
     deadline = time.monotonic() + timeout
     if store is not None and init_method is not None:
         raise ConfigError("give init_method or store, not both")
-    owned, node_id = [], None
+    owned, node_id, token = [], None, None
     if store is not None:
         r, n = _int_arg(rank, "RANK", "rank"), _int_arg(world_size, "WORLD_SIZE", "world_size")
         prefix, host = "distlaunch/coll/", local_host_towards(getattr(store, "host", "127.0.0.1"))
@@ -507,7 +540,9 @@ def init_process_group(
     if not 0 <= r < n:
         raise ConfigError(f"rank {r} is outside 0..world_size-1 (world_size {n})")
     try:
-        _runtime = Runtime(r, n, store, prefix, timeout, host, owned, node_id)
+        if token is None:  # file://, store=: a secret of the user's, not of the store
+            token = shared_token(_SHARED_CONTEXT)
+        _runtime = Runtime(r, n, store, prefix, timeout, host, owned, node_id, token)
     except BaseException:
         for obj in owned:
             obj.close()

@@ -32,10 +32,11 @@ if method == "store":  # torch's store is not authenticated: the transport secre
     rt = distlaunch.torch._STATE["runtime"]
     # the store torch gave the backend: the group's prefix store, then the device's
     backend_store = dist.PrefixStore("cpu/", dist.distributed_c10d._world.pg_map[dist.group.WORLD][1])
-    key = f"{rt.prefix}secret"
+    key = f"{rt.prefix}nonce"  # the public value the key is derived from
     assert backend_store.check([key]), f"{key} is not in the backend's store"
-    published = backend_store.get(key).decode()
-    assert rt.secret and published != rt.secret, "the transport secret is in torch's store"
+    published = bytes(backend_store.get(key))
+    assert rt.secret and bytes.fromhex(rt.secret) not in published, "the transport key is in torch's store"
+    assert rt.secret.encode() not in published, "the transport key is in torch's store"
 gloo = dist.new_group(backend="gloo")
 results = []
 for group in (None, gloo):
