@@ -27,14 +27,15 @@ if TYPE_CHECKING:  # rendezvous imports this module's users; for annotations onl
     from .rendezvous import Member
 
 
-def round_event(rnd: int, restarts: int, members: Iterable[Member]) -> dict[str, Any]:
-    """A round started with ``members`` (rendezvous.Member) and restart count ``restarts``."""
-    return {
-        "event": "round",
-        "round": rnd,
-        "restart_count": restarts,
-        "members": [{"node": m.node_rank, "host": m.host, "workers": m.slots} for m in members],
-    }
+def round_event(
+    rnd: int, restarts: int, members: Iterable[Member] | None, nodes: int, workers: int
+) -> dict[str, Any]:
+    """A round of ``nodes`` nodes and ``workers`` workers started with restart count
+    ``restarts``; ``members`` (rendezvous.Member), where known, name them."""
+    event = {"event": "round", "round": rnd, "restart_count": restarts, "nodes": nodes, "workers": workers}
+    if members is not None:
+        event["members"] = [{"node": m.node_rank, "host": m.host, "workers": m.slots} for m in members]
+    return event
 
 
 def round_end_event(rnd: int, cause: Cause | None) -> dict[str, Any]:
@@ -69,9 +70,14 @@ def one_line(event: dict[str, Any]) -> str:
     if event["event"] == "end":
         return f"ending the job: {event['why']}"
     if event["event"] == "round":
+        if "members" not in event:
+            return (
+                f"round {event['round']}: {event['nodes']} node(s), {event['workers']} worker(s), "
+                f"restart count {event['restart_count']}"
+            )
         members = ", ".join(f"{m['host']}:{m['workers']}" for m in event["members"])
         return (
-            f"round {event['round']}: {len(event['members'])} node(s) [{members}], "
+            f"round {event['round']}: {event['nodes']} node(s) [{members}], "
             f"restart count {event['restart_count']}"
         )
     cause = event["cause"]

@@ -114,7 +114,9 @@ class HeadController:
             while self._wait(r.keys(self.rnd).master):
                 r.num_nodes = len(self.history.members)
                 _, _, restarts = r.master(self.rnd)
-                self.events.emit(round_event(self.rnd, restarts, r.members(self.rnd, 30.0)))
+                members = r.members(self.rnd, 30.0)
+                workers = sum(m.slots for m in members)
+                self.events.emit(round_event(self.rnd, restarts, members, len(members), workers))
                 if not self._wait(r.keys(self.rnd).stop):
                     return
                 cause = r.stop_cause(self.rnd)

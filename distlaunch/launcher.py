@@ -162,7 +162,7 @@ def _event_log(cfg: LaunchConfig) -> EventLog:
     return EventLog(
         cfg.log_dir,
         cfg.run_id,
-        lambda e: e["event"] == "round" and (e["round"] > 0 or len(e["members"]) > 1),
+        lambda e: e["event"] == "round" and (e["round"] > 0 or e["nodes"] > 1),
     )
 
 

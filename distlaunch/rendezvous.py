@@ -74,6 +74,15 @@ class Member:
     addr: str
 
 
+@dataclass(frozen=True)
+class Seat:
+    """A node's place in a round: its workers' first global rank and the world size
+    (ranks are contiguous per node in node-rank order, as topology.assign_ranks)."""
+
+    first_rank: int
+    world_size: int
+
+
 class Rendezvous:
     """The round protocol for one agent (``node_rank``) of a ``num_nodes`` job.
 
@@ -159,32 +168,46 @@ class Rendezvous:
     def _present(self, keys: list[str]) -> list[bool]:
         return [self.store.check([k]) for k in keys]
 
-    def join(self, rnd: int, slots: int, host: str, addr: str) -> list[Member]:
+    def join(self, rnd: int, slots: int, host: str, addr: str) -> Seat:
         """Publish this node's slots for round ``rnd`` and block until every node has;
-        returns all members in node-rank order. Costs O(1) store operations per node
-        whatever the number of nodes: its own key, one ``add`` on the round's counter,
-        one awaited key; the node whose ``add`` completes the count publishes the member
-        list (torch elastic's c10d rendezvous instead re-reads and rewrites a state that
-        grows with the nodes on every join)."""
+        returns this node's seat. Costs O(1) store requests and bytes per node whatever
+        the number of nodes: its own key, one ``add`` on the round's counter, one
+        awaited key (its seat); the node whose ``add`` completes the count reads every
+        node's key once and publishes the members and every seat (torch elastic's c10d
+        rendezvous instead re-reads and rewrites a state that grows with the nodes on
+        every join)."""
         k = self.keys(rnd)
         self.store.set(k.node(self.node_rank), json.dumps({"slots": slots, "host": host, "addr": addr}))
         self._count_in(rnd)
-        return self.members(rnd, self.join_timeout)
+        first, world = self._wait_key(
+            k.seat(self.node_rank),
+            f"rendezvous round {rnd}",
+            self.join_timeout,
+            rnd,
+            self._nodes_missing(rnd, k.ready, k.node),
+        )
+        return Seat(first, world)
 
     def _count_in(self, rnd: int) -> None:
         """Count a node whose key ``r<R>/node/<K>`` is set; the last one publishes the
-        members (if a node is counted twice -- the head stood in for it, then it came --
-        the publisher's multi_get still waits for every node's key)."""
+        members and the seats (if a node is counted twice -- the head stood in for it,
+        then it came -- the publisher's multi_get still waits for every node's key)."""
         k = self.keys(rnd)
         if self.store.add(k.ready, 1) != self.num_nodes:
             return
+        keys = [k.node(n) for n in range(self.num_nodes)]
         try:
-            infos = self.store.multi_get(
-                [k.node(n) for n in range(self.num_nodes)], timeout=self.join_timeout
-            )
+            infos = self.store.multi_get(keys, timeout=self.join_timeout)
         except StoreTimeoutError:
-            return  # members() times out too, naming the nodes that never came
+            return  # the others' waits time out too, naming the nodes that never came
         self.store.compare_set(k.members, b"", b"[" + b",".join(infos) + b"]")
+        counts = [json.loads(v)["slots"] for v in infos]
+        world, first = sum(counts), 0
+        seats = []
+        for n, c in enumerate(counts):
+            seats.append((k.seat(n), f"[{first},{world}]"))
+            first += c
+        self.store.multi_set([key for key, _ in seats], [v for _, v in seats])
 
     def members(self, rnd: int, timeout: float) -> list[Member]:
         """Every node of round ``rnd`` (``num_nodes`` of them), in node-rank order; blocks
@@ -197,14 +220,14 @@ class Rendezvous:
 
     def join_dynamic(
         self, rnd: int, min_nodes: int, max_nodes: int, last_call: float, slots: int, host: str, addr: str
-    ) -> list[Member]:
+    ) -> Seat:
         """Dynamic membership (torchrun's c10d rendezvous with ``--nnodes MIN:MAX``): take
         a node rank by arrival order (one ``add``), wait until at least ``min_nodes``
         arrived (up to ``join_timeout`` s), then ``last_call`` more seconds for others (up
         to ``max_nodes``). A node whose arrival reaches the minimum closes the round
         after its last call, the one reaching the maximum at once (the first closer fixes
         the size); every other node blocks on the one ``closed`` key (no polling). Sets
-        ``node_rank`` and ``num_nodes`` for this round and returns the members. Raises
+        ``node_rank`` and ``num_nodes`` for this round and returns this node's seat. Raises
         RendezvousError when too few nodes arrive, LateJoin when this node came after
         the round closed."""
         k = self.keys(rnd)

@@ -8,7 +8,9 @@ Keys live under ``<run_id>/`` (values are JSON):
     r<R>/ready        count of nodes that published r<R>/node/<K>; the one that brings it
                       to the round's size publishes r<R>/members
     r<R>/members      every node's r<R>/node/<K> value, as one JSON list in node-rank order
-                      (each node waits on this one key, not on N)
+                      (read by node 0 and the head, for the round's line and events)
+    r<R>/seat/<K>     "first rank,world size" of node K, written with r<R>/members: all a
+                      node needs to start its workers, so each waits on its own short key
     r<R>/master       {"addr", "port", "restarts"}: MASTER_ADDR/MASTER_PORT for round R
                       (node 0 picks) and the job's restart count
     r<R>/stop         the first cause that stopped round R (a compare_set: first writer
@@ -101,6 +103,9 @@ class RoundKeys:
 
     def node(self, k: int) -> str:
         return self._k(f"node/{k}")
+
+    def seat(self, k: int) -> str:
+        return self._k(f"seat/{k}")
 
     def pgids(self, k: int) -> str:
         return self._k(f"pgids/{k}")

@@ -41,10 +41,15 @@ def assign_ranks(slots_per_node: list[int]) -> list[list[WorkerSlot]]:
 def node_slots(slots_per_node: list[int], node_rank: int) -> list[WorkerSlot]:
     """The slots of node ``node_rank`` alone (as ``assign_ranks(...)[node_rank]``, without
     building every node's: a large job's launcher holds only its own workers)."""
-    count = slots_per_node[node_rank]
     first = sum(slots_per_node[:node_rank])
     world_size = first + sum(slots_per_node[node_rank:])
-    return [WorkerSlot(first + i, i, node_rank, world_size, count, len(slots_per_node)) for i in range(count)]
+    return seat_slots(first, slots_per_node[node_rank], node_rank, world_size, len(slots_per_node))
+
+
+def seat_slots(first: int, count: int, node_rank: int, world_size: int, num_nodes: int) -> list[WorkerSlot]:
+    """The ``count`` slots of node ``node_rank`` whose first global rank is ``first`` (its
+    rendezvous seat), in a job of ``world_size`` workers on ``num_nodes`` nodes."""
+    return [WorkerSlot(first + i, i, node_rank, world_size, count, num_nodes) for i in range(count)]
 
 
 BIND_MODES = ("auto", "core", "none")

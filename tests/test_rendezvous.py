@@ -70,39 +70,45 @@ def run_nodes(server, n, body):
 
 
 def static_round(rdzv, k):
-    members = rdzv.join(0, 2, f"host{k}", "10.0.0.1")
+    seat = rdzv.join(0, k % 3 + 1, f"host{k}", "10.0.0.1")  # 1, 2, 3, 1, 2, ... workers
     if k == 0:
         rdzv.publish_master(0, "10.0.0.1", 29500, 0)
     master = rdzv.master(0)
     cause = rdzv.finish(0, 30)
-    return members, master, cause
+    return seat, master, cause
 
 
 @pytest.mark.parametrize("n", [2, 8, 32])
 def test_static_round_costs_each_node_a_constant_number_of_requests(server, n):
     nodes, results = run_nodes(server, n, static_round)
-    for members, master, cause in results:
-        assert [(m.node_rank, m.slots, m.host) for m in members] == [(k, 2, f"host{k}") for k in range(n)]
+    counts = [k % 3 + 1 for k in range(n)]
+    for k, (seat, master, cause) in enumerate(results):
+        assert (seat.first_rank, seat.world_size) == (sum(counts[:k]), sum(counts))
         assert master == ("10.0.0.1", 29500, 0)
         assert cause is None
-    # join: set, add, wait, multi_get; master: wait, multi_get; barrier: compare_set, add,
-    # (wait); the end: compare_set. The node completing the count of joins publishes
-    # the member list (one multi_get of every node's key): the only per-node work.
+    # join: set, add, get of its seat; master: get; barrier: compare_set, add, (get);
+    # the end: compare_set. The node completing the count of joins reads every node's
+    # key and writes the members and the seats (one multi_get, one multi_set): the only
+    # per-node work, done once.
     assert max(sum(c.ops.values()) for c in nodes) <= 14, [c.ops for c in nodes]
     keys = sorted(c.keys for c in nodes)
     assert keys[-2] <= 14, keys  # every node but the publisher names O(1) keys
-    assert keys[-1] <= 14 + n, keys
+    assert keys[-1] <= 14 + 2 * n, keys
+    with StoreClient("127.0.0.1", server.port, token=TOKEN, timeout=10) as c:
+        members = Rendezvous(c, "job", 0, n).members(0, 5)  # for node 0's round line
+    assert [(m.node_rank, m.slots, m.host) for m in members] == [(k, counts[k], f"host{k}") for k in range(n)]
 
 
 @pytest.mark.parametrize("n", [2, 8, 32])
 def test_dynamic_round_costs_each_node_a_constant_number_of_requests(server, n):
     def body(rdzv, k):
-        members = rdzv.join_dynamic(0, n, n, 0.2, 1, f"h{k}", "a")
-        return rdzv.node_rank, len(members)
+        seat = rdzv.join_dynamic(0, n, n, 0.2, 1, f"h{k}", "a")
+        return rdzv.node_rank, seat.first_rank, seat.world_size
 
     nodes, results = run_nodes(server, n, body)
-    assert sorted(r for r, _ in results) == list(range(n))
-    assert {size for _, size in results} == {n}
+    assert sorted(r for r, _, _ in results) == list(range(n))
+    assert all(first == rank for rank, first, _ in results)  # one worker each
+    assert {size for _, _, size in results} == {n}
     assert max(sum(c.ops.values()) for c in nodes) <= 12, [c.ops for c in nodes]  # no polling
     assert sorted(c.keys for c in nodes)[-2] <= 14, [c.keys for c in nodes]
 

@@ -25,7 +25,7 @@ from ..events import EventLog, round_end_event, round_event
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..report import say
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal
-from ..topology import WorkerSlot, assign_ranks, cpu_sets
+from ..topology import WorkerSlot, cpu_sets, seat_slots
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
@@ -311,14 +311,18 @@ class NodeAgent:
         self._signal_phase = (rnd, "join")
         with relay.interruptible():
             if o.max_nodes:  # dynamic membership: node ranks by arrival, every round anew
-                members = rdzv.join_dynamic(rnd, o.min_nodes, o.max_nodes, o.last_call_timeout, *me)
+                seat = rdzv.join_dynamic(rnd, o.min_nodes, o.max_nodes, o.last_call_timeout, *me)
             else:
-                members = rdzv.join(rnd, *me)
+                seat = rdzv.join(rnd, *me)
             if rdzv.node_rank == 0:
                 rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv), restarts)
             addr, port, restarts = rdzv.master(rnd)
-        self._emit(round_event(rnd, restarts, members))
-        slots = assign_ranks([m.slots for m in members])[rdzv.node_rank]
+            if self.events is not None:
+                # node 0 lists the members (one read of them all); the others count them,
+                # so a round costs no node O(N) bytes but one
+                members = rdzv.members(rnd, self.opts.join_timeout) if rdzv.node_rank == 0 else None
+                self._emit(round_event(rnd, restarts, members, rdzv.num_nodes, seat.world_size))
+        slots = seat_slots(seat.first_rank, me[0], rdzv.node_rank, seat.world_size, rdzv.num_nodes)
         group = WorkerGroup(
             self._specs(slots, rnd, (addr, port), restarts),
             relay,
