@@ -36,8 +36,9 @@ from . import algorithms as alg
 from . import shm_algorithms as shm_alg
 from .backend import Backend
 from .context import Members, OpContext, OpTimeout
+from .errors import CollectiveError
 from .ops import ReduceOp, finalize
-from .shm import ShmChannel, ShmConfig
+from .shm import ShmChannel, ShmConfig, ShmFullError
 
 LOCAL_BIT, LEADER_BIT, COLUMN_BIT = 1 << 31, 1 << 30, 1 << 29
 # all_reduce across nodes: whole node sums per column up to here, the 2D scheme above
@@ -111,11 +112,16 @@ class HierarchicalBackend(Backend):
 
     def _local_shm(self, local_pg: Members) -> ShmChannel | None:
         """The channel of ``local_pg`` (the node-local sub-group), created by its first
-        operation."""
+        operation. Raises CollectiveError when its segment cannot be reserved (alike on
+        every member of the node; the operation's ABORT reaches the other nodes): the
+        node-local steps have no TCP form here."""
         if self._local_channel is None:
             name = self._shm_name(local_pg)
             if name is not None:
-                self._local_channel = ShmChannel(local_pg, name, self._config)
+                try:
+                    self._local_channel = ShmChannel(local_pg, name, self._config)
+                except ShmFullError as e:
+                    raise CollectiveError(f"{local_pg.name}: {e}") from None
         return self._local_channel
 
     def _sub(self, pg: Members, ctx: OpContext, root: int = -1) -> OpContext:
