@@ -7,11 +7,19 @@ own."""
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
 import pytest
 from conftest import dl_cmd
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 WORKER = """
 import numpy as np
@@ -70,6 +78,59 @@ def test_small_dev_shm_falls_back_to_tcp_with_one_warning(can_unshare, tmp_path,
     assert len(warnings) == 1, cp.stderr
     assert f"/dev/shm ({size[:-1]}.0 MiB" in warnings[0] and f"a {full} shared-memory segment" in warnings[0]
     assert "--shm-size" in warnings[0] and "DISTLAUNCH_SHM=0" in warnings[0]
+
+
+HIERARCHICAL = """
+import numpy as np
+import distlaunch.collectives as dist
+
+dist.init_process_group(timeout=60)
+rank, n = dist.get_rank(), dist.get_world_size()
+for size in [(1 << 20) + 1, 1000, 3]:  # 2D (its last chunk: one element), small, tiny
+    a = np.full(size, rank + 1, np.float32)
+    dist.all_reduce(a)
+    assert (a == n * (n + 1) / 2).all(), size
+    a = np.full(size, rank + 1, np.float64)
+    dist.all_reduce(a, op=dist.ReduceOp.AVG)
+    assert (a == (n + 1) / 2).all(), size
+b = np.full(1 << 18, rank, np.int32)
+dist.broadcast(b, src=1)  # a root that is not its node's leader
+assert (b == 1).all()
+dist.barrier()
+print(rank, "ok", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sizes", [("1m", "100m"), ("1m", "1m")], ids=["one-node-small", "both-small"])
+def test_small_dev_shm_on_a_node_of_a_hierarchical_group(can_unshare, tmp_path, sizes):
+    """Two nodes of 2 ranks (two per-node launchers, each with its own /dev/shm): a node
+    whose node-local segment does not fit runs its node-local steps over TCP, the other
+    node on shared memory, and the column and leader steps between them still meet
+    (all_reduce in both forms, broadcast from a non-leader, barrier)."""
+    script = tmp_path / "worker.py"
+    script.write_text(HIERARCHICAL)
+    port = str(free_port())
+    procs = []
+    for k, size in enumerate(sizes):
+        run = dl_cmd(
+            "run", "--nnodes", "2", "--node-rank", k, "--master-port", port, "--nproc-per-node", "2", script
+        )
+        inner = f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {' '.join(run)}"
+        procs.append(
+            subprocess.Popen(
+                ["unshare", "--mount", "sh", "-c", inner],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert sorted(line.split()[1] for o, _ in outs for line in o.splitlines()) == ["0", "1", "2", "3"]
+    for size, (_, err) in zip(sizes, outs):
+        warnings = [line for line in err.splitlines() if "/dev/shm" in line]
+        assert len(warnings) == (size == "1m"), err
 
 
 # --- one verdict per segment ---------------------------------------------------------------
