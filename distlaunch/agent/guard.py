@@ -356,7 +356,10 @@ def remove_matching(pattern: str) -> None:
 
 def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
     try:
-        # imported here, in the guard only: the launcher's start-up does not pay for it
+        # imported here, in the guard only: the launcher's start-up does not pay for it.
+        # SPT_NOENV: the title takes only the command line's room, the environment stays
+        # readable in /proc (tools find a job's processes by it)
+        os.environ["SPT_NOENV"] = "1"
         from setproctitle import setproctitle
 
         setproctitle(f"distlaunch guard for pid {agent}")
