@@ -194,7 +194,10 @@ def warn_full(err: ShmFullError) -> None:
 def _reserve(fd: int, size: int) -> str | None:
     """Make ``fd`` ``size`` bytes long with every page allocated; None, or why not."""
     try:
-        if os.fstat(fd).st_size < size:
+        st = os.fstat(fd)
+        if st.st_blocks * 512 >= size:
+            return None  # every page is there (reserved by another process): no walk over them
+        if st.st_size < size:
             os.ftruncate(fd, size)
         os.posix_fallocate(fd, 0, size)
     except OSError as e:
