@@ -156,7 +156,6 @@ class SlurmEngine:
         # first lines of tasks srun has not yet said the node of (stdout and stderr are
         # separate pipes, read in either order)
         self._unplaced: list[tuple[int, str]] = []
-        self._heard: set[int] = set()  # srun task ids whose first line was read
         self.step: str | None = None  # "JOB.STEP" once srun said where it launches the step
         self.sent = False  # the specs went to the step: only then do its agents run a job
         self._cancelled = False  # the step is being cancelled: srun's reports of it are noise
@@ -396,14 +395,9 @@ class SlurmEngine:
             m = _LABEL.match(raw)
             if m is not None:  # a line of agent K
                 text = raw[m.end() :]
-                task = int(m.group(1))
-                first = task not in self._heard
-                self._heard.add(task)
                 greet = self._greeter
-                if greet is not None and greet(task, text.decode(errors="replace")):
+                if greet is not None and greet(int(m.group(1)), text.decode(errors="replace")):
                     continue
-                if first and text.split(b" ", 1)[0] in (AGENT_HELLO.encode(), CHECK_MARK.encode()):
-                    continue  # a hello read after the start was given up (stopped, failed)
                 out.append(text)
             elif self._srun_line(raw.decode(errors="replace"), on_end):
                 out.append(raw)
