@@ -289,17 +289,19 @@ def kill_the_guard(p: subprocess.Popen, marks) -> int:
 
 
 def test_killed_guard_is_restarted_and_the_job_succeeds(marks):
-    """The guard SIGKILLed while the workers run: the launcher says so in one line,
-    starts a new guard (titled as the old one), and exits 0 when the workers succeed
-    (it exited 1 with no message)."""
-    p = dl_popen("run", "--nproc-per-node", "2", FAULTS, "--mark-dir", marks, "--sleep", "3")
+    """The guard SIGKILLed while the workers run, then the guard that replaced it: the
+    launcher says so in one line each time, starts a new guard (titled as the old one),
+    and exits 0 when the workers succeed (it exited 1 with no message)."""
+    p = dl_popen("run", "--nproc-per-node", "2", FAULTS, "--mark-dir", marks, "--sleep", "4")
     try:
+        kill_the_guard(p, marks)
         kill_the_guard(p, marks)
     finally:
         _, stderr = finish(p)
     assert p.returncode == 0, stderr
     lines = [line for line in stderr.splitlines() if "guard" in line]
-    assert len(lines) == 1 and "killed by SIGKILL" in lines[0] and "restarting it" in lines[0], stderr
+    assert len(lines) == 2, stderr
+    assert all("killed by SIGKILL" in line and "restarting it" in line for line in lines), stderr
 
 
 def test_restarted_guard_still_kills_the_workers_of_a_killed_launcher(marks):

@@ -202,10 +202,13 @@ class OrphanGuard:
         """The watcher thread: wait for the guard's exit (its pidfd); restart it unless
         the launcher closed it."""
         while True:
-            fd = self._pidfd
-            if fd is None:
+            with self._lock:  # (not between a restart's reap and its new pidfd)
+                fd = self._pidfd
+            if fd is None:  # closed, or no pidfd for a restarted guard
                 return
-            select.select([fd], [], [])
+            poller = select.poll()  # (not select(): any fd number)
+            poller.register(fd, select.POLLIN)
+            poller.poll()  # POLLNVAL at once if a restart on the main thread closed it
             with self._lock:
                 if self._w is None:  # closed: the guard quit as told
                     return
