@@ -166,18 +166,18 @@ def _mib(n: float, up: bool = False) -> str:
 
 
 def _full_message(path: str, size: int, reason: str | None) -> str:
+    """The warning: the directory, its size and free room, the segment, the fix."""
     d = os.path.dirname(path)
     try:
         st = os.statvfs(d)
         room = f"{_mib(st.f_blocks * st.f_frsize)}, {_mib(st.f_bavail * st.f_frsize)} free"
     except OSError:
         room = "size unknown"
+    why = f" ({reason})" if reason else ""
     return (
-        f"{d} ({room}) cannot hold a {_mib(size, True)} shared-memory segment"
-        + (f" ({reason})" if reason else "")
-        + f"; the ranks of "
-        f"this node use TCP instead (slower). Fix: a larger {d} (docker run --shm-size=1g, or "
-        f"mount -o remount,size=... {d}), or DISTLAUNCH_SHM=0 to silence this"
+        f"{d} ({room}) cannot hold a {_mib(size, True)} shared-memory segment{why}; the ranks "
+        f"of this node use TCP instead (slower). Fix: a larger {d} (docker run --shm-size=1g, "
+        f"or mount -o remount,size=... {d}), or DISTLAUNCH_SHM=0 to silence this"
     )
 
 
