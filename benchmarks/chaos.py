@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from chaos import FAULTS, run_trial  # noqa: E402
+from chaos import FAULTS, run_trial, unshare_problem  # noqa: E402
 
 
 def main() -> None:
@@ -45,11 +45,16 @@ def main() -> None:
         proc = sshd.process
     except Exception as e:  # no sshd / not root: head mode is left out
         print(f"head mode skipped: {e}", file=sys.stderr)
+    no_unshare = unshare_problem()
+    if no_unshare:
+        print(f"shm_full skipped: {no_unshare}", file=sys.stderr)
     cases = [
         (m, f)
         for m, fs in FAULTS.items()
         for f in fs
-        if (m != "head" or sshd) and (not args.fault or f in args.fault)
+        if (m != "head" or sshd)
+        and (not args.fault or f in args.fault)
+        and (f != "shm_full" or not no_unshare)
     ]
     outcomes = []
     try:

@@ -11,7 +11,10 @@ kill_head, cut_store (SIGKILL the standalone store), freeze_store (SIGSTOP it), 
 term_rendezvous: SIGTERM to a launcher (the head in head mode) while the job forms: the
 launchers start up to 2 s apart and the signal lands 0.3-2.5 s after the first start
 (at least 0.3 s after the victim's), in start-up, while connecting to the store, in
-rendezvous, or as the workers start.
+rendezvous, or as the workers start. kill_guard: SIGKILL one agent's orphan guard (found
+by its title) while the workers run: the job completes without a restart, one line says
+so. shm_full: no fault injected; each launcher runs in its own mount namespace with a
+1 MiB /dev/shm (``unshare --mount``): the job completes over TCP, one warning per node.
 
 Every job process carries the trial's id in its initial environment, which is how
 survivors are found: CHAOS_TRIAL=<id> (the workers get it through --env-all in head
@@ -39,10 +42,31 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "workers" / "chaos_worker.py"
 FAULTS = {
-    "head": ("kill_worker", "stop_worker", "kill_agent", "kill_head", "term_rendezvous"),
-    "pernode": ("kill_worker", "stop_worker", "kill_agent", "kill_head", "term_rendezvous"),
-    "dynamic": ("kill_worker", "cut_store", "freeze_store", "term_rendezvous"),
+    "head": ("kill_worker", "stop_worker", "kill_agent", "kill_head", "term_rendezvous", "kill_guard"),
+    "pernode": (
+        "kill_worker",
+        "stop_worker",
+        "kill_agent",
+        "kill_head",
+        "term_rendezvous",
+        "kill_guard",
+        "shm_full",
+    ),
+    "dynamic": ("kill_worker", "cut_store", "freeze_store", "term_rendezvous", "shm_full"),
 }
+# each launcher in a private mount namespace with a 1 MiB /dev/shm (shm_full)
+SMALL_SHM = ["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$0" "$@"']
+
+
+def unshare_problem() -> str | None:
+    """Why shm_full cannot run here (no unshare, or no mount in a namespace), or None."""
+    try:
+        cp = subprocess.run([*SMALL_SHM, "true"], capture_output=True, text=True)
+    except OSError as e:
+        return f"cannot run unshare: {e}"
+    return None if cp.returncode == 0 else f"unshare --mount refused: {cp.stderr.strip()}"
+
+
 WORK_SECONDS = 3.0  # what the job computes when nothing goes wrong
 BOUND = 60.0  # a trial not over by then is a hang
 
@@ -96,6 +120,13 @@ def job_processes(trial: str) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return found
+
+
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def _workers(trial: str) -> list[psutil.Process]:
@@ -209,6 +240,9 @@ def _target(mode: str, fault: str, trial: str, procs: list, store, rng):
         return psutil.Process(store.pid), signal.SIGKILL if fault == "cut_store" else signal.SIGSTOP
     if fault == "kill_head":
         return psutil.Process(procs[0].pid), signal.SIGKILL
+    if fault == "kill_guard":
+        guards = [p for p in job_processes(trial) if _cmdline(p).startswith("distlaunch guard for pid")]
+        return (rng.choice(guards) if guards else None), signal.SIGKILL
     # kill_agent: node 1's launcher (pernode/dynamic) or the agent of node2 (head mode)
     if mode != "head":
         return psutil.Process(procs[1].pid), signal.SIGKILL
@@ -235,6 +269,8 @@ def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
     env.pop("OMP_NUM_THREADS", None)
     # A node whose peer was stopped before it joined waits join_timeout for it.
     cmds, store = _launch(mode, trial, env, sshd, join_timeout=10 if forming else 30)
+    if fault == "shm_full":
+        cmds = [SMALL_SHM + c for c in cmds]
     procs = []
     frozen = []
     try:
@@ -248,7 +284,10 @@ def run_trial(mode: str, fault: str, rng, sshd=None) -> Outcome:
             while time.monotonic() - started < 30 and len(_workers(trial)) < 4:
                 time.sleep(0.05)
             time.sleep(delay)
-            victim, sig = _target(mode, fault, trial, procs, store, rng)
+            victim, sig = (
+                _target(mode, fault, trial, procs, store, rng) if fault != "shm_full" else (None, None)
+            )
+            out.delivered = fault == "shm_full"  # the condition holds from the start
             t_fault = time.monotonic()
         before = set()
         if victim is not None and sig is not None:
@@ -337,6 +376,12 @@ def _judge(out: Outcome, errs: list[str]) -> None:
             err or "",
         ):
             out.problems.append(f"exit {code} without a reason: {(err or '').strip()[-300:]}")
+    if out.fault in ("kill_guard", "shm_full") and out.delivered:
+        if not all(c == 0 for c in out.codes) or out.restarts:
+            out.problems.append(f"{out.fault}: the job did not complete without a restart: {out.codes}")
+        said = "\n".join(errs).count("orphan guard" if out.fault == "kill_guard" else "cannot hold a")
+        if said != (1 if out.fault == "kill_guard" else len(errs)):
+            out.problems.append(f"{out.fault}: said {said} times (one line per guard / per node expected)")
     if out.fault == "term_rendezvous" and 0 in out.codes:
         out.problems.append("a launcher completed the job although one was stopped while it formed")
     if out.fault in ("kill_worker", "stop_worker") and out.delivered:

@@ -1,16 +1,20 @@
 """distlaunch run on a real two-node Slurm cluster (tests/slurm.py): inside an allocation
 the agents start in one srun step (never SSH), under srun one launcher per node takes
-nodes, ranks and the store from Slurm, a failing worker's exit code comes out, and
-scancel leaves no survivor."""
+nodes, ranks and the store from Slurm, a failing worker's exit code comes out,
+scancel leaves no survivor, and a stop signal while the agent step starts cancels it at
+once."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
 import psutil
 from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
+
+from distlaunch import AGENT_HELLO
 
 PROBE = """\
 import os, sys, time
@@ -87,3 +91,53 @@ def test_scancel_leaves_no_survivor(slurm_cluster, tmp_path):  # noqa: F811
     while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if psutil.pid_exists(p)]
+
+
+SLOW_PYTHON = """\
+#!/bin/sh
+# an interpreter slow to start: the agent says hello {delay} s after srun started it
+echo $$ > "{marks}/agent.$SLURMD_NODENAME"
+sleep {delay}
+exec {python} "$@"
+"""
+
+
+def test_stop_while_agent_step_starts(slurm_cluster, tmp_path):  # noqa: F811
+    """SIGTERM to the head while the agent step is still starting (the agents have not
+    said hello, so none has its spec): the head exits 143 within a few seconds (it waited
+    --stop-timeout + 5 s = 35 s for agents that never got a spec), the step is cancelled
+    (no agent process is left) and no agent's hello line reaches the console."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    slow = tmp_path / "slow-python"
+    slow.write_text(SLOW_PYTHON.format(delay=3, marks=marks, python=sys.executable))
+    slow.chmod(0o755)
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    head_pid = tmp_path / "head.pid"
+    cmd = (
+        f"echo $$ > {head_pid}; exec {sys.executable} -m distlaunch run --nproc-per-node 2 "
+        f"--remote-python {slow} {script}"
+    )
+    env = slurm_cluster.env(PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    proc = slurm_cluster.popen("salloc", "-N2", "sh", "-c", cmd, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(marks.glob("agent.*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        agents = [int(p.read_text()) for p in marks.glob("agent.*")]
+        assert len(agents) == 2, "the agent step did not start"
+        t0 = time.monotonic()
+        os.kill(int(head_pid.read_text()), signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert took < 10, f"the head took {took:.1f} s to stop\n{err}"
+    assert proc.returncode == 143, err
+    assert AGENT_HELLO not in out + err, out + err
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) for p in agents) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in agents if psutil.pid_exists(p)], "the agent step was not cancelled"

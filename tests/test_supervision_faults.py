@@ -261,3 +261,73 @@ def test_uncreatable_attempt_dir_warns_once_and_the_job_goes_on(tmp_path):
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("worker logs there are dropped") == 1, res.stderr
     assert "Traceback" not in res.stderr
+
+
+# --- the orphan guard killed ------------------------------------------------------------
+
+
+def guard_of(launcher: int) -> list[int]:
+    """Pids of the processes titled as the guard of ``launcher`` (what ``pgrep -f`` finds)."""
+    title = f"distlaunch guard for pid {launcher}"
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if title in " ".join(p.info["cmdline"] or ()):
+            found.append(p.pid)
+    return found
+
+
+def kill_the_guard(p: subprocess.Popen, marks) -> int:
+    """Wait for both workers and the guard (found by its title), SIGKILL the guard, and
+    return the pid of the one that replaces it."""
+    assert wait_for(lambda: len(pids_in(marks, "pid")) == 2), p.stderr
+    assert wait_for(lambda: len(guard_of(p.pid)) == 1), "no process titled as the guard"
+    (old,) = guard_of(p.pid)
+    os.kill(old, signal.SIGKILL)
+    assert wait_for(lambda: guard_of(p.pid) not in ([], [old]), 5), "the guard was not restarted"
+    (new,) = guard_of(p.pid)
+    return new
+
+
+def test_killed_guard_is_restarted_and_the_job_succeeds(marks):
+    """The guard SIGKILLed while the workers run, then the guard that replaced it: the
+    launcher says so in one line each time, starts a new guard (titled as the old one),
+    and exits 0 when the workers succeed (it exited 1 with no message)."""
+    p = dl_popen("run", "--nproc-per-node", "2", FAULTS, "--mark-dir", marks, "--sleep", "4")
+    try:
+        kill_the_guard(p, marks)
+        kill_the_guard(p, marks)
+    finally:
+        _, stderr = finish(p)
+    assert p.returncode == 0, stderr
+    lines = [line for line in stderr.splitlines() if "guard" in line]
+    assert len(lines) == 2, stderr
+    assert all("killed by SIGKILL" in line and "restarting it" in line for line in lines), stderr
+
+
+def test_restarted_guard_still_kills_the_workers_of_a_killed_launcher(marks):
+    """After its guard was SIGKILLed and restarted, a SIGKILLed launcher still leaves no
+    worker behind: the new guard took over every registered worker group."""
+    p = dl_popen("run", "--nproc-per-node", "2", FAULTS, "--mark-dir", marks, "--sleep", "60")
+    try:
+        new = kill_the_guard(p, marks)
+        workers = pids_in(marks, "pid")
+        assert alive(workers) == workers
+    finally:
+        p.kill()
+        p.communicate()
+    assert wait_for(lambda: not alive(workers + [new]), 5), alive(workers + [new])
+
+
+def test_killed_guard_without_pidfd_is_noticed_at_the_next_message(marks):
+    """Without a pidfd to watch, the guard's death is noticed when the launcher next
+    tells it something (the group's end): the same one line, and the job succeeds."""
+    p = no_pidfd("ENOSYS", "run", "--nproc-per-node", "2", FAULTS, "--mark-dir", marks, "--sleep", "2")
+    try:
+        assert wait_for(lambda: len(pids_in(marks, "pid")) == 2), p.stderr
+        assert wait_for(lambda: len(guard_of(p.pid)) == 1)
+        os.kill(guard_of(p.pid)[0], signal.SIGKILL)
+    finally:
+        _, stderr = finish(p)
+    assert p.returncode == 0, stderr
+    lines = [line for line in stderr.splitlines() if "guard" in line]
+    assert len(lines) == 1 and "killed by SIGKILL" in lines[0], stderr

@@ -23,6 +23,14 @@ tools) escape every group signal. Two pieces catch them:
   and all their descendants, freezing each with SIGSTOP first so nothing forks away
   between the look and the kill.
 
+The guard's process title is ``distlaunch guard for pid N`` (N: the launcher), so ``ps`` and
+``pgrep -f`` tell it from the launcher. If it dies anyway (the OOM killer, a SIGKILL by
+hand), the launcher notices at once (a pidfd in the worker group's wait; else at its next
+message to the guard), says so in one line and starts a new guard (a fresh interpreter:
+forking a process that may run threads is not safe) that it tells every registered group
+and path again; the job goes on. Only the descendants the dead guard had recorded are
+forgotten: the new one records them at its first scan.
+
 What the guard cannot catch: a process that leaves the session and loses its parent
 (daemonises) less than one scan interval before the launcher is SIGKILLed. A writable
 cgroup would close that gap but is not available to most users; a PID namespace would
@@ -35,8 +43,12 @@ import ctypes
 import os
 import select
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
+
+from ..report import say
 
 PR_SET_CHILD_SUBREAPER = 36
 # How often the guard records the launcher's descendants while workers run (seconds);
@@ -146,7 +158,8 @@ def kill_processes(find: Callable[[dict[int, Proc]], set[int]]) -> set[int]:
 
 class OrphanGuard:
     """Fork the guard now (call before any thread is started), and make this process a
-    child subreaper. Children this process already has are never treated as strays."""
+    child subreaper. Children this process already has are never treated as strays.
+    A guard that dies is restarted at once (see the module docstring)."""
 
     def __init__(self) -> None:
         agent = os.getpid()
@@ -155,6 +168,10 @@ class OrphanGuard:
             kids if kids is not None else {p.pid for p in process_table().values() if p.ppid == agent}
         )
         _become_subreaper()
+        # what the guard was told, to tell a restarted one again
+        self._groups: set[int] = set()
+        self._paths: list[bytes] = []
+        self._lock = threading.Lock()  # the pipe and the guard's pid: the watcher restarts
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the guard
@@ -165,9 +182,89 @@ class OrphanGuard:
             finally:
                 os._exit(0)
         os.close(r)
+        self._w: int | None = None
+        self._started(pid, w)
+        self._watcher: threading.Thread | None = None
+        if self._pidfd is not None:  # else a death is noticed at the next message
+            self._watcher = threading.Thread(target=self._watch, name="distlaunch-guard-watch", daemon=True)
+            self._watcher.start()
+
+    def _started(self, pid: int, w: int) -> None:
         self.pid = pid
-        self._spared.add(pid)
-        self._w: int | None = w
+        self._spared = self._spared | {pid}  # a new set: strays() may be reading the old one
+        self._w = w
+        try:
+            self._pidfd: int | None = os.pidfd_open(pid)
+        except OSError:  # before Linux 5.3, or out of descriptors
+            self._pidfd = None
+
+    def _watch(self) -> None:
+        """The watcher thread: wait for the guard's exit (its pidfd); restart it unless
+        the launcher closed it."""
+        while True:
+            with self._lock:  # (not between a restart's reap and its new pidfd)
+                fd = self._pidfd
+            if fd is None:  # closed, or no pidfd for a restarted guard
+                return
+            poller = select.poll()  # (not select(): any fd number)
+            poller.register(fd, select.POLLIN)
+            poller.poll()  # POLLNVAL at once if a restart on the main thread closed it
+            with self._lock:
+                if self._w is None:  # closed: the guard quit as told
+                    return
+                self._check()  # (the fd may be a stale one: then the guard still runs)
+
+    def _reap(self, flags: int) -> bool:
+        """Whether the guard has exited (reaped now; ``flags``: 0 waits for it); says so
+        in one line unless it quit as told."""
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped already
+            pid, status = self.pid, 0
+        if pid == 0:
+            return False
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        if status != 0 or self._w is not None:
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+            how = f"was killed by {signal.Signals(sig).name}" if sig else f"exited with status {status >> 8}"
+            if sig == signal.SIGKILL:
+                how += " (the OOM killer?)"
+            what = "restarting it" if self._w is not None else "the job had ended"
+            say(f"warning: the orphan guard (pid {self.pid}) {how}; {what}")
+        return True
+
+    def _restart(self) -> None:
+        """Start a new guard (a fresh interpreter) and tell it every registered group and
+        path. If that fails the job goes on without one, and one line says so."""
+        assert self._w is not None
+        os.close(self._w)
+        self._w = None
+        msg = b"".join([b"+%d\n" % g for g in self._groups] + [p.join((b"p", b"\n")) for p in self._paths])
+        r, w = os.pipe()
+        try:
+            os.set_inheritable(r, True)
+            env = dict(os.environ)  # the package is importable wherever this copy lives
+            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+            argv = [sys.executable, "-m", "distlaunch.agent.guard", str(os.getpid()), *map(str, self._spared)]
+            pid = os.posix_spawn(
+                sys.executable, argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)], setsid=True
+            )
+            os.write(w, msg)  # fits the pipe: a few lines per group
+        except OSError as e:
+            os.close(w)
+            say(f"warning: cannot restart the orphan guard ({e}): no orphan protection from now on")
+            return
+        finally:
+            os.close(r)
+        self._started(pid, w)
+
+    def _check(self) -> None:
+        """Under the lock: restart the guard if it died."""
+        if self._w is not None and self._reap(os.WNOHANG):
+            self._restart()
 
     def strays(self, table: dict[int, Proc]) -> set[int]:
         """This process's adopted children (not the guard, a worker or a child it had
@@ -203,27 +300,46 @@ class OrphanGuard:
                 time.sleep(0.01)
 
     def watch(self, pgid: int) -> None:
-        self._send(b"+%d\n" % pgid)
+        with self._lock:
+            self._groups.add(pgid)
+            self._send(b"+%d\n" % pgid)
 
     def forget(self, pgid: int) -> None:
-        self._send(b"-%d\n" % pgid)
+        with self._lock:
+            self._groups.discard(pgid)
+            self._send(b"-%d\n" % pgid)
 
     def clean_up(self, path: str) -> None:
         """Remove what the glob pattern ``path`` names (files or directory trees) if the
         launcher dies first."""
-        self._send(b"p" + os.fsencode(path) + b"\n")
+        with self._lock:
+            self._paths.append(os.fsencode(path))
+            self._send(self._paths[-1].join((b"p", b"\n")))
 
     def close(self) -> None:
-        """Normal end: the guard exits without killing anything."""
-        if self._w is not None:
-            self._send(b"q\n")
+        """Normal end: the guard exits without killing anything (one that died
+        meanwhile is only reported)."""
+        with self._lock:
+            if self._w is None:
+                return
+            try:
+                os.write(self._w, b"q\n")
+            except BrokenPipeError:
+                pass
             os.close(self._w)
             self._w = None
-            os.waitpid(self.pid, 0)
+            self._reap(0)
+        if self._watcher is not None:
+            self._watcher.join(1.0)
 
     def _send(self, msg: bytes) -> None:
+        """Under the lock."""
         if self._w is not None:
-            os.write(self._w, msg)  # < PIPE_BUF: atomic
+            try:
+                os.write(self._w, msg)  # < PIPE_BUF: atomic
+            except BrokenPipeError:  # died before the watcher saw it (or without one)
+                self._reap(0)
+                self._restart()  # tells the new guard everything, this message included
 
 
 def remove_matching(pattern: str) -> None:
@@ -242,6 +358,16 @@ def remove_matching(pattern: str) -> None:
 
 
 def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
+    try:
+        # imported here, in the guard only: the launcher's start-up does not pay for it.
+        # SPT_NOENV: the title takes only the command line's room, the environment stays
+        # readable in /proc (tools find a job's processes by it)
+        os.environ["SPT_NOENV"] = "1"
+        from setproctitle import setproctitle
+
+        setproctitle(f"distlaunch guard for pid {agent}")
+    except ImportError:  # ps shows the launcher's command line twice
+        pass
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     spared = spared | {os.getpid()}
@@ -290,3 +416,7 @@ def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
                     known = {}
             elif line[:1] == b"p":
                 paths.append(line[1:])
+
+
+if __name__ == "__main__":  # a restarted guard (OrphanGuard._restart): the pipe is stdin
+    _guard_loop(0, int(sys.argv[1]), {int(a) for a in sys.argv[2:]})

@@ -48,7 +48,7 @@ from .context import DEFAULT_TIMEOUT, Members, OpContext, OpTimeout, SmallCall, 
 from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
 from .hierarchy import HierarchicalBackend
 from .ops import ReduceOp, check_op
-from .shm import ShmChannel, SmallAllReduce
+from .shm import ShmChannel, ShmFullError, SmallAllReduce, warn_full
 from .shm_p2p import links_for
 from .transport import Request
 from .wire import (
@@ -220,12 +220,17 @@ class ProcessGroup(Members):
 
     def _choose_backend(self) -> Backend:
         """Decided by the first collective, alike on every member (from the node ids all
-        ranks published): shared memory, hierarchical or TCP."""
+        ranks published, and the verdict on the segment's reservation): shared memory,
+        hierarchical or TCP."""
         rt = self.runtime
         name = rt.shm_name(self)
         backend: Backend = TCP
         if name is not None:
-            backend = self._fast = ShmBackend(ShmChannel(self, name, rt.shm_config))
+            try:
+                backend = self._fast = ShmBackend(ShmChannel(self, name, rt.shm_config))
+            except ShmFullError as e:  # every member gets it: all use TCP
+                if self.rank == 0:
+                    warn_full(e)
         elif self.size > 2:
             keys = rt.node_keys(self)
             shared = [k for k in set(keys) if k.startswith("L:") and keys.count(k) > 1]

@@ -35,9 +35,10 @@ import numpy as np
 from . import algorithms as alg
 from . import shm_algorithms as shm_alg
 from .backend import Backend
+from .buffers import byte_view
 from .context import Members, OpContext, OpTimeout
 from .ops import ReduceOp, finalize
-from .shm import ShmChannel, ShmConfig
+from .shm import ShmChannel, ShmConfig, ShmFullError, warn_full
 
 LOCAL_BIT, LEADER_BIT, COLUMN_BIT = 1 << 31, 1 << 30, 1 << 29
 # all_reduce across nodes: whole node sums per column up to here, the 2D scheme above
@@ -64,6 +65,7 @@ class HierarchicalBackend(Backend):
         self._shm_name = shm_name
         self._config = config
         self._local_channel: ShmChannel | None = None
+        self._local_tcp = False  # the node-local segment could not be reserved
         self.small_across = min(SMALL_ACROSS_MAX, config.slot)
         by_node: dict[str, list[int]] = {}
         for grank, key in enumerate(node_keys):
@@ -111,12 +113,69 @@ class HierarchicalBackend(Backend):
 
     def _local_shm(self, local_pg: Members) -> ShmChannel | None:
         """The channel of ``local_pg`` (the node-local sub-group), created by its first
-        operation."""
-        if self._local_channel is None:
+        operation; None when its segment cannot be reserved (a verdict alike on every
+        member of the node, whose lowest rank warns): this node's steps then run over TCP
+        (the other nodes see the same column and leader operations either way)."""
+        if self._local_channel is None and not self._local_tcp:
             name = self._shm_name(local_pg)
             if name is not None:
-                self._local_channel = ShmChannel(local_pg, name, self._config)
+                try:
+                    self._local_channel = ShmChannel(local_pg, name, self._config)
+                except ShmFullError as e:
+                    self._local_tcp = True
+                    if local_pg.rank == 0:
+                        warn_full(e)
         return self._local_channel
+
+    def _on_shm(self) -> bool:
+        """Whether this node's local steps run on shared memory (decided at the first)."""
+        return self.local_pg is not None and self._local_shm(self.local_pg) is not None
+
+    def _local_all_reduce(
+        self, ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int | None = None
+    ) -> None:
+        """Node-local all_reduce (``root`` None) or reduce to ``root`` of ``arr``."""
+        assert self.local_pg is not None
+        shm = self._on_shm()
+
+        def run(c: OpContext) -> None:
+            if shm:
+                shm_alg.all_reduce(c, arr, op, root=root)
+            elif root is None:
+                alg.all_reduce(c, arr, op)
+            else:
+                alg.reduce(c, arr, op, root)
+
+        self._run(self.local_pg, ctx, run, root=-1 if root is None else root)
+
+    def _local_broadcast(self, ctx: OpContext, u8: np.ndarray, root: int) -> None:
+        assert self.local_pg is not None
+        bcast = shm_alg.broadcast if self._on_shm() else alg.broadcast
+        self._run(self.local_pg, ctx, lambda c: bcast(c, u8, root), root=root)
+
+    def _local_barrier(self, ctx: OpContext) -> None:
+        assert self.local_pg is not None
+        self._run(self.local_pg, ctx, shm_alg.barrier if self._on_shm() else alg.barrier)
+
+    def _all_reduce_2d_tcp(
+        self, ctx: OpContext, arr: np.ndarray, op: ReduceOp, across: Callable[[np.ndarray], None]
+    ) -> None:
+        """The 2D all_reduce of a node without shared memory: per chunk of the shared-memory
+        form (``shm_algorithms.all_reduce`` with chunk = slot), the node sum over TCP, this
+        rank's slice of it (the same bounds) across nodes, and every slice gathered."""
+        local = self.local_pg
+        assert local is not None
+        n, r = local.size, local.rank
+        per = max(n, (self._config.slot // arr.dtype.itemsize) // n * n)
+        for a in range(0, arr.size, per):
+            piece = arr[a : a + per]
+            bounds = alg.block_bounds(piece.size, n)
+            self._run(local, ctx, lambda c: alg.all_reduce(c, piece, op))  # noqa: B023 (run now)
+            lo, hi = bounds[r]
+            if hi > lo:
+                across(piece[lo:hi])
+            views = [byte_view(piece[x:y]) for x, y in bounds]
+            self._run(local, ctx, lambda c: alg.ring_all_gather(c, views))  # noqa: B023
 
     def _sub(self, pg: Members, ctx: OpContext, root: int = -1) -> OpContext:
         """An OpContext of sub-group ``pg`` inside the parent operation ``ctx``."""
@@ -166,23 +225,26 @@ class HierarchicalBackend(Backend):
                 # whole buffers per chunk: every chunk costs one TCP operation's latency
                 shm_alg.all_reduce(c, arr, opx, between=across, chunk=c.shm.slot)
 
-            self._run(local, ctx, local_2d)
+            if self._on_shm():
+                self._run(local, ctx, local_2d)
+            else:
+                self._all_reduce_2d_tcp(ctx, arr, opx, across)
             finalize(arr, op, self.group.size)
             return
         if col is not None and local is not None:
             # small: every rank holds the (bit-identical) node sum after the one-phase
             # node-local all_reduce; every column then combines the node sums in the
             # same order, so all ranks end with the same bits -- no leader, no broadcast
-            self._run(local, ctx, lambda c: shm_alg.all_reduce(c, arr, opx))
+            self._local_all_reduce(ctx, arr, opx)
             self._run(col, ctx, lambda c: alg.all_reduce(c, arr, opx))
             finalize(arr, op, self.group.size)
             return
         if self.local_pg is not None:
-            self._run(self.local_pg, ctx, lambda c: shm_alg.all_reduce(c, arr, opx, root=0))
+            self._local_all_reduce(ctx, arr, opx, root=0)
         if self.leader_pg is not None and self.leader_pg.size > 1:
             self._run(self.leader_pg, ctx, lambda c: alg.all_reduce(c, arr, opx))
         if self.local_pg is not None:
-            self._run(self.local_pg, ctx, lambda c: shm_alg.broadcast(c, arr.view(np.uint8), 0), root=0)
+            self._local_broadcast(ctx, arr.view(np.uint8), 0)
         finalize(arr, op, self.group.size)
 
     def broadcast(self, ctx: OpContext, arr: np.ndarray, root: int) -> None:
@@ -191,22 +253,19 @@ class HierarchicalBackend(Backend):
         mine = self.node_of[self.group.rank]
         root_leader = self.leaders[node]
         if mine == node and self.local_pg is not None and root != root_leader:
-            lroot = self.local.index(root)
-            self._run(self.local_pg, ctx, lambda c: shm_alg.broadcast(c, u8, lroot), root=lroot)
+            self._local_broadcast(ctx, u8, self.local.index(root))
         if self.leader_pg is not None and self.leader_pg.size > 1:
             self._run(self.leader_pg, ctx, lambda c: alg.broadcast(c, u8, node), root=node)
-        if mine != node and self.local_pg is not None:
-            self._run(self.local_pg, ctx, lambda c: shm_alg.broadcast(c, u8, 0), root=0)
-        elif mine == node and self.local_pg is not None and root == root_leader:
-            self._run(self.local_pg, ctx, lambda c: shm_alg.broadcast(c, u8, 0), root=0)
+        if self.local_pg is not None and (mine != node or root == root_leader):
+            self._local_broadcast(ctx, u8, 0)
 
     def barrier(self, ctx: OpContext) -> None:
         if self.local_pg is not None:
-            self._run(self.local_pg, ctx, shm_alg.barrier)
+            self._local_barrier(ctx)
         if self.leader_pg is not None and self.leader_pg.size > 1:
             self._run(self.leader_pg, ctx, alg.barrier)
         if self.local_pg is not None:
-            self._run(self.local_pg, ctx, shm_alg.barrier)
+            self._local_barrier(ctx)
 
     def abort(self, reason: int) -> None:
         if self._local_channel is not None:

@@ -32,6 +32,13 @@ over TCP) and whether the awaited peer's pid still exists (-> PeerLostError). St
 become visible in program order on x86 (TSO), which the protocol relies on: the
 channel is only enabled on x86-64.
 
+Reserving: a segment's pages are reserved when it is mapped (``map_segment``:
+``posix_fallocate``), so a small or full /dev/shm (Docker's default is 64 MiB) is found
+then, not as SIGBUS at the first touch of a missing page. Every process that maps a
+segment reaches the same verdict (the first to decide writes it as a symlink next to the
+segment, atomically, which a full tmpfs still holds), so on failure they all raise
+ShmFullError and use TCP instead, and one of them prints one warning line.
+
 Sizes (``ShmConfig``, read from the environment by init_process_group, not at import):
 SLOT bytes per data buffer (DISTLAUNCH_SHM_SLOT, default 4 MiB), all_reduce CHUNK
 (DISTLAUNCH_SHM_CHUNK, default 2 MiB), spins before sleeping (DISTLAUNCH_SHM_SPIN,
@@ -46,6 +53,7 @@ import mmap
 import os
 import platform
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -134,6 +142,107 @@ def available() -> bool:
     )
 
 
+class ShmFullError(OSError):
+    """A shared-memory segment's pages could not be reserved (/dev/shm too small or
+    full). Raised alike to every process that maps the segment (``map_segment``): they
+    use TCP instead. ``str()`` is the one-line warning (:func:`warn_full`)."""
+
+    def __init__(self, path: str, size: int, reason: str | None):
+        self.path, self.size = path, size
+        super().__init__(errno.ENOSPC, _full_message(path, size, reason))
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+_VERDICT = "-ok"  # the verdict symlink: <segment path>-ok -> "1" (reserved) or "0"
+_warned = False
+
+
+def _mib(n: float, up: bool = False) -> str:
+    """``n`` bytes in MiB to 0.1, rounded ``up`` or down (a segment never seems to fit)."""
+    tenths = -(-n * 10 // (1 << 20)) if up else n * 10 // (1 << 20)
+    return f"{tenths / 10:.1f} MiB"
+
+
+def _full_message(path: str, size: int, reason: str | None) -> str:
+    """The warning: the directory, its size and free room, the segment, the fix."""
+    d = os.path.dirname(path)
+    try:
+        st = os.statvfs(d)
+        room = f"{_mib(st.f_blocks * st.f_frsize)}, {_mib(st.f_bavail * st.f_frsize)} free"
+    except OSError:
+        room = "size unknown"
+    why = f" ({reason})" if reason else ""
+    return (
+        f"{d} ({room}) cannot hold a {_mib(size, True)} shared-memory segment{why}; the ranks "
+        f"of this node use TCP instead (slower). Fix: a larger {d} (docker run --shm-size=1g, "
+        f"or mount -o remount,size=... {d}), or DISTLAUNCH_SHM=0 to silence this"
+    )
+
+
+def warn_full(err: ShmFullError) -> None:
+    """Print ``err`` as one warning line on stderr, once per process (the caller picks
+    one process per segment, e.g. the lowest rank, so a node says it once)."""
+    global _warned
+    if not _warned:
+        _warned = True
+        sys.stderr.write(f"distlaunch: warning: {err}\n")
+        sys.stderr.flush()
+
+
+def _reserve(fd: int, size: int) -> str | None:
+    """Make ``fd`` ``size`` bytes long with every page allocated; None, or why not."""
+    try:
+        st = os.fstat(fd)
+        if st.st_blocks * 512 >= size:
+            return None  # every page is there (reserved by another process): no walk over them
+        if st.st_size < size:
+            os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return None  # a file system without fallocate (not tmpfs): mapped as before
+        return e.strerror or str(e)
+    return None
+
+
+def _vote(path: str, ok: bool) -> bool:
+    """The segment's verdict: the first process to vote decides for all (symlink(2) is
+    atomic and needs no data block, so a full tmpfs still takes it)."""
+    link = path + _VERDICT
+    try:
+        os.symlink("1" if ok else "0", link)
+    except FileExistsError:
+        pass
+    return os.readlink(link) == "1"
+
+
+def map_segment(path: str, size: int) -> mmap.mmap:
+    """Create (or open) the shared-memory file ``path``, make it ``size`` bytes with every
+    page reserved (``posix_fallocate``), and map it. Every process mapping ``path`` gets
+    the same outcome: the mapping, or ShmFullError (then the file is removed; its verdict
+    stays for processes that come later, and goes with the segment's prefix). Blocks
+    while the pages are allocated (zeroed: about 1 ms per 4 MiB)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            verdict: bool | None = os.readlink(path + _VERDICT) == "1"
+        except FileNotFoundError:
+            verdict = None
+        why = _reserve(fd, size) if verdict is not False else None
+        if verdict is None:
+            verdict = _vote(path, why is None)
+            if verdict and why is not None:  # another process reserved every page meanwhile
+                why = _reserve(fd, size)
+        if not verdict or why is not None:  # (why: None when another process failed first)
+            _unlink_data(path)
+            raise ShmFullError(path, size, why)
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -164,13 +273,7 @@ class ShmChannel:
         self.n, self.r = group.size, group.rank
         self.path = os.path.join("/dev/shm", name)
         self.size = _HDR + _round(self.n * _CTL) + self.n * 2 * slot
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size < self.size:
-                os.ftruncate(fd, self.size)
-            self.mm = mmap.mmap(fd, self.size)
-        finally:
-            os.close(fd)
+        self.mm = map_segment(self.path, self.size)  # raises ShmFullError
         self._unlinked = False
         self.words = memoryview(self.mm).cast("I")
         self.quads = memoryview(self.mm).cast("q")
@@ -452,6 +555,12 @@ def _round(x: int) -> int:
 
 
 def _unlink(path: str) -> None:
+    """Remove a segment and its verdict (every process has mapped it)."""
+    _unlink_data(path)
+    _unlink_data(path + _VERDICT)
+
+
+def _unlink_data(path: str) -> None:
     try:
         os.unlink(path)
     except OSError as e:

@@ -68,7 +68,19 @@ from typing import Any
 import numpy as np
 
 from .errors import CollectiveError, PeerLostError
-from .shm import _SLICE, _SYS_FUTEX, ShmConfig, _alive, _futex_fn, _Timespec, _unlink
+from .shm import (
+    _SLICE,
+    _SYS_FUTEX,
+    ShmConfig,
+    ShmFullError,
+    _alive,
+    _futex_fn,
+    _Timespec,
+    _unlink,
+    _unlink_data,
+    map_segment,
+    warn_full,
+)
 from .shm import available as shm_available
 from .transport import Request
 from .wire import HEADER, HEADER_SIZE, MAGIC, Header
@@ -130,13 +142,7 @@ class _Inbox:
 
     def __init__(self, path: str, size: int, n: int, ring: int) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+        self.mm = map_segment(path, size)  # raises ShmFullError, alike in every local rank
         self.words = memoryview(self.mm).cast("I")
         self.quads = memoryview(self.mm).cast("Q")
         self.raw = np.frombuffer(self.mm, np.uint8)
@@ -690,9 +696,16 @@ def links_for(rt: Any) -> ShmLinks | None:
                 local = [r for r in range(rt.world_size) if ids[r] == node]
                 if len(local) > 1:
                     ring = int(os.environ.get("DISTLAUNCH_SHM_P2P_RING", RING))
-                    links = ShmLinks(rt, local, rt.shm_config, ring)
-                    links.default_route = t.local_route
-                    Request.notify = links.notify
+                    try:
+                        links = ShmLinks(rt, local, rt.shm_config, ring)
+                    except ShmFullError as e:  # some inbox's verdict: every local rank uses TCP
+                        if rt.rank == local[0]:
+                            warn_full(e)
+                        for g in local:  # the inboxes reserved before the one that failed
+                            _unlink_data(os.path.join("/dev/shm", segment_name(rt.secret, g)))
+                    else:
+                        links.default_route = t.local_route
+                        Request.notify = links.notify
             t.local = links
             t.local_checked = True
     return t.local

@@ -71,7 +71,7 @@ _SRUN_INHERITED = (
 )
 
 _LABEL = re.compile(rb"^ *(\d+): ?")
-_LAUNCH = re.compile(r"^srun: launching \S+ on host (\S+), \d+ tasks?: ([\d,-]+)")
+_LAUNCH = re.compile(r"^srun: launching (?:StepId=)?(\S+) on host (\S+), \d+ tasks?: ([\d,-]+)")
 _FINISH = re.compile(r"^srun: (?:launch/slurm: _task_finish: |error: )(\S+): tasks? ([\d,-]+): (.+)$")
 _EXIT_CODE = re.compile(r"Exited with exit code (\d+)")
 # srun --verbose chatter: its option table and plugin lines ("srun: route/default: ...")
@@ -156,6 +156,9 @@ class SlurmEngine:
         # first lines of tasks srun has not yet said the node of (stdout and stderr are
         # separate pipes, read in either order)
         self._unplaced: list[tuple[int, str]] = []
+        self.step: str | None = None  # "JOB.STEP" once srun said where it launches the step
+        self.sent = False  # the specs went to the step: only then do its agents run a job
+        self._cancelled = False  # the step is being cancelled: srun's reports of it are noise
 
     @classmethod
     def connect(
@@ -269,6 +272,7 @@ class SlurmEngine:
         assert self.proc is not None  # launched by connect
         stdin = self.proc.stdin
         assert stdin is not None
+        self.sent = True
         try:
             stdin.write(broadcast_line({self.nodes[k]: s for k, s in specs.items()}))
         except OSError:
@@ -332,6 +336,11 @@ class SlurmEngine:
 
     @property
     def running(self) -> list[int]:
+        """The agents that got their spec and have not ended (none before ``start`` sent
+        the specs: an agent without one runs nothing, and ``close`` cancels the step)."""
+        return self._alive() if self.sent else []
+
+    def _alive(self) -> list[int]:
         return [k for k in self.started if k not in self.status]
 
     def _fds(self) -> list[int]:
@@ -392,7 +401,7 @@ class SlurmEngine:
                 out.append(text)
             elif self._srun_line(raw.decode(errors="replace"), on_end):
                 out.append(raw)
-        if out:
+        if out and not self._cancelled:
             try:
                 write_all(stream, b"\n".join(out) + b"\n")
             except OSError:
@@ -406,9 +415,10 @@ class SlurmEngine:
             self._in_options = line != "srun: end of defined options"
             return False
         m = _LAUNCH.match(line)
-        if m is not None and m.group(1) in self.ids:
-            for task in _ids(m.group(2)):
-                self.task_node[task] = self.ids[m.group(1)]
+        if m is not None and m.group(2) in self.ids:
+            self.step = m.group(1)
+            for task in _ids(m.group(3)):
+                self.task_node[task] = self.ids[m.group(2)]
             early, self._unplaced = self._unplaced, []
             for task, text in early:
                 if self._greeter is not None:
@@ -475,21 +485,47 @@ class SlurmEngine:
         """Relay the agents' last output (srun may report a task's end before its last
         lines) and end srun: at once with SIGTERM when agents still run (srun then cancels
         the step; Slurm kills what remains after KillWait), else after it exits by itself
-        (at most 5 s). SIGKILL if it still runs 5 s later. Idempotent."""
+        (at most 5 s). SIGKILL if it still runs 5 s later. Before the specs were sent (a
+        stop signal or a failure while the step starts) the agents have nothing to finish:
+        the step is cancelled (``scancel JOB.STEP``) and srun gets 0.5 s, then SIGKILL.
+        Idempotent."""
         if self.proc is None:
             return
         if self.proc.stdin is not None:
             self._close_stdin(self.proc.stdin)
-        self._finish(0.5 if self.running else 5.0)
+        if not self.sent and self.proc.poll() is None:
+            self._cancel_step()
+        else:
+            self._finish(0.5 if self._alive() else 5.0)
         for f in (self.proc.stdout, self.proc.stderr):
             if f is not None and not f.closed:
                 f.close()
 
+    def _cancel_step(self) -> None:
+        """End the step at once: ``scancel`` it (Slurm signals every process of the step,
+        SIGKILL after KillWait) and SIGTERM srun (still creating the step: it gives up);
+        then read output for at most 0.5 s and SIGKILL srun if it still runs. The step's
+        reports of the cancel (srun's and slurmstepd's: aborted, killed) are not shown."""
+        self._cancelled = True
+        if self.step is not None:
+            env = {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
+            try:
+                subprocess.run(["scancel", "--quiet", self.step], env=env, capture_output=True, timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass  # srun's SIGTERM below still ends the step
+        self._escalate(((signal.SIGTERM, 0.5), (signal.SIGKILL, 1.0)))
+
     def _finish(self, grace: float) -> None:
         """Relay output until srun ended and its output is closed: ``grace`` s, then after
         SIGTERM 5 s more, then SIGKILL."""
+        self._escalate(((None, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)))
+
+    def _escalate(self, steps: Sequence[tuple[int | None, float]]) -> None:
+        """For each (signal or None, seconds): send the signal to srun if it still runs,
+        then relay output for up to that long; return once srun ended and its output is
+        closed."""
         assert self.proc is not None
-        for sig, wait in ((None, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        for sig, wait in steps:
             if sig is not None and self.proc.poll() is None:
                 try:
                     self.proc.send_signal(sig)
