@@ -533,6 +533,22 @@ def test_closing_a_huge_duplicate_wait_does_not_stall_the_server():
         srv.close()
 
 
+def test_a_multi_set_past_the_budget_stores_nothing():
+    """10000 tiny pairs fit the 1 MiB budget on the wire (220 KB) but not once stored
+    (~1 MB with each entry's overhead): the query closes its connection and stores none
+    of them (it is applied in bulk, all or nothing)."""
+    with StoreServer(token=TOKEN, torch_clients=True, torch_max_bytes=1 << 20) as srv:
+        t = raw_torch(srv.port)
+        t.sendall(bytes([T.SET]) + tq_str(b"/base") + tq_str(b"b" * (100 << 10)))
+        s = raw_torch(srv.port)
+        pairs = b"".join(tq_str(b"/%05d" % i) + tq_str(b"") for i in range(10000))
+        s.sendall(bytes([T.MULTI_SET]) + struct.pack("<Q", 10000) + pairs)
+        assert closed_by_peer(s)
+        t.sendall(bytes([T.GETNUMKEYS]))
+        assert recv_exact(t, 8) == struct.pack("<q", 1)
+        assert srv.stats["torch_limit_drops"] == 1
+
+
 def test_torch_connection_flood_refused_without_evicting(tserver):
     first = [raw_torch(tserver.port) for _ in range(tserver.max_torch_connections)]
     extra = [validated(tserver.port) for _ in range(5)]
@@ -665,20 +681,30 @@ def idle_torch_sockets(port: int, n: int) -> list:
     return out
 
 
-def _settle(pid: int, timeout: float = 60.0) -> None:
-    """Wait until process ``pid`` stops using CPU (it has read and parsed what was sent)."""
-    import psutil
-
-    proc = psutil.Process(pid)
+def _drained(port: int, timeout: float = 60.0) -> bool:
+    """Wait until the server on ``port`` has accepted every connection and read every byte
+    sent to it (its listen queue and its sockets' receive queues empty, and our sockets'
+    send queues, per /proc/net/tcp; a round trip after it makes sure what it read was
+    handled). False if that does not happen within ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    before = sum(proc.cpu_times()[:2])
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        now = sum(proc.cpu_times()[:2])
-        if now - before < 0.02:
-            return
-        before = now
-    raise AssertionError(f"process {pid} still busy after {timeout} s")
+    hex_port = f"{port:04X}"
+
+    def queued() -> bool:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                local, remote, tx_rx = fields[1], fields[2], fields[4]
+                tx, rx = (int(v, 16) for v in tx_rx.split(":"))
+                if (local.endswith(":" + hex_port) and rx) or (remote.endswith(":" + hex_port) and tx):
+                    return True
+        return False
+
+    while queued():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _rss(pid: int, field: str) -> int:
@@ -701,7 +727,8 @@ def test_torch_flood_leaves_descriptors_for_distlaunch_clients():
         job = [tclient(srv.port) for _ in range(2)]
         job[0].set("k", "v")
         flood = idle_torch_sockets(srv.port, 300)
-        _settle(srv.proc.pid)  # every one accepted, and taken as a torch client or refused
+        _drained(srv.port, 10)  # each one accepted and taken as a torch client, or refused
+        assert job[0].get("k") == b"v"
         with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10, connect_timeout=5) as c:
             c.set("d", b"1")
             assert c.get("d") == b"1"
@@ -798,14 +825,14 @@ def test_partial_multi_sets_of_tiny_keys_stay_within_the_budget_in_memory():
             except OSError:  # closed at the budget
                 pass
             conns.append(s)
-        _settle(pid)
+        assert _drained(srv.port)
+        t = raw_torch(srv.port)
+        t.sendall(bytes([T.GETNUMKEYS]))
+        assert recv_exact(t, 8) == struct.pack("<q", 0)
         grown = _rss(pid, "VmHWM") - base
         assert grown <= 2 * budget, f"server RSS grew {grown >> 20} MiB for a {budget >> 20} MiB budget"
         dropped = sum(closed_by_peer(s, 0.01) for s in conns)
         assert 1 <= dropped < len(conns)  # the budget was reached, and held the rest
-        t = raw_torch(srv.port)
-        t.sendall(bytes([T.GETNUMKEYS]))
-        assert recv_exact(t, 8) == struct.pack("<q", 0)
         with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10) as c:
             c.ping()
         stats = srv.stats()
