@@ -52,6 +52,7 @@ import re
 import struct
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from ..errors import StoreProtocolError
@@ -91,8 +92,8 @@ MAX_VALUE_BYTES = 8 * 1024 * 1024
 MAX_KEYS_PER_QUERY = 128 * 1024
 # Bytes charged on top of the key and value lengths, sized from tracemalloc on CPython 3.11
 # (tests/test_store_torch_protocol.py checks the server's RSS stays within 2x the budget):
-ENTRY_OVERHEAD = 96  # a stored key or queued value: two bytes objects + a dict/deque slot
-WAIT_OVERHEAD = 320  # a key a wait is registered on: a dict per key + set and dict entries
+ENTRY_OVERHEAD = 128  # a stored key or queued value: two bytes objects + a dict/deque slot
+WAIT_OVERHEAD = 160  # a key a wait is registered on: the key object, set and dict entries
 BLOB_OVERHEAD = 48  # a key or value of a query being parsed: a bytes object + its list slot
 CHUNK_ITEMS = 4096  # keys or values per piece of a Chunked reply (about 1 ms of work)
 CHUNK_BYTES = 1 << 20  # ... or bytes, whichever comes first
@@ -535,7 +536,7 @@ class TorchKeySpace:
             self._wake(k)
             return b""
         if q == MULTI_GET:
-            values = [self.data.get(k, b"") for k in a[0]]
+            values = list(map(self.data.get, a[0], repeat(b"")))
             size = 8 * len(values) + sum(map(len, values))
             self._room(size)
             return Chunked(b"", values, size) if values else b""
