@@ -853,13 +853,16 @@ def _ping_latencies(port: int, stop: threading.Event, out: list) -> None:
 
 
 def test_a_huge_list_keys_does_not_hold_up_authenticated_requests():
-    """LIST_KEYS over 2 Mi torch keys (a 34 MB reply) while an authenticated client
-    pings: its reply is built a piece per loop turn, so no ping waits for it (built at
-    once, it held the loop about a second). Liveness bound, not a benchmark."""
-    srv = OurServer(torch_max_bytes=1 << 29)  # 2 Mi keys are ~290 MB charged
+    """LIST_KEYS over 512 Ki torch keys (an 8 MB reply) while an authenticated client
+    pings. Built a piece per loop turn, the reply takes many turns and pings are
+    answered in between: no ping waits for half of it (measured: 0.02 s of 0.25 s; 0.3 s
+    of 1.6 s at load average 245). Built at once, one ping waited for nearly all of it
+    (0.84 s of 0.85 s; 1.9 s at 2 Mi keys). The bound is relative to how long the reply
+    took, so a loaded machine slows both alike."""
+    srv = OurServer()
     try:
         t = raw_torch(srv.port)
-        n, per = 16 * T.MAX_KEYS_PER_QUERY, T.MAX_KEYS_PER_QUERY
+        n, per = 4 * T.MAX_KEYS_PER_QUERY, T.MAX_KEYS_PER_QUERY
         head, empty = struct.pack("<Q", 8), struct.pack("<Q", 0)
         for start in range(0, n, per):
             pairs = b"".join([head + b"/%07d" % i + empty for i in range(start, start + per)])
@@ -872,21 +875,24 @@ def test_a_huge_list_keys_does_not_hold_up_authenticated_requests():
         try:
             assert eventually(lambda: len(lat) >= 20)
             before = len(lat)
+            t0 = time.perf_counter()
             t.sendall(bytes([T.LIST_KEYS]))
             want, got = 8 + n * 16, bytearray()
-            t.settimeout(30)
+            t.settimeout(60)
             while len(got) < want:
                 chunk = t.recv(1 << 20)
                 assert chunk
                 got += chunk
+            took = time.perf_counter() - t0
+            time.sleep(0.05)  # a ping in flight as the reply ended
             during = lat[before:]
         finally:
             stop.set()
             pinger.join(30)
         assert len(got) == want and got[:8] == struct.pack("<q", n)
-        assert sorted(got[16 + 16 * i : 24 + 16 * i] for i in range(0, n, 4099))[0] == b"/0000000"
-        assert len(during) >= 5, "no authenticated ping was answered while the reply was sent"
-        assert max(during) < 0.3, f"an authenticated ping waited {max(during):.2f} s"
+        assert got[8:24] == head + b"/0000000" and got[-8:] == b"/%07d" % (n - 1)
+        worst = max(during)
+        assert worst < max(0.1, took / 2), f"a ping waited {worst:.2f} s of the reply's {took:.2f} s"
         assert srv.stats()["internal_errors"] == 0
     finally:
         srv.close()

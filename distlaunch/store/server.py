@@ -561,6 +561,7 @@ class StoreServer:
 
     def _accept(self, lsock: socket.socket) -> None:
         pending = self._pending
+        fresh = 0  # connections accepted by this call (the newest pending ones)
         for _ in range(_ACCEPT_BATCH):  # the listener stays readable for the rest
             try:
                 sock, peer = lsock.accept()
@@ -568,13 +569,14 @@ class StoreServer:
                 return
             except OSError as e:
                 if e.errno in (errno.EMFILE, errno.ENFILE):
-                    # Linux fails accept for want of a descriptor before it looks at the
-                    # queue: free one only for a connection that is there (else the one
-                    # accepted last, still unauthenticated, would make room for nobody).
+                    # Idle sockets must not lock clients out: free a descriptor. Also
+                    # when no connection waits (Linux fails accept for want of one
+                    # before it looks at the queue): a spare one lets the client just
+                    # accepted authenticate (hashlib's first import opens files).
+                    if self._free_descriptor(spare=fresh):
+                        continue
                     if not self._lpoll.poll(0):
-                        return
-                    if self._free_descriptor():
-                        continue  # idle sockets must not lock clients out
+                        return  # nothing waits: the listener is not readable, no spin
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     # Out of descriptors: stop accepting for a moment instead of spinning
                     # on a listener that stays readable.
@@ -591,6 +593,7 @@ class StoreServer:
                 pass
             if len(pending) >= self.max_unauthenticated:
                 self._drop_oldest_pending()
+            fresh += 1
             c = _Conn(sock, peer)
             self._conns[c.fd] = c
             self.stats["accepted"] += 1
@@ -607,11 +610,12 @@ class StoreServer:
         self.stats["unauthenticated_dropped"] += 1
         self._close(next(iter(self._pending)))
 
-    def _free_descriptor(self) -> bool:
-        """Out of descriptors: close the oldest unauthenticated connection, else the torch
-        connection idle longest (for ``torch_idle_timeout`` at least, with no wait or reply
-        in progress). False when no connection qualifies."""
-        if self._pending:
+    def _free_descriptor(self, spare: int) -> bool:
+        """Out of descriptors: close the oldest unauthenticated connection, unless it is one
+        of the newest ``spare`` ones, else the torch connection idle longest (for
+        ``torch_idle_timeout`` at least, with no wait or reply in progress). False when no
+        connection qualifies."""
+        if len(self._pending) > spare:
             self._drop_oldest_pending()
             return True
         cutoff = time.monotonic() - self.torch_idle_timeout
