@@ -223,7 +223,7 @@ class StoreServer:
     between the program's store calls, for as long as training runs, and torch's servers
     never close it either. One torch connection's work is done a few milliseconds per
     loop turn (a MULTI_GET or LIST_KEYS reply a piece at a time), so authenticated
-    requests wait for no single torch query.
+    requests wait for at most one torch query, never for a whole reply or backlog.
 
     The constructor raises TypeError for a token that is not str/bytes, ValueError for an
     empty one, for ``max_unauthenticated``, ``max_torch_connections`` or
