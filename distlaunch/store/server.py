@@ -994,6 +994,12 @@ class StoreServer:
             if deadline > now:
                 break
             del sniffing[c]
+            try:  # its first bytes may be in already, unread because this turn ran long
+                self._on_readable(c)
+            except Exception as e:
+                self._internal_error(c, e)
+            if c.closed or c.mode != _SNIFF:
+                continue  # a torch client after all, or greeted on its bytes
             c.mode = _DL
             self._send(c, P.frame(P.HELLO, P.MAGIC + c.nonce))
         pending = self._pending
