@@ -783,8 +783,8 @@ def test_out_of_descriptors_the_longest_idle_torch_connection_makes_room():
 
 
 def test_idle_torch_connections_are_kept_while_descriptors_last():
-    """Idleness alone closes nothing: a torch client silent past torch_idle_timeout
-    still works, and so does a client refused for lack of descriptors, once one frees."""
+    """Idleness alone closes nothing: a torch client silent past torch_idle_timeout,
+    with descriptors to spare, still works."""
     srv = OurServer(torch_idle_timeout=0.1)
     try:
         s = raw_torch(srv.port)
