@@ -44,10 +44,12 @@ td = pytest.importorskip("torch.distributed")
 
 BACKENDS = [pytest.param(True, id="libuv"), pytest.param(False, id="classic")]
 _SERVER_CODE = """
-import json, sys
+import json, resource, sys
+if int(sys.argv[3]):  # soft and hard: the server cannot raise it back
+    resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]),) * 2)
 from distlaunch.store import StoreServer
 srv = StoreServer(token=sys.argv[1], **json.loads(sys.argv[2])).start()
-print(srv.port, flush=True)
+print(srv.port, getattr(srv, "torch_connection_limit", srv.max_torch_connections), flush=True)
 sys.stdin.read()
 print(json.dumps(srv.stats), flush=True)
 srv.stop()
@@ -55,16 +57,25 @@ srv.stop()
 
 
 class OurServer:
-    """Our store server in a subprocess; ``stats()`` stops it and returns its counters."""
+    """Our store server in a subprocess (``nofile``: its RLIMIT_NOFILE, 0 to inherit ours);
+    ``stats()`` stops it and returns its counters."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, nofile: int = 0, **kwargs):
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER_CODE, TOKEN, json.dumps({"torch_clients": True, **kwargs})],
+            [
+                sys.executable,
+                "-c",
+                _SERVER_CODE,
+                TOKEN,
+                json.dumps({"torch_clients": True, **kwargs}),
+                str(nofile),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        self.port = int(self.proc.stdout.readline())
+        port, limit = self.proc.stdout.readline().split()
+        self.port, self.torch_connection_limit = int(port), int(limit)
 
     def stats(self) -> dict:
         out, _ = self.proc.communicate("", timeout=30)
@@ -522,6 +533,22 @@ def test_closing_a_huge_duplicate_wait_does_not_stall_the_server():
         srv.close()
 
 
+def test_a_multi_set_past_the_budget_stores_nothing():
+    """10000 tiny pairs fit the 1 MiB budget on the wire (220 KB) but not once stored
+    (~1 MB with each entry's overhead): the query closes its connection and stores none
+    of them (it is applied in bulk, all or nothing)."""
+    with StoreServer(token=TOKEN, torch_clients=True, torch_max_bytes=1 << 20) as srv:
+        t = raw_torch(srv.port)
+        t.sendall(bytes([T.SET]) + tq_str(b"/base") + tq_str(b"b" * (100 << 10)))
+        s = raw_torch(srv.port)
+        pairs = b"".join(tq_str(b"/%05d" % i) + tq_str(b"") for i in range(10000))
+        s.sendall(bytes([T.MULTI_SET]) + struct.pack("<Q", 10000) + pairs)
+        assert closed_by_peer(s)
+        t.sendall(bytes([T.GETNUMKEYS]))
+        assert recv_exact(t, 8) == struct.pack("<q", 1)
+        assert srv.stats["torch_limit_drops"] == 1
+
+
 def test_torch_connection_flood_refused_without_evicting(tserver):
     first = [raw_torch(tserver.port) for _ in range(tserver.max_torch_connections)]
     extra = [validated(tserver.port) for _ in range(5)]
@@ -639,6 +666,236 @@ def test_replies_nobody_reads_are_charged_to_the_budget():
         t.sendall(bytes([T.GET]) + tq_str(b"/big"))
         assert len(recv_exact(t, 8 + size)) == 8 + size
         assert srv.stats["internal_errors"] == 0, srv.last_internal_error
+
+
+# --- one client class cannot starve the other ------------------------------------------------
+
+
+def idle_torch_sockets(port: int, n: int) -> list:
+    """``n`` connections that send torch's VALIDATE, then nothing (not waiting for a reply)."""
+    out = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(T.VALIDATE_PREFIX)
+        out.append(s)
+    return out
+
+
+def _drained(port: int, timeout: float = 60.0) -> bool:
+    """Wait until the server on ``port`` has accepted every connection and read every byte
+    sent to it (its listen queue and its sockets' receive queues empty, and our sockets'
+    send queues, per /proc/net/tcp; a round trip after it makes sure what it read was
+    handled). False if that does not happen within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    hex_port = f"{port:04X}"
+
+    def queued() -> bool:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                local, remote, tx_rx = fields[1], fields[2], fields[4]
+                tx, rx = (int(v, 16) for v in tx_rx.split(":"))
+                if (local.endswith(":" + hex_port) and rx) or (remote.endswith(":" + hex_port) and tx):
+                    return True
+        return False
+
+    while queued():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _rss(pid: int, field: str) -> int:
+    """VmRSS (now) or VmHWM (peak) of process ``pid``, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_torch_flood_leaves_descriptors_for_distlaunch_clients():
+    """With the server's RLIMIT_NOFILE at 256, torch connections past its share are
+    refused, so an authenticated client still connects, and a running job's torch
+    clients keep working (on a server letting torch take every descriptor the client's
+    connection was never accepted: "closed the connection before greeting")."""
+    srv = OurServer(nofile=256)
+    flood = []
+    try:
+        job = [tclient(srv.port) for _ in range(2)]
+        job[0].set("k", "v")
+        flood = idle_torch_sockets(srv.port, 300)
+        _drained(srv.port, 10)  # each one accepted and taken as a torch client, or refused
+        assert job[0].get("k") == b"v"
+        with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10, connect_timeout=5) as c:
+            c.set("d", b"1")
+            assert c.get("d") == b"1"
+        assert job[1].get("k") == b"v"
+        assert srv.torch_connection_limit == 256 - S.fd_reserve(256)
+        refused = sum(closed_by_peer(s, 0.01) for s in flood)
+        assert refused == 2 + len(flood) - srv.torch_connection_limit
+        stats = srv.stats()
+        # refused as torch clients past the cap, or (some) closed before they said so
+        assert stats["torch_refused"] + stats["unauthenticated_dropped"] == refused
+        assert stats["torch_refused"] >= 1 and stats["internal_errors"] == 0
+    finally:
+        for s in flood:
+            s.close()
+        srv.close()
+
+
+def test_out_of_descriptors_the_longest_idle_torch_connection_makes_room():
+    """Authenticated clients need more than the descriptors left: each one's accept
+    closes the torch connection idle longest (past torch_idle_timeout); an active torch
+    client and one inside a wait are kept."""
+    srv = OurServer(nofile=256, torch_idle_timeout=0.5)
+    clients = []
+    idle = []
+    try:
+        job = tclient(srv.port, timeout=10)  # connected first, active last
+        waiter = raw_torch(srv.port)
+        waiter.sendall(bytes([T.WAIT]) + struct.pack("<Q", 1) + tq_str(b"/late"))
+        idle = [raw_torch(srv.port) for _ in range(srv.torch_connection_limit - 2)]
+        time.sleep(0.6)  # past torch_idle_timeout: evictable under descriptor pressure
+        job.set("k", "v")
+        for _ in range(100):  # far more than the descriptors left (256 - 192 - the server's own)
+            c = StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10, connect_timeout=5)
+            clients.append(c)
+            c.ping()
+        for c in clients:
+            c.ping()
+        assert job.get("k") == b"v"
+        job.set("late", "x")
+        assert recv_exact(waiter, 1) == T.STOP_WAITING
+        evicted = [closed_by_peer(s, 0.01) for s in idle]
+        n = sum(evicted)
+        assert n >= 1 and evicted == [True] * n + [False] * (len(idle) - n)  # oldest first
+        stats = srv.stats()
+        assert stats["torch_evicted"] == n and stats["internal_errors"] == 0
+    finally:
+        for c in clients:
+            c.close()
+        for s in idle:
+            s.close()
+        srv.close()
+
+
+def test_idle_torch_connections_are_kept_while_descriptors_last():
+    """Idleness alone closes nothing: a torch client silent past torch_idle_timeout,
+    with descriptors to spare, still works."""
+    srv = OurServer(torch_idle_timeout=0.1)
+    try:
+        s = raw_torch(srv.port)
+        time.sleep(0.5)
+        s.sendall(bytes([T.PING]) + struct.pack("<I", 3))
+        assert recv_exact(s, 4) == struct.pack("<I", 3)
+        assert srv.stats()["torch_evicted"] == 0
+    finally:
+        srv.close()
+
+
+def test_torch_idle_timeout_is_checked():
+    for bad in (-1.0, float("nan"), float("inf"), "60", True):
+        with pytest.raises(ValueError, match="torch_idle_timeout"):
+            StoreServer(token=TOKEN, torch_clients=True, torch_idle_timeout=bad)
+
+
+def test_partial_multi_sets_of_tiny_keys_stay_within_the_budget_in_memory():
+    """16 connections each send a MULTI_SET of 128 Ki two-byte keys, one pair short of
+    complete (37 MB on the wire): what the server holds for them, measured as its peak
+    RSS, stays within 2x the 32 MiB budget (counting wire bytes let it reach ~6.5x)."""
+    budget = 32 << 20
+    srv = OurServer(torch_max_bytes=budget)
+    conns = []
+    try:
+        pid = srv.proc.pid
+        base = _rss(pid, "VmRSS")
+        count = T.MAX_KEYS_PER_QUERY
+        query = (
+            bytes([T.MULTI_SET])
+            + struct.pack("<Q", count)
+            + b"".join(tq_str(b"%02d" % (i % 100)) + tq_str(b"") for i in range(count - 1))
+        )
+        for _ in range(16):
+            s = raw_torch(srv.port)
+            try:
+                s.sendall(query)
+            except OSError:  # closed at the budget
+                pass
+            conns.append(s)
+        assert _drained(srv.port)
+        t = raw_torch(srv.port)
+        t.sendall(bytes([T.GETNUMKEYS]))
+        assert recv_exact(t, 8) == struct.pack("<q", 0)
+        grown = _rss(pid, "VmHWM") - base
+        assert grown <= 2 * budget, f"server RSS grew {grown >> 20} MiB for a {budget >> 20} MiB budget"
+        dropped = sum(closed_by_peer(s, 0.01) for s in conns)
+        assert 1 <= dropped < len(conns)  # the budget was reached, and held the rest
+        with StoreClient("127.0.0.1", srv.port, token=TOKEN, timeout=10) as c:
+            c.ping()
+        stats = srv.stats()
+        assert stats["torch_limit_drops"] == dropped and stats["internal_errors"] == 0
+    finally:
+        for s in conns:
+            s.close()
+        srv.close()
+
+
+def _ping_latencies(port: int, stop: threading.Event, out: list) -> None:
+    with StoreClient("127.0.0.1", port, token=TOKEN, timeout=30) as c:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            c.ping()
+            out.append(time.perf_counter() - t0)
+            time.sleep(0.001)
+
+
+def test_a_huge_list_keys_does_not_hold_up_authenticated_requests():
+    """LIST_KEYS over 512 Ki torch keys (an 8 MB reply) while an authenticated client
+    pings. Built a piece per loop turn, the reply takes many turns and pings are
+    answered in between: no ping waits for half of it (measured: 0.02 s of 0.25 s; 0.3 s
+    of 1.6 s at load average 245). Built at once, one ping waited for nearly all of it
+    (0.84 s of 0.85 s; 1.9 s at 2 Mi keys). The bound is relative to how long the reply
+    took, so a loaded machine slows both alike."""
+    srv = OurServer()
+    try:
+        t = raw_torch(srv.port)
+        t.settimeout(60)  # storing 512 Ki keys takes seconds on a loaded machine
+        n, per = 4 * T.MAX_KEYS_PER_QUERY, T.MAX_KEYS_PER_QUERY
+        head, empty = struct.pack("<Q", 8), struct.pack("<Q", 0)
+        for start in range(0, n, per):
+            pairs = b"".join([head + b"/%07d" % i + empty for i in range(start, start + per)])
+            t.sendall(bytes([T.MULTI_SET]) + struct.pack("<Q", per) + pairs)
+        t.sendall(bytes([T.GETNUMKEYS]))
+        assert recv_exact(t, 8) == struct.pack("<q", n)
+        stop, lat = threading.Event(), []
+        pinger = threading.Thread(target=_ping_latencies, args=(srv.port, stop, lat))
+        pinger.start()
+        try:
+            assert eventually(lambda: len(lat) >= 20)
+            before = len(lat)
+            t0 = time.perf_counter()
+            t.sendall(bytes([T.LIST_KEYS]))
+            want, got = 8 + n * 16, bytearray()
+            while len(got) < want:
+                chunk = t.recv(1 << 20)
+                assert chunk
+                got += chunk
+            took = time.perf_counter() - t0
+            time.sleep(0.05)  # a ping in flight as the reply ended
+            during = lat[before:]
+        finally:
+            stop.set()
+            pinger.join(30)
+        assert len(got) == want and got[:8] == struct.pack("<q", n)
+        assert got[8:24] == head + b"/0000000" and got[-8:] == b"/%07d" % (n - 1)
+        worst = max(during)
+        assert worst < max(0.1, took / 2), f"a ping waited {worst:.2f} s of the reply's {took:.2f} s"
+        assert srv.stats()["internal_errors"] == 0
+    finally:
+        srv.close()
 
 
 # --- end to end ------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from ..errors import StoreError
 from . import protocol as P
 from .protocol import HEADER, HEADER_SIZE, MAX_FRAME_BYTES, Reader
-from .torch_protocol import VALIDATE_PREFIX, TorchConn, TorchKeySpace, TorchLimitError
+from .torch_protocol import VALIDATE_PREFIX, Chunked, TorchConn, TorchKeySpace, TorchLimitError
 
 __all__ = ["StoreServer", "serve_forever"]
 
@@ -70,6 +70,9 @@ _R_AUTH_FAIL = P.frame(P.AUTH_FAIL)
 CLIENT_HELLO = P.CLIENT_HELLO
 SNIFF_GRACE = 0.1  # seconds a torch-enabled server waits for a new connection's first bytes
 _DL, _SNIFF, _TORCH = 0, 1, 2  # _Conn.mode: distlaunch, not yet known, torch client
+# Work one torch connection may do per loop turn before the rest waits for the next turn
+# (authenticated requests are served in between): seconds of queries, and Chunked pieces.
+_TORCH_SLICE = 0.005
 
 
 class _Poller:
@@ -114,6 +117,7 @@ class _Conn:
         "peer",
         "mode",
         "torch",
+        "gen",
     )
 
     def __init__(self, sock: socket.socket, peer: object) -> None:
@@ -131,6 +135,7 @@ class _Conn:
         self.peer = peer
         self.mode = _DL
         self.torch: TorchConn | None = None
+        self.gen: Chunked | None = None  # a torch reply being built a piece per loop turn
 
 
 class _Waiter:
@@ -149,23 +154,32 @@ class _Waiter:
         self.done = False
 
 
-def _raise_nofile_limit() -> None:
-    """Raise the soft RLIMIT_NOFILE to the hard limit so thousands of clients fit."""
+def _raise_nofile_limit() -> int | None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit so thousands of clients fit; return
+    the soft limit now in force (None: unlimited or unknown)."""
     try:
         import resource
     except ImportError:  # pragma: no cover - non-POSIX
-        return
+        return None
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     targets = [hard] if hard != resource.RLIM_INFINITY else []
     targets.append(1 << 20)  # Linux's usual nr_open, when the hard limit is "unlimited"
     for target in targets:
         if soft != resource.RLIM_INFINITY and target <= soft:
-            return
+            break
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            return
+            break
         except (ValueError, OSError):
             continue
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def fd_reserve(limit: int) -> int:
+    """Descriptors of a ``limit`` that torch clients may never take: an eighth, at least
+    64, at most half (for distlaunch's own connections and the rest of the process)."""
+    return min(limit // 2, max(64, limit // 8))
 
 
 class StoreServer:
@@ -173,7 +187,7 @@ class StoreServer:
 
     ``StoreServer(host="127.0.0.1", port=0, token=None, backlog=4096,
     max_unauthenticated=4096, torch_clients=False, max_torch_connections=4096,
-    torch_max_bytes=256 MiB)`` binds when
+    torch_max_bytes=256 MiB, torch_idle_timeout=60.0)`` binds when
     ``start()`` is called (or on entering ``with``); ``port=0`` picks a free port, read it
     from ``.port``. ``token`` is the job's secret (str or bytes, non-empty); when None a
     random one is generated — read it from ``.token``. Every client must prove it knows
@@ -199,16 +213,31 @@ class StoreServer:
     ``max_torch_connections`` are open at once (newer ones are closed at once: an
     outsider cannot evict clients already connected), and everything held for them
     (keys, values, queues, waits, partly received queries) is capped at
-    ``torch_max_bytes``: the query that would exceed it closes its connection. Off by
-    default. With it on, a distlaunch client that does not send CLIENT_HELLO is greeted
-    ``SNIFF_GRACE`` seconds after connecting instead of at once.
+    ``torch_max_bytes`` (counted as the memory Python holds for it): the query that
+    would exceed it closes its connection. Off by default. With it on, a distlaunch
+    client that does not send CLIENT_HELLO is greeted ``SNIFF_GRACE`` seconds after
+    connecting instead of at once.
+
+    Descriptors: torch clients never hold the last ``fd_reserve(limit)`` of the process's
+    RLIMIT_NOFILE (read on ``start()``; ``torch_connection_limit`` is the resulting cap,
+    at most ``max_torch_connections``), so distlaunch clients always find room. When
+    accept still runs out of descriptors, the oldest unauthenticated connection is
+    closed, else the torch connection idle longest, if it has sent nothing for
+    ``torch_idle_timeout`` seconds and has no wait or reply in progress
+    (``stats["torch_evicted"]``). Idleness alone never closes a torch connection: torch's
+    TCPStore client connects once and keeps that connection, silent (no heartbeat),
+    between the program's store calls, for as long as training runs, and torch's servers
+    never close it either. One torch connection's work is done a few milliseconds per
+    loop turn (a MULTI_GET or LIST_KEYS reply a piece at a time), so authenticated
+    requests wait for at most one torch query, never for a whole reply or backlog.
 
     The constructor raises TypeError for a token that is not str/bytes, ValueError for an
-    empty one or for ``max_unauthenticated``, ``max_torch_connections`` or
-    ``torch_max_bytes`` < 1. Nothing else is shared with other threads: ``port``,
-    ``token``, ``num_connections`` and ``stats`` (counters: accepted, auth_failures,
-    unauthenticated_dropped, protocol_errors, closed, requests, internal_errors,
-    torch_accepted, torch_refused, torch_limit_drops) may be read from any thread.
+    empty one, for ``max_unauthenticated``, ``max_torch_connections`` or
+    ``torch_max_bytes`` < 1, or a ``torch_idle_timeout`` that is not a finite number >= 0.
+    Nothing else is shared with other threads: ``port``, ``token``, ``num_connections``
+    and ``stats`` (counters: accepted, auth_failures, unauthenticated_dropped,
+    protocol_errors, closed, requests, internal_errors, torch_accepted, torch_refused,
+    torch_limit_drops, torch_evicted) may be read from any thread.
     Semantics follow torch's c10d TCPStore; see docs/store.md.
     """
 
@@ -222,6 +251,7 @@ class StoreServer:
         torch_clients: bool = False,
         max_torch_connections: int = 4096,
         torch_max_bytes: int = 256 * 1024 * 1024,
+        torch_idle_timeout: float = 60.0,
     ) -> None:
         if token is None:
             token = os.urandom(32).hex()
@@ -236,7 +266,20 @@ class StoreServer:
         ):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if (
+            isinstance(torch_idle_timeout, bool)
+            or not isinstance(torch_idle_timeout, (int, float))
+            or not 0.0 <= torch_idle_timeout < math.inf
+        ):
+            raise ValueError(
+                f"torch_idle_timeout must be a finite number of seconds >= 0, got {torch_idle_timeout!r}"
+            )
         self.max_torch_connections = max_torch_connections
+        self.torch_connection_limit = max_torch_connections  # lowered on start() to fit RLIMIT_NOFILE
+        self.torch_idle_timeout = float(torch_idle_timeout)
+        # torch connections -> when they last sent something, least recently first
+        self._torch_idle: dict[_Conn, float] = {}
+        self._later: list[_Conn] = []  # torch connections with work left for the next turn
         self._torch = TorchKeySpace(self._torch_send, torch_max_bytes) if torch_clients else None
         self._torch_conns = 0
         # Connections not greeted yet (torch clients on) -> greeting deadline, in accept order.
@@ -272,6 +315,7 @@ class StoreServer:
             "torch_accepted": 0,
             "torch_refused": 0,
             "torch_limit_drops": 0,
+            "torch_evicted": 0,
         }
         self.last_internal_error: str | None = None
         self._handlers: dict[int, Callable[[_Conn, Reader], bytes | None]] = {
@@ -297,7 +341,9 @@ class StoreServer:
         when already started or when the address cannot be bound."""
         if self._thread is not None or self._stopped:
             raise StoreError("StoreServer.start(): already started (a server runs once)")
-        _raise_nofile_limit()
+        limit = _raise_nofile_limit()
+        if limit is not None:
+            self.torch_connection_limit = min(self.max_torch_connections, max(1, limit - fd_reserve(limit)))
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
             lsock = socket.create_server(
@@ -313,6 +359,8 @@ class StoreServer:
         self._wake_w.setblocking(False)
         self._poller.register(lsock.fileno(), _IN)
         self._poller.register(self._wake_r.fileno(), _IN)
+        self._lpoll = select.poll()  # "is a connection waiting?" without a descriptor
+        self._lpoll.register(lsock.fileno(), _IN)
         self._thread = threading.Thread(
             target=self._run, args=(lsock,), name=f"distlaunch-store:{self.port}", daemon=True
         )
@@ -443,7 +491,7 @@ class StoreServer:
                 if self._listen_paused_until:
                     t = max(0.0, self._listen_paused_until - time.monotonic())
                     timeout = t if timeout is None else min(timeout, t)
-                if self._resume:  # frames queued behind a request that just timed out
+                if self._resume or self._later:  # work left over from the last turn
                     timeout = 0.0
                 try:
                     events = poll(timeout)
@@ -481,6 +529,14 @@ class StoreServer:
                                 self._process(c, c.inbuf, True)
                         except Exception as e:
                             self._internal_error(c, e)
+                if self._later:  # one more slice of each torch connection's work
+                    later, self._later = self._later, []
+                    for c in later:
+                        if not c.closed:
+                            try:
+                                self._torch_continue(c)
+                            except Exception as e:
+                                self._internal_error(c, e)
                 if heap or pending:
                     self._expire()
                 if self._listen_paused_until and time.monotonic() >= self._listen_paused_until:
@@ -511,16 +567,22 @@ class StoreServer:
 
     def _accept(self, lsock: socket.socket) -> None:
         pending = self._pending
+        fresh = 0  # connections accepted by this call (the newest pending ones)
         for _ in range(_ACCEPT_BATCH):  # the listener stays readable for the rest
             try:
                 sock, peer = lsock.accept()
             except BlockingIOError:
                 return
             except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE) and pending:
-                    # Idle unauthenticated sockets must not lock clients out: free one.
-                    self._drop_oldest_pending()
-                    continue
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    # Idle sockets must not lock clients out: free a descriptor. Also
+                    # when no connection waits (Linux fails accept for want of one
+                    # before it looks at the queue): a spare one lets the client just
+                    # accepted authenticate (hashlib's first import opens files).
+                    if self._free_descriptor(spare=fresh):
+                        continue
+                    if not self._lpoll.poll(0):
+                        return  # nothing waits: the listener is not readable, no spin
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     # Out of descriptors: stop accepting for a moment instead of spinning
                     # on a listener that stays readable.
@@ -537,6 +599,7 @@ class StoreServer:
                 pass
             if len(pending) >= self.max_unauthenticated:
                 self._drop_oldest_pending()
+            fresh += 1
             c = _Conn(sock, peer)
             self._conns[c.fd] = c
             self.stats["accepted"] += 1
@@ -553,6 +616,26 @@ class StoreServer:
         self.stats["unauthenticated_dropped"] += 1
         self._close(next(iter(self._pending)))
 
+    def _free_descriptor(self, spare: int) -> bool:
+        """Out of descriptors: close the oldest unauthenticated connection, unless it is one
+        of the newest ``spare`` ones, else the torch connection idle longest (for
+        ``torch_idle_timeout`` at least, with no wait or reply in progress). False when no
+        connection qualifies."""
+        if len(self._pending) > spare:
+            self._drop_oldest_pending()
+            return True
+        cutoff = time.monotonic() - self.torch_idle_timeout
+        for c, last in self._torch_idle.items():
+            if last > cutoff:
+                break
+            st = c.torch
+            if c.out is not None or c.gen is not None or (st is not None and st.wait_keys):
+                continue  # inside a store call: closing it now fails that call
+            self.stats["torch_evicted"] += 1
+            self._close(c)
+            return True
+        return False
+
     def _close(self, c: _Conn, count: bool = True) -> None:
         if c.closed:
             return
@@ -566,6 +649,8 @@ class StoreServer:
         elif c.torch is not None and self._torch is not None:
             self._torch.drop(c.torch)
             self._torch_conns -= 1
+            self._torch_idle.pop(c, None)
+            c.gen = None
         try:
             self._poller.unregister(c.fd)
         except (OSError, ValueError, KeyError):
@@ -621,6 +706,11 @@ class StoreServer:
                 return
         if c.outpos >= len(out):
             c.outpos = 0
+            if c.gen is not None:  # a chunked reply: its next piece on the next turn
+                c.out = None
+                self._set_events(c, _IN)
+                self._later.append(c)
+                return
             if c.outq:
                 c.out = c.outq.pop(0)
                 return
@@ -752,7 +842,10 @@ class StoreServer:
         """Bytes from a torch client, or the first bytes of a connection not greeted yet."""
         if c.mode == _TORCH:
             c.inbuf += data
-            if c.out is None:
+            idle = self._torch_idle
+            del idle[c]
+            idle[c] = time.monotonic()  # most recently active last
+            if c.out is None and c.gen is None:
                 self._torch_run(c)
             else:  # still sending: keep the input (charged, so bounded by the budget)
                 self._torch_account(c)
@@ -765,13 +858,14 @@ class StoreServer:
                 return
             self._sniffing.pop(c, None)
             self._pending.pop(c, None)
-            if self._torch_conns >= self.max_torch_connections:
+            if self._torch_conns >= self.torch_connection_limit:
                 self.stats["torch_refused"] += 1
                 self._close(c)
                 return
             c.mode = _TORCH
             c.torch = TorchConn(c)
             self._torch_conns += 1
+            self._torch_idle[c] = time.monotonic()
             self.stats["torch_accepted"] += 1
             c.inbuf = bytearray(buf)
             self._torch_run(c)
@@ -790,22 +884,30 @@ class StoreServer:
 
     def _torch_run(self, c: _Conn) -> None:
         """Handle a torch client's complete queries in order, stopping while a reply is
-        only partly sent; a query breaking the protocol or the budget closes it."""
+        only partly sent or built, and after _TORCH_SLICE seconds (the rest goes on next
+        turn); a query breaking the protocol or the budget closes it."""
         st = c.torch
         space = self._torch
         assert st is not None and space is not None
+        t0 = time.monotonic()
         try:
-            while c.out is None and not c.closed:
+            while c.out is None and c.gen is None and not c.closed:
                 q = st.parse(c.inbuf)
                 space.account(st, len(c.inbuf))  # the parsed query's input is its args now
                 if q is None:
                     break
                 self.stats["requests"] += 1
                 reply = space.handle(st, *q)
-                if reply:
+                if isinstance(reply, Chunked):
+                    c.gen = reply
+                    self._pump(c)
+                elif reply:
                     self._send(c, reply)
                     if c.out is not None and not c.closed:  # what the kernel did not take
                         space.account(st, self._torch_held(c))
+                if c.inbuf and c.gen is None and time.monotonic() - t0 > _TORCH_SLICE:
+                    self._later.append(c)
+                    break
         except TorchLimitError:
             self.stats["torch_limit_drops"] += 1
             self._close(c)
@@ -813,12 +915,45 @@ class StoreServer:
             self.stats["protocol_errors"] += 1
             self._close(c)
 
+    def _pump(self, c: _Conn) -> None:
+        """Build and send the next piece of ``c``'s chunked reply (``c.out`` is None);
+        once the reply is whole, what queued behind it goes on."""
+        gen = c.gen
+        assert gen is not None
+        piece = gen.next()
+        if gen.left <= 0:
+            c.gen = None
+        if piece:
+            self._send(c, piece)
+            if c.closed:
+                return
+        if c.gen is not None:
+            if c.out is None:  # the kernel took it all: the next piece on the next turn
+                self._later.append(c)
+        elif c.out is None:
+            if c.outq:  # a wait's STOP_WAITING that came while the reply was being built
+                c.out = c.outq.pop(0)
+                self._set_events(c, _IN | _OUT)
+            elif c.inbuf:
+                self._later.append(c)
+        self._torch_account(c)
+
+    def _torch_continue(self, c: _Conn) -> None:
+        """A torch connection's work left over from the last loop turn."""
+        if c.out is not None:
+            return  # _flush goes on when the peer reads
+        if c.gen is not None:
+            self._pump(c)
+        elif c.inbuf:
+            self._torch_run(c)
+
     @staticmethod
     def _torch_held(c: _Conn) -> int:
         """Bytes held for a torch connection outside the key space: its input not parsed
-        yet and its replies not sent yet (charged to the budget)."""
+        yet and its replies not sent or not built yet (charged to the budget)."""
         unsent = len(c.out) - c.outpos if c.out is not None else 0
-        return len(c.inbuf) + unsent + sum(map(len, c.outq))
+        left = c.gen.left if c.gen is not None else 0
+        return len(c.inbuf) + unsent + sum(map(len, c.outq)) + left
 
     def _torch_account(self, c: _Conn) -> None:
         assert c.torch is not None and self._torch is not None
@@ -832,7 +967,9 @@ class StoreServer:
         """A wait's STOP_WAITING, completed by another connection's write."""
         c = st.owner
         assert isinstance(c, _Conn)
-        if not c.closed:
+        if c.gen is not None:  # after the reply being built, never inside it
+            c.outq.append(data)
+        elif not c.closed:
             self._send(c, data)
 
     def _auth(self, c: _Conn, buf: bytes | bytearray, p: int) -> None:
@@ -863,6 +1000,12 @@ class StoreServer:
             if deadline > now:
                 break
             del sniffing[c]
+            try:  # its first bytes may be in already, unread because this turn ran long
+                self._on_readable(c)
+            except Exception as e:
+                self._internal_error(c, e)
+            if c.closed or c.mode != _SNIFF:
+                continue  # a torch client after all, or greeted on its bytes
             c.mode = _DL
             self._send(c, P.frame(P.HELLO, P.MAGIC + c.nonce))
         pending = self._pending

@@ -39,8 +39,11 @@ up to 8 MiB, 128 Ki keys per query; a query breaking them, an unknown query type
 ``ADD`` on a value ``std::stoll`` cannot read, or anything but ``VALIDATE`` first closes
 that one connection, as torch does. On top (torch has no limits there): every byte held
 for the torch key space (stored keys, values, queues, pending waits, partly received
-queries, replies not sent yet) counts against one budget; a query that would exceed it
-closes its connection (GET, MULTI_GET and LIST_KEYS are refused before their reply is built).
+queries, replies not sent yet) counts against one budget, charged at what Python holds in
+memory for it (object headers included, not just the bytes on the wire); a query that would
+exceed it closes its connection (GET, MULTI_GET and LIST_KEYS are refused before their reply
+is built). MULTI_GET and LIST_KEYS replies are built a piece at a time (``Chunked``), so
+one of them (hundreds of MB, millions of keys) never holds the server's loop for long.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import re
 import struct
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 from ..errors import StoreProtocolError
@@ -86,7 +90,13 @@ STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"  # WaitResponseType
 MAX_KEY_BYTES = 8 * 1024
 MAX_VALUE_BYTES = 8 * 1024 * 1024
 MAX_KEYS_PER_QUERY = 128 * 1024
-ENTRY_OVERHEAD = 96  # bytes charged per stored key, queued value or registered wait
+# Bytes charged on top of the key and value lengths, sized from tracemalloc on CPython 3.11
+# (tests/test_store_torch_protocol.py checks the server's RSS stays within 2x the budget):
+ENTRY_OVERHEAD = 128  # a stored key or queued value: two bytes objects + a dict/deque slot
+WAIT_OVERHEAD = 160  # a key a wait is registered on: the key object, set and dict entries
+BLOB_OVERHEAD = 48  # a key or value of a query being parsed: a bytes object + its list slot
+CHUNK_ITEMS = 4096  # keys or values per piece of a Chunked reply (about 1 ms of work)
+CHUNK_BYTES = 1 << 20  # ... or bytes, whichever comes first
 DEFAULT_BUDGET = 256 * 1024 * 1024
 
 _U32 = struct.Struct("<I")
@@ -128,6 +138,42 @@ def _blob(v: bytes) -> bytes:
     return _U64.pack(len(v)) + v
 
 
+class Chunked:
+    """A reply made of ``head`` then each of ``items`` as a byte string, built a piece at
+    a time by ``next()`` (at most CHUNK_ITEMS items or about CHUNK_BYTES bytes per piece)
+    so that one huge MULTI_GET or LIST_KEYS costs the server's loop about a millisecond a
+    turn. ``left``: bytes not built yet (charged to the budget until sent). The items are
+    a snapshot taken when the query was handled: the reply is what torch's server would
+    have answered at that moment, whatever is written meanwhile."""
+
+    __slots__ = ("head", "items", "pos", "left")
+
+    def __init__(self, head: bytes, items: list[bytes], size: int) -> None:
+        self.head = head
+        self.items = items
+        self.pos = 0
+        self.left = size
+
+    def next(self) -> bytes:
+        """The next piece (b"" once ``left`` is 0)."""
+        items, i = self.items, self.pos
+        end = min(len(items), i + CHUNK_ITEMS)
+        parts = [self.head]
+        self.head = b""
+        n = 0
+        pack = _U64.pack
+        while i < end and n < CHUNK_BYTES:
+            v = items[i]
+            parts.append(pack(len(v)))
+            parts.append(v)
+            n += 8 + len(v)
+            i += 1
+        self.pos = i
+        piece = b"".join(parts)
+        self.left -= len(piece)
+        return piece
+
+
 def _stoll(v: bytes) -> int:
     """The integer C++'s ``std::stoll`` reads from ``v`` (leading blanks, a sign, digits;
     the rest ignored). Raises StoreProtocolError where stoll throws."""
@@ -152,8 +198,8 @@ class TorchConn:
         "idx",
         "args",
         "count",
-        "items",
-        "key",
+        "scanned",
+        "scan",
         "held",
         "charged",
         "wait_keys",
@@ -168,19 +214,21 @@ class TorchConn:
         self.idx = 0
         self.args: list[Any] = []
         self.count = -1  # for key lists: -1 until the count is read
-        self.items: list[Any] = []
-        self.key: bytes | None = None  # a multi_set pair's key, waiting for its value
-        self.held = 0  # bytes of the partly parsed query already taken off the buffer
+        self.scanned = 0  # a key list's items (keys and values) complete in the buffer
+        self.scan = 0  # ... and their bytes, from the list's start
+        self.held = 0  # memory held by the partly parsed query (taken off the buffer)
         self.charged = 0  # input and unsent reply bytes charged to the budget
         self.wait_keys: set[bytes] = set()  # the pending wait's keys not stored yet
         self.awaited = 0  # keys still to fire before STOP_WAITING
 
     def parse(self, buf: bytearray) -> tuple[int, list[Any]] | None:
         """Take the next complete query off the front of ``buf``: ``(qtype, args)``, or
-        None when more bytes are needed (what was parsed so far is kept here, so every
-        byte is parsed once however the query is split). Raises StoreProtocolError."""
+        None when more bytes are needed (progress is kept here, so every byte is looked at
+        once however the query is split; a key list's items stay in ``buf`` until the
+        last one is in). Raises StoreProtocolError."""
         pos = 0
         n = len(buf)
+        objs = 0  # keys and values parsed by this call (BLOB_OVERHEAD each while held)
         try:
             if self.qtype < 0:
                 if n == 0:
@@ -208,6 +256,7 @@ class TorchConn:
                         return None
                     v, pos = got
                     self.args.append(v)
+                    objs += 1
                 else:
                     if self.count < 0:
                         if n - pos < 8:
@@ -218,24 +267,37 @@ class TorchConn:
                                 f"{c} keys in one torch query exceeds {MAX_KEYS_PER_QUERY}"
                             )
                         pos += 8
-                        self.count, self.items = c, []
-                    while len(self.items) < self.count:
-                        if self.key is None:
-                            got = self._blob(buf, pos, n, True)
-                            if got is None:
-                                return None
-                            self.key, pos = got
-                        if kind == _K_KEYS:
-                            self.items.append(self.key)
-                        else:
-                            got = self._blob(buf, pos, n, False)
-                            if got is None:
-                                return None
-                            v, pos = got
-                            self.items.append((self.key, v))
-                        self.key = None
-                    self.args.append(self.items)
-                    self.count, self.items = -1, []
+                        self.count, self.scanned, self.scan = c, 0, 0
+                    # The items stay in ``buf`` (their lengths checked, each byte once)
+                    # until the last one is in: a partial list holds its wire bytes and
+                    # no Python objects (one per tiny key would be 5x the bytes).
+                    want = self.count if kind == _K_KEYS else 2 * self.count  # pairs: k, v...
+                    base = pos
+                    p, k = base + self.scan, self.scanned
+                    while k < want and n - p >= 8:
+                        (size,) = _U64.unpack_from(buf, p)
+                        is_key = kind == _K_KEYS or not k & 1
+                        limit = MAX_KEY_BYTES if is_key else MAX_VALUE_BYTES
+                        if size > limit:
+                            what = "key" if is_key else "value"
+                            raise StoreProtocolError(f"torch {what} of {size} bytes exceeds {limit}")
+                        if p + 8 + size > n:
+                            break
+                        p += 8 + size
+                        k += 1
+                    self.scanned, self.scan = k, p - base
+                    if k < want:
+                        return None  # (only what precedes the list is taken off ``buf``)
+                    raw = bytes(buf[base:p])
+                    items = []
+                    r = 0
+                    for _ in range(want):
+                        (size,) = _U64.unpack_from(raw, r)
+                        items.append(raw[r + 8 : r + 8 + size])
+                        r += 8 + size
+                    pos = p
+                    self.args.append(items)  # pairs kept flat (k, v, k, v...): no tuples
+                    self.count = -1
                 self.idx += 1
             q, args = self.qtype, self.args
             self.qtype, self.args, self.held = -1, [], 0
@@ -247,8 +309,8 @@ class TorchConn:
         finally:
             if pos:
                 del buf[:pos]
-                if self.qtype >= 0:
-                    self.held += pos
+                if self.qtype >= 0:  # still partial: what it holds in memory, not on the wire
+                    self.held += pos + objs * BLOB_OVERHEAD
 
     @staticmethod
     def _blob(buf: bytearray, pos: int, n: int, is_key: bool) -> tuple[bytes, int] | None:
@@ -270,17 +332,21 @@ class TorchKeySpace:
     that a write completes). Single-threaded: the store server's loop thread only.
 
     ``budget`` caps the bytes held for torch clients (stored entries, queues, pending
-    waits, partly received queries, unsent replies; ``ENTRY_OVERHEAD`` per entry); ``handle`` and
-    ``account`` raise TorchLimitError past it, and the caller closes that connection."""
+    waits, partly received queries, unsent replies; ``*_OVERHEAD`` per entry for what Python
+    holds besides the bytes); ``handle`` and ``account`` raise TorchLimitError past it,
+    and the caller closes that connection."""
 
     def __init__(self, send: Callable[[TorchConn, bytes], None], budget: int = DEFAULT_BUDGET) -> None:
         self.send = send
         self.budget = budget
         self.data: dict[bytes, bytes] = {}
         self.queues: dict[bytes, deque[bytes]] = {}
-        # key -> the connections waiting on it, in registration order (a dict: O(1) removal)
-        self.waiting: dict[bytes, dict[TorchConn, None]] = {}
+        # key -> the connection waiting on it, or several in registration order (a dict:
+        # O(1) removal); one waiter is kept bare (a dict per key of a 128 Ki-key WAIT
+        # cost 0.3 s to build and as much to cancel)
+        self.waiting: dict[bytes, TorchConn | dict[TorchConn, None]] = {}
         self.used = 0  # bytes charged: entries + waits + input in flight
+        self.key_bytes = 0  # sum of len(key) over ``data`` (LIST_KEYS' reply size in O(1))
 
     # --- accounting -----------------------------------------------------------------------
 
@@ -312,6 +378,8 @@ class TorchKeySpace:
     def _store(self, k: bytes, v: bytes) -> None:
         old = self.data.get(k)
         self._charge(len(v) - (len(old) if old is not None else -(len(k) + ENTRY_OVERHEAD)))
+        if old is None:
+            self.key_bytes += len(k)
         self.data[k] = v
 
     # --- waits ----------------------------------------------------------------------------
@@ -321,26 +389,37 @@ class TorchKeySpace:
         # A key listed twice is awaited once: libuv's server registers it twice and the
         # key's one write fires both, so the outcome is the same, at O(distinct keys).
         keys = list(dict.fromkeys(keys))
-        self._charge(sum(len(k) + ENTRY_OVERHEAD for k in keys))
+        self._charge(sum(map(len, keys)) + WAIT_OVERHEAD * len(keys))
+        waiting = self.waiting
         for k in keys:
-            self.waiting.setdefault(k, {})[st] = None
+            cur = waiting.get(k)
+            if cur is None:  # the usual case: one waiter, no dict of its own
+                waiting[k] = st
+            elif isinstance(cur, dict):
+                cur[st] = None
+            else:
+                waiting[k] = {cur: None, st: None}
         st.wait_keys = set(keys)
         st.awaited = len(keys)
 
     def _cancel(self, st: TorchConn) -> None:
+        waiting = self.waiting
         for k in st.wait_keys:
-            d = self.waiting[k]
-            del d[st]
-            self.used -= len(k) + ENTRY_OVERHEAD
-            if not d:
-                del self.waiting[k]
+            cur = waiting[k]
+            if isinstance(cur, dict):
+                del cur[st]
+                if not cur:
+                    del waiting[k]
+            else:
+                del waiting[k]
+        self.used -= sum(map(len, st.wait_keys)) + WAIT_OVERHEAD * len(st.wait_keys)
         st.wait_keys = set()
         st.awaited = 0
 
     def _fire(self, st: TorchConn, k: bytes) -> bool:
         """``st``'s registration on ``k`` fired (already removed from ``waiting``)."""
         st.wait_keys.discard(k)
-        self.used -= len(k) + ENTRY_OVERHEAD
+        self.used -= len(k) + WAIT_OVERHEAD
         st.awaited -= 1
         if st.awaited == 0:
             self.send(st, STOP_WAITING)
@@ -348,32 +427,63 @@ class TorchKeySpace:
         return False
 
     def _wake(self, k: bytes) -> None:
-        d = self.waiting.pop(k, None)
-        if d:
-            for st in d:
+        cur = self.waiting.pop(k, None)
+        if isinstance(cur, dict):
+            for st in cur:
                 self._fire(st, k)
+        elif cur is not None:
+            self._fire(cur, k)
 
     def _wake_one(self, k: bytes) -> None:
         """A queue push: fire ``k``'s registrations in order until one wait completes
         (libuv's wakeupOneWaitingClient)."""
         d = self.waiting.get(k)
+        if d is None:
+            return
+        if not isinstance(d, dict):
+            del self.waiting[k]
+            self._fire(d, k)
+            return
         while d:
             st = next(iter(d))
             del d[st]
             if self._fire(st, k):
                 break
-        if d is not None and not d:
+        if not d:
             del self.waiting[k]
+
+    def _multi_set(self, flat: list[bytes]) -> None:
+        """Store the pairs of ``flat`` (k, v, k, v...) as SETs one after another would, in
+        bulk (128 Ki pairs one at a time held the loop ~0.1 s); all or nothing against
+        the budget."""
+        it = iter(flat)
+        pairs = dict(zip(it, it))  # a key set twice keeps its last value, as in order
+        data = self.data
+        olds = list(map(data.get, pairs))
+        fresh = [k for k, old in zip(pairs, olds) if old is None]
+        fresh_bytes = sum(map(len, fresh))
+        self._charge(
+            sum(map(len, pairs.values()))
+            - sum(len(old) for old in olds if old is not None)
+            + fresh_bytes
+            + ENTRY_OVERHEAD * len(fresh)
+        )
+        data.update(pairs)
+        self.key_bytes += fresh_bytes
+        if self.waiting:
+            for k in [k for k in pairs if k in self.waiting]:  # (in the query's order)
+                self._wake(k)
 
     def _present(self, k: bytes) -> bool:
         return k in self.data or bool(self.queues.get(k))
 
     # --- queries --------------------------------------------------------------------------
 
-    def handle(self, st: TorchConn, q: int, a: list[Any]) -> bytes:
+    def handle(self, st: TorchConn, q: int, a: list[Any]) -> bytes | Chunked:
         """Apply one parsed query; return its reply (b"" when it has none, or when it
-        waits). Raises StoreProtocolError (the connection is to be closed), TorchLimitError
-        when the budget could not hold the query's effect or its reply."""
+        waits; a Chunked for MULTI_GET and LIST_KEYS). Raises StoreProtocolError (the
+        connection is to be closed), TorchLimitError when the budget could not hold the
+        query's effect or its reply."""
         if q == GET:
             value = self.data.get(a[0], b"")
             self._room(8 + len(value))
@@ -418,6 +528,7 @@ class TorchKeySpace:
             v = self.data.pop(a[0], None)
             if v is not None:
                 self.used -= len(a[0]) + len(v) + ENTRY_OVERHEAD
+                self.key_bytes -= len(a[0])
             return _I64.pack(v is not None)
         if q == APPEND:
             k, v = a
@@ -425,13 +536,12 @@ class TorchKeySpace:
             self._wake(k)
             return b""
         if q == MULTI_GET:
-            values = [self.data.get(k, b"") for k in a[0]]
-            self._room(sum(8 + len(v) for v in values))
-            return b"".join(map(_blob, values))
+            values = list(map(self.data.get, a[0], repeat(b"")))
+            size = 8 * len(values) + sum(map(len, values))
+            self._room(size)
+            return Chunked(b"", values, size) if values else b""
         if q == MULTI_SET:
-            for k, v in a[0]:
-                self._store(k, v)
-                self._wake(k)
+            self._multi_set(a[0])
             return b""
         if q == CANCEL_WAIT:
             self._cancel(st)
@@ -459,8 +569,9 @@ class TorchKeySpace:
             queue = self.queues.get(a[0])
             return _I64.pack(len(queue) if queue else 0)
         if q == LIST_KEYS:
-            self._room(8 + sum(8 + len(k) for k in self.data))
-            return _I64.pack(len(self.data)) + b"".join(_blob(k) for k in self.data)
+            size = 8 + 8 * len(self.data) + self.key_bytes
+            self._room(size)
+            return Chunked(_I64.pack(len(self.data)), list(self.data), size)
         if q == BARRIER:
             k, world = a
             old = self.data.get(k)
