@@ -11,11 +11,9 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _bench(*args, timeout=120):
-    env = dict(
-        os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1"
-    )
-    p = subprocess.run(
+def _run_bench(*args, env, timeout=120):
+    """``distlaunch bench ARGS`` to completion (stdout and stderr as text)."""
+    return subprocess.run(
         [sys.executable, "-m", "distlaunch", "bench", *args],
         capture_output=True,
         text=True,
@@ -23,6 +21,13 @@ def _bench(*args, timeout=120):
         cwd=REPO,
         env=env,
     )
+
+
+def _bench(*args, timeout=120):
+    env = dict(
+        os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1"
+    )
+    p = _run_bench(*args, env=env, timeout=timeout)
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p.stdout
 
@@ -81,26 +86,8 @@ def test_bench_plot_without_matplotlib(tmp_path):
     hide.mkdir()  # every worker starts with matplotlib made unimportable
     (hide / "sitecustomize.py").write_text("import sys\nsys.modules['matplotlib'] = None\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hide), REPO]))
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "distlaunch",
-            "bench",
-            "all_reduce",
-            "--nproc-per-node",
-            "1",
-            "--sizes",
-            "8B",
-            "--plot",
-            str(tmp_path / "x.png"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=env,
-    )
+    args = ["all_reduce", "--nproc-per-node", "1", "--sizes", "8B", "--plot", str(tmp_path / "x.png")]
+    p = _run_bench(*args, env=env, timeout=60)
     assert p.returncode == 2, p.stderr
     assert "needs matplotlib" in p.stderr + p.stdout and "float32" not in p.stdout  # nothing measured
     assert not (tmp_path / "x.png").exists()
@@ -121,14 +108,7 @@ def test_bad_options_exit_2_before_workers_start(tmp_path, args, needle):
     """One line, exit 2, and no worker ran (each would print its own error)."""
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("OMP_NUM_THREADS", None)  # else no line says that workers are being started
-    p = subprocess.run(
-        [sys.executable, "-m", "distlaunch", "bench", "--nproc-per-node", "2", "--sizes", "8B", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=env,
-    )
+    p = _run_bench("--nproc-per-node", "2", "--sizes", "8B", *args, env=env, timeout=60)
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.splitlines()) == 1 and needle in p.stderr, p.stderr
     assert p.stdout == ""

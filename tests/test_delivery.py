@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import WORKERS, dl, dl_popen
-from test_pernode import finish, free_port
+from conftest import WORKERS, dl
+from test_pernode import finish, launch_nodes
 
 from distlaunch.collectives.tcp import _LINGER
 
@@ -66,26 +66,7 @@ def test_tutorial_end_under_load(api, busy):
 def test_two_nodes_over_tcp(api):
     # two per-node launchers on this machine: rank 0's messages to ranks 2 and 3 cross TCP
     _needs(api)
-    port = free_port()
-    procs = [
-        dl_popen(
-            "run",
-            "--nnodes",
-            "2",
-            "--node-rank",
-            k,
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            port,
-            "--nproc-per-node",
-            "2",
-            PROG,
-            api,
-            "late",
-        )
-        for k in range(2)
-    ]
+    procs = launch_nodes(api, "late", prog=PROG)
     results = finish(procs, timeout=120)
     assert [r[2] for r in results] == [0, 0], results
     _received(results[0][0] + results[1][0], 4)

@@ -17,7 +17,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch_nodes(*args, nnodes=2, extra=(), env=None, nproc=2):
+def launch_nodes(*args, nnodes=2, extra=(), env=None, nproc=2, prog=WORKERS / "actor.py"):
+    """One per-node launcher per node of a static job on this machine, running ``prog``."""
     port = free_port()
     return [
         dl_popen(
@@ -33,7 +34,7 @@ def launch_nodes(*args, nnodes=2, extra=(), env=None, nproc=2):
             "--nproc-per-node",
             nproc,
             *extra,
-            WORKERS / "actor.py",
+            prog,
             *args,
             env=env,
         )
