@@ -57,12 +57,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if not os.environ.get("PYTHONPATH"):
+    sys.path.insert(1, str(ROOT))  # run from a checkout without PYTHONPATH: measure it
 HOST = "127.0.0.1"
 RUN_ID = "bench"
 TOKEN_ENV = "DISTLAUNCH_STORE_TOKEN"  # the token travels in the environment, never in argv
 LOSE_KEY, HB_KEY = "bench/lose", "bench/hb"
 MASTER_PORT = 29500
 START_DELAY = 0.3  # seconds between the start signal being sent and the common start
+RESULT_GRACE = 15.0  # seconds the driver waits past the limit for the agents' reports
+
+
+def code_root() -> str:
+    """The directory that holds the distlaunch package this driver imports (set
+    PYTHONPATH to measure another checkout); its store and agents run the same code."""
+    import distlaunch
+
+    return str(Path(distlaunch.__file__).resolve().parent.parent)
 
 
 def raise_fd_limit() -> None:
@@ -277,9 +288,11 @@ def role_agents(spec: dict) -> None:
     start = float(sys.stdin.readline().split()[1])
     time.sleep(max(0.0, start - time.time()))
     go.set()
+    end = start + spec["limit"]
     for t in threads:
-        t.join()
-    out = [{"id": nd.id, "t": nd.t, "err": nd.err} for nd in nodes]
+        t.join(max(0.0, end - time.time()))
+    # Nodes still in a call at the limit are reported as such, not as errors.
+    out = [{"id": nd.id, "t": nd.t, "err": nd.err, "running": t.is_alive()} for nd, t in zip(nodes, threads)]
     print("result " + json.dumps(out), flush=True)
     os._exit(0)  # torch's keep-alive timers and heartbeat threads need not be joined
 
@@ -346,8 +359,9 @@ def store_usage(pid: int) -> tuple[float, float]:
 def run_case(impl: str, scenario: str, n: int, a: argparse.Namespace) -> dict:
     """One case; returns its figures, with "dnf" set (a reason) when it did not finish."""
     env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [code_root(), os.environ.get("PYTHONPATH")]))
     )
+    env["TORCH_CPP_LOG_LEVEL"] = "ERROR"  # its server warns once per connection otherwise
     env[TOKEN_ENV] = os.urandom(16).hex()
     store = Proc(["--role", "store", "--impl", impl, "--limit", str(a.limit)], env)
     procs: list[Proc] = [store]
@@ -392,7 +406,7 @@ def run_case(impl: str, scenario: str, n: int, a: argparse.Namespace) -> dict:
         t0 = time.time() + START_DELAY
         for w in workers:
             w.send(f"go {t0}")
-        deadline = t0 + a.limit
+        deadline = t0 + a.limit + RESULT_GRACE
         if scenario == "lost":
             steady = lost_steady(port, n, env[TOKEN_ENV], store.p.pid, deadline, a.steady)
             if steady is None:
@@ -402,11 +416,13 @@ def run_case(impl: str, scenario: str, n: int, a: argparse.Namespace) -> dict:
         for w in workers:
             line = w.line(deadline)
             if line is None or not line.startswith("result "):
-                return {**res, "dnf": f"did not finish in {a.limit:g} s"}
+                return {**res, "dnf": f"agents gave no result within {a.limit + RESULT_GRACE:g} s"}
             nodes += json.loads(line[len("result ") :])
         cpu1, hwm = store_usage(store.p.pid)
         res.update(cpu=cpu1 - cpu0, rss=hwm, errors=sum(1 for nd in nodes if nd["err"]) + failed)
         res["first_error"] = next((nd["err"] for nd in nodes if nd["err"]), None)
+        if running := sum(1 for nd in nodes if nd["running"]):
+            return {**res, "dnf": f"did not finish in {a.limit:g} s ({running} nodes still waiting)"}
         res.update(figures(scenario, nodes, n, t0, a))
         return res
     finally:
@@ -552,14 +568,10 @@ def columns(scenario: str) -> list:
 
 
 def cells(scenario: str, r: dict) -> list[str]:
-    cols = columns(scenario)
-    if "dnf" in r:  # its N, then why, then the torch columns still apply
-        row = [str(r["n"]), r["dnf"]] + [""] * (len(cols) - 2)
-        tc = torch_cols() if scenario in ("static", "dynamic") else []
-        if tc:
-            row[-len(tc) :] = [fn(r) for _, fn in tc]
-        return row
-    return [fn(r) for _, fn in cols]
+    row = [fn(r) for _, fn in columns(scenario)]
+    if "dnf" in r:  # why, in its first time column; what was measured stays
+        row[2] = r["dnf"]
+    return row
 
 
 def plain_table(scenario: str, rows: list[dict]) -> str:
@@ -609,6 +621,11 @@ def main() -> int:
     if any(n < 2 for n in sizes):
         ap.error(f"--nodes {a.nodes!r}: every size must be >= 2")
     raise_fd_limit()
+    root = code_root()
+    head = subprocess.run(
+        ["git", "-C", root, "log", "-1", "--format=%h %cs %s"], capture_output=True, text=True
+    )
+    print(f"distlaunch from {root}: {head.stdout.strip()[:100] or 'not a git checkout'}", flush=True)
     torch_ok = not a.no_torch and any(s in ("static", "dynamic") for s in scenarios)
     torch_res: dict[int, dict] = {}
     torch_dnf_at: int | None = None
@@ -633,6 +650,10 @@ def main() -> int:
             )
     for s in scenarios:
         print(f"\n== {s} ==\n{plain_table(s, results[s])}")
+        for r in results[s]:
+            for who, x in (("distlaunch", r), ("torch", r.get("torch") or {})):
+                if x.get("first_error"):
+                    print(f"  N={r['n']} {who}: {x['errors']} client errors, first: {x['first_error']}")
     print("\nMarkdown:")
     for s in scenarios:
         print(f"\n{s}:\n\n{markdown_table(s, results[s])}")
