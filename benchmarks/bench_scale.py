@@ -116,6 +116,12 @@ class Node:
     def mark(self, what: str) -> None:
         self.t[what] = time.time()
 
+    def fail(self, e: BaseException) -> None:
+        """Record ``e`` (and the error it followed: e.g. a timed-out call before the call
+        that found its connection dropped) and when it happened."""
+        self.mark("error")
+        self.err = repr(e) + (f" after {e.__context__!r}" if e.__context__ is not None else "")
+
 
 def ours_round(rdzv, rnd: int, spec: dict, node: Node, phase: str) -> None:
     """One round as a per-node agent runs it (join, master), then its exit barrier."""
@@ -130,8 +136,11 @@ def ours_round(rdzv, rnd: int, spec: dict, node: Node, phase: str) -> None:
         rdzv.publish_master(rnd, HOST, MASTER_PORT, rnd)
     rdzv.master(rnd)
     node.mark("ready" + phase)
-    if len(members) != spec["nodes"]:
-        raise RuntimeError(f"round {rnd} has {len(members)} members, not {spec['nodes']}")
+    # join returns the members (a list) or, since issue 23, this node's seat (one slot
+    # per node here: its world size is the node count)
+    size = len(members) if isinstance(members, list) else members.world_size
+    if size != spec["nodes"]:
+        raise RuntimeError(f"round {rnd} has {size} members, not {spec['nodes']}")
     if spec["scenario"] != "lost":
         rdzv.finish(rnd, spec["limit"])
         rdzv.leave(rnd)
@@ -218,7 +227,7 @@ def ours_node(spec: dict, node: Node, connected, go: threading.Event) -> None:
         elif spec["scenario"] == "lost":
             ours_lost(c, rdzv, spec, node)
     except Exception as e:
-        node.err = repr(e)
+        node.fail(e)
     finally:
         c.close()
 
@@ -259,7 +268,7 @@ def torch_node(spec: dict, node: Node, connected, go: threading.Event) -> None:
         if not 0 <= info.rank < info.world_size == n:
             raise RuntimeError(f"rank {info.rank} of {info.world_size}, not of {n}")
     except Exception as e:
-        node.err = repr(e)
+        node.fail(e)
 
 
 def role_agents(spec: dict) -> None:
@@ -409,8 +418,8 @@ def run_case(impl: str, scenario: str, n: int, a: argparse.Namespace) -> dict:
         deadline = t0 + a.limit + RESULT_GRACE
         if scenario == "lost":
             steady = lost_steady(port, n, env[TOKEN_ENV], store.p.pid, deadline, a.steady)
-            if steady is None:
-                return {**res, "dnf": f"heartbeats did not all start within {a.limit:g} s"}
+            if isinstance(steady, str):
+                return {**res, "dnf": steady}
             res["steady_pct"] = steady
         nodes = []
         for w in workers:
@@ -420,7 +429,11 @@ def run_case(impl: str, scenario: str, n: int, a: argparse.Namespace) -> dict:
             nodes += json.loads(line[len("result ") :])
         cpu1, hwm = store_usage(store.p.pid)
         res.update(cpu=cpu1 - cpu0, rss=hwm, errors=sum(1 for nd in nodes if nd["err"]) + failed)
-        res["first_error"] = next((nd["err"] for nd in nodes if nd["err"]), None)
+        failed_at = sorted((nd["t"]["error"], nd["err"]) for nd in nodes if "error" in nd["t"])
+        if failed_at:  # the earliest error, and when (seconds after the start)
+            res["first_error"] = f"at {failed_at[0][0] - t0:.1f} s: {failed_at[0][1]}"
+        else:  # only connection failures, if any
+            res["first_error"] = next((nd["err"] for nd in nodes if nd["err"]), None)
         if running := sum(1 for nd in nodes if nd["running"]):
             return {**res, "dnf": f"did not finish in {a.limit:g} s ({running} nodes still waiting)"}
         res.update(figures(scenario, nodes, n, t0, a))
@@ -430,20 +443,25 @@ def run_case(impl: str, scenario: str, n: int, a: argparse.Namespace) -> dict:
             p.kill()
 
 
-def lost_steady(port: int, n: int, token: str, pid: int, deadline: float, seconds: float) -> float | None:
+def lost_steady(port: int, n: int, token: str, pid: int, deadline: float, seconds: float) -> float | str:
     """Once every node's heartbeat runs: the store's CPU % over ``seconds``; then tell the
-    victim to stop its heartbeat. None if the heartbeats do not all start by ``deadline``."""
+    victim to stop its heartbeat. Why not, if the heartbeats do not all start by
+    ``deadline`` or the store does not answer this driver."""
+    from distlaunch.errors import StoreError
     from distlaunch.store import StoreClient
 
-    with StoreClient(HOST, port, token=token, timeout=60.0) as c:
-        while c.add(HB_KEY, 0) < n:
-            if time.time() > deadline:
-                return None
-            time.sleep(0.05)
-        cpu0, _ = store_usage(pid)
-        time.sleep(seconds)
-        cpu1, _ = store_usage(pid)
-        c.set(LOSE_KEY, b"1")
+    try:
+        with StoreClient(HOST, port, token=token, timeout=max(1.0, deadline - time.time())) as c:
+            while (started := c.add(HB_KEY, 0)) < n:
+                if time.time() > deadline:
+                    return f"only {started} of {n} heartbeats started by the limit"
+                time.sleep(0.05)
+            cpu0, _ = store_usage(pid)
+            time.sleep(seconds)
+            cpu1, _ = store_usage(pid)
+            c.set(LOSE_KEY, b"1")
+    except StoreError as e:
+        return f"the store did not answer the driver ({type(e).__name__})"
     return 100.0 * (cpu1 - cpu0) / seconds
 
 
@@ -474,7 +492,8 @@ def figures(scenario: str, nodes: list[dict], n: int, t0: float, a: argparse.Nam
         victim = n - 1
         loss = next((nd["t"].get("loss") for nd in nodes if nd["id"] == victim), None)
         notice = last("notice", lambda nd: nd["id"] != victim)
-        out["notice"] = None if loss is None or notice is None else notice - loss
+        wrong = any(nd["err"] for nd in nodes if nd["id"] != victim)  # e.g. another node found lost
+        out["notice"] = None if loss is None or notice is None or wrong else notice - loss
         out["hb_timeout"] = a.hb_timeout
     return out
 
