@@ -39,7 +39,9 @@ Reported per case: wall times, store CPU seconds (user + system of the store pro
 from the start signal until every agent reported), store CPU ms per node, the store's
 peak RSS (VmHWM, MiB), and client errors (agents whose calls raised). A case that does
 not finish within ``--limit`` s prints "did not finish" and is killed. The figures are
-noisy when other work shares the machine.
+noisy when other work shares the machine. The distlaunch measured is the one this
+script imports (set PYTHONPATH to a checkout to measure it); the output's first line
+names it and its commit.
 """
 
 from __future__ import annotations
@@ -639,6 +641,11 @@ def main() -> int:
         ap.error(f"--scenario {bad[0]!r}: choose among static, dynamic, late, restart, lost")
     if any(n < 2 for n in sizes):
         ap.error(f"--nodes {a.nodes!r}: every size must be >= 2")
+    for name, v in (("--procs", a.procs), ("--limit", a.limit), ("--hb-interval", a.hb_interval)):
+        if v <= 0:
+            ap.error(f"{name} {v:g}: must be > 0")
+    if "late" in scenarios and a.late < 1:
+        ap.error(f"--late {a.late}: the late scenario needs at least 1 late node")
     raise_fd_limit()
     root = code_root()
     head = subprocess.run(
