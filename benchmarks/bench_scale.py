@@ -2,7 +2,7 @@
 
     python benchmarks/bench_scale.py [--nodes 100,250,500,1000] [--scenario static,dynamic]
         [--procs 8] [--limit 120] [--no-torch] [--late 4] [--last-call 0.5]
-        [--hb-interval 0.5] [--hb-timeout 3] [--steady 3]
+        [--hb-interval 1] [--hb-timeout 3] [--steady 3]
 
 Every case starts a fresh store in its own process and N simulated node agents: threads
 spread over ``--procs`` processes, each with its own store connection and the real
@@ -61,6 +61,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 if not os.environ.get("PYTHONPATH"):
     sys.path.insert(1, str(ROOT))  # run from a checkout without PYTHONPATH: measure it
+from distlaunch.config import HEARTBEAT_INTERVAL  # noqa: E402  (the agents' default)
+
 HOST = "127.0.0.1"
 RUN_ID = "bench"
 TOKEN_ENV = "DISTLAUNCH_STORE_TOKEN"  # the token travels in the environment, never in argv
@@ -622,7 +624,9 @@ def main() -> int:
     ap.add_argument("--no-torch", action="store_true", help="skip torch elastic")
     ap.add_argument("--late", type=int, default=4, help="late joiners in the late scenario")
     ap.add_argument("--last-call", type=float, default=0.5, help="dynamic last_call seconds")
-    ap.add_argument("--hb-interval", type=float, default=0.5, help="heartbeat interval s (lost)")
+    ap.add_argument(
+        "--hb-interval", type=float, default=HEARTBEAT_INTERVAL, help="heartbeat interval s (lost)"
+    )
     ap.add_argument("--hb-timeout", type=float, default=3.0, help="heartbeat timeout s (lost)")
     ap.add_argument("--steady", type=float, default=3.0, help="seconds of steady heartbeats measured")
     a = ap.parse_args()
