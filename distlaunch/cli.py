@@ -53,7 +53,13 @@ class _GroupedOption(click.Option):
 
 
 class _GroupedCommand(click.Command):
-    """Lists its options in --help by section (``_GroupedOption.group``)."""
+    """Lists its options in --help by section (``_GroupedOption.group``), and takes
+    unambiguous prefixes of its long options (``--max-restart 0``), as torchrun does
+    through argparse's ``allow_abbrev``; an ambiguous prefix is a usage error naming
+    the candidates."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _expand_prefixes(self.get_params(ctx), args, ctx))
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         sections: dict[str | None, list[tuple[str, str]]] = {None: []}
@@ -67,6 +73,37 @@ class _GroupedCommand(click.Command):
             if records:
                 with formatter.section(group or "Options"):
                     formatter.write_dl(records)
+
+
+def _expand_prefixes(params: list[click.Parameter], args: list[str], ctx: click.Context) -> list[str]:
+    """``args`` with each abbreviated long option before the script (the first
+    positional, or ``--``) spelled out: a prefix of exactly one long option (after
+    torchrun's underscore spellings become dashes) becomes that option; an exact name
+    always wins. Raises click.UsageError for a prefix of several."""
+    names: dict[str, click.Option] = {}
+    for p in params:
+        if isinstance(p, click.Option):
+            names.update((n, p) for n in (*p.opts, *p.secondary_opts))
+    longs = [n for n in names if n.startswith("--")]
+    out = list(args)
+    i = 0
+    while i < len(out):
+        arg = out[i]
+        if arg == "--" or not arg.startswith("-") or arg == "-":
+            break  # the script: the rest is its own
+        name, eq, value = arg.partition("=")
+        name = _dashes(name) if name.startswith("--") else name
+        if name.startswith("--") and name not in longs:
+            found = sorted(n for n in longs if n.startswith(name))
+            if len(found) > 1:
+                raise click.UsageError(f"option {name} is ambiguous: it could be {', '.join(found)}", ctx)
+            if found:
+                name = found[0]
+                out[i] = name + eq + value
+        opt = names.get(name)
+        takes_value = opt is not None and not opt.is_flag and not opt.count
+        i += 2 if takes_value and not eq else 1
+    return out
 
 
 def option(*names: str, group: str | None = None, **kw: Any) -> Callable[[F], F]:

@@ -19,6 +19,30 @@ def envs_of(tmp_path, n):
     return [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(n)]
 
 
+# --- torchrun: argparse's abbreviations ---------------------------------------------------
+
+
+def test_unambiguous_prefixes_of_long_options_work_as_under_torchrun(tmp_path):
+    # torchrun parses with argparse (allow_abbrev): `--max-restart 1` is --max-restarts,
+    # `--nproc_per 2` is --nproc-per-node; what follows the script stays the script's
+    res = dl(
+        "run", "--nproc_per", "2", "--max-restart", "1", "--run-i=abbr",
+        WORKERS / "actor.py", "--dump", tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    for e in envs_of(tmp_path, 2):
+        got = (e["WORLD_SIZE"], e["TORCHELASTIC_MAX_RESTARTS"], e["TORCHELASTIC_RUN_ID"])
+        assert got == ("2", "1", "abbr")
+        assert e["_argv"] == ["--dump", str(tmp_path)]
+
+
+def test_an_ambiguous_prefix_names_the_candidates_and_starts_nothing():
+    res = dl("run", "--m", "2", WORKERS / "actor.py", "--sleep", "30", timeout=30)
+    assert res.returncode == 2 and res.stdout == ""
+    [line] = res.stderr.strip().splitlines()
+    assert "option --m is ambiguous" in line and "--max-restarts" in line and "--master-port" in line
+
+
 # --- torchrun: rendezvous options ---------------------------------------------------------
 
 
