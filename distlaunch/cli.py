@@ -300,12 +300,31 @@ def _env_entries(value: object, where: str) -> list[str]:
 )
 @option(
     "--stop-timeout",
+    "--shutdown-timeout",
     group=SUPERVISION,
     default=30.0,
     show_default=True,
     type=float,
     metavar="SECONDS",
-    help="Grace between SIGTERM and SIGKILL when stopping workers.",
+    envvar=["PET_STOP_TIMEOUT", "PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"],
+    help="Grace between SIGTERM and SIGKILL when stopping workers (torchrun's "
+    "--shutdown-timeout and TORCH_ELASTIC_SHUTDOWN_TIMEOUT are the same).",
+)
+@option(
+    "--start-method",
+    group=WORKERS,
+    default="spawn",
+    type=click.Choice(["spawn", "fork", "forkserver"]),
+    help="Accepted for torchrun compatibility: every worker is a new process running SCRIPT "
+    "(what torchrun does for a script; the value mattered only for its function entry points).",
+)
+@option(
+    "--event-log-handler",
+    group=OUTPUT,
+    default=None,
+    metavar="NAME",
+    help="Accepted for torchrun compatibility and ignored: distlaunch records its events in "
+    "<log-dir>/<run-id>/events.jsonl.",
 )
 @option(
     "-H",

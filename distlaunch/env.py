@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -313,6 +314,13 @@ class SchedulerIdentity:
 
 T = TypeVar("T")
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral ports (32768-60999)
+
+
+def python_exec(environ: Mapping[str, str] | None = None) -> str:
+    """The interpreter that runs the workers' scripts: ``PYTHON_EXEC`` when set (torchrun's
+    override, read on each node), else this interpreter (``sys.executable``)."""
+    e = os.environ if environ is None else environ
+    return e.get("PYTHON_EXEC") or sys.executable
 
 
 def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:

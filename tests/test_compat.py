@@ -5,8 +5,10 @@ import json
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
+import yaml
 from conftest import WORKERS, dl, dl_cmd, dl_popen
 from sshd import sshd_hosts  # noqa: F401  (session fixture)
 from test_pernode import finish, free_port
@@ -41,6 +43,42 @@ def test_an_ambiguous_prefix_names_the_candidates_and_starts_nothing():
     assert res.returncode == 2 and res.stdout == ""
     [line] = res.stderr.strip().splitlines()
     assert "option --m is ambiguous" in line and "--max-restarts" in line and "--master-port" in line
+
+
+# --- torchrun's newer flags ---------------------------------------------------------------
+
+
+def _merged(*args, env=None):
+    res = dl("run", *args, "--print-config", WORKERS / "actor.py", env=env)
+    assert res.returncode == 0, res.stderr
+    return yaml.safe_load(res.stdout)
+
+
+def test_shutdown_timeout_is_the_stop_timeout():
+    # torchrun: --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s
+    env = {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "9"}
+    assert _merged("--shutdown-timeout", "7")["stop_timeout"] == 7.0
+    assert _merged(env=env)["stop_timeout"] == 9.0
+    assert _merged("--shutdown_timeout", "4", env=env)["stop_timeout"] == 4.0  # the command line wins
+    assert _merged()["stop_timeout"] == 30.0
+
+
+def test_start_method_and_event_log_handler_are_accepted():
+    merged = _merged("--start-method", "forkserver", "--event-log-handler", "console")
+    assert merged["start_method"] == "forkserver" and merged["event_log_handler"] == "console"
+    res = dl("run", "--start-method", "thread", WORKERS / "actor.py")
+    assert res.returncode == 2 and "'thread' is not one of 'spawn', 'fork', 'forkserver'" in res.stderr
+
+
+def test_python_exec_chooses_the_workers_interpreter(tmp_path):
+    # torchrun's PYTHON_EXEC: the interpreter that runs the script on each node
+    python = tmp_path / "python-for-workers"
+    python.symlink_to(sys.executable)
+    script = tmp_path / "which.py"
+    script.write_text("import sys; print('interpreter', sys.executable)\n")
+    res = dl("run", "--nproc-per-node", "2", script, env={**os.environ, "PYTHON_EXEC": str(python)})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count(f"interpreter {python}") == 2, res.stdout
 
 
 # --- torchrun: rendezvous options ---------------------------------------------------------

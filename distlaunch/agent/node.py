@@ -13,13 +13,12 @@ import dataclasses
 import os
 import signal
 import socket
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import HEARTBEAT_INTERVAL, STD_ERR, STD_OUT, LaunchConfig
-from ..env import WorkerIdentity, build_worker_env
+from ..env import WorkerIdentity, build_worker_env, python_exec
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import EventLog, round_end_event, round_event
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
@@ -74,7 +73,9 @@ class NodeOptions:
 RUN_PATH = "import runpy, sys; sys.argv.pop(0); runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
-def worker_argv(cfg: LaunchConfig, python: str = sys.executable) -> list[str]:
+def worker_argv(cfg: LaunchConfig, python: str | None = None) -> list[str]:
+    """The workers' command line; ``python`` defaults to :func:`env.python_exec`."""
+    python = python or python_exec()
     if cfg.no_python:
         return [cfg.entrypoint, *cfg.args]
     if cfg.module:
