@@ -200,3 +200,32 @@ def test_a_reserved_segment_maps_in_every_process_even_when_the_disk_is_full(tin
     assert map_in_process(seg, 512 << 10) == "mapped"
     fill(tiny)
     assert map_in_process(seg, 512 << 10) == "mapped"
+
+
+def test_a_verdict_removed_while_it_is_read_is_voted_again(tmp_path):
+    # a rank that maps a peer's segment while the peer, ending right after its last
+    # send, unlinks the segment and its verdict: the vote must not fail (it raised
+    # FileNotFoundError between symlink's EEXIST and readlink)
+    import threading
+
+    from distlaunch.collectives.shm import _VERDICT, _vote
+
+    path = str(tmp_path / "seg")
+    link = path + _VERDICT
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            try:
+                os.symlink("1", link)
+                os.unlink(link)
+            except OSError:
+                pass
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        assert all(_vote(path, True) for _ in range(20000))
+    finally:
+        stop.set()
+        t.join()

@@ -211,11 +211,18 @@ def _vote(path: str, ok: bool) -> bool:
     """The segment's verdict: the first process to vote decides for all (symlink(2) is
     atomic and needs no data block, so a full tmpfs still takes it)."""
     link = path + _VERDICT
-    try:
-        os.symlink("1" if ok else "0", link)
-    except FileExistsError:
-        pass
-    return os.readlink(link) == "1"
+    while True:
+        try:
+            os.symlink("1" if ok else "0", link)
+            return ok
+        except FileExistsError:
+            pass
+        try:
+            return os.readlink(link) == "1"
+        except FileNotFoundError:
+            # the segment's last user unlinked it and its verdict just now (a rank that
+            # ends right after its last send): nobody else maps that file, vote again
+            continue
 
 
 def map_segment(path: str, size: int) -> mmap.mmap:
