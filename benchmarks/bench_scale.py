@@ -198,21 +198,35 @@ def ours_lost(c, rdzv, spec: dict, node: Node) -> None:
         watcher.client.close()
 
 
+def connect_then_wait(node: Node, connected, go: threading.Event, make):
+    """``make()``'s result once every agent connected and the start was given (None when
+    it failed: the error is the node's)."""
+    try:
+        made = make()
+    except Exception as e:
+        node.err = f"connect: {e!r}"
+        connected(False)
+        return None
+    connected(True)
+    go.wait()
+    return made
+
+
 def ours_node(spec: dict, node: Node, connected, go: threading.Event) -> None:
     from distlaunch.rendezvous import LateJoin, Rendezvous
     from distlaunch.rounds import RoundKeys
     from distlaunch.store import StoreClient
 
     limit = spec["limit"]
-    try:
+
+    def make():
         c = StoreClient(HOST, spec["port"], token=os.environ[TOKEN_ENV], timeout=limit, connect_timeout=limit)
-        rdzv = Rendezvous(c, RUN_ID, node.id if node.id < spec["nodes"] else 0, spec["nodes"], limit)
-    except Exception as e:
-        node.err = f"connect: {e!r}"
-        connected(False)
+        return c, Rendezvous(c, RUN_ID, node.id if node.id < spec["nodes"] else 0, spec["nodes"], limit)
+
+    made = connect_then_wait(node, connected, go, make)
+    if made is None:
         return
-    connected(True)
-    go.wait()
+    c, rdzv = made
     try:
         if node.id >= spec["nodes"]:  # a late joiner: arrives once the round closed
             c.wait([RoundKeys(RUN_ID, 0).closed], timeout=limit)
@@ -247,10 +261,11 @@ def torch_node(spec: dict, node: Node, connected, go: threading.Event) -> None:
     )
 
     n, limit = spec["nodes"], timedelta(seconds=spec["limit"])
-    try:
+
+    def make():
         store = td.TCPStore(HOST, spec["port"], None, False, timeout=limit, wait_for_workers=False)
         backend = C10dRendezvousBackend(store, RUN_ID)
-        handler = DynamicRendezvousHandler.from_backend(
+        return DynamicRendezvousHandler.from_backend(
             RUN_ID,
             store,
             backend,
@@ -259,12 +274,10 @@ def torch_node(spec: dict, node: Node, connected, go: threading.Event) -> None:
             local_addr=HOST,
             timeout=RendezvousTimeout(join=limit, last_call=timedelta(seconds=spec["last_call"])),
         )
-    except Exception as e:
-        node.err = f"connect: {e!r}"
-        connected(False)
+
+    handler = connect_then_wait(node, connected, go, make)
+    if handler is None:
         return
-    connected(True)
-    go.wait()
     try:
         info = handler.next_rendezvous()
         info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port  # noqa: B018
