@@ -10,6 +10,7 @@ static rendezvous assigns them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import threading
@@ -114,11 +115,11 @@ class Rendezvous:
         return RoundKeys(self.run_id, rnd)
 
     def _wait_key(
-        self, key: str, what: str, timeout: float, rnd: int | None, awaited: str | Callable[[], str]
+        self, key: str, what: str, timeout: float, rnd: int, awaited: str | Callable[[], str]
     ) -> Any:
         """The JSON value of ``key``, blocking until it exists (``timeout`` s) in
-        SLICE-second gets. Raises LaunchInterrupted when round ``rnd`` (if given) was
-        stopped by a signal, RendezvousError at the timeout. Says what it waits for
+        SLICE-second gets. Raises LaunchInterrupted when round ``rnd`` was stopped by a
+        signal, RendezvousError at the timeout. Says what it waits for
         (``awaited``, a text or a callable making it) through ``on_wait`` after 5 s,
         then at growing intervals."""
         end = time.monotonic() + timeout
@@ -128,8 +129,7 @@ class Rendezvous:
             try:
                 return json.loads(self.store.get(key, timeout=max(0.001, min(left, SLICE))))
             except StoreTimeoutError:
-                if rnd is not None:
-                    self.raise_if_signalled(rnd)
+                self.raise_if_signalled(rnd)
                 if time.monotonic() >= end:
                     text = awaited if isinstance(awaited, str) else awaited()
                     raise RendezvousError(f"{what}: gave up waiting for {text} after {timeout:g} s") from None
@@ -201,13 +201,9 @@ class Rendezvous:
         except StoreTimeoutError:
             return  # the others' waits time out too, naming the nodes that never came
         self.store.compare_set(k.members, b"", b"[" + b",".join(infos) + b"]")
-        counts = [json.loads(v)["slots"] for v in infos]
-        world, first = sum(counts), 0
-        seats = []
-        for n, c in enumerate(counts):
-            seats.append((k.seat(n), f"[{first},{world}]"))
-            first += c
-        self.store.multi_set([key for key, _ in seats], [v for _, v in seats])
+        firsts = list(itertools.accumulate((json.loads(v)["slots"] for v in infos), initial=0))
+        world = firsts.pop()
+        self.store.multi_set([k.seat(n) for n in range(self.num_nodes)], [f"[{f},{world}]" for f in firsts])
 
     def members(self, rnd: int, timeout: float) -> list[Member]:
         """Every node of round ``rnd`` (``num_nodes`` of them), in node-rank order; blocks
@@ -238,7 +234,7 @@ class Rendezvous:
         )
         if arrived >= max_nodes:
             close()
-        elif arrived >= min_nodes and not self._wait_closed(rnd, last_call, "last call"):
+        elif arrived >= min_nodes and not self._wait_closed(rnd, last_call, None):
             close()
         if not self._wait_closed(rnd, self.join_timeout, f"at least {min_nodes}"):
             n = self.store.add(k.joined, 0)
@@ -252,10 +248,11 @@ class Rendezvous:
         self.node_rank, self.num_nodes = me, size
         return self.join(rnd, slots, host, addr)
 
-    def _wait_closed(self, rnd: int, timeout: float, wanted: str) -> bool:
+    def _wait_closed(self, rnd: int, timeout: float, wanted: str | None) -> bool:
         """Block until round ``rnd`` of a dynamic launch is closed (True) or ``timeout``
         s pass (False), in SLICE-second waits that look for a stop signal and report
-        how many nodes arrived (``wanted``: of how many) through ``on_wait``."""
+        how many nodes arrived (``wanted``: of how many; None: no reports) through
+        ``on_wait``."""
         key = self.keys(rnd).closed
         progress = WaitReport(5.0)
         end = time.monotonic() + timeout
@@ -268,11 +265,7 @@ class Rendezvous:
                 return True
             except StoreTimeoutError:
                 self.raise_if_signalled(rnd)
-                if (
-                    wanted != "last call"
-                    and self.on_wait is not None
-                    and (waited := progress.due()) is not None
-                ):
+                if wanted is not None and self.on_wait is not None and (waited := progress.due()) is not None:
                     n = self.store.add(self.keys(rnd).joined, 0)
                     self.on_wait(
                         f"rendezvous round {rnd}: {n} of {wanted} nodes arrived; waiting for "
@@ -398,7 +391,8 @@ class Rendezvous:
         what = f"exit barrier of round {rnd}"
         progress = WaitReport(10.0)
         end = time.monotonic() + timeout
-        while n < self.num_nodes - len(lost()):
+        gone = lost()
+        while n < self.num_nodes - len(gone):
             left = end - time.monotonic()
             try:
                 self.store.wait([k.alldone], timeout=max(0.001, min(left, SLICE)))
@@ -406,8 +400,8 @@ class Rendezvous:
             except StoreTimeoutError:
                 if abort is not None and abort():
                     raise RendezvousError(f"{what}: the store stopped answering") from None
-                n = self.store.add(k.ndone, 0)
-                waiting = self._nodes_missing(rnd, k.ndone, k.done, lost())
+                n, gone = self.store.add(k.ndone, 0), lost()
+                waiting = self._nodes_missing(rnd, k.ndone, k.done, gone)
                 if time.monotonic() >= end:
                     raise RendezvousError(
                         f"{what}: gave up waiting for {waiting()} after {timeout:g} s"

@@ -398,7 +398,7 @@ class TcpTransport(Transport):
             if item is None:
                 if self._closed:
                     req.complete(CollectiveError("transport is closed"))
-                elif peer is not None and peer in self._lost and req.local is None:
+                elif peer is not None and peer in self._lost and not self._local_p2p(key, peer):
                     req.complete(PeerLostError(f"rank {peer} is lost: {self._lost[peer]}"))
                 elif peer is None:
                     self._posted_any.setdefault(key, collections.deque()).append(req)
