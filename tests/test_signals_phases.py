@@ -134,14 +134,14 @@ def assert_stopped_by(la, signum, seconds=PROMPT):
     "signum, stop_timeout, line",
     [
         (signal.SIGINT, 60, "stopping 2 workers (up to 60 s; Ctrl-C again to kill now)"),
-        (signal.SIGTERM, 1, "stopping 2 workers (up to 1 s)"),  # a second SIGTERM does not kill
+        (signal.SIGTERM, 1, "stopping 2 workers (up to 1 s)"),  # no Ctrl-C hint after SIGTERM
     ],
 )
 def test_stopping_workers_that_ignore_the_signal_is_said_once(
     launchers, tmp_path, signum, stop_timeout, line
 ):
-    """They keep the launcher waiting up to --stop-timeout: the first stop signal says so
-    at once, and how to cut it short; nothing more is said until the end."""
+    """They keep the launcher waiting up to --stop-timeout: half a second after the first
+    stop signal the launcher says so, and how to cut it short; nothing more until the end."""
     la = launchers(
         "run",
         "--nproc-per-node",
@@ -164,6 +164,14 @@ def test_stopping_workers_that_ignore_the_signal_is_said_once(
         la.signal(signal.SIGINT)  # kills at once
     assert_stopped_by(la, signum)
     assert la.said("stopping") == [f"distlaunch: {line}"], la.lines
+
+
+def test_workers_that_obey_the_stop_signal_are_not_announced(launchers, tmp_path):
+    la = launchers("run", "--nproc-per-node", 2, WORKERS / "actor.py", "--mark-dir", tmp_path, "--sleep", 60)
+    assert wait_for(started(tmp_path, 2))
+    la.signal(signal.SIGINT)
+    assert_stopped_by(la, signal.SIGINT)
+    assert not la.said("stopping"), la.lines
 
 
 # --- (a) waiting for other nodes to join -------------------------------------------------

@@ -35,6 +35,9 @@ from .signals import SignalRelay
 DRAIN_SECONDS = 2.0
 # How often a worker without a pidfd is checked for exit (seconds).
 POLL_SECONDS = 0.05
+# seconds after a stop signal before saying that workers keep the launcher waiting (at most
+# half the stop timeout): workers that obey the signal are gone by then, nothing is said
+SAY_STOPPING_AFTER = 0.5
 
 
 @dataclass(frozen=True)
@@ -121,15 +124,19 @@ class WorkerGroup:
         failure: WorkerFailure | None = None
         outside = False
         kill_at: float | None = None  # set once stopping: when SIGKILL follows SIGTERM
+        say_at: float | None = None  # when to say that workers keep us waiting, if they still do
         drain_until: float | None = None
         open_pipes = 2 * len(self.workers)
         while open_pipes or self.live():
             if self.relay.stop_signal is not None and kill_at is None:
                 kill_at = time.monotonic() + self.stop_timeout  # signal already forwarded
-                self._say_stopping()
+                say_at = time.monotonic() + min(SAY_STOPPING_AFTER, self.stop_timeout / 2)
             if self.relay.kill_now:
                 kill_at = 0.0
             now = time.monotonic()
+            if say_at is not None and now >= say_at:
+                say_at = None
+                self._say_stopping()
             if kill_at is not None and now >= kill_at:
                 for w in self.live():
                     w.signal_group(signal.SIGKILL)
@@ -140,7 +147,7 @@ class WorkerGroup:
                     drain_until = now + DRAIN_SECONDS
                 elif now >= drain_until:
                     break
-            deadlines = [t for t in (kill_at, drain_until) if t is not None and t != float("inf")]
+            deadlines = [t for t in (kill_at, drain_until, say_at) if t is not None and t != float("inf")]
             unwatched = [
                 (w, spec)
                 for w, spec in zip(self.workers, self.specs)
@@ -188,8 +195,9 @@ class WorkerGroup:
         return AttemptResult(failure, self.relay.stop_signal)
 
     def _say_stopping(self) -> None:
-        """Once, at a stop signal: workers that ignore it keep the launcher waiting up to
-        ``stop_timeout``, so say so and how to cut it short (mpirun says it too)."""
+        """Once, SAY_STOPPING_AFTER s after a stop signal (workers that obey it are gone
+        by then and nothing is said): workers that ignore it keep the launcher waiting up
+        to ``stop_timeout``, so say so and how to cut it short (mpirun says it too)."""
         n = len(self.live())
         if n and self.stop_timeout > 0 and not self.relay.kill_now:
             hint = "; Ctrl-C again to kill now" if self.relay.stop_signal == signal.SIGINT else ""
