@@ -62,9 +62,10 @@ def launch(
     functions defined in ``__main__`` or a notebook work (their code travels by value;
     modules they import must be importable on the workers). Results come back the same
     way. ``hosts`` is a ``-H`` list (``"node1:2,node2:2"``);
-    ``env`` sets variables for every worker (their values stay off command lines: they
-    reach ``distlaunch run`` in its environment, as ``-x NAME`` does; names are letters,
-    digits and ``_``); ``options`` are more ``distlaunch run`` options. Worker output
+    ``env`` sets variables for every worker (values as ``str``; they stay off command
+    lines and out of the launcher's own environment: a dotenv file readable by this user
+    only, passed as ``--env-file``; names are letters, digits and ``_``); ``options``
+    are more ``distlaunch run`` options. Worker output
     goes to this process's stdout/stderr, prefixed by rank.
 
     Blocks until the job ends, at most ``timeout`` seconds (None: no limit). Raises
@@ -96,13 +97,14 @@ def launch(
         "-x",
         TOKEN_VAR,
     ]
-    for name in env or {}:  # by name: values off argv (ps shows it), as PORT_VAR's
+    for name in env or {}:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):  # not a glob, no '='
             raise ConfigError(f"launch(env=...): {name!r} is not a variable name; use letters, digits and _")
-        cmd += ["-x", name]
     if hosts:
         cmd += ["-H", hosts]
     scratch = tempfile.TemporaryDirectory(prefix="distlaunch_launch_")
+    if env:  # values off argv (ps shows it) and out of the launcher's own environment
+        cmd += ["--env-file", _env_file(scratch.name, env)]
     root_cause = os.path.join(scratch.name, "root_cause.json")  # see cli._root_cause_to
     cmd += ["--root-cause-file", root_cause, *options, "-m", "distlaunch.launch_api"]
     with scratch, StoreServer("0.0.0.0" if hosts else "127.0.0.1", 0, token=token) as server:
@@ -111,7 +113,7 @@ def launch(
             "127.0.0.1", server.port, token=token, timeout=30, connect=server.connect_local
         ) as store:
             store.set("payload", payload)
-            job_env = {**os.environ, **(env or {}), PORT_VAR: str(server.port), TOKEN_VAR: token}
+            job_env = {**os.environ, PORT_VAR: str(server.port), TOKEN_VAR: token}
             job = subprocess.Popen(cmd, env=job_env)
             try:
                 code = job.wait(timeout)
@@ -132,6 +134,16 @@ def launch(
                 world = int(store.get(f"world/{attempt}"))
                 return [pickle.loads(store.get(f"result/{attempt}/{r}")) for r in range(world)]
             raise _failure(store, attempt, root_cause, code)
+
+
+def _env_file(directory: str, env: dict[str, Any]) -> str:
+    """Write ``env`` (values as str) as a dotenv file readable by this user only, for
+    ``--env-file``; returns its path."""
+    path = os.path.join(directory, "env")
+    quote = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
+        f.writelines(f'{k}="{str(v).translate(quote)}"\n' for k, v in env.items())
+    return path
 
 
 def _failure(store: Any, attempt: int, root_cause: str, code: int) -> LaunchFailedError:

@@ -41,10 +41,13 @@ def argparse_error():
 
 
 def launcher_cmdline_and_env(name):
-    """The command line of this worker's parent (the `distlaunch run` launcher) and the
-    value of variable ``name`` here."""
+    """The command line of this worker's parent (the `distlaunch run` launcher), the
+    value of variable ``name`` here, and whether the launcher's own environment has it."""
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-        return f.read().decode(), os.environ.get(name)
+        cmdline = f.read().decode()
+    with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+        in_launcher = any(v.startswith(name.encode() + b"=") for v in f.read().split(b"\0"))
+    return cmdline, os.environ.get(name), in_launcher
 
 
 def fail_on_rank_one_then_rank_zero_raises_when_stopped():

@@ -73,14 +73,24 @@ def test_launch_failed_error_is_importable_from_the_package():
 
 
 def test_env_values_stay_off_the_command_line():
-    """env= values reach the workers through the launcher's environment, not its argv
-    (which every user sees in ps)."""
-    [(cmdline, value)] = distlaunch.launch(
+    """env= values reach the workers through a dotenv file (--env-file), not the
+    launcher's argv (which every user sees in ps) nor its own environment (where PET_*,
+    PYTHONPATH ... would change the launcher itself)."""
+    [(cmdline, value, in_launcher)] = distlaunch.launch(
         launcher_cmdline_and_env, args=("API_SECRET",), env={"API_SECRET": "hunter2-xyz"}
     )
     assert value == "hunter2-xyz"
-    assert "distlaunch.launch_api" in cmdline and "API_SECRET" in cmdline  # -x API_SECRET, by name
+    assert "distlaunch.launch_api" in cmdline and "--env-file" in cmdline  # the values' file, by path
     assert "hunter2-xyz" not in cmdline
+    assert not in_launcher
+
+
+def test_env_values_keep_quotes_backslashes_newlines_and_become_str():
+    tricky = 'a "quoted" \\path\nnext line'
+    [(_, value, _), (_, number, _)] = distlaunch.launch(
+        launcher_cmdline_and_env, args=("V",), env={"V": tricky}, nproc_per_node=1
+    ) + distlaunch.launch(launcher_cmdline_and_env, args=("N",), env={"N": 4}, nproc_per_node=1)
+    assert value == tricky and number == "4"
 
 
 @pytest.mark.parametrize("name", ["NCCL_*", "A=B", "1X"])
