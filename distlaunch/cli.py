@@ -84,7 +84,7 @@ def _expand_prefixes(params: list[click.Parameter], args: list[str], ctx: click.
     for p in params:
         if isinstance(p, click.Option):
             names.update((n, p) for n in (*p.opts, *p.secondary_opts))
-    longs = [n for n in names if n.startswith("--")]
+    longs = [n for n, p in names.items() if n.startswith("--") and not p.hidden]  # internal: exact only
     out = list(args)
     i = 0
     while i < len(out):

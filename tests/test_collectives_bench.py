@@ -100,6 +100,7 @@ def test_bench_plot_without_matplotlib(tmp_path):
         (["--sizes", "64..8"], "--sizes '64..8' is invalid"),
         (["--dtype", "foo"], "--dtype 'foo' is not an element type"),
         (["--dtype", "U4"], "give one of bool, int8"),
+        (["--dtype", "i4,("], "--dtype 'i4,(' is not an element type"),
         (["--iters", "0"], "--iters 0 is invalid: give at least 1"),
         (["--iters", "-5"], "--iters -5 is invalid"),
     ],

@@ -38,6 +38,13 @@ def test_unambiguous_prefixes_of_long_options_work_as_under_torchrun(tmp_path):
         assert e["_argv"] == ["--dump", str(tmp_path)]
 
 
+def test_a_prefix_never_names_a_hidden_internal_option(tmp_path):
+    # --ro is --role alone: the hidden --root-cause-file (launch()'s) is no candidate
+    res = dl("run", "--ro", "trainer", WORKERS / "actor.py", "--dump-env", tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert envs_of(tmp_path, 1)[0]["ROLE_NAME"] == "trainer"
+
+
 def test_an_ambiguous_prefix_names_the_candidates_and_starts_nothing():
     res = dl("run", "--m", "2", WORKERS / "actor.py", "--sleep", "30", timeout=30)
     assert res.returncode == 2 and res.stdout == ""

@@ -92,7 +92,7 @@ def parse_options(sizes: str, dtype: str, iters: int | None) -> tuple[list[int],
         )
     try:
         dt: np.dtype | None = np.dtype(dtype)
-    except TypeError:
+    except (TypeError, ValueError, SyntaxError):  # numpy parses structured specs ('i4,(')
         dt = None
     if dt not in DTYPE_CODES:
         names = ", ".join(map(str, DTYPE_CODES))
