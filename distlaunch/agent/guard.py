@@ -252,6 +252,7 @@ class OrphanGuard:
             pid = os.posix_spawn(
                 sys.executable, argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)], setsid=True
             )
+            self._spared = self._spared | {pid}  # at once: kill_strays must not take it for a stray
             os.write(w, msg)  # fits the pipe: a few lines per group
         except OSError as e:
             os.close(w)

@@ -70,6 +70,12 @@ _SRUN_INHERITED = (
     "SLURM_EXCLUSIVE",
 )
 
+
+def _srun_env() -> dict[str, str]:
+    """This process's environment less _SRUN_INHERITED (srun would take them as defaults)."""
+    return {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
+
+
 _LABEL = re.compile(rb"^ *(\d+): ?")
 _LAUNCH = re.compile(r"^srun: launching (?:StepId=)?(\S+) on host (\S+), \d+ tasks?: ([\d,-]+)")
 _FINISH = re.compile(r"^srun: (?:launch/slurm: _task_finish: |error: )(\S+): tasks? ([\d,-]+): (.+)$")
@@ -226,7 +232,7 @@ class SlurmEngine:
         """Run the agent step on ``node_ids`` (``srun_argv``) without waiting: the agents
         say hello and wait for their spec (``start``). Raises ConfigError when srun cannot
         be run."""
-        env = {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
+        env = _srun_env()
         self.started = list(node_ids)
         try:
             self.proc = subprocess.Popen(
@@ -474,7 +480,7 @@ class SlurmEngine:
             "distlaunch.agent.kill",
             *(f"{p}:{t}" for p, t in records),
         ]
-        env = {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
+        env = _srun_env()
         env.update(self.cmd_env)
         try:
             subprocess.run(argv, env=env, capture_output=True, timeout=10, start_new_session=True)
@@ -508,7 +514,7 @@ class SlurmEngine:
         reports of the cancel (srun's and slurmstepd's: aborted, killed) are not shown."""
         self._cancelled = True
         if self.step is not None:
-            env = {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
+            env = _srun_env()
             try:
                 subprocess.run(["scancel", "--quiet", self.step], env=env, capture_output=True, timeout=5)
             except (OSError, subprocess.TimeoutExpired):
