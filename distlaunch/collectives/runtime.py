@@ -164,7 +164,9 @@ class Runtime:
         published = self._init_wait([f"{ns}nonce"], deadline, timeout)
         key = derive_key(token, "transport", ns, published[:_NONCE])
         if not hmac.compare_digest(published[_NONCE:], _key_check(key)):
-            self.store.set(f"{ns}other-token/{rank}", b"1")  # for rank 0's timeout message
+            self.store.set(f"{ns}other-token/{rank}", b"1")  # names it in the others' errors
+            self.store.add(f"{ns}other-tokens", 1)
+            self.store.set(f"{ns}joined/{rank}", b"")  # releases the others' wait: they raise too
             raise ConfigError(
                 f"rank {rank} holds a different secret from rank 0's (its key does not match rank 0's "
                 f"check value): give every rank the same {TOKEN_VAR} (or the same per-user secret file)"
@@ -187,6 +189,11 @@ class Runtime:
             self.store.set(f"{ns}node/{rank}", self._shm_node.encode())
             self.store.set(f"{ns}joined/{rank}", b"1")
             self._init_wait([f"{ns}joined/{r}" for r in range(world_size)], deadline, timeout)
+            if self.store.add(f"{ns}other-tokens", 0):  # one look, not one per rank
+                raise ConfigError(
+                    f"ranks {self._other_tokens()} hold a different secret from rank 0's: give every "
+                    f"rank the same {TOKEN_VAR} (or the same per-user secret file)"
+                )
         except BaseException:
             self.close()
             raise
@@ -203,9 +210,7 @@ class Runtime:
             absent = [
                 r for r in range(self.world_size) if not self.store.check([f"{self.prefix}arrived/{r}"])
             ]
-            other = absent or [
-                r for r in range(self.world_size) if self.store.check([f"{self.prefix}other-token/{r}"])
-            ]
+            other = [] if absent else self._other_tokens()
             why = (
                 f"ranks {absent} did not join"
                 if absent
@@ -217,6 +222,10 @@ class Runtime:
             raise CollectiveTimeoutError(
                 f"init_process_group timed out after {timeout:g} s: {why} (world size {self.world_size}): {e}"
             ) from e
+
+    def _other_tokens(self) -> list[int]:
+        """The ranks that found they hold another secret than rank 0's."""
+        return [r for r in range(self.world_size) if self.store.check([f"{self.prefix}other-token/{r}"])]
 
     def _status(self, gid: int) -> tuple[int, int]:
         g = self.groups.get(gid)
