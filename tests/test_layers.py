@@ -40,9 +40,11 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "standard-library helpers: environment contract, secrets, config, hosts, store framing, "
-        "worker processes, signals, the orphan guard, the remote command line",
+        "worker processes, signals, the orphan guard, the remote command line, GPUs and NUMA",
         [
             "distlaunch.env",
+            "distlaunch.devices",
+            "distlaunch.numa",
             "distlaunch.secret",
             "distlaunch.config",
             "distlaunch.hosts",

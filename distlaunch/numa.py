@@ -1,0 +1,252 @@
+"""NUMA-aware CPU sets for ranks that drive GPUs, read from sysfs.
+
+torchrun's ``--numa-binding node|socket|exclusive|core-complex`` (``torch/numa/binding.py``,
+torch 2.13), computed from the same sysfs files under a root directory (``/`` in
+production, a directory tree in tests):
+
+- a GPU's NUMA node: ``<root>/sys/bus/pci/devices/<bus id>/numa_node``;
+- a node's CPUs: ``<root>/sys/devices/system/node/node<N>/cpulist``;
+- a CPU's socket: ``<root>/sys/devices/system/cpu/cpu<N>/topology/physical_package_id``;
+- a CPU's physical core: its ``topology/thread_siblings_list`` (the lowest sibling names
+  the core);
+- a CPU's core complex: the CPUs sharing its highest-level data or unified cache
+  (``cache/index*/{level,type,shared_cpu_list}``).
+
+Where this differs from torch, on purpose: a ``numa_node`` of ``-1`` (the platform gave
+no NUMA information) leaves that rank unbound, where torch assumes node 0; a rank with
+several GPUs (``--gpus-per-rank``) gets the union of its GPUs' CPUs (torch has one GPU
+per rank); a missing ``thread_siblings_list`` counts each CPU as its own core and a
+missing cache directory makes the whole node one complex, where torch fails; a result
+is also a memory node set (``mems``) for a memory policy, which torchrun does not set.
+Everything is read when called; nothing blocks beyond small file reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .devices import Device, VisibleDevices, normalize_bus_id
+from .errors import ConfigError
+
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
+
+_NODES = os.path.join("sys", "devices", "system", "node")
+_CPUS = os.path.join("sys", "devices", "system", "cpu")
+_PCI = os.path.join("sys", "bus", "pci", "devices")
+
+
+@dataclass(frozen=True)
+class NumaBinding:
+    """One local rank's binding. ``cpus``: the CPUs it may run on (always within the
+    launcher's allowed CPUs), None to leave its inherited affinity alone; ``mems``: the
+    NUMA nodes its memory should come from (for ``numactl --membind`` or
+    ``set_mempolicy``), None for no policy; ``note``: why the rank is left unbound, for
+    one line of output ("" when bound)."""
+
+    cpus: frozenset[int] | None
+    mems: frozenset[int] | None
+    note: str = ""
+
+
+def parse_cpulist(text: str) -> frozenset[int]:
+    """The kernel's CPU and node list format: ``0-15,32-47`` -> {0..15, 32..47}; an
+    empty text (a node without CPUs) is the empty set. Raises ValueError otherwise."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU range {part!r} in {text!r}")
+        out.update(range(first, last + 1))
+    return frozenset(out)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def gpu_numa_node(bus_id: str | None, root: str = "/") -> int | None:
+    """The NUMA node of the PCI device ``bus_id`` (any spelling :func:`normalize_bus_id`
+    takes), or None when unknown: no bus id, no sysfs entry, or ``-1`` (a platform
+    without NUMA information)."""
+    if bus_id is None:
+        return None
+    text = _read(os.path.join(root, _PCI, normalize_bus_id(bus_id), "numa_node"))
+    try:
+        node = int(text) if text is not None else -1
+    except ValueError:
+        return None
+    return node if node >= 0 else None
+
+
+def node_cpus(root: str = "/") -> dict[int, frozenset[int]]:
+    """Every NUMA node's CPUs (``node<N>/cpulist``), allowed or not; {} without sysfs."""
+    base = os.path.join(root, _NODES)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return {}
+    out = {}
+    for name in names:
+        if name.startswith("node") and name[4:].isdigit():
+            text = _read(os.path.join(base, name, "cpulist"))
+            if text is not None:
+                out[int(name[4:])] = parse_cpulist(text)
+    return out
+
+
+class _Topology:
+    """The sysfs facts one computation needs, each file read once."""
+
+    def __init__(self, root: str, allowed: frozenset[int]) -> None:
+        self.root, self.allowed = root, allowed
+        self.nodes = node_cpus(root)
+        self._numa: dict[str | None, int | None] = {}
+
+    def numa_of(self, device: Device) -> int | None:
+        if device.bus_id not in self._numa:
+            self._numa[device.bus_id] = gpu_numa_node(device.bus_id, self.root)
+        return self._numa[device.bus_id]
+
+    def cpu_file(self, cpu: int, *rel: str) -> str | None:
+        return _read(os.path.join(self.root, _CPUS, f"cpu{cpu}", *rel))
+
+    def socket_of_node(self, node: int) -> int | None:
+        # Any CPU of the node names its package (torch takes an allowed one; any will do).
+        for cpu in sorted(self.nodes.get(node, ())):
+            text = self.cpu_file(cpu, "topology", "physical_package_id")
+            if text is not None:
+                return int(text)
+        return None
+
+    def core_of(self, cpu: int) -> int:
+        text = self.cpu_file(cpu, "topology", "thread_siblings_list")
+        return min(parse_cpulist(text)) if text else cpu
+
+    def complex_of(self, cpu: int) -> int | None:
+        """Lowest CPU sharing ``cpu``'s highest-level data/unified cache."""
+        base = os.path.join(self.root, _CPUS, f"cpu{cpu}", "cache")
+        try:
+            entries = os.listdir(base)
+        except OSError:
+            return None
+        best, key = -1, None
+        for entry in entries:
+            if not (entry.startswith("index") and entry[5:].isdecimal()):
+                continue
+            d = os.path.join(base, entry)
+            level, kind, shared = (_read(os.path.join(d, f)) for f in ("level", "type", "shared_cpu_list"))
+            if kind in ("Unified", "Data") and level and shared and int(level) > best:
+                best, key = int(level), min(parse_cpulist(shared))
+        return key
+
+
+def _split_evenly(groups: list[list[int]], count: int, index: int) -> list[int]:
+    """Share ``index`` of ``count`` contiguous shares of ``groups``, the first
+    ``len(groups) % count`` shares one group larger (torch's exclusive split)."""
+    per, extra = divmod(len(groups), count)
+    start = index * per + min(index, extra)
+    return [cpu for g in groups[start : start + per + (index < extra)] for cpu in g]
+
+
+def _grouped(cpus: Iterable[int], key: dict[int, int]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for cpu in sorted(cpus):
+        out.setdefault(key[cpu], []).append(cpu)
+    return out
+
+
+def _gpu_cpus(mode: str, topo: _Topology, node: int, peers: list[Device], device: Device) -> set[int]:
+    """The CPUs ``mode`` gives the GPU ``device`` on NUMA node ``node``, whose GPUs (in
+    the visible order) are ``peers``."""
+    node_allowed = topo.nodes.get(node, frozenset()) & topo.allowed
+    if mode == "node":
+        return set(node_allowed)
+    if mode == "socket":
+        sock = topo.socket_of_node(node)
+        same = [n for n in topo.nodes if sock is not None and topo.socket_of_node(n) == sock] or [node]
+        return {c for n in same for c in topo.nodes[n] & topo.allowed}
+    rel = peers.index(device)
+    if mode == "exclusive":
+        cores = _grouped(node_allowed, {c: topo.core_of(c) for c in node_allowed})
+        if len(cores) < len(peers):
+            raise ConfigError(
+                f"--numa-binding exclusive: NUMA node {node} has {len(cores)} physical cores this "
+                f"launcher may use for its {len(peers)} GPUs; use --numa-binding node"
+            )
+        return set(_split_evenly([cores[k] for k in sorted(cores)], len(peers), rel))
+    # core-complex: one cache group per GPU, larger groups first, wrapping round (torch's order)
+    keys = {c: topo.complex_of(c) for c in node_allowed}
+    if not node_allowed or any(k is None for k in keys.values()):
+        return set(node_allowed)  # no cache topology: the node is one complex
+    groups = _grouped(node_allowed, {c: k for c, k in keys.items() if k is not None})
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return set(ordered[rel % len(ordered)][1])
+
+
+def numa_bindings(
+    mode: str,
+    ranks: Sequence[Sequence[Device]],
+    visible: VisibleDevices,
+    allowed_cpus: Iterable[int],
+    root: str = "/",
+) -> list[NumaBinding]:
+    """Per local rank, its CPUs and memory nodes under ``--numa-binding mode``.
+
+    ``ranks[i]``: local rank i's devices (``[r.devices for r in place_gpus(...)]``; for
+    torchrun's own rule, rank i drives visible device i: ``[visible.devices[i:i+1] for
+    i in range(L)]``). ``visible``: every device of the node, in order: ``exclusive``
+    and ``core-complex`` divide a NUMA node among all its visible GPUs, used or not, as
+    torch does. ``allowed_cpus``: the launcher's own affinity (``os.sched_getaffinity(0)``,
+    which honours taskset and cgroup cpusets); every set is within it.
+
+    - ``node``: the CPUs of the GPU's NUMA node; memory from that node;
+    - ``socket``: the CPUs of every NUMA node on the GPU's socket; memory from those;
+    - ``exclusive``: the node's physical cores split into contiguous equal shares, one
+      per GPU on the node in visible order (lower GPUs get one extra core when it does
+      not divide), every hyperthread of a core with it;
+    - ``core-complex``: one group of cores sharing the last-level cache per GPU, larger
+      groups first, shared round robin when GPUs outnumber groups.
+
+    A rank is unbound (``cpus`` None, ``note`` saying why) when it has no GPU, a GPU's
+    NUMA node is unknown (``-1``, no bus id) or none of the CPUs are allowed. Raises
+    ConfigError (exit 2) for an unknown mode, or ``exclusive`` with fewer physical
+    cores than GPUs on a node.
+    """
+    if mode not in NUMA_MODES:
+        raise ConfigError(f"--numa-binding {mode!r} is invalid: use one of {', '.join(NUMA_MODES)}")
+    topo = _Topology(root, frozenset(allowed_cpus))
+    by_node: dict[int, list[Device]] = {}
+    for d in visible.devices:
+        node = topo.numa_of(d)
+        if node is not None:
+            by_node.setdefault(node, []).append(d)
+    out = []
+    for devices in ranks:
+        nodes = [topo.numa_of(d) for d in devices]
+        unknown = [d.id for d, n in zip(devices, nodes) if n is None]
+        if not devices or unknown:
+            why = f"GPU {', '.join(unknown)} has no NUMA node" if unknown else "the rank has no GPU"
+            out.append(NumaBinding(None, None, f"not bound: {why}"))
+            continue
+        known = [n for n in nodes if n is not None]  # all of them (checked above); for the type checker
+        cpus: set[int] = set()
+        for d, node in zip(devices, known):
+            cpus |= _gpu_cpus(mode, topo, node, by_node.get(node, [d]), d)
+        mems = set(known)
+        if mode == "socket":  # memory from every node whose CPUs the rank got
+            mems |= {n for n, c in topo.nodes.items() if c & cpus}
+        if not cpus:
+            where = ",".join(str(n) for n in sorted(mems))
+            out.append(NumaBinding(None, None, f"not bound: no CPU of NUMA node {where} is allowed here"))
+            continue
+        out.append(NumaBinding(frozenset(cpus), frozenset(mems)))
+    return out
