@@ -43,13 +43,16 @@ class Gpu:
 
     ``index``: NVML's (and ``nvidia-smi``'s) index, which is PCI bus order; ``uuid``:
     ``GPU-...`` ("" when unknown); ``bus_id``: normalised PCI address (see
-    :func:`normalize_bus_id`); ``mig``: the UUIDs (``MIG-...``) of its MIG devices when
-    MIG mode is on (NVML only)."""
+    :func:`normalize_bus_id`, done here: any spelling may be given); ``mig``: the UUIDs
+    (``MIG-...``) of its MIG devices when MIG mode is on (NVML only)."""
 
     index: int
     uuid: str
     bus_id: str
     mig: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bus_id", normalize_bus_id(self.bus_id))
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ def nvml_gpus() -> list[Gpu] | None:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            bus_id = normalize_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(h).busId))
+            bus_id = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
             gpus.append(Gpu(i, _text(pynvml.nvmlDeviceGetUUID(h)), bus_id, _nvml_migs(pynvml, h)))
         return gpus
     except pynvml.NVMLError:
