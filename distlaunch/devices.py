@@ -17,7 +17,7 @@ Which GPUs are visible (:func:`visible_gpus`), in this order:
 
 Placement (:func:`place_gpus`) gives local rank ``i`` the devices ``[i*K, (i+1)*K)`` of
 that list (the user's own subset and order kept) and writes them into the rank's own
-visibility variable, as Slurm's ``--gpus-per-task`` with ``--gpu-bind`` does; torchrun's
+visibility variable, as Slurm's ``srun --gpus-per-task K --gpu-bind per_task:K`` does; torchrun's
 ``--virtual-local-rank`` is the case ``K = 1`` with ``LOCAL_RANK=0``.
 """
 
@@ -267,6 +267,10 @@ def visible_gpus(
     end the list at the first index or UUID that names no GPU. MIG: every listed MIG
     device is kept so that ranks can get one each (one process sees at most one, CUDA's
     rule); without a variable, a GPU in MIG mode contributes its MIG devices.
+
+    Discovered GPUs are numbered in PCI bus order (NVML's and ``nvidia-smi``'s indices),
+    which is CUDA's order under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and, on a node of
+    identical GPUs, under CUDA's default (fastest first) too.
     """
     gpus = nvml()
     from_nvml = gpus is not None
@@ -316,7 +320,7 @@ def place_gpus(
 
     Local rank ``i`` gets ``visible.devices[i*K:(i+1)*K]`` (``K = gpus_per_rank``) and
     its visibility variable (``visible.variable``) set to just those, so ``cuda:0`` is
-    its first device (Slurm's ``--gpus-per-task`` with ``--gpu-bind``); ``LOCAL_RANK``
+    its first device (Slurm's ``--gpu-bind per_task:K``); ``LOCAL_RANK``
     stays the real local rank. With ``virtual_local_rank`` (torchrun's
     ``--virtual-local-rank``) ``LOCAL_RANK`` is ``"0"`` as well, so a script's
     ``torch.cuda.set_device(LOCAL_RANK)`` picks its own device; torchrun sets no other

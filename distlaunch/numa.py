@@ -168,7 +168,7 @@ def _gpu_cpus(mode: str, topo: _Topology, node: int, peers: list[Device], device
     """The CPUs ``mode`` gives the GPU ``device`` on NUMA node ``node``, whose GPUs (in
     the visible order) are ``peers``."""
     node_allowed = topo.nodes.get(node, frozenset()) & topo.allowed
-    if mode == "node":
+    if mode == "node" or not node_allowed:  # none allowed: the caller leaves the rank unbound
         return set(node_allowed)
     if mode == "socket":
         sock = topo.socket_of_node(node)

@@ -373,6 +373,10 @@ def test_binding_stays_within_the_launchers_cpus(machine):
     assert [(b.cpus, b.mems, b.note) for b in out][4:] == [
         (None, None, "not bound: no CPU of NUMA node 1 is allowed here")
     ] * 4
+    for mode in ("exclusive", "core-complex", "socket"):
+        out = numa_bindings(mode, torchrun_ranks(v, 8), v, cpus("0-15,32-47"), machine)
+        assert all(b.cpus is not None for b in out[:4]), mode
+        assert [b.note for b in out[4:]] == ["not bound: no CPU of NUMA node 1 is allowed here"] * 4, mode
 
 
 def test_unknown_numa_node_leaves_only_that_rank_unbound(machine):
