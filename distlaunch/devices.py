@@ -358,3 +358,10 @@ def place_gpus(
             env["LOCAL_RANK"] = "0"
         out.append(RankDevices(i, mine, env))
     return out
+
+
+def torchrun_gpus(visible: VisibleDevices, local_world_size: int) -> list[tuple[Device, ...]]:
+    """Each local rank's GPU when nothing is placed: torchrun's rule (its NUMA binding
+    takes local rank i's GPU to be ``cuda:i``), i.e. visible device i; none for a rank
+    beyond the list. For :func:`distlaunch.numa.numa_bindings` without placement."""
+    return [visible.devices[i : i + 1] for i in range(local_world_size)]

@@ -168,13 +168,13 @@ def _gpu_cpus(mode: str, topo: _Topology, node: int, peers: list[Device], device
     """The CPUs ``mode`` gives the GPU ``device`` on NUMA node ``node``, whose GPUs (in
     the visible order) are ``peers``."""
     node_allowed = topo.nodes.get(node, frozenset()) & topo.allowed
-    if mode == "node" or not node_allowed:  # none allowed: the caller leaves the rank unbound
-        return set(node_allowed)
     if mode == "socket":
         sock = topo.socket_of_node(node)
         same = [n for n in topo.nodes if sock is not None and topo.socket_of_node(n) == sock] or [node]
         return {c for n in same for c in topo.nodes[n] & topo.allowed}
-    rel = peers.index(device)
+    if mode == "node" or not node_allowed:  # none allowed: the caller leaves the rank unbound
+        return set(node_allowed)
+    rel = peers.index(device) if device in peers else 0
     if mode == "exclusive":
         cores = _grouped(node_allowed, {c: topo.core_of(c) for c in node_allowed})
         if len(cores) < len(peers):
@@ -185,7 +185,7 @@ def _gpu_cpus(mode: str, topo: _Topology, node: int, peers: list[Device], device
         return set(_split_evenly([cores[k] for k in sorted(cores)], len(peers), rel))
     # core-complex: one cache group per GPU, larger groups first, wrapping round (torch's order)
     keys = {c: topo.complex_of(c) for c in node_allowed}
-    if not node_allowed or any(k is None for k in keys.values()):
+    if any(k is None for k in keys.values()):
         return set(node_allowed)  # no cache topology: the node is one complex
     groups = _grouped(node_allowed, {c: k for c, k in keys.items() if k is not None})
     ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
@@ -202,10 +202,10 @@ def numa_bindings(
     """Per local rank, its CPUs and memory nodes under ``--numa-binding mode``.
 
     ``ranks[i]``: local rank i's devices (``[r.devices for r in place_gpus(...)]``; for
-    torchrun's own rule, rank i drives visible device i: ``[visible.devices[i:i+1] for
-    i in range(L)]``). ``visible``: every device of the node, in order: ``exclusive``
-    and ``core-complex`` divide a NUMA node among all its visible GPUs, used or not, as
-    torch does. ``allowed_cpus``: the launcher's own affinity (``os.sched_getaffinity(0)``,
+    torchrun's own rule, rank i drives visible device i: ``devices.torchrun_gpus(...)``).
+    ``visible``: every device of the node, in order (the ranks' devices come from it):
+    ``exclusive`` and ``core-complex`` divide a NUMA node among all its visible GPUs, used
+    or not, as torch does. ``allowed_cpus``: the launcher's own affinity (``os.sched_getaffinity(0)``,
     which honours taskset and cgroup cpusets); every set is within it.
 
     - ``node``: the CPUs of the GPU's NUMA node; memory from that node;

@@ -24,6 +24,7 @@ from distlaunch.devices import (
     place_gpus,
     proc_gpus,
     require_gpus,
+    torchrun_gpus,
     visible_gpus,
 )
 from distlaunch.errors import ConfigError
@@ -337,14 +338,9 @@ NODE0 = cpus("0-15,32-47")
 NODE1 = cpus("16-31,48-63")
 
 
-def torchrun_ranks(v: VisibleDevices, local_world_size: int):
-    """torchrun's rule without placement: local rank i drives visible GPU i."""
-    return [v.devices[i : i + 1] for i in range(local_world_size)]
-
-
 def test_node_binding_every_rank(machine):
     v = visible_gpus({}, machine, nvml=NO_NVML)
-    out = numa_bindings("node", torchrun_ranks(v, 8), v, ALL_CPUS, machine)
+    out = numa_bindings("node", torchrun_gpus(v, 8), v, ALL_CPUS, machine)
     assert [b.cpus for b in out] == [NODE0] * 4 + [NODE1] * 4
     assert [b.mems for b in out] == [{0}] * 4 + [{1}] * 4
     assert all(b.note == "" for b in out)
@@ -366,15 +362,15 @@ def test_node_binding_follows_the_placed_gpu_not_the_local_rank(machine):
 def test_binding_stays_within_the_launchers_cpus(machine):
     v = visible_gpus({}, machine, nvml=NO_NVML)
     allowed = cpus("0-7,16-23")  # e.g. a cgroup cpuset without hyperthreads
-    out = numa_bindings("node", torchrun_ranks(v, 8), v, allowed, machine)
+    out = numa_bindings("node", torchrun_gpus(v, 8), v, allowed, machine)
     assert [b.cpus for b in out] == [cpus("0-7")] * 4 + [cpus("16-23")] * 4
-    out = numa_bindings("node", torchrun_ranks(v, 8), v, cpus("0-15"), machine)
+    out = numa_bindings("node", torchrun_gpus(v, 8), v, cpus("0-15"), machine)
     assert [b.cpus for b in out][:4] == [cpus("0-15")] * 4
     assert [(b.cpus, b.mems, b.note) for b in out][4:] == [
         (None, None, "not bound: no CPU of NUMA node 1 is allowed here")
     ] * 4
     for mode in ("exclusive", "core-complex", "socket"):
-        out = numa_bindings(mode, torchrun_ranks(v, 8), v, cpus("0-15,32-47"), machine)
+        out = numa_bindings(mode, torchrun_gpus(v, 8), v, cpus("0-15,32-47"), machine)
         assert all(b.cpus is not None for b in out[:4]), mode
         assert [b.note for b in out[4:]] == ["not bound: no CPU of NUMA node 1 is allowed here"] * 4, mode
 
@@ -383,13 +379,13 @@ def test_unknown_numa_node_leaves_only_that_rank_unbound(machine):
     set_numa_node(machine, BUS_IDS[3], "-1")
     os.remove(os.path.join(machine, "sys", "bus", "pci", "devices", BUS_IDS[5], "numa_node"))
     v = visible_gpus({}, machine, nvml=NO_NVML)
-    out = numa_bindings("node", torchrun_ranks(v, 8), v, ALL_CPUS, machine)
+    out = numa_bindings("node", torchrun_gpus(v, 8), v, ALL_CPUS, machine)
     assert [b.cpus for b in out] == [NODE0] * 3 + [None, NODE1, None, NODE1, NODE1]
     assert out[3].note == "not bound: GPU 3 has no NUMA node"
     assert out[5].note == "not bound: GPU 5 has no NUMA node"
     # a rank beyond the visible GPUs (torchrun's rule with more ranks than GPUs) has none
     v2 = visible_gpus({"CUDA_VISIBLE_DEVICES": "0"}, machine, nvml=NO_NVML)
-    out = numa_bindings("node", torchrun_ranks(v2, 2), v2, ALL_CPUS, machine)
+    out = numa_bindings("node", torchrun_gpus(v2, 2), v2, ALL_CPUS, machine)
     assert [(b.cpus, b.note) for b in out] == [(NODE0, ""), (None, "not bound: the rank has no GPU")]
 
 
@@ -398,28 +394,31 @@ def test_socket_binding_spans_the_sockets_nodes(tmp_path):
     nodes, node mode only the GPU's own."""
     root = build_machine(tmp_path, nodes_per_socket=2)
     v = visible_gpus({}, root, nvml=NO_NVML)
-    node = numa_bindings("node", torchrun_ranks(v, 8), v, ALL_CPUS, root)
+    node = numa_bindings("node", torchrun_gpus(v, 8), v, ALL_CPUS, root)
     assert [b.cpus for b in node][::2] == [
         cpus("0-7,32-39"),
         cpus("8-15,40-47"),
         cpus("16-23,48-55"),
         cpus("24-31,56-63"),
     ]
-    sock = numa_bindings("socket", torchrun_ranks(v, 8), v, ALL_CPUS, root)
+    sock = numa_bindings("socket", torchrun_gpus(v, 8), v, ALL_CPUS, root)
     assert [b.cpus for b in sock] == [NODE0] * 4 + [NODE1] * 4
     assert [b.mems for b in sock] == [{0, 1}] * 4 + [{2, 3}] * 4
+    # the GPU's own node has no allowed CPU, its socket's other node has: socket mode binds
+    sock = numa_bindings("socket", torchrun_gpus(v, 1), v, cpus("8-15"), root)
+    assert [(b.cpus, b.mems) for b in sock] == [(cpus("8-15"), {0, 1})]
 
 
 def test_exclusive_binding_splits_physical_cores(machine):
     v = visible_gpus({}, machine, nvml=NO_NVML)
-    out = numa_bindings("exclusive", torchrun_ranks(v, 8), v, ALL_CPUS, machine)
+    out = numa_bindings("exclusive", torchrun_gpus(v, 8), v, ALL_CPUS, machine)
     assert [b.cpus for b in out] == [
         cpus(f"{4 * i}-{4 * i + 3},{4 * i + 32}-{4 * i + 35}") for i in range(8)
     ]  # 16 cores / 4 GPUs per node: 4 cores each, with their hyperthreads
     assert [b.mems for b in out] == [{0}] * 4 + [{1}] * 4
     # 14 allowed cores on node 0: shares of 4, 4, 3, 3 (the lower GPUs get the extra ones)
     allowed = cpus("0-13,32-45,16-31,48-63")
-    out = numa_bindings("exclusive", torchrun_ranks(v, 4), v, allowed, machine)
+    out = numa_bindings("exclusive", torchrun_gpus(v, 4), v, allowed, machine)
     assert [b.cpus for b in out] == [
         cpus("0-3,32-35"),
         cpus("4-7,36-39"),
@@ -431,7 +430,7 @@ def test_exclusive_binding_splits_physical_cores(machine):
     out = numa_bindings("exclusive", [r.devices for r in ranks], v, ALL_CPUS, machine)
     assert [b.cpus for b in out] == [NODE0, NODE1]
     with pytest.raises(ConfigError) as e:
-        numa_bindings("exclusive", torchrun_ranks(v, 1), v, cpus("0-2,16-31"), machine)
+        numa_bindings("exclusive", torchrun_gpus(v, 1), v, cpus("0-2,16-31"), machine)
     assert str(e.value) == (
         "--numa-binding exclusive: NUMA node 0 has 3 physical cores this launcher may use "
         "for its 4 GPUs; use --numa-binding node"
@@ -441,19 +440,19 @@ def test_exclusive_binding_splits_physical_cores(machine):
 def test_exclusive_divides_among_all_visible_gpus_of_the_node(machine):
     """As torch: the node is shared among its visible GPUs, not only the ones ranks use."""
     v = visible_gpus({"CUDA_VISIBLE_DEVICES": "1,0"}, machine, nvml=NO_NVML)
-    out = numa_bindings("exclusive", torchrun_ranks(v, 1), v, ALL_CPUS, machine)
+    out = numa_bindings("exclusive", torchrun_gpus(v, 1), v, ALL_CPUS, machine)
     assert out[0].cpus == cpus("0-7,32-39")  # GPU 1 is first of the node's two visible GPUs
 
 
 def test_core_complex_binding(machine):
     v = visible_gpus({}, machine, nvml=NO_NVML)
-    out = numa_bindings("core-complex", torchrun_ranks(v, 8), v, ALL_CPUS, machine)
+    out = numa_bindings("core-complex", torchrun_gpus(v, 8), v, ALL_CPUS, machine)
     a, b = cpus("0-7,32-39"), cpus("8-15,40-47")
     c, d = cpus("16-23,48-55"), cpus("24-31,56-63")
     assert [x.cpus for x in out] == [a, b, a, b, c, d, c, d]  # 4 GPUs over 2 complexes: round robin
     # the larger (more allowed CPUs) complex comes first
     allowed = ALL_CPUS - cpus("0-3")
-    out = numa_bindings("core-complex", torchrun_ranks(v, 2), v, allowed, machine)
+    out = numa_bindings("core-complex", torchrun_gpus(v, 2), v, allowed, machine)
     assert [x.cpus for x in out] == [b, a - cpus("0-3")]
 
 
@@ -463,11 +462,11 @@ def test_core_complex_without_cache_topology_is_the_node(machine):
     for cpu in range(64):
         shutil.rmtree(os.path.join(machine, "sys", "devices", "system", "cpu", f"cpu{cpu}", "cache"))
     v = visible_gpus({}, machine, nvml=NO_NVML)
-    out = numa_bindings("core-complex", torchrun_ranks(v, 8), v, ALL_CPUS, machine)
+    out = numa_bindings("core-complex", torchrun_gpus(v, 8), v, ALL_CPUS, machine)
     assert [x.cpus for x in out] == [NODE0] * 4 + [NODE1] * 4
 
 
 def test_unknown_mode_is_a_usage_error(machine):
     v = visible_gpus({}, machine, nvml=NO_NVML)
     with pytest.raises(ConfigError, match=r"^--numa-binding 'nodes' is invalid: use one of node, socket"):
-        numa_bindings("nodes", torchrun_ranks(v, 1), v, ALL_CPUS, machine)
+        numa_bindings("nodes", torchrun_gpus(v, 1), v, ALL_CPUS, machine)
