@@ -35,6 +35,7 @@ CUDA_VAR = "CUDA_VISIBLE_DEVICES"
 # Read in this order: the first one set is the visible list.
 VISIBILITY_VARS = (CUDA_VAR, "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 PROC_GPUS = os.path.join("proc", "driver", "nvidia", "gpus")  # under the root
+NO_DRIVER, NO_GPU = "no NVIDIA driver", "NVML lists no GPU"  # VisibleDevices.source of an empty list
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class VisibleDevices:
     ``variable``: the environment variable a rank's own list is written to (the one the
     list came from; ``CUDA_VISIBLE_DEVICES`` when discovered from NVML or proc files).
     ``source``: where the list came from, for messages and ``--dry-run``: the variable
-    with its value, ``NVML``, the proc directory, or ``no NVIDIA driver``."""
+    with its value, ``NVML``, the proc directory, or (empty) ``NO_DRIVER`` / ``NO_GPU``."""
 
     devices: tuple[Device, ...]
     variable: str
@@ -251,6 +252,14 @@ def _resolve(ident: str, gpus: Sequence[Gpu]) -> Gpu | None:
     return matches[0] if len(matches) == 1 else None
 
 
+def _checkable(ident: str, gpus: Sequence[Gpu]) -> bool:
+    """Whether the known GPUs can tell that ``ident`` names none of them: an index, or a
+    UUID when every GPU's UUID is known; never a MIG id (NVML may not list them)."""
+    if not gpus or ident.startswith("MIG-"):
+        return False
+    return ident.isdigit() or all(g.uuid for g in gpus)
+
+
 def visible_gpus(
     environ: Mapping[str, str],
     root: str = "/",
@@ -283,14 +292,14 @@ def visible_gpus(
         devices = []
         for ident in parse_visible_devices(value):
             gpu = _resolve(ident, gpus) if var == CUDA_VAR else None
-            if gpu is None and gpus and var == CUDA_VAR and not ident.startswith("MIG-"):
+            if gpu is None and var == CUDA_VAR and _checkable(ident, gpus):
                 break  # names no GPU on this machine: CUDA stops the list here
             devices.append(Device(ident, gpu.bus_id if gpu else None))
         return VisibleDevices(tuple(devices), var, f"{var}={value!r}")
     devices = []
     for g in gpus:
         devices.extend([Device(m, g.bus_id) for m in g.mig] or [Device(str(g.index), g.bus_id)])
-    source = "NVML" if from_nvml else "/" + PROC_GPUS if gpus else "no NVIDIA driver"
+    source = (NO_GPU if not gpus else "NVML") if from_nvml else ("/" + PROC_GPUS if gpus else NO_DRIVER)
     return VisibleDevices(tuple(devices), CUDA_VAR, source)
 
 
@@ -299,8 +308,8 @@ def require_gpus(visible: VisibleDevices, option: str = "--nproc-per-node gpu") 
     where the (empty) list came from when there is none."""
     if visible.devices:
         return len(visible)
-    if visible.source == "no NVIDIA driver":
-        why = "no GPU found on this node (no NVIDIA driver, no CUDA/HIP/ROCR_VISIBLE_DEVICES)"
+    if visible.source in (NO_DRIVER, NO_GPU):
+        why = f"no GPU found on this node ({visible.source}, no CUDA/HIP/ROCR_VISIBLE_DEVICES)"
     else:
         why = f"no GPU visible ({visible.source} hides every GPU)"
     raise ConfigError(f"{option}: {why}; make GPUs visible, or give a number or 'cpu'")

@@ -197,6 +197,10 @@ def test_an_entry_naming_no_gpu_ends_the_list(machine):
     # without a GPU list (no driver) nothing can be checked: the entries are kept as given
     bare = visible_gpus({"CUDA_VISIBLE_DEVICES": "0,9"}, "/nonexistent", nvml=NO_NVML)
     assert bare.ids == ["0", "9"] and [d.bus_id for d in bare.devices] == [None, None]
+    # nor can a UUID be refused when the driver's files do not give every GPU's UUID
+    os.remove(os.path.join(machine, "proc", "driver", "nvidia", "gpus", BUS_IDS[7], "information"))
+    v = visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-ffff,GPU-2222"}, machine, nvml=NO_NVML)
+    assert (v.ids, [d.bus_id for d in v.devices]) == (["GPU-ffff", "GPU-2222"], [None, BUS_IDS[2]])
 
 
 @pytest.mark.parametrize("value", ["", "-1", "-1,0", "x"])
@@ -214,10 +218,16 @@ def test_empty_or_invalid_variable_means_no_gpu(machine, value):
 def test_no_driver_no_variable_is_one_line(tmp_path):
     v = visible_gpus({}, str(tmp_path), nvml=NO_NVML)
     assert (len(v), v.source) == (0, "no NVIDIA driver")
-    with pytest.raises(
-        ConfigError, match=r"^--nproc-per-node gpu: no GPU found on this node \(no NVIDIA driver"
-    ):
+    with pytest.raises(ConfigError) as e:
         require_gpus(v)
+    assert str(e.value) == (
+        "--nproc-per-node gpu: no GPU found on this node (no NVIDIA driver, "
+        "no CUDA/HIP/ROCR_VISIBLE_DEVICES); make GPUs visible, or give a number or 'cpu'"
+    )
+    v = visible_gpus({}, str(tmp_path), nvml=lambda: [])  # NVML runs and lists nothing
+    assert (len(v), v.source) == (0, "NVML lists no GPU")
+    with pytest.raises(ConfigError, match=r"^--gpus-per-rank 1: no GPU found on this node \(NVML lists"):
+        require_gpus(v, "--gpus-per-rank 1")
 
 
 def test_amd_variables(machine):
