@@ -32,7 +32,7 @@ def mode_of(*args: str, env: dict[str, str] | None = None):
     ctx = cli.run.make_context("run", [*args, SCRIPT, "--flag"])
     o = dict(ctx.params)
     script, script_args = o.pop("script"), o.pop("script_args")
-    for action in ("print_config", "dry_run"):
+    for action in ("print_config", "dry_run", "root_cause_file"):
         o.pop(action)
     given = frozenset(k for k in o if ctx.get_parameter_source(k).name == "COMMANDLINE")
     return resolve(script, script_args, o, given, {} if env is None else env)
