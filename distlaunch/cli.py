@@ -830,10 +830,12 @@ def store(host: str, port: int) -> None:
     """
     import os
 
+    from .env import lookup
     from .errors import StoreError
     from .store import StoreServer
 
-    token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or os.urandom(16).hex()
+    given_token = lookup("DISTLAUNCH_STORE_TOKEN")
+    token = given_token or os.urandom(16).hex()
     server = StoreServer(host, port, token)
     try:
         server.start()
@@ -847,7 +849,7 @@ def store(host: str, port: int) -> None:
 
     def ready(server: StoreServer) -> None:
         say(f"store listening on {host}:{server.port}")
-        if "DISTLAUNCH_STORE_TOKEN" not in os.environ:
+        if given_token is None:
             say(f"generated secret (export it for clients): DISTLAUNCH_STORE_TOKEN={token}")
 
     server.serve_forever(on_ready=ready)

@@ -272,13 +272,6 @@ class LaunchConfig:
             raise ConfigError(f"{' and '.join(given)} cannot be combined; choose one")
         if self.stdin not in STDIN_MODES:
             raise ConfigError(f"--stdin {self.stdin!r} is invalid: give {', '.join(STDIN_MODES)}")
-        if self.nproc_per_node < 1:
-            raise ConfigError(f"--nproc-per-node {self.nproc_per_node} is invalid: give at least 1")
-        if self.nproc_per_node > MAX_SLOTS_PER_NODE:
-            raise ConfigError(
-                f"--nproc-per-node {self.nproc_per_node} is more than the "
-                f"{MAX_SLOTS_PER_NODE} workers one node may run; give a smaller number"
-            )
         self.rdzv_options()
         if not 0 <= self.max_restarts <= MAX_RESTARTS:
             raise ConfigError(f"--max-restarts {self.max_restarts} is invalid: give 0 to {MAX_RESTARTS}")

@@ -202,9 +202,9 @@ def _resolve(o: RunOptions, placed: tuple[str, Placement] | None, env: Mapping[s
     _check_signals(o.signals_to_handle)
     job = LaunchConfig(**kw).validate()
     if o.hosts or o.hostfile:
-        return HeadNodes(job, _head_options(o, job.nproc_per_node))
+        return HeadNodes(job, _head_options(o))
     if placed is not None and placed[1] == "head":
-        hosts = plugin(placed[0]).discover(o.replace(nproc_per_node=job.nproc_per_node), env)
+        hosts = plugin(placed[0]).discover(o, env)
         return HeadNodes(job, _head(o, hosts, None, placed[0]))
     if o.include is not None or o.exclude is not None:
         return _local_selection(o, job, per_node=endpoint is not None or static or placed is not None)
@@ -279,7 +279,7 @@ def _local_selection(o: RunOptions, job: LaunchConfig, per_node: bool) -> HeadNo
         )
     n = job.nproc_per_node
     try:
-        return HeadNodes(job, _head_options(o.replace(hosts=f"localhost:{n}"), n))
+        return HeadNodes(job, _head_options(o.replace(hosts=f"localhost:{n}")))
     except ConfigError as e:  # the implicit list is not what the user wrote: say it
         raise ConfigError(f"{e} (without -H the list is localhost with --nproc-per-node {n} slots)") from None
 
@@ -416,7 +416,7 @@ def _check_head_only(o: RunOptions, nnodes: int, max_nodes: int | None) -> None:
             raise ConfigError(f"{given} is for per-node launches; with -H/--hostfile {why}")
 
 
-def _head_options(o: RunOptions, nproc_per_node: int) -> HeadOptions:
+def _head_options(o: RunOptions) -> HeadOptions:
     """Head mode over a host list (-H/--hostfile), agents started by the engine
     --launcher names (SSH by default)."""
     from .hosts import check_one_local, filter_hosts, parse_host_list, parse_hostfile, resolve_slots
@@ -425,7 +425,7 @@ def _head_options(o: RunOptions, nproc_per_node: int) -> HeadOptions:
     if o.hosts and o.hostfile:
         raise ConfigError("give either -H/--hosts or --hostfile, not both")
     hosts = parse_host_list(o.hosts) if o.hosts else parse_hostfile(o.hostfile or "")
-    hosts = filter_hosts(resolve_slots(hosts, nproc_per_node), o.include, o.exclude)
+    hosts = filter_hosts(resolve_slots(hosts, o.nproc_per_node), o.include, o.exclude)
     check_one_local(hosts)
     ssh = SSHOptions(**{field: getattr(o, name) for name, field in _SSH_FIELDS.items()})
     return _head(o, hosts, ssh, DEFAULT_ENGINE if o.launcher == "auto" else o.launcher)

@@ -175,11 +175,10 @@ class EnginePlugin(Protocol):
 
 
 def entry(name: str) -> EngineEntry:
-    """The registry entry named ``name``; KeyError if none."""
-    return next(e for e in ENGINES if e.name == name) if name in NAMES else _unknown(name)
-
-
-def _unknown(name: str) -> EngineEntry:
+    """The registry entry named ``name``. Raises KeyError if there is none."""
+    for e in ENGINES:
+        if e.name == name:
+            return e
     raise KeyError(f"no engine {name!r} (engines: {', '.join(NAMES)})")
 
 

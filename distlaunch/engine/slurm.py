@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ..agent.output import write_all
-from ..env import in_slurm_step, route_source, slurm_node_addresses
+from ..env import in_slurm_step, lookup, route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
 from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, checked_command, version_mismatch
@@ -122,8 +122,7 @@ def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = 
     name: per-node part}, "common": {...}}``), chosen by ``SLURMD_NODENAME`` (the Slurm
     node this task runs on, distinct even for several slurmd on one machine). Pure.
     Raises ConfigError when the variable is missing or names no node of the line."""
-    env = os.environ if environ is None else environ
-    name = env.get("SLURMD_NODENAME")
+    name = lookup("SLURMD_NODENAME", environ)
     if not name:
         raise ConfigError("SLURMD_NODENAME is not set: this agent was not started by srun")
     nodes = message[SPECS_KEY]
@@ -201,7 +200,7 @@ class SlurmEngine:
     # -- addresses --------------------------------------------------------------------
 
     def store_address(self) -> str | None:
-        here = os.environ.get("SLURMD_NODENAME")
+        here = lookup("SLURMD_NODENAME")
         others = [a for n, a in self.addresses.items() if n != here] or list(self.addresses.values())
         return route_source(others[0]) if others else None
 
@@ -555,8 +554,7 @@ def allocation_nodes(environ: Mapping[str, str] | None = None) -> list[str]:
     """The nodes of the current allocation, in Slurm's order: ``SLURM_JOB_NODELIST``
     (``SLURM_NODELIST`` on older releases) expanded. Raises ConfigError outside an
     allocation or for a malformed list."""
-    env = os.environ if environ is None else environ
-    text = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    text = lookup("SLURM_JOB_NODELIST", environ) or lookup("SLURM_NODELIST", environ)
     if not text:
         raise ConfigError(
             "not inside a Slurm allocation (SLURM_JOB_NODELIST is not set); use salloc or sbatch"
@@ -575,7 +573,7 @@ class SlurmPlugin:
     def detect(self, environ: Mapping[str, str]) -> Placement | None:
         if in_slurm_step(environ):
             return "node"
-        return "head" if "SLURM_JOB_ID" in environ else None
+        return "head" if lookup("SLURM_JOB_ID", environ) is not None else None
 
     def check(self, environ: Mapping[str, str]) -> None:
         if self.detect(environ) is None:
@@ -616,13 +614,17 @@ class SlurmPlugin:
         from ..hosts import Host, filter_hosts
 
         names = allocation_nodes(environ)
+        per_node, tasks = (
+            lookup("SLURM_NTASKS_PER_NODE", environ) or "",
+            lookup("SLURM_TASKS_PER_NODE", environ),
+        )
         if "nproc_per_node" in opts.given:
             slots = [opts.nproc_per_node] * len(names)
-        elif environ.get("SLURM_NTASKS_PER_NODE", "").isdigit():
-            slots = [int(environ["SLURM_NTASKS_PER_NODE"])] * len(names)
-        elif environ.get("SLURM_TASKS_PER_NODE"):
+        elif per_node.isdigit():
+            slots = [int(per_node)] * len(names)
+        elif tasks:
             try:
-                slots = parse_tasks_per_node(environ["SLURM_TASKS_PER_NODE"])
+                slots = parse_tasks_per_node(tasks)
             except ValueError as e:
                 raise ConfigError(f"SLURM_TASKS_PER_NODE: {e}") from None
         else:
