@@ -38,14 +38,17 @@ if TYPE_CHECKING:
     from ..remote.ssh import SSHOptions
 
 __all__ = [
+    "DEFAULT",
+    "ENGINES",
+    "NAMES",
     "AgentEngine",
     "AgentLaunch",
-    "ENGINES",
     "EngineEntry",
     "EnginePlugin",
     "OnEnd",
     "Placement",
     "detect",
+    "entry",
     "plugin",
 ]
 

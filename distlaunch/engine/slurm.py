@@ -60,7 +60,7 @@ from ..errors import ConfigError
 from ..hostlist import expand_hostlist
 from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, checked_command, version_mismatch
 from ..report import progress, say
-from . import AgentLaunch, OnEnd, Placement
+from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 
 if TYPE_CHECKING:
     from ..config import RunOptions
@@ -652,4 +652,4 @@ class SlurmPlugin:
         return select_spec(message, environ)
 
 
-PLUGIN = SlurmPlugin()
+PLUGIN: EnginePlugin = SlurmPlugin()  # mypy checks it against the protocol

@@ -18,7 +18,7 @@ from ..hosts import Host
 from ..remote import RemoteError
 from ..remote.command import checked_command, remote_command
 from ..report import progress, say
-from . import AgentLaunch, OnEnd, Placement
+from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 from .relay import AgentRelay
 
 if TYPE_CHECKING:
@@ -169,4 +169,4 @@ class SSHPlugin:
         return dict(message)  # one channel per agent: the line is its spec
 
 
-PLUGIN = SSHPlugin()
+PLUGIN: EnginePlugin = SSHPlugin()  # mypy checks it against the protocol
