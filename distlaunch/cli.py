@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from . import __version__
+from .engine import NAMES as ENGINE_NAMES
 from .errors import ConfigError, DistlaunchError, LaunchInterrupted, WorkerFailedError
 from .report import Reporter, install, say
 
@@ -364,7 +365,7 @@ def _env_entries(value: object, where: str) -> list[str]:
     group=HOSTS,
     default="auto",
     show_default=True,
-    type=click.Choice(["auto", "ssh", "slurm"]),
+    type=click.Choice(["auto", *ENGINE_NAMES]),
     help="How agents reach other nodes: ssh (with -H/--hostfile) or slurm (one srun step "
     "inside the allocation, never SSH). auto: slurm inside a Slurm allocation without a "
     "host list; under srun, one launcher per node with nodes, ranks and store from Slurm.",
@@ -606,6 +607,25 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
         say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
 
 
+# `run`'s parameters that the command consumes itself; every other one is a field of
+# config.RunOptions, checked when this module is imported (an option nothing reads would
+# be dropped silently).
+_RUN_ONLY = frozenset({"script", "script_args", "print_config", "dry_run", "root_cause_file"})
+
+
+def _check_run_options(command: click.Command) -> None:
+    from .config import RunOptions
+
+    names = {p.name for p in command.params if p.expose_value and p.name} - _RUN_ONLY
+    if names - RunOptions.names():
+        raise TypeError(
+            f"`run` options without a RunOptions field: {', '.join(sorted(names - RunOptions.names()))}"
+        )
+
+
+_check_run_options(run)
+
+
 @contextlib.contextmanager
 def _root_cause_to(path: str | None) -> Iterator[None]:
     """For ``distlaunch.launch()`` (``--root-cause-file PATH``, hidden): the first failed
@@ -655,27 +675,14 @@ def _print_config(
 
 
 def _print_head_plan(mode: HeadNodes) -> None:
-    import os
-    import sys
-
+    from .engine import plugin
+    from .head import agent_launch
     from .hosts import slots_of
-    from .remote.command import remote_command, shipped_env
     from .topology import assign_ranks
 
     cfg, head = mode.job, mode.head
-    env = shipped_env(os.environ, [], head.env_all)
-    cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}  # as head.run_hosts
-    python, cwd = head.remote_python or sys.executable, head.remote_cwd or os.getcwd()
-    cmd = remote_command(python, cwd, ["-m", "distlaunch", "agent"], cmd_env)
-    if head.engine == "slurm":
-        import shlex
-
-        from . import __version__
-        from .engine.slurm import SlurmEngine
-
-        names = dict(enumerate(h.name for h in head.hosts))
-        srun = SlurmEngine(names, python, cwd, cmd_env, __version__).srun_argv(list(names))
-        cmd = shlex.join(srun[:-1]) + " '<host checks; then the agent>'"
+    env, launch = agent_launch(head)  # as head.run_hosts
+    cmd = plugin(head.engine).describe(dict(enumerate(head.hosts)), launch)
     nodes = assign_ranks([slots_of(h) for h in head.hosts])
     click.echo(
         f"run id {cfg.run_id}: {sum(map(len, nodes))} workers on {len(nodes)} host(s), "
@@ -823,10 +830,12 @@ def store(host: str, port: int) -> None:
     """
     import os
 
+    from .env import lookup
     from .errors import StoreError
     from .store import StoreServer
 
-    token = os.environ.get("DISTLAUNCH_STORE_TOKEN") or os.urandom(16).hex()
+    given_token = lookup("DISTLAUNCH_STORE_TOKEN")
+    token = given_token or os.urandom(16).hex()
     server = StoreServer(host, port, token)
     try:
         server.start()
@@ -840,7 +849,7 @@ def store(host: str, port: int) -> None:
 
     def ready(server: StoreServer) -> None:
         say(f"store listening on {host}:{server.port}")
-        if "DISTLAUNCH_STORE_TOKEN" not in os.environ:
+        if given_token is None:
             say(f"generated secret (export it for clients): DISTLAUNCH_STORE_TOKEN={token}")
 
     server.serve_forever(on_ready=ready)

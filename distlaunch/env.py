@@ -121,6 +121,20 @@ SCHEDULER_VARS = {
     "mpiexec: 20000 + the parent process id (hydra's proxy, Open MPI's daemon) mod 12000)",
 }
 
+# Read by the launcher and its engines (never set by distlaunch for workers).
+LAUNCHER_VARS = {
+    "OMP_NUM_THREADS": "unset with several workers per node: each worker gets 1 (said once), as torchrun",
+    "PYTHON_EXEC": "the workers' interpreter (torchrun's override; default: the launcher's)",
+    "SLURM_JOB_ID": "a Slurm allocation: without a host list the head starts agents through srun",
+    "SLURM_JOB_NODELIST": "the allocation's nodes (SLURM_NODELIST on older releases)",
+    "SLURM_NODELIST": "the allocation's nodes, older releases",
+    "SLURM_NTASKS_PER_NODE": "slots per node of the allocation (before SLURM_TASKS_PER_NODE)",
+    "SLURM_TASKS_PER_NODE": "slots per node of the allocation ('2(x3),1')",
+    "DISTLAUNCH_LAUNCH_PORT": "distlaunch.launch(): the caller's store port, for its workers",
+    "DISTLAUNCH_LAUNCH_TOKEN": "distlaunch.launch(): the caller's store secret, for its workers",
+}
+
+
 # Inherited variables from other launchers / schedulers that would be wrong in a worker.
 # The Slurm task variables of the agent's own srun step (one task per node) are removed,
 # not rewritten: Lightning and submitit read SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID and
@@ -316,11 +330,21 @@ T = TypeVar("T")
 PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral ports (32768-60999)
 
 
+def lookup(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of variable ``name`` in ``environ`` (default os.environ), None when
+    unset. Every variable distlaunch reads by name goes through here, so that each has a
+    row in one of this module's tables; KeyError for a name in none (a programming
+    error, found by the first test that reads it)."""
+    if name not in _KNOWN:
+        raise KeyError(f"{name} is in no table of distlaunch.env; add it where it belongs")
+    e = os.environ if environ is None else environ
+    return e.get(name)
+
+
 def python_exec(environ: Mapping[str, str] | None = None) -> str:
     """The interpreter that runs the workers' scripts: ``PYTHON_EXEC`` when set (torchrun's
     override, read on each node), else this interpreter (``sys.executable``)."""
-    e = os.environ if environ is None else environ
-    return e.get("PYTHON_EXEC") or sys.executable
+    return lookup("PYTHON_EXEC", environ) or sys.executable
 
 
 def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
@@ -452,3 +476,16 @@ def slurm_node_address(name: str) -> str:
         return name
     except OSError:
         return slurm_node_addresses([name])[name]
+
+
+_KNOWN = frozenset(
+    {
+        *TORCHRUN_VARS,
+        *MPI_VARS,
+        *DISTLAUNCH_VARS,
+        *COLLECTIVES_VARS,
+        *SECRET_VARS,
+        *SCHEDULER_VARS,
+        *LAUNCHER_VARS,
+    }
+)

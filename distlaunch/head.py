@@ -1,15 +1,15 @@
 """Head mode: many nodes started from one head (``distlaunch run -H``).
 
-The head hosts the store, has an engine (``engine/``: SSH or Slurm) start ``python -m distlaunch
-agent`` on every other host (this machine's agent runs in-process), lets the
-``HeadController`` plan each round, relays output until every agent has ended, and stops
-or kills what remains when the job ends. The remote side is ``agent/entry.py``.
+The head hosts the store, has an engine (``engine/``: the one ``head.engine`` names in
+the registry, SSH or Slurm) start ``python -m distlaunch agent`` on every other host
+(this machine's agent runs in-process over SSH), lets the ``HeadController`` plan each
+round, relays output until every agent has ended, and stops or kills what remains when
+the job ends. The remote side is ``agent/entry.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 import time
@@ -23,7 +23,7 @@ from .modes import STORE_HOST, HeadOptions
 from .report import say
 
 if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this module
-    from .engine import AgentEngine, OnEnd
+    from .engine import AgentEngine, AgentLaunch, OnEnd
     from .head_controller import HeadController
     from .hosts import Host
     from .rendezvous import Rendezvous
@@ -41,14 +41,16 @@ def run_hosts(
     """
     # Only what starting the agents needs is imported before they start: the engine
     # starts them at once (the Slurm engine's step in connect()), the rest loads meanwhile.
+    from .engine import plugin
     from .hosts import is_local
-    from .remote.command import shipped_env
     from .rounds import Signal
 
     hosts = list(head.hosts)
+    chosen = plugin(head.engine)
     # Through Slurm every node's agent runs in the agent step, this machine's too (inside
     # the job, under Slurm's accounting and scancel).
-    remote = [k for k, h in enumerate(hosts) if head.engine == "slurm" or not is_local(h)]
+    in_process = chosen.local_agent_in_process
+    remote = [k for k, h in enumerate(hosts) if not (in_process and is_local(h))]
     local = [k for k in range(len(hosts)) if k not in remote]
     guard = None
     if local:
@@ -66,14 +68,9 @@ def run_hosts(
     controller: HeadController | None = None
     rdzv: Rendezvous | None = None
     try:
-        python = head.remote_python or sys.executable
-        cwd = head.remote_cwd or os.getcwd()
-        # Every shipped value travels inside the spec on the agent's stdin (-x values in
-        # cfg.env, --env-all in spec["env"]); the command line, which the host's ps and
-        # audit logs show, carries only PYTHONPATH, which the agent's interpreter needs.
-        env = shipped_env(os.environ, [], head.env_all)
-        cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}
-        engine = _connect(head, {k: hosts[k] for k in remote}, python, cwd, cmd_env)
+        env, launch = agent_launch(head)
+        engine = chosen.engine().connect({k: hosts[k] for k in remote}, launch)
+        from .agent.entry import JobSpec
         from .agent.node import NodeAgent, NodeOptions, StoreAddress
         from .events import EventLog
         from .head_controller import HeadController
@@ -119,17 +116,7 @@ def run_hosts(
             kill,
         )
         engine.start(
-            {
-                k: {
-                    "config": cfg.to_dict(),
-                    "store": [store_addr, server.port],
-                    "token": token,
-                    "node": dataclasses.asdict(node_options(k)),
-                    "env": env,
-                    "master_addr": engine.master_address(k),
-                }
-                for k in remote
-            }
+            {k: JobSpec(cfg, store, node_options(k), env, engine.master_address(k)).to_dict() for k in remote}
         )
         say(f"started agents on {len(hosts)} host(s): " + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
         startup.close()
@@ -178,20 +165,19 @@ def run_hosts(
             guard.close()
 
 
-def _connect(
-    head: HeadOptions, hosts: dict[int, Host], python: str, cwd: str, cmd_env: dict[str, str]
-) -> AgentEngine:
-    """The engine that starts the agents on ``hosts`` (node id -> host): SSH or Slurm."""
+def agent_launch(head: HeadOptions) -> tuple[dict[str, str], AgentLaunch]:
+    """The variables shipped to every agent (--env-all) and how the agents start. Every
+    shipped value travels inside the spec on the agent's stdin (-x values in cfg.env,
+    --env-all in the spec's env); the command line, which the host's ps and audit logs
+    show, carries only PYTHONPATH, which the agent's interpreter needs."""
     from . import __version__
+    from .engine import AgentLaunch
+    from .remote.command import shipped_env
 
-    if head.engine == "slurm":
-        from .engine.slurm import SlurmEngine
-
-        return SlurmEngine.connect({k: h.name for k, h in hosts.items()}, python, cwd, cmd_env, __version__)
-    from .engine.ssh import SSHEngine
-
-    assert head.ssh is not None  # set for every SSH launch (modes._head_options)
-    return SSHEngine.connect(hosts, head.ssh, python, cwd, cmd_env, __version__)
+    env = shipped_env(os.environ, [], head.env_all)
+    cmd_env = {k: v for k, v in env.items() if k == "PYTHONPATH"}
+    python, cwd = head.remote_python or sys.executable, head.remote_cwd or os.getcwd()
+    return env, AgentLaunch(python, cwd, cmd_env, __version__, head.ssh)
 
 
 def _pump_until_done(engine: AgentEngine, on_end: OnEnd) -> None:

@@ -180,17 +180,16 @@ def _worker_main() -> None:
 
     import cloudpickle
 
+    from .env import lookup, read_worker_env
     from .store import StoreClient
 
-    rank, attempt = int(os.environ["RANK"]), os.environ["TORCHELASTIC_RESTART_COUNT"]
-    with StoreClient(
-        os.environ["DISTLAUNCH_STORE_ADDR"],
-        int(os.environ[PORT_VAR]),
-        token=os.environ[TOKEN_VAR],
-        timeout=60,
-    ) as store:
+    me = read_worker_env()
+    rank, attempt = me.rank, me.restart_count
+    port, token = lookup(PORT_VAR), lookup(TOKEN_VAR)
+    assert me.store_addr is not None and port is not None and token is not None  # launch() set them
+    with StoreClient(me.store_addr, int(port), token=token, timeout=60) as store:
         # every rank: the caller finds the attempt even if rank 0 was stopped before this
-        store.set(f"world/{attempt}", os.environ["WORLD_SIZE"])
+        store.set(f"world/{attempt}", str(me.world_size))
         fn, args, kwargs = pickle.loads(store.get("payload"))
         try:
             result = fn(*args, **kwargs)

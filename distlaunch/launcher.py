@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from .agent.guard import OrphanGuard
 from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worker_env
 from .config import LaunchConfig
-from .env import route_source
+from .env import lookup, route_source
 from .errors import ConfigError
 from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
 from .report import say
@@ -98,7 +98,7 @@ def run(mode: NodeMode, plan: Plan | None = None) -> int:
         log_dir = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
         say(f"worker logs go to {log_dir}/{cfg.run_id}")
         cfg = dataclasses.replace(cfg, log_dir=log_dir)
-    if cfg.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+    if cfg.nproc_per_node > 1 and lookup("OMP_NUM_THREADS") is None:
         say(
             f"setting OMP_NUM_THREADS=1 for each of the {cfg.nproc_per_node} workers "
             f"on this node; set it yourself to choose another value"

@@ -8,17 +8,21 @@ after it looks at flag combinations again:
 | ``SingleNode`` | neither of the below | this launcher, on loopback |
 | ``StaticNodes`` | ``--nnodes N`` (N > 1) | node 0, on ``--master-addr:--master-port`` |
 | ``DynamicNodes`` | ``--rdzv-endpoint HOST:PORT`` | the launcher that binds it first |
-| ``HeadNodes`` | ``-H`` / ``--hostfile``; ``--include`` alone | this head, for agents started over SSH |
+| ``HeadNodes`` | ``-H`` / ``--hostfile``; ``--include`` alone; Slurm's allocation | this head |
 
 Each carries ``job``, the validated :class:`~distlaunch.config.LaunchConfig` every node's
 agent runs, plus what only that mode needs. Every bad value or combination raises
 :class:`~distlaunch.errors.ConfigError` here, before anything starts. Option values that
 come from elsewhere than the command line (a job file, the environment of a scheduler)
-are merged into the options before ``resolve``, which therefore sees one mapping.
-``--include``/``--exclude`` without a host list pick slots of ``localhost`` (DeepSpeed's).
+are merged into the options before they are parsed once (``config.RunOptions``): a job
+file and PET_* by click, a scheduler's variables here, from the engine that detects it
+(``engine.detect``: Slurm under srun). The engine of head mode is one registry lookup
+(``engine.plugin``). ``--include``/``--exclude`` without a host list pick slots of
+``localhost`` (DeepSpeed's).
 
 Pure apart from ``LaunchConfig.validate`` (file checks) and, for head mode only, reading
-a hostfile; head mode's modules are imported only when it is chosen.
+a hostfile or asking the engine for its nodes; head mode's modules are imported only
+when it is chosen.
 """
 
 from __future__ import annotations
@@ -28,15 +32,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .config import (
-    LaunchConfig,
-    parse_nproc_per_node,
-    parse_ranks_filter,
-    parse_rdzv_conf,
-    parse_std,
-    run_id_from,
-)
-from .env import in_slurm_step
+from .config import LaunchConfig, RunOptions, run_id_from
+from .engine import DEFAULT as DEFAULT_ENGINE
+from .engine import Placement, detect, plugin
 from .errors import ConfigError
 from .topology import MAX_NODES
 
@@ -111,19 +109,19 @@ class HeadOptions:
     """What only head mode (-H / --hostfile) needs."""
 
     hosts: tuple[Host, ...]  # slots resolved, in node-rank order
-    ssh: SSHOptions | None  # None: the agents start through Slurm
+    ssh: SSHOptions | None  # --ssh-* with a host list; None: the nodes come from the engine
     store_addr: str | None = None
     remote_python: str | None = None
     remote_cwd: str | None = None
     env_all: bool = False
     prefix_host: bool = False
     min_nodes: int | None = None  # drop failing/lost hosts while this many remain
-    engine: str = "ssh"  # how agents start: "ssh" (engine.ssh) or "slurm" (engine.slurm)
+    engine: str = DEFAULT_ENGINE  # how agents start: a name of the registry (engine.ENGINES)
 
 
 @dataclass(frozen=True)
 class HeadNodes:
-    """Head mode: this machine starts an agent per host over SSH and hosts the store."""
+    """Head mode: this machine has an engine start an agent per host and hosts the store."""
 
     job: LaunchConfig
     head: HeadOptions
@@ -132,14 +130,6 @@ class HeadNodes:
 NodeMode = SingleNode | StaticNodes | DynamicNodes  # run by launcher.py
 Mode = SingleNode | StaticNodes | DynamicNodes | HeadNodes
 
-# `run` options that become a LaunchConfig field of the same name after this parser.
-_PARSERS = {
-    "nproc_per_node": parse_nproc_per_node,
-    "redirects": lambda v: parse_std(v, "--redirects"),
-    "tee": lambda v: parse_std(v, "--tee"),
-    "local_ranks_filter": parse_ranks_filter,
-    "rdzv_conf": parse_rdzv_conf,
-}
 # --ssh-* options -> remote.ssh.SSHOptions fields.
 _SSH_FIELDS = {
     "ssh_port": "port",
@@ -160,43 +150,34 @@ def resolve(
     """The mode description of `distlaunch run SCRIPT SCRIPT_ARGS` with ``options`` (the
     `run` command's parameters by name, as click passes them; ``given``: the names set
     on the command line, in a job file or a PET_* variable, not defaulted). ``environ``
-    (default os.environ) tells whether this runs inside a Slurm allocation or step.
-    Raises ConfigError for any bad value or combination."""
-    mode = _resolve(script, script_args, options, given, environ)
+    (default os.environ) tells whether a scheduler started this launch or runs it (an
+    engine's ``detect``: Slurm's step or allocation). Raises ConfigError for any bad
+    value or combination."""
+    env = os.environ if environ is None else environ
+    placed = _place(options, given, env)
+    if placed is not None and placed[1] == "node":  # what the user gave (e.g. --run-id) stays
+        filled = plugin(placed[0]).node_options(env)
+        options = {**options, **{k: v for k, v in filled.items() if k not in given}}
+    mode = _resolve(RunOptions.parse(script, script_args, options, given), placed, env)
     _check_ranks_filter(mode)
     return mode
 
 
-def _resolve(
-    script: str,
-    script_args: tuple[str, ...],
-    options: Mapping[str, Any],
-    given: frozenset[str],
-    environ: Mapping[str, str] | None,
-) -> Mode:
-    env = os.environ if environ is None else environ
-    slurm = _slurm_place(options, given, env)
-    o = options
-    if slurm == "step":  # what the user gave (e.g. --run-id) stays
-        o = {**options, **{k: v for k, v in _step_defaults(env).items() if k not in given}}
-    nnodes, max_nodes = parse_nnodes(o["nnodes"])
-    if o["hosts"] or o["hostfile"]:
+def _resolve(o: RunOptions, placed: tuple[str, Placement] | None, env: Mapping[str, str]) -> Mode:
+    nnodes, max_nodes = o.nnodes.min, o.nnodes.max
+    if o.hosts or o.hostfile:
         _check_head_only(o, nnodes, max_nodes)
-    if o["standalone"]:
+    if o.standalone:
         nnodes = 1
-    kw: dict[str, Any] = {
-        f.name: o[f.name] for f in fields(LaunchConfig) if f.name in o and f.name != "run_id"
-    }
-    for name, parse in _PARSERS.items():
-        kw[name] = parse(kw[name])
+    kw: dict[str, Any] = {name: getattr(o, name) for name in _LAUNCH_FIELDS}
     kw.update(
-        entrypoint=script,
-        args=tuple(script_args),
-        prefix=not o["no_prefix"],
-        env=worker_env(o["env_names"], o["env_file"]),
+        entrypoint=o.script,
+        args=o.script_args,
+        prefix=not o.no_prefix,
+        env=worker_env(o.env_names, o.env_file),
     )
-    endpoint = o["rdzv_endpoint"]
-    if _rdzv_backend(o["rdzv_backend"]) == "static" and endpoint is not None:
+    endpoint = o.rdzv_endpoint
+    if _rdzv_backend(o.rdzv_backend) == "static" and endpoint is not None:
         # torchrun's static backend: the endpoint is node 0's store, ranks from --node-rank;
         # port 0 on one node is a free port, as torch's TCPStore binds it there
         addr, port = parse_endpoint(endpoint, allow_zero=True)
@@ -214,18 +195,19 @@ def _resolve(
     if static:
         kw["master_addr"] = kw["master_addr"] or STATIC_MASTER_ADDR
         kw["master_port"] = kw["master_port"] or STATIC_MASTER_PORT
-    run_id = o["rdzv_id"] or o["run_id"] or _default_run_id(endpoint, static, kw["master_port"])
+    run_id = o.rdzv_id or o.run_id or _default_run_id(endpoint, static, kw["master_port"])
     if run_id:
         kw["run_id"] = run_id
-    _check_nodes(o["nnodes"], nnodes, max_nodes, o["node_rank"], endpoint)
-    _check_signals(o["signals_to_handle"])
+    _check_nodes(o.nnodes.text, nnodes, max_nodes, o.node_rank, endpoint)
+    _check_signals(o.signals_to_handle)
     job = LaunchConfig(**kw).validate()
-    if o["hosts"] or o["hostfile"]:
-        return HeadNodes(job, _head_options(o, job.nproc_per_node))
-    if slurm == "allocation":
-        return HeadNodes(job, _allocation_options(o, job.nproc_per_node, "nproc_per_node" in given, env))
-    if o["include"] is not None or o["exclude"] is not None:
-        return _local_selection(o, job, per_node=endpoint is not None or static or slurm == "step")
+    if o.hosts or o.hostfile:
+        return HeadNodes(job, _head_options(o))
+    if placed is not None and placed[1] == "head":
+        hosts = plugin(placed[0]).discover(o, env)
+        return HeadNodes(job, _head(o, hosts, None, placed[0]))
+    if o.include is not None or o.exclude is not None:
+        return _local_selection(o, job, per_node=endpoint is not None or static or placed is not None)
     if endpoint is not None:
         host, port = parse_endpoint(endpoint, allow_zero=True)
         return DynamicNodes(
@@ -235,13 +217,13 @@ def _resolve(
             port,
             nnodes,
             max_nodes or nnodes,
-            o["node_rank"],
-            o["store_token_file"],
-            o["local_addr"],
+            o.node_rank,
+            o.store_token_file,
+            o.local_addr,
             job.rdzv_is_host(),
         )
     if static:
-        return StaticNodes(job, nnodes, o["node_rank"], o["store_token_file"])
+        return StaticNodes(job, nnodes, o.node_rank, o.store_token_file)
     return SingleNode(job)
 
 
@@ -263,99 +245,41 @@ def _check_ranks_filter(mode: Mode) -> None:
         )
 
 
-# A per-node launch's own options: given any of them, a launch under srun is taken as
-# the user wrote it (no Slurm defaults).
+# A per-node launch's own options: given any of them, a launch under a scheduler (srun)
+# is taken as the user wrote it (no scheduler defaults).
 _PER_NODE = frozenset({"nnodes", "node_rank", "master_addr", "master_port", "rdzv_endpoint", "standalone"})
 
 
-def _slurm_place(o: Mapping[str, Any], given: frozenset[str], env: Mapping[str, str]) -> str | None:
-    """Where Slurm puts this launch: "allocation" (salloc/sbatch, no host list: agents
-    go out through srun), "step" (one launcher per node under srun: node ranks, count
-    and store from Slurm), or None (Slurm is not involved, or --launcher ssh / per-node
-    options say otherwise). Raises ConfigError for --launcher slurm outside Slurm."""
+def _place(
+    o: Mapping[str, Any], given: frozenset[str], env: Mapping[str, str]
+) -> tuple[str, Placement] | None:
+    """The engine that applies to this launch without a host list and where it puts it
+    (``engine.detect``: Slurm's "node" under srun, "head" in an allocation), or None
+    (a host list, per-node options, or no engine applies). Raises ConfigError when
+    --launcher names an engine that cannot run here (Slurm outside an allocation)."""
     launcher = o.get("launcher") or "auto"
-    in_step = in_slurm_step(env)
-    in_allocation = "SLURM_JOB_ID" in env and not in_step
-    if launcher == "slurm" and not (in_step or in_allocation):
-        raise ConfigError(
-            "--launcher slurm needs a Slurm allocation (SLURM_JOB_ID is not set); run it "
-            "inside salloc or an sbatch script, or use --launcher ssh with -H"
-        )
-    if launcher == "ssh" or o.get("hosts") or o.get("hostfile") or given & _PER_NODE:
+    if launcher != "auto":
+        plugin(launcher).check(env)
+    if o.get("hosts") or o.get("hostfile") or given & _PER_NODE:
         return None
-    return "step" if in_step else "allocation" if in_allocation else None
+    return detect(launcher, env)
 
 
-def _step_defaults(env: Mapping[str, str]) -> dict[str, Any]:
-    """The per-node options of one launcher per node under srun (``srun -N2
-    --ntasks-per-node=1 distlaunch run ...``): node count and rank from the step, node 0
-    (the step's first node) hosts the store at a port derived from the job and step ids,
-    and the run id (hence the store token) comes from them too. Raises ConfigError when
-    the step runs several launchers on one node."""
-    from .env import scheduler_identity, slurm_node_address
-
-    ident = scheduler_identity(env)
-    assert ident is not None and ident.source == "slurm"  # _slurm_place saw a step
-    if ident.local_world_size != 1:
-        raise ConfigError(
-            f"distlaunch run under srun is one launcher per node, but this step runs "
-            f"{ident.local_world_size} on this node; use srun --ntasks-per-node=1"
-        )
-    return {
-        "nnodes": str(ident.world_size),
-        "node_rank": ident.rank,
-        "master_addr": ident.store_host or slurm_node_address(ident.store_node or ""),
-        "master_port": ident.store_port,
-        "run_id": run_id_from(ident.context),
-    }
-
-
-def _allocation_options(
-    o: Mapping[str, Any], nproc_per_node: int, nproc_given: bool, env: Mapping[str, str]
-) -> HeadOptions:
-    """Head mode over the allocation's nodes, agents started by srun: slots per node from
-    --nproc-per-node when given, else SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE,
-    else the node's CPU count (torchrun's auto)."""
-    from .engine.slurm import allocation_nodes
-    from .hostlist import parse_tasks_per_node
-    from .hosts import Host, filter_hosts
-
-    names = allocation_nodes(env)
-    if nproc_given:
-        slots = [nproc_per_node] * len(names)
-    elif env.get("SLURM_NTASKS_PER_NODE", "").isdigit():
-        slots = [int(env["SLURM_NTASKS_PER_NODE"])] * len(names)
-    elif env.get("SLURM_TASKS_PER_NODE"):
-        try:
-            slots = parse_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
-        except ValueError as e:
-            raise ConfigError(f"SLURM_TASKS_PER_NODE: {e}") from None
-    else:
-        slots = [os.cpu_count() or 1] * len(names)
-    if len(slots) != len(names):
-        raise ConfigError(
-            f"SLURM_TASKS_PER_NODE gives {len(slots)} nodes, SLURM_JOB_NODELIST {len(names)}; "
-            f"give --nproc-per-node"
-        )
-    hosts = filter_hosts([Host(n, slots=k) for n, k in zip(names, slots)], o["include"], o["exclude"])
-    return _head(o, hosts, None, "slurm")
-
-
-def _local_selection(o: Mapping[str, Any], job: LaunchConfig, per_node: bool) -> HeadNodes:
+def _local_selection(o: RunOptions, job: LaunchConfig, per_node: bool) -> HeadNodes:
     """DeepSpeed's --include/--exclude without a hostfile pick among this machine's slots
     (deepspeed/launcher/runner.py: the pool is then ``localhost``; DeepSpeed's has every
     GPU, ours --nproc-per-node slots): ``--include localhost:1`` runs one worker with
     CUDA_VISIBLE_DEVICES=1, as ``-H localhost:N --include localhost:1`` does. Raises
     ConfigError in a per-node launch, whose launcher starts only its own node's workers."""
     if per_node:
-        flag = "--include" if o["include"] is not None else "--exclude"
+        flag = "--include" if o.include is not None else "--exclude"
         raise ConfigError(
             f"{flag} picks hosts of -H/--hostfile (or slots of a single-node launch); a "
             f"per-node launch cannot use it: drop {flag} and set CUDA_VISIBLE_DEVICES on each node"
         )
     n = job.nproc_per_node
     try:
-        return HeadNodes(job, _head_options({**o, "hosts": f"localhost:{n}"}, n))
+        return HeadNodes(job, _head_options(o.replace(hosts=f"localhost:{n}")))
     except ConfigError as e:  # the implicit list is not what the user wrote: say it
         raise ConfigError(f"{e} (without -H the list is localhost with --nproc-per-node {n} slots)") from None
 
@@ -394,17 +318,6 @@ def _default_run_id(endpoint: str | None, static: bool, master_port: int | None)
     if static:
         return f"job{master_port}"
     return None
-
-
-def parse_nnodes(text: str) -> tuple[int, int | None]:
-    """torchrun's ``--nnodes``: ``N`` -> (N, None), ``MIN:MAX`` -> (MIN, MAX)."""
-    lo, sep, hi = text.partition(":")
-    try:
-        return (int(lo), int(hi)) if sep else (int(lo), None)
-    except ValueError:
-        raise ConfigError(
-            f"--nnodes {text!r} is invalid: give a number of nodes N or a range MIN:MAX"
-        ) from None
 
 
 def parse_endpoint(text: str, allow_zero: bool = False) -> tuple[str, int]:
@@ -465,7 +378,7 @@ def worker_env(names: Sequence[str], files: Sequence[str] = ()) -> tuple[tuple[s
     return tuple(sorted(out.items()))
 
 
-def _check_head_only(o: Mapping[str, Any], nnodes: int, max_nodes: int | None) -> None:
+def _check_head_only(o: RunOptions, nnodes: int, max_nodes: int | None) -> None:
     """torchrun's per-node options name what head mode (-H/--hostfile) sets itself: the
     head hosts the store, the host list gives the nodes in node-rank order and each
     node's MASTER_ADDR is the address SSH reached. Given together they were ignored;
@@ -473,28 +386,28 @@ def _check_head_only(o: Mapping[str, Any], nnodes: int, max_nodes: int | None) -
     drop = "drop one of them"
     clashes = [
         (
-            o["rdzv_endpoint"] is not None,
-            f"--rdzv-endpoint {o['rdzv_endpoint']}",
+            o.rdzv_endpoint is not None,
+            f"--rdzv-endpoint {o.rdzv_endpoint}",
             f"the head hosts the store: {drop}",
         ),
         (
-            o["rdzv_backend"] == "static",
+            o.rdzv_backend == "static",
             "--rdzv-backend static",
             f"the head hosts the store and ranks the nodes: {drop}",
         ),
         (
             nnodes > 1 or max_nodes is not None,
-            f"--nnodes {o['nnodes']}",
+            f"--nnodes {o.nnodes}",
             "the host list sets the nodes: drop --nnodes",
         ),
         (
-            o["node_rank"] != 0,
-            f"--node-rank {o['node_rank']}",
+            o.node_rank != 0,
+            f"--node-rank {o.node_rank}",
             f"the host list's order sets the node ranks: {drop}",
         ),
         (
-            o["local_addr"] is not None,
-            f"--local-addr {o['local_addr']}",
+            o.local_addr is not None,
+            f"--local-addr {o.local_addr}",
             "the head's address is --store-addr: use that",
         ),
     ]
@@ -503,30 +416,76 @@ def _check_head_only(o: Mapping[str, Any], nnodes: int, max_nodes: int | None) -
             raise ConfigError(f"{given} is for per-node launches; with -H/--hostfile {why}")
 
 
-def _head_options(o: Mapping[str, Any], nproc_per_node: int) -> HeadOptions:
+def _head_options(o: RunOptions) -> HeadOptions:
+    """Head mode over a host list (-H/--hostfile), agents started by the engine
+    --launcher names (SSH by default)."""
     from .hosts import check_one_local, filter_hosts, parse_host_list, parse_hostfile, resolve_slots
     from .remote.ssh import SSHOptions
 
-    if o["hosts"] and o["hostfile"]:
+    if o.hosts and o.hostfile:
         raise ConfigError("give either -H/--hosts or --hostfile, not both")
-    hosts = parse_host_list(o["hosts"]) if o["hosts"] else parse_hostfile(o["hostfile"])
-    hosts = filter_hosts(resolve_slots(hosts, nproc_per_node), o["include"], o["exclude"])
+    hosts = parse_host_list(o.hosts) if o.hosts else parse_hostfile(o.hostfile or "")
+    hosts = filter_hosts(resolve_slots(hosts, o.nproc_per_node), o.include, o.exclude)
     check_one_local(hosts)
-    ssh = SSHOptions(**{field: o[name] for name, field in _SSH_FIELDS.items()})
-    return _head(o, hosts, ssh, "slurm" if o.get("launcher") == "slurm" else "ssh")
+    ssh = SSHOptions(**{field: getattr(o, name) for name, field in _SSH_FIELDS.items()})
+    return _head(o, hosts, ssh, DEFAULT_ENGINE if o.launcher == "auto" else o.launcher)
 
 
-def _head(o: Mapping[str, Any], hosts: Sequence[Host], ssh: SSHOptions | None, engine: str) -> HeadOptions:
-    """Head mode over ``hosts`` (a host list, or a Slurm allocation's nodes). Raises
+def _head(o: RunOptions, hosts: Sequence[Host], ssh: SSHOptions | None, engine: str) -> HeadOptions:
+    """Head mode over ``hosts`` (a host list, or the nodes an engine discovered). Raises
     ConfigError when --min-nodes asks for more nodes than there are."""
-    if o["min_nodes"] is not None and o["min_nodes"] > len(hosts):
+    if o.min_nodes is not None and o.min_nodes > len(hosts):
         raise ConfigError(
-            f"--min-nodes {o['min_nodes']} is more than the {len(hosts)} host(s) "
+            f"--min-nodes {o.min_nodes} is more than the {len(hosts)} host(s) "
             f"listed; give at most {len(hosts)}"
         )
-    return HeadOptions(tuple(hosts), ssh, engine=engine, **_same_named(o))
+    return HeadOptions(tuple(hosts), ssh, engine=engine, **{name: getattr(o, name) for name in _HEAD_FIELDS})
 
 
-def _same_named(o: Mapping[str, Any]) -> dict[str, Any]:
-    """The `run` options that are HeadOptions fields of the same name."""
-    return {f.name: o[f.name] for f in fields(HeadOptions) if f.name in o and f.name not in ("hosts", "ssh")}
+# Where each RunOptions field goes: a LaunchConfig or HeadOptions field of the same name,
+# an SSHOptions field (_SSH_FIELDS), or read by resolve itself. Checked on import: a
+# field nothing reads would be an option silently dropped.
+_LAUNCH_FIELDS = tuple(
+    f.name for f in fields(LaunchConfig) if f.name in RunOptions.names() and f.name != "run_id"
+)
+_HEAD_FIELDS = tuple(
+    f.name for f in fields(HeadOptions) if f.name in RunOptions.names() and f.name not in ("hosts", "ssh")
+)
+_READ_BY_RESOLVE = frozenset(
+    {
+        "script",
+        "script_args",
+        "given",
+        "nnodes",
+        "node_rank",
+        "run_id",
+        "standalone",
+        "rdzv_endpoint",
+        "rdzv_id",
+        "rdzv_backend",
+        "local_addr",
+        "store_token_file",
+        "hosts",
+        "hostfile",
+        "include",
+        "exclude",
+        "launcher",
+        "env_names",
+        "env_file",
+        "no_prefix",
+        "signals_to_handle",
+    }
+)
+# torchrun's options accepted without effect (their --help says why)
+_NO_EFFECT = frozenset({"start_method", "event_log_handler", "logs_specs"})
+
+
+def _check_every_option_used() -> None:
+    unused = (
+        RunOptions.names() - {*_LAUNCH_FIELDS, *_HEAD_FIELDS, *_SSH_FIELDS} - _READ_BY_RESOLVE - _NO_EFFECT
+    )
+    if unused:
+        raise TypeError(f"RunOptions fields that no mode uses: {', '.join(sorted(unused))}")
+
+
+_check_every_option_used()

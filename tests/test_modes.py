@@ -32,7 +32,7 @@ def mode_of(*args: str, env: dict[str, str] | None = None):
     ctx = cli.run.make_context("run", [*args, SCRIPT, "--flag"])
     o = dict(ctx.params)
     script, script_args = o.pop("script"), o.pop("script_args")
-    for action in ("print_config", "dry_run"):
+    for action in ("print_config", "dry_run", "root_cause_file"):
         o.pop(action)
     given = frozenset(k for k in o if ctx.get_parameter_source(k).name == "COMMANDLINE")
     return resolve(script, script_args, o, given, {} if env is None else env)
@@ -302,3 +302,59 @@ def test_allocation_errors(args, env, message):
 
 def test_launcher_ssh_inside_an_allocation_stays_on_this_node():
     assert isinstance(mode_of("--launcher", "ssh", env=ALLOCATION), SingleNode)
+
+
+# --- the engine registry and the options' checks -------------------------------------------
+
+
+def test_engine_is_one_registry_lookup():
+    """engine.detect walks the registry: Slurm's variables say where it puts a launch,
+    --launcher limits the walk to one engine; SSH is never detected (a host list or
+    --launcher ssh names it)."""
+    from distlaunch import engine
+
+    assert engine.NAMES == ("ssh", "slurm") and engine.entry("slurm").module == "slurm"
+    step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}
+    assert engine.detect("auto", {}) is None
+    assert engine.detect("auto", ALLOCATION) == ("slurm", "head")
+    assert engine.detect("auto", step) == ("slurm", "node")
+    assert engine.detect("slurm", ALLOCATION) == ("slurm", "head")
+    assert engine.detect("ssh", ALLOCATION) is None
+    with pytest.raises(KeyError, match="no engine 'pods'"):
+        engine.plugin("pods")
+
+
+def test_a_plain_launch_imports_no_engine():
+    """Without a scheduler's variables no engine module is imported to choose the mode."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from distlaunch import cli; from distlaunch.modes import resolve; "
+        "ctx = cli.run.make_context('run', [sys.argv[1]]); o = dict(ctx.params); "
+        "[o.pop(k) for k in ('script', 'script_args', 'print_config', 'dry_run', 'root_cause_file')]; "
+        "resolve(sys.argv[1], (), o, frozenset(), {}); "
+        "print(sorted(m for m in sys.modules if m.startswith('distlaunch.engine.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, SCRIPT], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_every_run_option_is_a_field():
+    """cli checks on import that each `run` option is a RunOptions field: one without
+    would be dropped silently."""
+    import click
+
+    cli._check_run_options(cli.run)
+    extra = click.Command("run", params=[*cli.run.params, click.Option(["--new-flag"], is_flag=True)])
+    with pytest.raises(TypeError, match="new_flag"):
+        cli._check_run_options(extra)
+
+
+def test_environment_variables_are_read_through_the_table():
+    from distlaunch.env import lookup
+
+    assert lookup("OMP_NUM_THREADS", {"OMP_NUM_THREADS": "4"}) == "4"
+    assert lookup("SLURM_JOB_ID", {}) is None
+    with pytest.raises(KeyError, match="NOT_A_DISTLAUNCH_VAR is in no table"):
+        lookup("NOT_A_DISTLAUNCH_VAR", {})

@@ -8,9 +8,9 @@ its own, and an agent whose head found a problem on any host reads end-of-file a
 without starting anything. ``python -m distlaunch agent`` comes here without the
 CLI's imports (``__main__``).
 
-The spec: ``{"config": LaunchConfig.to_dict(), "store": [host, port], "token": secret,
-"node": NodeOptions as a dict (node_id set), "env": {variables for the agent and its
-workers}, "master_addr": the address to announce as MASTER_ADDR}``.
+The line is one node's :class:`JobSpec` (``JobSpec.to_dict``), or a message of the
+engine that started the agent, naming it (``{"engine": NAME, ...}``: Slurm's one line
+for every node), from which the engine's plug-in picks this node's spec.
 """
 
 from __future__ import annotations
@@ -18,36 +18,76 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from .. import AGENT_HELLO, __version__
 
+if TYPE_CHECKING:
+    from ..config import LaunchConfig
+    from .node import NodeOptions, StoreAddress
+
+
+class JobSpec(NamedTuple):
+    """What the head sends one node's agent (it holds the store's secret: stdin only).
+    As JSON (``to_dict``): ``{"config": LaunchConfig.to_dict(), "store": [host, port],
+    "token": secret, "node": NodeOptions as a dict (node_id set), "env": {variables for
+    the agent and its workers}, "master_addr": the address to announce as MASTER_ADDR}``."""
+
+    config: LaunchConfig
+    store: StoreAddress
+    node: NodeOptions
+    env: dict[str, str]  # --env-all: set in the agent, which its workers inherit
+    master_addr: str
+
+    def to_dict(self) -> dict[str, Any]:
+        import dataclasses
+
+        return {
+            "config": self.config.to_dict(),
+            "store": [self.store.host, self.store.port],
+            "token": self.store.token,
+            "node": dataclasses.asdict(self.node),
+            "env": self.env,
+            "master_addr": self.master_addr,
+        }
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
+        from ..config import LaunchConfig
+        from .node import NodeOptions, StoreAddress
+
+        host, port = spec["store"]
+        return cls(
+            LaunchConfig.from_dict(spec["config"]),
+            StoreAddress(host, port, spec["token"]),
+            NodeOptions(**spec["node"]),
+            spec.get("env", {}),
+            spec["master_addr"],
+        )
+
 
 def run_agent(spec: dict[str, Any]) -> int:
-    """Run one node's agent for ``spec`` (see the module docstring; it holds the store's
+    """Run one node's agent for ``spec`` (a JobSpec as a dict; it holds the store's
     secret). Returns the restarts taken; raises as NodeAgent.run. Records its end in the
     store so the head can tell a finished agent from a lost one."""
-    from ..config import LaunchConfig
     from ..rendezvous import Rendezvous
     from ..store import StoreClient
     from .guard import OrphanGuard
-    from .node import NodeAgent, NodeOptions, StoreAddress
+    from .node import NodeAgent
 
-    cfg = LaunchConfig.from_dict(spec["config"])
-    os.environ.update(spec.get("env", {}))  # --env-all: the agent and its workers inherit them
-    host, port = spec["store"]
-    store = StoreAddress(host, port, spec["token"])
+    job = JobSpec.from_dict(spec)
+    cfg, store = job.config, job.store
+    os.environ.update(job.env)  # --env-all: the agent and its workers inherit them
     guard = OrphanGuard()
     try:
-        return NodeAgent(
-            cfg, store, NodeOptions(**spec["node"]), guard, master_addr=spec["master_addr"]
-        ).run()
+        return NodeAgent(cfg, store, job.node, guard, master_addr=job.master_addr).run()
     finally:
         guard.close()
         try:
+            assert job.node.node_id is not None  # the head sets it for every agent
             # short: when the head (and its store) is gone, nobody is left to tell
-            with StoreClient(host, port, token=store.token, timeout=5, connect_timeout=0.5) as c:
-                Rendezvous(c, cfg.run_id, 0, 1).record_agent_exit(spec["node"]["node_id"])
+            with StoreClient(store.host, store.port, token=store.token, timeout=5, connect_timeout=0.5) as c:
+                Rendezvous(c, cfg.run_id, 0, 1).record_agent_exit(job.node.node_id)
         except Exception:  # the store is gone; the head (if alive) sees the channel close
             pass
 
@@ -72,10 +112,10 @@ def main() -> NoReturn:
     if line:
         try:
             spec = json.loads(line)
-            if "config" not in spec:  # the Slurm engine's one line for every node
-                from ..engine.slurm import select_spec  # only there: srun's agents
+            if "engine" in spec:  # an engine's own message (Slurm: one line for every node)
+                from ..engine import plugin
 
-                spec = select_spec(spec)
+                spec = plugin(spec["engine"]).agent_spec(spec, os.environ)
             run_agent(spec)
         except (WorkerFailedError, LaunchInterrupted) as e:
             code = e.exit_code

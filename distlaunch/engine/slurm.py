@@ -1,4 +1,13 @@
-"""The Slurm engine: every agent of a job in one ``srun`` step inside the user's allocation.
+"""The Slurm engine: every agent of a job in one ``srun`` step inside the user's allocation;
+and, under ``srun``, one launcher per node placed by Slurm's variables. All of the
+launcher's Slurm knowledge is here (``PLUGIN``, registered in ``engine.ENGINES``); the
+workers' side (a process srun started without a launcher) reads Slurm's variables in
+``env.scheduler_identity``.
+
+Where it applies (``SlurmPlugin.detect``): under srun (``SLURM_STEP_ID`` and
+``SLURM_PROCID`` set) each task is one node's launcher (nodes, node rank and the store
+from the step: ``node_options``); inside an allocation (``SLURM_JOB_ID``, no step) this
+launcher is the head over the allocation's nodes (``discover``).
 
 One step, one task per node::
 
@@ -43,17 +52,21 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..agent.output import write_all
-from ..env import route_source, slurm_node_addresses
+from ..env import in_slurm_step, lookup, route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
 from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, checked_command, version_mismatch
 from ..report import progress, say
-from . import OnEnd
+from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 
-__all__ = ["SlurmEngine", "select_spec", "SPECS_KEY"]
+if TYPE_CHECKING:
+    from ..config import RunOptions
+    from ..hosts import Host
+
+__all__ = ["PLUGIN", "SlurmEngine", "SlurmPlugin", "select_spec", "SPECS_KEY"]
 
 AGENT_ARGV = ["-m", "distlaunch", "agent"]
 SPECS_KEY = "slurm_nodes"  # the broadcast spec line holds this key (see select_spec)
@@ -109,8 +122,7 @@ def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = 
     name: per-node part}, "common": {...}}``), chosen by ``SLURMD_NODENAME`` (the Slurm
     node this task runs on, distinct even for several slurmd on one machine). Pure.
     Raises ConfigError when the variable is missing or names no node of the line."""
-    env = os.environ if environ is None else environ
-    name = env.get("SLURMD_NODENAME")
+    name = lookup("SLURMD_NODENAME", environ)
     if not name:
         raise ConfigError("SLURMD_NODENAME is not set: this agent was not started by srun")
     nodes = message[SPECS_KEY]
@@ -121,11 +133,11 @@ def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = 
 
 def broadcast_line(specs: Mapping[str, dict[str, Any]]) -> bytes:
     """The one JSON line every agent receives: the values shared by all specs once, and
-    per node only what differs. Pure."""
+    per node only what differs; it names this engine (``agent.entry`` looks it up). Pure."""
     first = next(iter(specs.values()), {})
     common = {k: v for k, v in first.items() if all(s.get(k, not v) == v for s in specs.values())}
     nodes = {name: {k: v for k, v in s.items() if k not in common} for name, s in specs.items()}
-    return (json.dumps({SPECS_KEY: nodes, "common": common}) + "\n").encode()
+    return (json.dumps({"engine": "slurm", SPECS_KEY: nodes, "common": common}) + "\n").encode()
 
 
 class SlurmEngine:
@@ -168,20 +180,15 @@ class SlurmEngine:
 
     @classmethod
     def connect(
-        cls,
-        nodes: Mapping[int, str],
-        python: str,
-        cwd: str,
-        cmd_env: Mapping[str, str],
-        version: str,
-        agent_argv: Sequence[str] = AGENT_ARGV,
+        cls, hosts: Mapping[int, Host], launch: AgentLaunch, agent_argv: Sequence[str] = AGENT_ARGV
     ) -> SlurmEngine:
-        """Start the agent step on every node of ``nodes`` (``_launch``) and, while the
-        agents start, look up the nodes' addresses (``env.slurm_node_addresses``): the
-        step's start overlaps the head's own set-up. Blocks. Raises ConfigError (the step,
-        if started, is closed: its agents read end-of-file and end)."""
+        """Start the agent step on the Slurm nodes named by ``hosts`` (``_launch``) and,
+        while the agents start, look up the nodes' addresses (``env.slurm_node_addresses``):
+        the step's start overlaps the head's own set-up. Blocks. Raises ConfigError (the
+        step, if started, is closed: its agents read end-of-file and end)."""
+        nodes = {k: h.name for k, h in hosts.items()}
         progress(f"asking Slurm for {len(nodes)} node(s)", False)
-        engine = cls(nodes, python, cwd, cmd_env, version, agent_argv)
+        engine = cls(nodes, launch.python, launch.cwd, launch.cmd_env, launch.version, agent_argv)
         try:
             engine._launch(list(nodes))
             engine.addresses = slurm_node_addresses(list(nodes.values()))
@@ -193,7 +200,7 @@ class SlurmEngine:
     # -- addresses --------------------------------------------------------------------
 
     def store_address(self) -> str | None:
-        here = os.environ.get("SLURMD_NODENAME")
+        here = lookup("SLURMD_NODENAME")
         others = [a for n, a in self.addresses.items() if n != here] or list(self.addresses.values())
         return route_source(others[0]) if others else None
 
@@ -547,8 +554,7 @@ def allocation_nodes(environ: Mapping[str, str] | None = None) -> list[str]:
     """The nodes of the current allocation, in Slurm's order: ``SLURM_JOB_NODELIST``
     (``SLURM_NODELIST`` on older releases) expanded. Raises ConfigError outside an
     allocation or for a malformed list."""
-    env = os.environ if environ is None else environ
-    text = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    text = lookup("SLURM_JOB_NODELIST", environ) or lookup("SLURM_NODELIST", environ)
     if not text:
         raise ConfigError(
             "not inside a Slurm allocation (SLURM_JOB_NODELIST is not set); use salloc or sbatch"
@@ -557,3 +563,93 @@ def allocation_nodes(environ: Mapping[str, str] | None = None) -> list[str]:
         return expand_hostlist(text)
     except ValueError as e:
         raise ConfigError(f"SLURM_JOB_NODELIST: {e}") from None
+
+
+class SlurmPlugin:
+    """The Slurm engine in the registry (``engine.EnginePlugin``)."""
+
+    local_agent_in_process = False  # the head's node too runs its agent in the step
+
+    def detect(self, environ: Mapping[str, str]) -> Placement | None:
+        if in_slurm_step(environ):
+            return "node"
+        return "head" if lookup("SLURM_JOB_ID", environ) is not None else None
+
+    def check(self, environ: Mapping[str, str]) -> None:
+        if self.detect(environ) is None:
+            raise ConfigError(
+                "--launcher slurm needs a Slurm allocation (SLURM_JOB_ID is not set); run it "
+                "inside salloc or an sbatch script, or use --launcher ssh with -H"
+            )
+
+    def node_options(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """The per-node options of one launcher per node under srun (``srun -N2
+        --ntasks-per-node=1 distlaunch run ...``): node count and rank from the step, node
+        0 (the step's first node) hosts the store at a port derived from the job and step
+        ids, and the run id (hence the store token) comes from them too. Raises
+        ConfigError when the step runs several launchers on one node."""
+        from ..config import run_id_from
+        from ..env import scheduler_identity, slurm_node_address
+
+        ident = scheduler_identity(environ)
+        assert ident is not None and ident.source == "slurm"  # detect saw a step
+        if ident.local_world_size != 1:
+            raise ConfigError(
+                f"distlaunch run under srun is one launcher per node, but this step runs "
+                f"{ident.local_world_size} on this node; use srun --ntasks-per-node=1"
+            )
+        return {
+            "nnodes": str(ident.world_size),
+            "node_rank": ident.rank,
+            "master_addr": ident.store_host or slurm_node_address(ident.store_node or ""),
+            "master_port": ident.store_port,
+            "run_id": run_id_from(ident.context),
+        }
+
+    def discover(self, opts: RunOptions, environ: Mapping[str, str]) -> list[Host]:
+        """The allocation's nodes: slots per node from --nproc-per-node when given, else
+        SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE, else the node's CPU count
+        (torchrun's auto); --include/--exclude pick among them."""
+        from ..hostlist import parse_tasks_per_node
+        from ..hosts import Host, filter_hosts
+
+        names = allocation_nodes(environ)
+        per_node, tasks = (
+            lookup("SLURM_NTASKS_PER_NODE", environ) or "",
+            lookup("SLURM_TASKS_PER_NODE", environ),
+        )
+        if "nproc_per_node" in opts.given:
+            slots = [opts.nproc_per_node] * len(names)
+        elif per_node.isdigit():
+            slots = [int(per_node)] * len(names)
+        elif tasks:
+            try:
+                slots = parse_tasks_per_node(tasks)
+            except ValueError as e:
+                raise ConfigError(f"SLURM_TASKS_PER_NODE: {e}") from None
+        else:
+            slots = [os.cpu_count() or 1] * len(names)
+        if len(slots) != len(names):
+            raise ConfigError(
+                f"SLURM_TASKS_PER_NODE gives {len(slots)} nodes, SLURM_JOB_NODELIST {len(names)}; "
+                f"give --nproc-per-node"
+            )
+        return filter_hosts([Host(n, slots=k) for n, k in zip(names, slots)], opts.include, opts.exclude)
+
+    def engine(self) -> type[SlurmEngine]:
+        return SlurmEngine
+
+    def describe(self, hosts: Mapping[int, Host], launch: AgentLaunch) -> str:
+        import shlex
+
+        names = {k: h.name for k, h in hosts.items()}
+        srun = SlurmEngine(names, launch.python, launch.cwd, launch.cmd_env, launch.version).srun_argv(
+            list(names)
+        )
+        return shlex.join(srun[:-1]) + " '<host checks; then the agent>'"
+
+    def agent_spec(self, message: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+        return select_spec(message, environ)
+
+
+PLUGIN: EnginePlugin = SlurmPlugin()  # mypy checks it against the protocol

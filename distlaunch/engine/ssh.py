@@ -2,24 +2,28 @@
 checks the host and says hello before it reads its spec from the channel's stdin
 (``remote.preflight.start_checked``: one interpreter per host, and nothing starts
 anywhere unless every host passed), and remote kills run over the same connection (or
-a fresh one if it broke).
+a fresh one if it broke). Nodes come from a host list (-H/--hostfile), never from the
+environment. paramiko is imported when the engine connects, not with this module (the
+registry imports it to choose an engine).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..hosts import Host
 from ..remote import RemoteError
 from ..remote.command import checked_command, remote_command
-from ..remote.preflight import start_checked
-from ..remote.ssh import SSHConnection, SSHOptions, connect_all
 from ..report import progress, say
-from . import OnEnd
+from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 from .relay import AgentRelay
+
+if TYPE_CHECKING:
+    from ..config import RunOptions
+    from ..remote.ssh import SSHConnection
 
 AGENT_ARGV = ["-m", "distlaunch", "agent"]
 
@@ -42,23 +46,18 @@ class SSHEngine:
         self.relay = AgentRelay()
 
     @classmethod
-    def connect(
-        cls,
-        hosts: Mapping[int, Host],
-        ssh: SSHOptions,
-        python: str,
-        cwd: str,
-        cmd_env: Mapping[str, str],
-        version: str,
-    ) -> SSHEngine:
-        """Connect to every host. Blocks. Raises ConfigError when a host cannot be reached
-        (nothing was started)."""
+    def connect(cls, hosts: Mapping[int, Host], launch: AgentLaunch) -> SSHEngine:
+        """Connect to every host with ``launch.ssh``. Blocks. Raises ConfigError when a
+        host cannot be reached (nothing was started)."""
+        from ..remote.ssh import connect_all
+
+        assert launch.ssh is not None  # set with every host list (modes._head_options)
         progress(f"connecting to {len(hosts)} host(s)", False)
         try:
-            conns = dict(zip(hosts, connect_all(list(hosts.values()), ssh)))
+            conns = dict(zip(hosts, connect_all(list(hosts.values()), launch.ssh)))
         except RemoteError as e:
             raise ConfigError(str(e)) from e  # one line per host; the CLI joins them
-        return cls(conns, python, cwd, cmd_env, version)
+        return cls(conns, launch.python, launch.cwd, launch.cmd_env, launch.version)
 
     def store_address(self) -> str | None:
         first = next(iter(self.conns.values()), None)
@@ -72,6 +71,8 @@ class SSHEngine:
         ``report.say``), and only then send every spec. Raises ConfigError when a host
         failed its check (nothing was started anywhere), RemoteError when a connection
         is lost while sending."""
+        from ..remote.preflight import start_checked
+
         progress(f"checking {len(specs)} host(s)", False)
         cmd = checked_command(self.python, self.cwd, AGENT_ARGV, self.cmd_env)
         conns = {k: self.conns[k] for k in specs}
@@ -128,6 +129,8 @@ def kill_command(python: str, cwd: str, env: Mapping[str, str], records: list[tu
 def kill_remote(conn: SSHConnection, cmd: str) -> None:
     """Run ``cmd`` (``python -m distlaunch.agent.kill``: SIGKILL an agent's recorded
     processes) on ``conn``'s host, over a fresh SSH connection if that one is broken."""
+    from ..remote.ssh import SSHConnection
+
     try:
         conn.run(cmd, timeout=10)
     except RemoteError:
@@ -136,3 +139,34 @@ def kill_remote(conn: SSHConnection, cmd: str) -> None:
                 fresh.run(cmd, timeout=10)
         except RemoteError:
             pass  # the host is unreachable: nothing more can be done from here
+
+
+class SSHPlugin:
+    """The SSH engine in the registry (``engine.EnginePlugin``): chosen by a host list
+    (the default engine there) or ``--launcher ssh``; never detected."""
+
+    local_agent_in_process = True  # the head's own host runs its agent in-process
+
+    def detect(self, environ: Mapping[str, str]) -> Placement | None:
+        return None
+
+    def check(self, environ: Mapping[str, str]) -> None:
+        pass  # runs wherever SSH reaches the hosts; without a host list: this node alone
+
+    def node_options(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        return {}  # never detected: no launcher of its own on a node
+
+    def discover(self, opts: RunOptions, environ: Mapping[str, str]) -> list[Host]:
+        raise ConfigError("--launcher ssh starts agents on the hosts of -H/--hostfile; give one of them")
+
+    def engine(self) -> type[SSHEngine]:
+        return SSHEngine
+
+    def describe(self, hosts: Mapping[int, Host], launch: AgentLaunch) -> str:
+        return remote_command(launch.python, launch.cwd, AGENT_ARGV, launch.cmd_env)
+
+    def agent_spec(self, message: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+        return dict(message)  # one channel per agent: the line is its spec
+
+
+PLUGIN: EnginePlugin = SSHPlugin()  # mypy checks it against the protocol

@@ -11,18 +11,22 @@ import sys
 import time
 
 from distlaunch import __version__
+from distlaunch.engine import AgentLaunch
 from distlaunch.engine.slurm import SlurmEngine, allocation_nodes
 from distlaunch.errors import ConfigError
+from distlaunch.hosts import Host
 
 scenario = json.loads(sys.argv[1])
 here = os.path.dirname(os.path.abspath(__file__))
 names = allocation_nodes()
 engine = SlurmEngine.connect(
-    dict(enumerate(names)),
-    sys.executable,
-    scenario.get("cwd", os.getcwd()),
-    {"PYTHONPATH": os.environ.get("PYTHONPATH", "")} if os.environ.get("PYTHONPATH") else {},
-    __version__,
+    {k: Host(n) for k, n in enumerate(names)},
+    AgentLaunch(
+        sys.executable,
+        scenario.get("cwd", os.getcwd()),
+        {"PYTHONPATH": os.environ.get("PYTHONPATH", "")} if os.environ.get("PYTHONPATH") else {},
+        __version__,
+    ),
     agent_argv=[os.path.join(here, "agent.py")],
 )
 engine.start_timeout = scenario.get("start_timeout", 30)
