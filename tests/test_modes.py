@@ -138,7 +138,8 @@ def test_hostfile_with_exclude(tmp_path):
     assert [(h.name, h.slots) for h in m.head.hosts] == [("b", 2)]
 
 
-def test_job_fields_are_parsed():
+def test_job_fields_are_parsed(monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # -x ships it along when set
     m = mode_of(
         "--nproc-per-node",
         "2",
