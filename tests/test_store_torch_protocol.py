@@ -192,6 +192,7 @@ def scenario(port: int, libuv: bool) -> list:
     r.append(outcome(lambda: s.get("never")))
     r.append(outcome(lambda: s.wait(["w1"], timedelta(milliseconds=300))))
     r.append(outcome(lambda: s.add("n", 1)))
+    s.set_timeout(timedelta(seconds=5))  # the wake-ups below must not race a 300 ms timeout under load
     # queues (libuv only: torch's client refuses them with use_libuv=False)
     r.append(outcome(lambda: s.queue_len("q")))
     r.append(outcome(lambda: s.queue_push("q", "one")))
