@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .agent.process import WorkerFailure
 from .errors import DistlaunchError, LaunchInterrupted, RendezvousError, WorkerFailedError
-from .rounds import Cause, Failure, Join, Lost, Signal
+from .rounds import Cause, Failure, Join, Lost, Signal, WorkerFailure
 
 
 @dataclass(frozen=True)

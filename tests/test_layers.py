@@ -27,9 +27,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (as long as there is no cycle) and of the layers before it.
 LAYERS: list[tuple[str, list[str]]] = [
     (
-        "leaves: errors, pure rank arithmetic, the package root, process records, output sinks, the reporter",
+        "leaves: errors, the round vocabulary and its pure records, pure rank arithmetic, the package "
+        "root, process records, output sinks, the reporter",
         [
             "distlaunch.errors",
+            "distlaunch.rounds",
             "distlaunch.report",
             "distlaunch.topology",
             "distlaunch",
@@ -57,12 +59,11 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "the store, SSH connections, round keys and causes",
+        "the store, SSH connections",
         [
             "distlaunch.store.client",
             "distlaunch.store.server",
             "distlaunch.store",
-            "distlaunch.rounds",
             "distlaunch.remote.ssh",
             "distlaunch.remote.preflight",
         ],

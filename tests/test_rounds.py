@@ -6,7 +6,6 @@ import signal
 
 import pytest
 
-from distlaunch.agent.process import WorkerFailure
 from distlaunch.errors import LaunchInterrupted, RendezvousError, WorkerFailedError
 from distlaunch.events import describe_cause, one_line, round_end_event
 from distlaunch.policy import (
@@ -27,6 +26,7 @@ from distlaunch.rounds import (
     Over,
     RoundKeys,
     Signal,
+    WorkerFailure,
     agent_exit_key,
     cause_from_dict,
     cause_to_dict,

@@ -23,13 +23,12 @@ from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import EventLog, round_end_event, round_event
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..report import say
-from ..rounds import Cause, Failure, Join, Lost, Over, Signal
+from ..rounds import Cause, Failure, Join, Lost, Over, Signal, WorkerFailure
 from ..topology import WorkerSlot, cpu_sets, seat_slots
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
 from .output import StreamSink, warn_once
-from .process import WorkerFailure
 from .signals import SignalRelay
 
 
