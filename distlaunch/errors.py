@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # for annotations only: this module stays a leaf at run time
     from collections.abc import Sequence
 
-    from .agent.process import WorkerFailure
+    from .rounds import WorkerFailure
 
 
 class DistlaunchError(Exception):

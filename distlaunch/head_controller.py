@@ -130,21 +130,22 @@ class HeadController:
             self.client.close()
 
     def _plan_next(self, cause: Cause) -> bool:
-        """Decide and publish the next round after ``cause``; False when the job ends."""
-        step = self.policy.decide(self.history, cause)
-        if step.kill is not None:
-            self.kill(step.kill)  # it may still run (e.g. stopped, or cut off from the store)
-        for node_id, why in step.drops:
+        """Decide the next round after ``cause`` (the policy) and execute the decision:
+        kill, report drops, publish the plan; False when the job ends."""
+        decision = self.policy.decide(self.history, cause)
+        if decision.kill is not None:
+            self.kill(decision.kill)  # it may still run (e.g. stopped, or cut off from the store)
+        for node_id, why in decision.drops:
             self.events.emit({"event": "drop", "host": self.hosts[node_id].name, "why": why})
-        if isinstance(step.decision, End):
-            if step.decision.note:
-                self.events.emit({"event": "end", "why": step.decision.note})
+        if isinstance(decision, End):
+            if decision.note:
+                self.events.emit({"event": "end", "why": decision.note})
             self.rdzv.publish_plan(self.rnd + 1, None)
             return False
-        self.history = step.history
+        self.history = self.policy.next_history(self.history, cause, decision)
         self.rnd += 1
-        self.plans[self.rnd] = step.history.members
-        self.rdzv.publish_plan(self.rnd, list(step.history.members), step.history.restarts)
+        self.plans[self.rnd] = self.history.members
+        self.rdzv.publish_plan(self.rnd, list(self.history.members), self.history.restarts)
         return True
 
     def pgids(self, rdzv: Rendezvous, node_id: int) -> list[tuple[int, int]]:

@@ -11,20 +11,33 @@ same shape: state + pure decision, executed against the store by the agent).
   a lost host, or one whose workers failed in two consecutive rounds, while at least
   ``--min-nodes`` hosts remain (Horovod's elastic driver).
 
-No store, no processes, no I/O: every decision is a value (tests/test_rounds.py).
+Every policy returns one :data:`Decision` (:class:`Restart` | :class:`Continue` |
+:class:`End`), which the per-node agents (agent/node.py) and the head's controller
+(head_controller.py) execute. No store, no processes, no I/O: every decision is a value
+(tests/test_rounds.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .agent.process import WorkerFailure
 from .errors import DistlaunchError, LaunchInterrupted, RendezvousError, WorkerFailedError
-from .rounds import Cause, Failure, Join, Lost, Signal
+from .rounds import Cause, Failure, Join, Lost, Signal, WorkerFailure
 
 
 @dataclass(frozen=True)
-class Restart:
+class _Effects:
+    """What a head-planned decision does besides the next round (empty for the per-node
+    policies): ``drops``, the hosts left out from now on (host id, why), and ``kill``, the
+    host whose lost agent is killed (it may still run, e.g. stopped, or cut off from the
+    store)."""
+
+    drops: tuple[tuple[int, str], ...] = field(default=(), kw_only=True)
+    kill: int | None = field(default=None, kw_only=True)
+
+
+@dataclass(frozen=True)
+class Restart(_Effects):
     """Start a new round after a failure, with restart count ``restarts``; ``members``:
     the node ids taking part (head mode), None: whoever joins. ``note``: tell the user."""
 
@@ -34,7 +47,7 @@ class Restart:
 
 
 @dataclass(frozen=True)
-class Continue:
+class Continue(_Effects):
     """Start a new round that is not a restart (membership changed): the restart count
     stays ``restarts``; ``members`` and ``note`` as for :class:`Restart`."""
 
@@ -44,7 +57,7 @@ class Continue:
 
 
 @dataclass(frozen=True)
-class End:
+class End(_Effects):
     """The job ends. ``error``: what the agent raises (None in head mode, where the
     agents report the round's cause themselves); ``note``: why, when worth saying."""
 
@@ -52,6 +65,8 @@ class End:
     note: str = ""
 
 
+# The one decision type of every policy, per-node and head-planned alike: the per-node
+# agents (agent/node.py) and the head's controller (head_controller.py) execute it.
 Decision = Restart | Continue | End
 
 
@@ -163,16 +178,10 @@ class HeadHistory:
     streak: tuple[int | None, int] = (None, 0)
 
 
-@dataclass(frozen=True)
-class HeadStep:
-    """A head-planned decision, the history it leads to, the hosts ``drops`` left out
-    from now on (host id, why) and the host to ``kill`` (its agent was lost but may still
-    run, e.g. stopped or cut off from the store)."""
-
-    decision: Decision
-    history: HeadHistory
-    drops: tuple[tuple[int, str], ...] = ()
-    kill: int | None = None
+def _streak(h: HeadHistory, cause: Failure) -> tuple[int, int]:
+    """(host id, consecutive rounds its workers failed) once ``cause`` is counted."""
+    bad = h.members[cause.failure.node_rank]
+    return bad, h.streak[1] + 1 if h.streak[0] == bad else 1
 
 
 @dataclass(frozen=True)
@@ -187,35 +196,44 @@ class HeadPlanned:
         restart, one per dropped host, and one spare."""
         return self.max_restarts + num_hosts + 2
 
-    def decide(self, h: HeadHistory, cause: Cause) -> HeadStep:
+    def decide(self, h: HeadHistory, cause: Cause) -> Decision:
+        """The next round's members and restart count, the hosts dropped and the host to
+        kill; :meth:`next_history` is the head's view once it is executed."""
         members, restarts = h.members, h.restarts
-        drop, dead, streak = set(h.dead), h.dead, h.streak
+        drop = set(h.dead)
         drops: list[tuple[int, str]] = []
         kill = None
         if isinstance(cause, Failure):
             if restarts >= self.max_restarts:
-                return HeadStep(End(), h)
+                return End()
             restarts += 1
-            bad = members[cause.failure.node_rank]
-            streak = (bad, streak[1] + 1 if streak[0] == bad else 1)
-            if streak[1] >= 2 and len(members) - 1 >= self.min_nodes:
+            bad, n = _streak(h, cause)
+            if n >= 2 and len(members) - 1 >= self.min_nodes:
                 drop.add(bad)
-                drops.append((bad, f"its workers failed in {streak[1]} consecutive rounds"))
+                drops.append((bad, f"its workers failed in {n} consecutive rounds"))
         elif isinstance(cause, Lost):
             kill = lost = members[cause.node]
             drop.add(lost)
-            dead = dead | {lost}
             drops.append((lost, cause.why))
         else:  # a stop signal
-            return HeadStep(End(), h)
+            return End()
         left = tuple(m for m in members if m not in drop)
-        history = HeadHistory(left, restarts, dead, streak)
         if len(left) < self.min_nodes:
-            return HeadStep(
-                End(note=f"{len(left)} host(s) left, fewer than --min-nodes {self.min_nodes}"),
-                history,
-                tuple(drops),
-                kill,
+            return End(
+                note=f"{len(left)} host(s) left, fewer than --min-nodes {self.min_nodes}",
+                drops=tuple(drops),
+                kill=kill,
             )
         step = Restart if isinstance(cause, Failure) else Continue
-        return HeadStep(step(restarts, left), history, tuple(drops), kill)
+        return step(restarts, left, drops=tuple(drops), kill=kill)
+
+    def next_history(self, h: HeadHistory, cause: Cause, decision: Decision) -> HeadHistory:
+        """The head's view after it executed ``decision`` (:meth:`decide`'s for ``h`` and
+        ``cause``): the next round's members and restart count, a killed host among the
+        dead, the failure streak counted. Unchanged when the job ends."""
+        if isinstance(decision, End):
+            return h
+        assert decision.members is not None  # the head names every round's members
+        dead = h.dead if decision.kill is None else h.dead | {decision.kill}
+        streak = _streak(h, cause) if isinstance(cause, Failure) else h.streak
+        return HeadHistory(decision.members, decision.restarts, dead, streak)

@@ -1,8 +1,10 @@
 """Rendezvous rounds between node agents, built only on the store client.
 
 One round = one attempt to run every node's workers together; the keys and stop causes
-of a round are defined in ``rounds.py``, and what follows a round in ``policy.py``. This
-module is the only one that reads or writes those keys.
+of a round are defined in ``rounds.py``, what follows a round in ``policy.py``, and the
+agent's phases and the join's decisions in ``agent/phases.py``. This module is the only
+one that reads or writes those keys, and holds only that store I/O: it executes the
+decisions made there.
 
 Ranks are contiguous per node in node-rank order (topology.assign_ranks), as torchrun's
 static rendezvous assigns them.
@@ -19,6 +21,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .agent.phases import JoinAction, admitted_rank, closing_size, join_action
 from .errors import LaunchInterrupted, RendezvousError, StoreTimeoutError
 from .rounds import Cause, Lost, Over, RoundKeys, Signal, agent_exit_key, decode_cause, encode_cause
 
@@ -225,17 +228,15 @@ class Rendezvous:
         the size); every other node blocks on the one ``closed`` key (no polling). Sets
         ``node_rank`` and ``num_nodes`` for this round and returns this node's seat. Raises
         RendezvousError when too few nodes arrive, LateJoin when this node came after
-        the round closed."""
+        the round closed. Who closes, with what size, and who is seated are decided by
+        agent.phases (pure); this executes it against the store."""
         k = self.keys(rnd)
         arrived = self.store.add(k.joined, 1)
-        me = arrived - 1
-        close = lambda: self.store.compare_set(  # noqa: E731
-            k.closed, b"", str(min(self.store.add(k.joined, 0), max_nodes))
-        )
-        if arrived >= max_nodes:
-            close()
-        elif arrived >= min_nodes and not self._wait_closed(rnd, last_call, None):
-            close()
+        action = join_action(arrived, min_nodes, max_nodes)
+        if action is JoinAction.CLOSE or (
+            action is JoinAction.LAST_CALL and not self._wait_closed(rnd, last_call, None)
+        ):
+            self.store.compare_set(k.closed, b"", str(closing_size(self.store.add(k.joined, 0), max_nodes)))
         if not self._wait_closed(rnd, self.join_timeout, f"at least {min_nodes}"):
             n = self.store.add(k.joined, 0)
             raise RendezvousError(
@@ -243,9 +244,10 @@ class Rendezvous:
                 f"nodes arrived within {self.join_timeout:g} s"
             )
         size = int(self.store.get(k.closed))
-        if me >= size:
+        rank = admitted_rank(arrived, size)
+        if rank is None:
             raise LateJoin(rnd, size)
-        self.node_rank, self.num_nodes = me, size
+        self.node_rank, self.num_nodes = rank, size
         return self.join(rnd, slots, host, addr)
 
     def _wait_closed(self, rnd: int, timeout: float, wanted: str | None) -> bool:

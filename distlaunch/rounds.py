@@ -1,5 +1,7 @@
-"""The vocabulary of the round protocol: every store key a job uses, and the typed causes
-that stop a round with their JSON codec. Pure: no store, no processes.
+"""The vocabulary of the round protocol: every store key a job uses, the typed causes
+that stop a round with their JSON codec, and the pure record a failure carries
+(:class:`WorkerFailure`). Pure: no store, no processes, nothing of distlaunch imported
+(the bottom of the launcher's layers: errors, policy and agent/ build on it).
 
 Keys live under ``<run_id>/`` (values are JSON):
 
@@ -41,10 +43,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 from dataclasses import dataclass
 from typing import Any
-
-from .agent.process import WorkerFailure
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,39 @@ class RoundKeys:
 def agent_exit_key(run_id: str, node_id: int) -> str:
     """Head mode: set by the agent of host ``node_id`` when it ends normally."""
     return f"{run_id}/agent_exit/{node_id}"
+
+
+# --- records ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """How a worker failed: the root-cause record shown to the user."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    pid: int
+    returncode: int  # negative: killed by signal -returncode (subprocess convention)
+    timestamp: float  # time.time() when the launcher saw the exit
+    stderr_tail: str
+    error_file_text: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """What a shell would report: the exit status, or 128+N for death by signal N."""
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+    @property
+    def how(self) -> str:
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            return f"killed by {name} (exit code {self.exit_code})"
+        return f"exit code {self.returncode}"
 
 
 # --- stop causes --------------------------------------------------------------------------

@@ -27,20 +27,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (as long as there is no cycle) and of the layers before it.
 LAYERS: list[tuple[str, list[str]]] = [
     (
-        "leaves: errors, pure rank arithmetic, the package root, process records, output sinks, the reporter",
-        [
-            "distlaunch.errors",
-            "distlaunch.report",
-            "distlaunch.topology",
-            "distlaunch",
-            "distlaunch.agent",
-            "distlaunch.agent.kill",
-            "distlaunch.agent.output",
-        ],
+        "leaves: errors, the round vocabulary and its pure records, pure rank arithmetic, the "
+        "package root, the reporter",
+        ["distlaunch.errors", "distlaunch.rounds", "distlaunch.report", "distlaunch.topology", "distlaunch"],
+    ),
+    (
+        "pure decisions: the restart policies and the agent's phases",
+        ["distlaunch.policy", "distlaunch.agent.phases"],
     ),
     (
         "standard-library helpers: environment contract, secrets, config, hosts, store framing, "
-        "worker processes, signals, the orphan guard, the remote command line, GPUs and NUMA",
+        "the remote command line, GPUs and NUMA",
         [
             "distlaunch.env",
             "distlaunch.devices",
@@ -51,24 +48,34 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.hostlist",
             "distlaunch.store.protocol",
             "distlaunch.store.torch_protocol",
-            "distlaunch.agent.process",
-            "distlaunch.agent.signals",
-            "distlaunch.agent.guard",
             "distlaunch.remote",
             "distlaunch.remote.command",
         ],
     ),
     (
-        "the store, SSH connections, round keys and causes",
+        "one node's worker supervision (agent/): process records, output sinks, worker processes, "
+        "signals, the orphan guard, one attempt's worker group",
+        [
+            "distlaunch.agent",
+            "distlaunch.agent.kill",
+            "distlaunch.agent.output",
+            "distlaunch.agent.process",
+            "distlaunch.agent.signals",
+            "distlaunch.agent.guard",
+            "distlaunch.agent.group",
+        ],
+    ),
+    (
+        "the store, SSH connections",
         [
             "distlaunch.store.client",
             "distlaunch.store.server",
             "distlaunch.store",
-            "distlaunch.rounds",
             "distlaunch.remote.ssh",
             "distlaunch.remote.preflight",
         ],
     ),
+    ("rendezvous: the round protocol's store I/O", ["distlaunch.rendezvous"]),
     (
         "collectives base: errors, wire format, reduce ops, buffers, stores, transport interface",
         [
@@ -110,23 +117,20 @@ LAYERS: list[tuple[str, list[str]]] = [
         ["distlaunch.mpi.intracomm", "distlaunch.mpi.environment", "distlaunch.mpi"],
     ),
     ("torch.distributed backend on the collectives", ["distlaunch.torch"]),
+    ("round lines and events.jsonl", ["distlaunch.events"]),
     (
-        "rendezvous over the store, pure restart policies, events",
-        ["distlaunch.rendezvous", "distlaunch.policy", "distlaunch.events"],
-    ),
-    ("one attempt's worker group", ["distlaunch.agent.group"]),
-    (
-        "the node agent; the engine interface and output relay",
-        ["distlaunch.agent.node", "distlaunch.engine", "distlaunch.engine.relay"],
-    ),
-    (
-        "the agent's entry point, the SSH engine, the head's controller",
+        "the executors of the round decisions: the node agent, the head's controller; the engine "
+        "interface and output relay",
         [
-            "distlaunch.agent.entry",
-            "distlaunch.engine.ssh",
-            "distlaunch.engine.slurm",
+            "distlaunch.agent.node",
             "distlaunch.head_controller",
+            "distlaunch.engine",
+            "distlaunch.engine.relay",
         ],
+    ),
+    (
+        "the agent's entry point, the SSH and Slurm engines",
+        ["distlaunch.agent.entry", "distlaunch.engine.ssh", "distlaunch.engine.slurm"],
     ),
     ("launch modes", ["distlaunch.modes"]),
     ("one node's launcher", ["distlaunch.launcher"]),

@@ -1,12 +1,12 @@
 """The round protocol's pure parts: key names, the stop-cause codec, and every restart
 policy's decision as a table (no processes, no sockets)."""
 
+import dataclasses
 import json
 import signal
 
 import pytest
 
-from distlaunch.agent.process import WorkerFailure
 from distlaunch.errors import LaunchInterrupted, RendezvousError, WorkerFailedError
 from distlaunch.events import describe_cause, one_line, round_end_event
 from distlaunch.policy import (
@@ -27,6 +27,7 @@ from distlaunch.rounds import (
     Over,
     RoundKeys,
     Signal,
+    WorkerFailure,
     agent_exit_key,
     cause_from_dict,
     cause_to_dict,
@@ -220,16 +221,21 @@ HEAD = HeadPlanned(max_restarts=3, min_nodes=1)
 )
 def test_head_planned(history, cause, decision, after, drops, kill):
     step = HEAD.decide(history, cause)
-    assert (step.decision, step.history, step.drops, step.kill) == (decision, after, drops, kill)
+    assert (step, HEAD.next_history(history, cause, step), step.drops, step.kill) == (
+        dataclasses.replace(decision, drops=drops, kill=kill),
+        after,
+        drops,
+        kill,
+    )
 
 
 def test_head_planned_ends_below_min_nodes():
     step = HeadPlanned(max_restarts=3, min_nodes=2).decide(HeadHistory((0, 1)), Lost(0, "gone"))
-    assert step.decision == End(note="1 host(s) left, fewer than --min-nodes 2")
+    assert step == End(note="1 host(s) left, fewer than --min-nodes 2", drops=((0, "gone"),), kill=0)
     assert step.drops == ((0, "gone"),) and step.kill == 0
     # a repeatedly failing host is not dropped below the minimum: the job restarts with it
     step = HeadPlanned(3, 2).decide(HeadHistory((0, 1), 1, streak=(1, 1)), failure(node_rank=1))
-    assert step.decision == Restart(2, (0, 1)) and step.drops == ()
+    assert step == Restart(2, (0, 1)) and step.drops == ()
 
 
 def test_head_round_bound():

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import IO, cast
 
 from ..report import say
+from ..rounds import WorkerFailure
 from ..topology import WorkerSlot
 from .guard import OrphanGuard
 from .output import StreamSink
-from .process import WorkerFailure, WorkerProcess
+from .process import WorkerProcess
 from .signals import SignalRelay
 
 # After every worker exited, how long to wait for pipes still held open by processes

@@ -1,7 +1,8 @@
 """One node's agent: for each rendezvous round, agree on ranks through the store, start
 this node's workers, stop them when any node fails, and restart while restarts remain
-(torchrun's elastic agent). What follows a round is decided by ``policy.py``; this
-module executes it.
+(torchrun's elastic agent). The agent's phases and their transitions are
+``agent/phases.py``, what follows a round is decided by ``policy.py``; this module
+executes both.
 
 The same code serves every mode: the single-node launcher and per-node launches run it
 in-process; ``distlaunch agent`` runs it on nodes the head started over SSH.
@@ -23,13 +24,13 @@ from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import EventLog, round_end_event, round_event
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..report import say
-from ..rounds import Cause, Failure, Join, Lost, Over, Signal
+from ..rounds import Cause, Failure, Join, Lost, Over, Signal, WorkerFailure
 from ..topology import WorkerSlot, cpu_sets, seat_slots
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
 from .output import StreamSink, warn_once
-from .process import WorkerFailure
+from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay
 
 
@@ -177,10 +178,10 @@ class NodeAgent:
         self.scratch: str | None = None
         self.log_root = os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
         self._lost: set[int] = set()  # nodes found lost in the last round
-        # The round a stop signal must reach while no workers run, and in which phase
-        # ("join" or "barrier"); None while workers run (the round handles it) or before
-        # this node takes part in a round.
-        self._signal_phase: tuple[int, str] | None = None
+        # Where the agent is (agent/phases.py): it starts between rounds; a stop signal
+        # that ends a phase in which no workers run is spread to the round by this agent
+        # (phases.spreads_signal)
+        self.phase = AgentPhase.AFTER_ROUND
         self._left: int | None = None  # the last round this node left at its end
 
     def run(self) -> int:
@@ -230,7 +231,7 @@ class NodeAgent:
                 try:
                     group, restarts = self._make_group(rdzv, rnd, restarts, relay)
                 except LateJoin as late:
-                    self._signal_phase = None  # not a member yet: leaving stops nobody
+                    self._to(AgentEvent.LATE)  # not a member yet: leaving stops nobody
                     with relay.interruptible():
                         self._wait_for_next_round(rdzv, late)
                     rnd += 1
@@ -245,14 +246,15 @@ class NodeAgent:
                     raise _error_for(cause)
                 rnd += 1
         except LaunchInterrupted as e:
-            if self._signal_phase is not None and rdzv is not None:  # the phase is set after rdzv
-                self._spread_signal(rdzv, self._signal_phase, e.signum, relay)
+            if spreads_signal(self.phase) and rdzv is not None:  # such phases come after rdzv
+                self._spread_signal(rdzv, rnd, self.phase, e.signum, relay)
             raise
         except StoreError as e:  # the agent's own calls: the store died or stopped answering
             raise RendezvousError(
                 f"lost the store at {self.store_addr.host}:{self.store_addr.port} ({e}); workers stopped"
             ) from e
         finally:
+            self._to(AgentEvent.END)  # however it ends
             if o.hosts_store and rdzv is not None and rdzv.num_nodes > 1 and self._left == rnd:
                 self._let_others_leave(rdzv, rnd, relay)
             relay.restore()
@@ -275,16 +277,20 @@ class NodeAgent:
 
         return report
 
-    def _spread_signal(self, rdzv: Rendezvous, at: tuple[int, str], signum: int, relay: SignalRelay) -> None:
-        """A stop signal (here, or recorded by another node) ended the rendezvous phase
-        ``at`` (round, "join" or "barrier"): record it as the round's stop cause (and the
-        next round's, in case another cause stood first and the others restart) so every
-        node stops, leave the round, and, on the store's host, give the others a moment
-        to read it. Best effort, bounded: a
-        fresh connection (an interrupted call closed the agent's own)."""
+    def _to(self, event: AgentEvent) -> None:
+        self.phase = advance(self.phase, event)
+
+    def _spread_signal(
+        self, rdzv: Rendezvous, rnd: int, phase: AgentPhase, signum: int, relay: SignalRelay
+    ) -> None:
+        """A stop signal (here, or recorded by another node) ended ``phase`` of round
+        ``rnd`` (one where no workers run: joining, admitted, the barrier): record it as
+        the round's stop cause (and the next round's, in case another cause stood first
+        and the others restart) so every node stops, leave the round, and, on the store's
+        host, give the others a moment to read it. Best effort, bounded: a fresh
+        connection (an interrupted call closed the agent's own)."""
         from ..store import StoreClient
 
-        rnd, phase = at
         a = self.store_addr
         try:
             with StoreClient(a.host, a.port, token=a.token, timeout=2.0, connect_timeout=1.0) as c:
@@ -293,7 +299,7 @@ class NodeAgent:
                     r.request_stop(k, Signal(signum))
                 r.leave(rnd)
                 if self.opts.hosts_store:
-                    if phase == "join":  # the others see it at their next slice
+                    if phase is not AgentPhase.BARRIER:  # joining: the others see it at their next slice
                         count, grace = r.arrived(rnd), 2 * SLICE + 1.0
                     else:  # the others stop their workers first
                         count = rdzv.num_nodes - len(self._lost)
@@ -309,12 +315,13 @@ class NodeAgent:
         job's restart count (node 0's, which a late joiner does not know)."""
         o = self.opts
         me = (o.slots or self.cfg.nproc_per_node, o.host_label or socket.gethostname(), self.master_addr)
-        self._signal_phase = (rnd, "join")
+        self._to(AgentEvent.NEXT)
         with relay.interruptible():
             if o.max_nodes:  # dynamic membership: node ranks by arrival, every round anew
                 seat = rdzv.join_dynamic(rnd, o.min_nodes, o.max_nodes, o.last_call_timeout, *me)
             else:
                 seat = rdzv.join(rnd, *me)
+            self._to(AgentEvent.SEATED)
             if rdzv.node_rank == 0:
                 rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv), restarts)
             addr, port, restarts = rdzv.master(rnd)
@@ -415,11 +422,12 @@ class NodeAgent:
         try:
             with relay.interruptible():  # a signal since joining: do not start workers
                 pass
-            self._signal_phase = None  # from here the group relays signals to the workers
+            self._to(AgentEvent.STARTED)  # from here the group relays signals to the workers
             try:
                 result = group.run()
             finally:  # every worker of the round is gone: so are their segments' users
                 remove_matching(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid(), rnd) + "*"))
+            self._to(AgentEvent.STOPPED)
             if result.stop_signal is not None:
                 relay.acted()
                 self._stop_everyone(rdzv, rnd, Signal(result.stop_signal))
@@ -436,7 +444,7 @@ class NodeAgent:
             # Every round ends at the exit barrier, so no node leaves (or, on node 0, takes
             # the store down) while another still needs it. A (further) stop signal here
             # leaves it at once: the workers are gone already.
-            self._signal_phase = (rnd, "barrier")
+            self._to(AgentEvent.AT_BARRIER)
             with relay.interruptible():
                 cause = rdzv.finish(
                     rnd,
@@ -444,7 +452,7 @@ class NodeAgent:
                     lost,
                     abort=lambda: bool(why) and why[0] == "lost",
                 )
-            self._signal_phase = None
+            self._to(AgentEvent.PASSED)
             self._lost = set(lost())
             watcher.thread.join(5.0)  # finish() set the stop key, which releases it
         finally:

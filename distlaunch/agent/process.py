@@ -19,10 +19,10 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from typing import IO
 
 from ..errors import SpawnError
+from ..rounds import WorkerFailure
 from ..topology import WorkerSlot
 
 # (soft, hard) RLIMIT_NOFILE before any store in this process raised the soft limit.
@@ -37,36 +37,6 @@ def _restore_nofile(pid: int) -> None:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, (USER_NOFILE[0], hard))
     except (OSError, ValueError):  # the worker already exited (or the limit is invalid now)
         pass
-
-
-@dataclass(frozen=True)
-class WorkerFailure:
-    """How a worker failed: the root-cause record shown to the user."""
-
-    rank: int
-    local_rank: int
-    node_rank: int
-    host: str
-    pid: int
-    returncode: int  # negative: killed by signal -returncode (subprocess convention)
-    timestamp: float  # time.time() when the launcher saw the exit
-    stderr_tail: str
-    error_file_text: str | None = None
-
-    @property
-    def exit_code(self) -> int:
-        """What a shell would report: the exit status, or 128+N for death by signal N."""
-        return 128 - self.returncode if self.returncode < 0 else self.returncode
-
-    @property
-    def how(self) -> str:
-        if self.returncode < 0:
-            try:
-                name = signal.Signals(-self.returncode).name
-            except ValueError:
-                name = f"signal {-self.returncode}"
-            return f"killed by {name} (exit code {self.exit_code})"
-        return f"exit code {self.returncode}"
 
 
 def _bind_thread(cpus: frozenset[int]) -> set[int] | None:
