@@ -71,12 +71,13 @@ def run_hosts(
         env, launch = agent_launch(head)
         engine = chosen.engine().connect({k: hosts[k] for k in remote}, launch)
         from .agent.entry import JobSpec
-        from .agent.node import NodeAgent, NodeOptions, StoreAddress
+        from .agent.node import NodeAgent, NodeOptions
         from .events import EventLog
         from .head_controller import HeadController
         from .policy import error_for
         from .rendezvous import Rendezvous
-        from .store import StoreClient, StoreServer
+        from .store import StoreServer
+        from .store.client import StoreAddress
 
         store_addr = head.store_addr or (engine.store_address() if remote else STORE_HOST)
         if store_addr is None:
@@ -89,7 +90,7 @@ def run_hosts(
         server.start()
         assert server.port is not None  # bound by start()
         store = StoreAddress(store_addr, server.port, token)
-        client = StoreClient(store_addr, server.port, token=token, timeout=30, connect=server.connect_local)
+        client = StoreAddress(store_addr, server.port, token, server.connect_local).connect(30)
         rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
 
         def node_options(k: int) -> NodeOptions:

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .agent.guard import OrphanGuard
-from .agent.node import NodeAgent, NodeOptions, StoreAddress, worker_argv, worker_env
+from .agent.node import NodeAgent, NodeOptions, worker_argv, worker_env
 from .config import LaunchConfig
 from .env import lookup, route_source
 from .errors import ConfigError
 from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
 from .report import say
+from .store.client import StoreAddress
 from .topology import WorkerSlot, node_slots
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def _run_fixed(
             server = StoreServer(bind, store.port, token=store.token, torch_clients=torch_store)
             server.start()
             assert server.port is not None  # bound by start()
-            store = dataclasses.replace(store, port=server.port, connect=server.connect_local)
+            store = dataclasses.replace(store, port=server.port, local=server.connect_local)
         agent = NodeAgent(
             cfg,
             store,

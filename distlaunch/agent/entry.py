@@ -24,7 +24,8 @@ from .. import AGENT_HELLO, __version__
 
 if TYPE_CHECKING:
     from ..config import LaunchConfig
-    from .node import NodeOptions, StoreAddress
+    from ..store.client import StoreAddress
+    from .node import NodeOptions
 
 
 class JobSpec(NamedTuple):
@@ -54,7 +55,8 @@ class JobSpec(NamedTuple):
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
         from ..config import LaunchConfig
-        from .node import NodeOptions, StoreAddress
+        from ..store.client import StoreAddress
+        from .node import NodeOptions
 
         host, port = spec["store"]
         return cls(
@@ -71,7 +73,6 @@ def run_agent(spec: dict[str, Any]) -> int:
     secret). Returns the restarts taken; raises as NodeAgent.run. Records its end in the
     store so the head can tell a finished agent from a lost one."""
     from ..rendezvous import Rendezvous
-    from ..store import StoreClient
     from .guard import OrphanGuard
     from .node import NodeAgent
 
@@ -86,7 +87,7 @@ def run_agent(spec: dict[str, Any]) -> int:
         try:
             assert job.node.node_id is not None  # the head sets it for every agent
             # short: when the head (and its store) is gone, nobody is left to tell
-            with StoreClient(store.host, store.port, token=store.token, timeout=5, connect_timeout=0.5) as c:
+            with store.connect(5, connect_timeout=0.5) as c:
                 Rendezvous(c, cfg.run_id, 0, 1).record_agent_exit(job.node.node_id)
         except Exception:  # the store is gone; the head (if alive) sees the channel close
             pass

@@ -16,7 +16,7 @@ import signal
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import HEARTBEAT_INTERVAL, STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env, python_exec
@@ -33,15 +33,8 @@ from .output import StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay
 
-
-@dataclass(frozen=True)
-class StoreAddress:
-    host: str
-    port: int
-    token: str
-    # Set in the process that runs the store: an authenticated local connection
-    # (StoreServer.connect_local), no handshake on the way to the first worker.
-    connect: Callable[[], socket.socket] | None = None
+if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client loads in run()
+    from ..store.client import StoreAddress
 
 
 @dataclass(frozen=True)
@@ -187,8 +180,6 @@ class NodeAgent:
     def run(self) -> int:
         import tempfile
 
-        from ..store import StoreClient
-
         o = self.opts
         group: WorkerGroup | None = None
         relay = SignalRelay(lambda: group.live() if group else ())
@@ -203,15 +194,7 @@ class NodeAgent:
             # not outwait a store that stopped answering by much.
             with relay.interruptible():
                 try:
-                    client = StoreClient(
-                        self.store_addr.host,
-                        self.store_addr.port,
-                        token=self.store_addr.token,
-                        timeout=60.0,
-                        connect_timeout=o.join_timeout,
-                        on_retry=self._connect_report(),
-                        connect=self.store_addr.connect,
-                    )
+                    client = self.store_addr.connect(60.0, o.join_timeout, self._connect_report())
                 except StoreError as e:  # never reached: not "lost"
                     raise RendezvousError(str(e)) from e
             rdzv = Rendezvous(
@@ -289,11 +272,8 @@ class NodeAgent:
         and the others restart) so every node stops, leave the round, and, on the store's
         host, give the others a moment to read it. Best effort, bounded: a fresh
         connection (an interrupted call closed the agent's own)."""
-        from ..store import StoreClient
-
-        a = self.store_addr
         try:
-            with StoreClient(a.host, a.port, token=a.token, timeout=2.0, connect_timeout=1.0) as c:
+            with self.store_addr.connect(2.0, connect_timeout=1.0) as c:
                 r = Rendezvous(c, self.cfg.run_id, rdzv.node_rank, rdzv.num_nodes)
                 for k in (rnd, rnd + 1):
                     r.request_stop(k, Signal(signum))

@@ -3,6 +3,7 @@
 * ``StoreServer(host, port, token)`` — the server (event loop on a background thread);
   ``serve_forever(host, port, token)`` runs one in the foreground until SIGINT/SIGTERM.
 * ``StoreClient(host, port, token, timeout)`` — a blocking, thread-safe client.
+* ``StoreAddress(host, port, token).connect(timeout)`` — a client for a known address.
 * ``PrefixStore(prefix, store)`` — a view that prefixes every key (``prefix/key``).
 
 Standard library only, and the server module is imported on first use so that workers,
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .client import PrefixStore, StoreClient
+from .client import PrefixStore, StoreAddress, StoreClient
 
 if TYPE_CHECKING:  # imported lazily at run time, by __getattr__
     from .server import StoreServer, serve_forever
 
-__all__ = ["StoreClient", "StoreServer", "PrefixStore", "serve_forever"]
+__all__ = ["StoreAddress", "StoreClient", "StoreServer", "PrefixStore", "serve_forever"]
 
 
 def __getattr__(name: str) -> object:

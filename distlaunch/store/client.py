@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import NoReturn
 
 from ..errors import StoreAuthError, StoreConnectionError, StoreError, StoreProtocolError, StoreTimeoutError
@@ -111,6 +112,38 @@ def _timeout(timeout: float) -> float:
     if not t > 0:  # also rejects NaN
         raise ValueError(f"timeout must be > 0 seconds (math.inf for none), got {t!r}")
     return t
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    """Where a job's store is and the token that opens it: ``connect()`` returns a client.
+
+    ``local`` is set in the process that runs the store: an authenticated local connection
+    (``StoreServer.connect_local``), so that process skips the HMAC handshake."""
+
+    host: str
+    port: int
+    token: str
+    local: Callable[[], socket.socket] | None = None
+
+    def connect(
+        self,
+        timeout: float,
+        connect_timeout: float | None = None,
+        on_retry: Callable[[str, float], object] | None = None,
+    ) -> StoreClient:
+        """A new ``StoreClient`` on this address (blocks up to ``connect_timeout`` seconds
+        while the store is not up yet; every call then up to ``timeout`` seconds). Raises
+        what ``StoreClient`` raises: StoreConnectionError, StoreAuthError."""
+        return StoreClient(
+            self.host,
+            self.port,
+            token=self.token,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            on_retry=on_retry,
+            connect=self.local,
+        )
 
 
 class StoreClient:
