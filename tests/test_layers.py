@@ -48,6 +48,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.hosts",
             "distlaunch.hostlist",
             "distlaunch.store.protocol",
+            "distlaunch.store.core",
             "distlaunch.store.torch_protocol",
             "distlaunch.agent.process",
             "distlaunch.agent.signals",
@@ -60,6 +61,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "the store, SSH connections, round keys and causes",
         [
             "distlaunch.store.client",
+            "distlaunch.store.session",
             "distlaunch.store.server",
             "distlaunch.store",
             "distlaunch.rounds",
