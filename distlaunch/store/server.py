@@ -36,10 +36,12 @@ from collections.abc import Callable
 
 from ..errors import StoreError
 from . import protocol as P
-from .session import _IN, _OUT, SNIFF, Conn, Sessions
+from .session import SNIFF, Conn, Sessions
 
 __all__ = ["StoreServer", "serve_forever"]
 
+_IN = select.POLLIN
+_OUT = select.POLLOUT
 _BAD = select.POLLERR | select.POLLHUP | getattr(select, "POLLNVAL", 0)
 _ACCEPT_BATCH = 64  # accepts per loop turn, so a connect flood cannot starve handshakes
 _RECV = 65536  # below glibc's mmap threshold: a bigger recv buffer costs 3 syscalls per call

@@ -37,8 +37,6 @@ from .core import KeyValueCore, Waiter
 from .protocol import HEADER, HEADER_SIZE, MAX_FRAME_BYTES, Reader
 from .torch_protocol import VALIDATE_PREFIX, Chunked, TorchConn, TorchKeySpace, TorchLimitError
 
-_IN = select.POLLIN
-_OUT = select.POLLOUT
 _MAX_QUEUED = HEADER_SIZE + P.MAX_FRAME_BYTES  # input kept behind a pending request
 
 _U16, _U32, _F64 = P.U16, P.U32, P.F64
@@ -97,7 +95,7 @@ class Conn:
         self.nonce = os.urandom(P.NONCE_BYTES)
         self.waiter: Waiter | None = None  # the blocked request, if any (answered in order)
         self.closed = False
-        self.events = _IN
+        self.events = select.POLLIN
         self.peer = peer
         self.mode = DL
         self.torch: TorchConn | None = None
@@ -531,7 +529,7 @@ class Sessions:
         elif c.out is None:
             if c.outq:  # a wait's STOP_WAITING that came while the reply was being built
                 c.out = c.outq.pop(0)
-                self.loop.conn_events(c, _IN | _OUT)
+                self.loop.conn_events(c, select.POLLIN | select.POLLOUT)
             elif c.inbuf:
                 self.loop.conn_later(c)
         self.torch_account(c)
