@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.hosts",
             "distlaunch.hostlist",
             "distlaunch.store.protocol",
+            "distlaunch.store.core",
             "distlaunch.store.torch_protocol",
             "distlaunch.remote",
             "distlaunch.remote.command",
@@ -69,6 +70,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "the store, SSH connections",
         [
             "distlaunch.store.client",
+            "distlaunch.store.session",
             "distlaunch.store.server",
             "distlaunch.store",
             "distlaunch.remote.ssh",

@@ -1,5 +1,5 @@
 """torch's ``TCPStore`` wire protocol, server side, for torch's own clients (a leaf module:
-standard library and errors only).
+standard library, errors and core.py's int64 arithmetic only).
 
 The store server speaks it on its distlaunch port when started with ``torch_clients=True``
 (docs/security.md, "torch's TCPStore clients on the store port"), so that
@@ -56,6 +56,7 @@ from itertools import repeat
 from typing import Any
 
 from ..errors import StoreProtocolError
+from .core import wrap_int64
 
 MAGIC = 0x3C85F7CE
 VALIDATE_PREFIX = b"\x00" + struct.pack("<I", MAGIC)  # the 5 bytes a torch client sends first
@@ -102,7 +103,6 @@ DEFAULT_BUDGET = 256 * 1024 * 1024
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
 _U64 = struct.Struct("<Q")
-_INT64 = 1 << 64
 _STOLL = re.compile(rb"[ \t\n\v\f\r]*([+-]?[0-9]+)")
 
 # argument kinds
@@ -172,6 +172,12 @@ class Chunked:
         piece = b"".join(parts)
         self.left -= len(piece)
         return piece
+
+
+def _entry_cost(k: bytes, old: bytes | None, v: bytes) -> int:
+    """Bytes that storing ``v`` under ``k`` adds to the budget (``old``: the value stored
+    there now, None when ``k`` is new; negative when the value shrinks)."""
+    return len(v) - len(old) if old is not None else len(k) + len(v) + ENTRY_OVERHEAD
 
 
 def _stoll(v: bytes) -> int:
@@ -377,7 +383,7 @@ class TorchKeySpace:
 
     def _store(self, k: bytes, v: bytes) -> None:
         old = self.data.get(k)
-        self._charge(len(v) - (len(old) if old is not None else -(len(k) + ENTRY_OVERHEAD)))
+        self._charge(_entry_cost(k, old, v))
         if old is None:
             self.key_bytes += len(k)
         self.data[k] = v
@@ -460,16 +466,9 @@ class TorchKeySpace:
         pairs = dict(zip(it, it))  # a key set twice keeps its last value, as in order
         data = self.data
         olds = list(map(data.get, pairs))
-        fresh = [k for k, old in zip(pairs, olds) if old is None]
-        fresh_bytes = sum(map(len, fresh))
-        self._charge(
-            sum(map(len, pairs.values()))
-            - sum(len(old) for old in olds if old is not None)
-            + fresh_bytes
-            + ENTRY_OVERHEAD * len(fresh)
-        )
+        self._charge(sum(map(_entry_cost, pairs, olds, pairs.values())))  # _store's rule, summed
         data.update(pairs)
-        self.key_bytes += fresh_bytes
+        self.key_bytes += sum(len(k) for k, old in zip(pairs, olds) if old is None)
         if self.waiting:
             for k in [k for k in pairs if k in self.waiting]:  # (in the query's order)
                 self._wake(k)
@@ -502,7 +501,7 @@ class TorchKeySpace:
             k = a[0]
             old = self.data.get(k)
             new = (_stoll(old) if old is not None else 0) + a[1]
-            new = (new + (1 << 63)) % _INT64 - (1 << 63)  # C++ int64 arithmetic wraps
+            new = wrap_int64(new)  # C++ int64 arithmetic wraps
             self._store(k, str(new).encode())
             self._wake(k)
             return _I64.pack(new)
