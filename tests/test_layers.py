@@ -114,6 +114,18 @@ LAYERS: list[tuple[str, list[str]]] = [
         "rendezvous over the store, pure restart policies, events",
         ["distlaunch.rendezvous", "distlaunch.policy", "distlaunch.events"],
     ),
+    (
+        "observing a running job: stacks through py-spy, their grouping, per-rank records over "
+        "the store, their table, merged output lines (beside the agent; nothing below imports it)",
+        [
+            "distlaunch.observe",
+            "distlaunch.observe.stacks",
+            "distlaunch.observe.group",
+            "distlaunch.observe.records",
+            "distlaunch.observe.table",
+            "distlaunch.observe.dedup",
+        ],
+    ),
     ("one attempt's worker group", ["distlaunch.agent.group"]),
     (
         "the node agent; the engine interface and output relay",
@@ -144,6 +156,7 @@ PACKAGES = [
     "distlaunch.store",
     "distlaunch.collectives",
     "distlaunch.mpi",
+    "distlaunch.observe",
 ]
 
 # Deliberate exceptions: the package root offers `distlaunch.launch` lazily (importing it
