@@ -121,6 +121,18 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("torch.distributed backend on the collectives", ["distlaunch.torch"]),
     ("round lines and events.jsonl", ["distlaunch.events"]),
     (
+        "observing a running job: stacks through py-spy, their grouping, per-rank records over "
+        "the store, their table, merged output lines (beside the agent; nothing below imports it)",
+        [
+            "distlaunch.observe",
+            "distlaunch.observe.stacks",
+            "distlaunch.observe.group",
+            "distlaunch.observe.records",
+            "distlaunch.observe.table",
+            "distlaunch.observe.dedup",
+        ],
+    ),
+    (
         "the executors of the round decisions: the node agent, the head's controller; the engine "
         "interface and output relay",
         [
@@ -150,6 +162,7 @@ PACKAGES = [
     "distlaunch.store",
     "distlaunch.collectives",
     "distlaunch.mpi",
+    "distlaunch.observe",
 ]
 
 # Deliberate exceptions: the package root offers `distlaunch.launch` lazily (importing it
