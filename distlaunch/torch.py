@@ -73,7 +73,7 @@ import hashlib
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from .collectives.buffers import check_same, split_bounds
 from .collectives.errors import (
     CollectiveArgumentError,
     CollectiveError,
@@ -489,33 +490,6 @@ def _op(opts: Any) -> ReduceOp:
     return as_reduce_op(name)
 
 
-def _same(arrs: Sequence[Arr], ref: Arr, what: str, size: int | None = None) -> None:
-    want = ref.size if size is None else size
-    for i, a in enumerate(arrs):
-        if a.dtype != ref.dtype or a.size != want:
-            raise CollectiveArgumentError(
-                f"{what}[{i}] has {a.size} x {a.dtype}; expected {want} x {ref.dtype}"
-            )
-
-
-def _bounds(t: Tensor, sizes: Sequence[int], n: int, what: str) -> list:
-    """Element ranges [(start, end)] of the n splits of ``t`` along dim 0 (``sizes``
-    rows each; empty: equal splits)."""
-    rows = t.shape[0] if t.dim() else 1
-    per_row = t.numel() // rows if rows else 0
-    if not sizes:
-        if rows % n:
-            raise CollectiveArgumentError(f"{what} has {rows} rows, not divisible by the group size {n}")
-        sizes = [rows // n] * n
-    if len(sizes) != n or sum(sizes) != rows or min(sizes) < 0:
-        raise CollectiveArgumentError(f"{what}_split_sizes={list(sizes)} must be {n} sizes summing to {rows}")
-    out, start = [], 0
-    for s in sizes:
-        out.append((start * per_row, (start + s) * per_row))
-        start += s
-    return out
-
-
 # ----------------------------------------------------------------------------- the group
 
 
@@ -630,7 +604,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         g, bufs = self._g, _Bufs()
         inp = bufs.view(input_tensors[0], "input_tensor", out=False)
         outs = self._list(bufs, output_tensors[0], "output_tensors", out=True)
-        _same(outs, inp, "output_tensors")
+        check_same(outs, inp, "output_tensors")
         return self._submit(
             "all_gather", output_tensors, bufs, lambda: g.all_gather(outs, inp), inp.nbytes * g.size, opts
         )
@@ -641,7 +615,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         for i, (outs_t, inp_t) in enumerate(zip(output_lists, input_list)):
             inp = bufs.view(inp_t, f"input_list[{i}]", out=False)
             outs = self._list(bufs, outs_t, f"output_lists[{i}]", out=True)
-            _same(outs, inp, f"output_lists[{i}]")
+            check_same(outs, inp, f"output_lists[{i}]")
             pairs.append((outs, inp))
 
         def body() -> None:
@@ -662,7 +636,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         for i, (o, t) in enumerate(zip(outputs, inputs)):
             inp = bufs.view(t, f"input[{i}]", out=False)
             out = bufs.view(o, f"output[{i}]", out=True)
-            _same([out], inp, "[output]", size=inp.size * g.size)
+            check_same([out], inp, "[output]", size=inp.size * g.size)
             pairs.append((out, inp))
 
         def body() -> None:
@@ -680,7 +654,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         ins = [bufs.reducible(t, f"input_list[{i}]", out=False) for i, t in enumerate(input_tensors[0])]
         if len(ins) != g.size:
             raise CollectiveArgumentError(f"input_list has {len(ins)} tensors; the group has {g.size} ranks")
-        _same(ins, out, "input_list")
+        check_same(ins, out, "input_list")
         check_op(op, out.dtype)
         return self._submit(
             "reduce_scatter",
@@ -704,7 +678,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         for i, (o, t) in enumerate(zip(outputs, inputs)):
             out = bufs.reducible(o, f"output[{i}]", out=True)
             inp = bufs.reducible(t, f"input[{i}]", out=False)
-            _same([inp], out, "[input]", size=out.size * g.size)
+            check_same([inp], out, "[input]", size=out.size * g.size)
             check_op(op, out.dtype)
             pairs.append((out, inp))
 
@@ -741,8 +715,8 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         inp = bufs.view(input, "input", out=False)
         if out.dtype != inp.dtype:
             raise CollectiveArgumentError(f"output has dtype {output.dtype} but input has {input.dtype}")
-        ob = _bounds(output, output_split_sizes, g.size, "output")
-        ib = _bounds(input, input_split_sizes, g.size, "input")
+        ob = split_bounds(tuple(output.shape), output.numel(), output_split_sizes or None, g.size, "output")
+        ib = split_bounds(tuple(input.shape), input.numel(), input_split_sizes or None, g.size, "input")
         return self._submit(
             "all_to_all_single",
             [output],
@@ -760,7 +734,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         outs = None
         if g.rank == root:
             outs = self._list(bufs, output_tensors[0], "gather_list", out=True)
-            _same(outs, inp, "gather_list")
+            check_same(outs, inp, "gather_list")
         return self._submit(
             "gather", output_tensors, bufs, lambda: g.gather(inp, outs, root), inp.nbytes * g.size, opts
         )
@@ -771,7 +745,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         ins = None
         if g.rank == root:
             ins = self._list(bufs, input_tensors[0], "scatter_list", out=False)
-            _same(ins, out, "scatter_list")
+            check_same(ins, out, "scatter_list")
         return self._submit(
             "scatter", output_tensors, bufs, lambda: g.scatter(out, ins, root), out.nbytes * g.size, opts
         )

@@ -68,9 +68,10 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "collectives base: errors, wire format, reduce ops, buffers, stores, transport interface",
+        "collectives base: errors, the op table, wire format, reduce ops, buffers, stores, transport interface",
         [
             "distlaunch.collectives.errors",
+            "distlaunch.collectives.optable",
             "distlaunch.collectives.wire",
             "distlaunch.collectives.ops",
             "distlaunch.collectives.buffers",

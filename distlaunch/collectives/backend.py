@@ -1,93 +1,53 @@
 """The backend seam: how one group runs each collective.
 
-A :class:`Backend` has one method per collective, called by
-:meth:`~.group.ProcessGroup.run` inside the operation (with its
-:class:`~.context.OpContext`: sequence number, deadline, header fields) on flat,
-C-contiguous numpy arrays that the public API (or a torch ProcessGroup wrapper) has
-already checked. The group chooses its backend once, at its first collective:
+A :class:`Backend` runs an operation of the op table (:mod:`.optable`) with its
+transport's algorithm, called by :meth:`~.group.ProcessGroup.run` inside the operation
+(with its :class:`~.context.OpContext`: sequence number, deadline, header fields) on
+flat, C-contiguous numpy arrays that the public API (or a torch ProcessGroup wrapper)
+has already checked. The group chooses its backend once, at its first collective:
 
 - :class:`TcpBackend` -- point-to-point algorithms over the TCP transport
   (:mod:`.algorithms`);
 - :class:`ShmBackend` -- every member on this node: the group's shared-memory channel
-  (:mod:`.shm_algorithms`); scatter, gather and all_to_all compare the calls on shared
-  memory and then run over TCP;
+  (:mod:`.shm_algorithms`); operations without a shared-memory algorithm (scatter,
+  gather, all_to_all) compare the calls on shared memory and then run over TCP;
 - :class:`~.hierarchy.HierarchicalBackend` -- members on several nodes, some sharing one.
 
-``native_ops``: the operations a backend runs without TCP messages under the group's
-own id; after every other operation the group checks that no unexpected message of it
-is left over (a rank that ran a different operation).
+``native(op)``: whether a backend runs ``op`` without TCP messages under the group's
+own id (it has its own algorithm for it); after every other operation the group checks
+that no unexpected message of it is left over (a rank that ran a different operation).
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
-from . import algorithms as alg
+from . import algorithms as alg  # noqa: F401  (registers the TCP algorithms in the op table)
 from . import shm_algorithms as shm_alg
-from .buffers import byte_view
 from .context import Members, OpContext
-from .ops import ReduceOp
+from .optable import OpSpec, algorithm
 from .shm import ShmChannel
 
 
-def joined(blocks: np.ndarray | list) -> tuple[np.ndarray, bool]:
-    """``blocks`` (n arrays, or one array of n blocks) as one array, and whether that
-    array is a fresh copy the caller may overwrite."""
-    if isinstance(blocks, np.ndarray):
-        return blocks, False
-    return (np.concatenate(blocks) if blocks else np.empty(0, np.uint8)), True
-
-
 class Backend:
-    """One method per collective; each blocks until this rank's part is done, raising
-    what the context's waits raise (see :class:`~.context.OpContext`). Arrays are flat;
-    roots are group ranks; inputs the docstrings call "not modified" may be read-only.
-    """
+    """Runs a group's collectives: :meth:`run` blocks until this rank's part of one
+    operation is done, raising what the context's waits raise (see
+    :class:`~.context.OpContext`). Arrays are flat; roots are group ranks; inputs the
+    algorithms call "not modified" may be read-only. This one (``kind`` "tcp") runs every
+    operation's TCP algorithm from the op table."""
 
     kind = "tcp"
-    native_ops: frozenset = frozenset()
     channel: ShmChannel | None = None  # set as ctx.shm for every operation
 
-    def barrier(self, ctx: OpContext) -> None:
-        alg.barrier(ctx)
+    def run(self, op: OpSpec, ctx: OpContext, *args: Any) -> None:
+        """Operation ``op`` (an op-table entry) with its arguments (see :mod:`.group`)."""
+        fn = algorithm(op, "tcp")
+        assert fn is not None, f"{op.name} has no TCP algorithm"
+        fn(ctx, *args)
 
-    def broadcast(self, ctx: OpContext, arr: np.ndarray, root: int) -> None:
-        """``arr`` of ``root`` into ``arr`` everywhere (not modified on the root)."""
-        alg.broadcast(ctx, arr, root)
-
-    def all_reduce(self, ctx: OpContext, arr: np.ndarray, op: ReduceOp) -> None:
-        alg.all_reduce(ctx, arr, op)
-
-    def reduce(self, ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int) -> None:
-        """The reduction into ``arr`` on ``root``; other ranks' ``arr`` is not modified."""
-        alg.reduce(ctx, arr, op, root)
-
-    def all_gather(self, ctx: OpContext, outs: list, inp: np.ndarray) -> None:
-        """``outs``: n arrays of ``inp``'s size and dtype; ``outs[i]`` receives rank i's
-        ``inp`` (not modified)."""
-        views = [byte_view(o) for o in outs]
-        views[ctx.group.rank][:] = byte_view(inp)
-        alg.all_gather(ctx, views)
-
-    def reduce_scatter(
-        self, ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp
-    ) -> None:
-        """``blocks``: n arrays (or one array of n blocks) of ``out``'s size, not
-        modified; ``out`` receives block r of their reduction over the ranks."""
-        work, fresh = joined(blocks)
-        alg.reduce_scatter(ctx, out, work if fresh else work.copy(), op)
-
-    def scatter(self, ctx: OpContext, out: np.ndarray, ins: list | None, root: int) -> None:
-        """``out`` on rank i receives ``ins[i]`` of ``root`` (``ins``: None elsewhere)."""
-        alg.scatter(ctx, byte_view(out), None if ins is None else [byte_view(a) for a in ins], root)
-
-    def gather(self, ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) -> None:
-        """``outs[i]`` on ``root`` receives rank i's ``inp`` (``outs``: None elsewhere)."""
-        alg.gather(ctx, byte_view(inp), None if outs is None else [byte_view(a) for a in outs], root)
-
-    def all_to_all(self, ctx: OpContext, outs: list, ins: list) -> None:
-        """``ins[i]`` goes to rank i, ``outs[i]`` comes from rank i (one dtype)."""
-        alg.all_to_all(ctx, [byte_view(a) for a in outs], [byte_view(a) for a in ins])
+    def native(self, op: OpSpec) -> bool:
+        """Whether ``op`` runs here without TCP messages under the group's own id."""
+        return False
 
     def abort(self, reason: int) -> None:
         """Wake members blocked outside TCP after a failure (``reason``: wire ABORT_*)."""
@@ -108,25 +68,15 @@ TCP = TcpBackend()
 
 
 class ShmBackend(Backend):
-    """The collectives of a group whose members share this node, on ``channel``.
+    """The collectives of a group whose members share this node, on ``channel``: an
+    operation's shared-memory algorithm, else (scatter, gather, all_to_all) the calls
+    compared on the channel and the TCP algorithm.
 
     ``small``: bytes up to which blocking all_reduce and broadcast take the group's
     reused-context fast path (with ``small_all_reduce_plan`` / ``small_all_reduce``).
     """
 
     kind = "shm"
-    native_ops = frozenset(
-        {
-            "barrier",
-            "broadcast",
-            "all_reduce",
-            "reduce",
-            "all_gather",
-            "all_gather_into_tensor",
-            "reduce_scatter",
-            "reduce_scatter_tensor",
-        }
-    )
     small_all_reduce = staticmethod(shm_alg.small_all_reduce)
 
     channel: ShmChannel  # never None here
@@ -136,37 +86,16 @@ class ShmBackend(Backend):
         self.small = channel.config.small
         self.small_all_reduce_plan = channel.small_all_reduce_plan
 
-    def barrier(self, ctx: OpContext) -> None:
-        shm_alg.barrier(ctx)
+    def run(self, op: OpSpec, ctx: OpContext, *args: Any) -> None:
+        fn = algorithm(op, "shm")
+        if fn is None:
+            shm_alg.preamble(ctx)
+            super().run(op, ctx, *args)
+        else:
+            fn(ctx, *args)
 
-    def broadcast(self, ctx: OpContext, arr: np.ndarray, root: int) -> None:
-        shm_alg.broadcast(ctx, arr.view(np.uint8), root)
-
-    def all_reduce(self, ctx: OpContext, arr: np.ndarray, op: ReduceOp) -> None:
-        shm_alg.all_reduce(ctx, arr, op)
-
-    def reduce(self, ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int) -> None:
-        shm_alg.all_reduce(ctx, arr, op, root)
-
-    def all_gather(self, ctx: OpContext, outs: list, inp: np.ndarray) -> None:
-        shm_alg.all_gather(ctx, [o.view(np.uint8) for o in outs], inp.view(np.uint8))
-
-    def reduce_scatter(
-        self, ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp
-    ) -> None:
-        shm_alg.reduce_scatter(ctx, out, joined(blocks)[0], op)
-
-    def scatter(self, ctx: OpContext, out: np.ndarray, ins: list | None, root: int) -> None:
-        shm_alg.preamble(ctx)
-        super().scatter(ctx, out, ins, root)
-
-    def gather(self, ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) -> None:
-        shm_alg.preamble(ctx)
-        super().gather(ctx, inp, outs, root)
-
-    def all_to_all(self, ctx: OpContext, outs: list, ins: list) -> None:
-        shm_alg.preamble(ctx)
-        super().all_to_all(ctx, outs, ins)
+    def native(self, op: OpSpec) -> bool:
+        return algorithm(op, "shm") is not None
 
     def abort(self, reason: int) -> None:
         self.channel.abort(reason)

@@ -38,6 +38,7 @@ from .backend import Backend
 from .buffers import byte_view
 from .context import Members, OpContext, OpTimeout
 from .ops import ReduceOp, finalize
+from .optable import OpSpec, algorithm, implements
 from .shm import ShmChannel, ShmConfig, ShmFullError, warn_full
 
 LOCAL_BIT, LEADER_BIT, COLUMN_BIT = 1 << 31, 1 << 30, 1 << 29
@@ -52,7 +53,6 @@ class HierarchicalBackend(Backend):
     ``shm_name(members)``: the segment name of the node-local sub-group."""
 
     kind = "hierarchical"
-    native_ops = frozenset({"barrier", "broadcast", "all_reduce"})
 
     def __init__(
         self,
@@ -107,6 +107,17 @@ class HierarchicalBackend(Backend):
                 group.timeout,
                 f"{group.name} (column {i})",
             )
+
+    def run(self, op: OpSpec, ctx: OpContext, *args: Any) -> None:
+        """``op``'s hierarchical algorithm (a method below), else flat over TCP."""
+        fn = algorithm(op, "hierarchical")
+        if fn is None:
+            super().run(op, ctx, *args)
+        else:
+            fn(self, ctx, *args)
+
+    def native(self, op: OpSpec) -> bool:
+        return algorithm(op, "hierarchical") is not None
 
     def children(self) -> list[Members]:
         return [c for c in (self.local_pg, self.leader_pg, self.column_pg) if c is not None]
@@ -210,6 +221,7 @@ class HierarchicalBackend(Backend):
         finally:
             sub.cancel_pending()
 
+    @implements("all_reduce", "hierarchical")
     def all_reduce(self, ctx: OpContext, arr: np.ndarray, op: ReduceOp) -> None:
         opx = ReduceOp.SUM if op is ReduceOp.AVG else op  # divide once, by the whole group
         col, local = self.column_pg, self.local_pg
@@ -247,6 +259,7 @@ class HierarchicalBackend(Backend):
             self._local_broadcast(ctx, arr.view(np.uint8), 0)
         finalize(arr, op, self.group.size)
 
+    @implements("broadcast", "hierarchical")
     def broadcast(self, ctx: OpContext, arr: np.ndarray, root: int) -> None:
         u8 = arr.view(np.uint8)
         node = self.node_of[root]
@@ -259,6 +272,7 @@ class HierarchicalBackend(Backend):
         if self.local_pg is not None and (mine != node or root == root_leader):
             self._local_broadcast(ctx, u8, 0)
 
+    @implements("barrier", "hierarchical")
     def barrier(self, ctx: OpContext) -> None:
         if self.local_pg is not None:
             self._local_barrier(ctx)

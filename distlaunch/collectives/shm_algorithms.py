@@ -26,13 +26,16 @@ from collections.abc import Callable
 import numpy as np
 
 from .algorithms import block_bounds
+from .buffers import joined
 from .context import OpContext
 from .ops import ReduceOp, finalize, ufunc
+from .optable import implements
 from .shm import PHASE_HALF as _H
 from .shm import PHASE_MASK as _M
 from .shm import SmallAllReduce
 
 
+@implements("barrier", "shm")
 def barrier(ctx: OpContext) -> None:
     """The first phase alone (which compares the ranks' calls)."""
     s = ctx.shm
@@ -69,6 +72,7 @@ def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> N
         finalize(arr, ReduceOp.AVG, s.n)
 
 
+@implements("all_reduce", "shm")
 def all_reduce(
     ctx: OpContext,
     arr: np.ndarray,
@@ -200,3 +204,27 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
             else:
                 _reduce_into(uf, srcs, out[a:b])
     finalize(out, op, n)
+
+
+# --------------------------------------------------------------------- the op table's entries
+# (the operations whose arguments the algorithms above take in another form)
+
+
+@implements("broadcast", "shm")
+def _broadcast_op(ctx: OpContext, arr: np.ndarray, root: int) -> None:
+    broadcast(ctx, arr.view(np.uint8), root)
+
+
+@implements("reduce", "shm")
+def _reduce_op(ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int) -> None:
+    all_reduce(ctx, arr, op, root)
+
+
+@implements("all_gather", "shm")
+def _all_gather_op(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
+    all_gather(ctx, [o.view(np.uint8) for o in outs], inp.view(np.uint8))
+
+
+@implements("reduce_scatter", "shm")
+def _reduce_scatter_op(ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp) -> None:
+    reduce_scatter(ctx, out, joined(blocks)[0], op)
