@@ -66,7 +66,6 @@ arguments raise ValueError (CollectiveArgumentError) on the calling rank only.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import hashlib
@@ -93,6 +92,7 @@ from .collectives.group import ProcessGroup as Group
 from .collectives.ops import ReduceOp, as_reduce_op, check_op
 from .collectives.runtime import Runtime, launcher_runtime, local_host_towards
 from .collectives.wire import DTYPE_CODES
+from .collectives.work import Executor
 from .secret import shared_token
 
 __all__ = [
@@ -188,6 +188,11 @@ class DistlaunchWork(_TorchWork):
         self._event.set()
         if fut is not None:
             _complete(fut, self._outputs, error)
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        """Complete the Work (the executor's call; ``result`` is ignored: a Work's
+        value is its output tensors), ``error`` as torch sees it."""
+        self._finish(None if error is None else _as_torch_error(error))
 
     def _wait_done(self, timeout: float | None) -> None:
         if not self._done and not self._event.wait(timeout):
@@ -319,68 +324,6 @@ class _P2PWork(DistlaunchWork):
 # ----------------------------------------------------------------------------- ordering
 
 
-class _Serial:
-    """Runs a group's operations in call order: in the calling thread when the group is
-    idle and the caller allows it, else on one helper thread (started on first use)."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._mutex = threading.Lock()
-        self._cv = threading.Condition(self._mutex)
-        self._jobs: collections.deque = collections.deque()
-        self._pending = 0  # queued or running on the helper thread
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def idle(self) -> bool:
-        """Nothing queued or running on the helper thread: an operation may run in the
-        calling thread. Read without the lock: only the submitting thread raises
-        ``_pending``, so a 0 it reads cannot become stale."""
-        return not self._pending and not self._closed
-
-    def submit(
-        self, fn: Callable[[], Any], name: str, group: str, outputs: list, inline: bool
-    ) -> DistlaunchWork:
-        """Run ``fn`` now (``inline`` and nothing pending) or queue it; its Work."""
-        if inline and self.idle():
-            return _run_now(fn, outputs)
-        with self._mutex:
-            if self._closed:
-                raise DistlaunchBackendError(f"distlaunch: {self._name} was shut down")
-            if not (inline and self._pending == 0):
-                work = DistlaunchWork(name, group, outputs)
-                self._pending += 1
-                self._jobs.append((fn, work))
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-                    self._thread.start()
-                self._cv.notify_all()
-                return work
-        return _run_now(fn, outputs)  # the helper thread finished meanwhile
-
-    def _loop(self) -> None:
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._jobs or self._closed)
-                if not self._jobs:
-                    return
-                fn, work = self._jobs.popleft()
-            _run(fn, work)
-            del fn, work  # keep no tensors alive
-            with self._cv:
-                self._pending -= 1
-                self._cv.notify_all()
-
-    def close(self) -> None:
-        """Let queued operations finish (each has its deadline), then stop the thread."""
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-            thread, self._thread = self._thread, None
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5)
-
-
 def _run_now(fn: Callable[[], Any], outputs: list) -> DistlaunchWork:
     """Run ``fn`` in the calling thread; its completed Work (failed with fn's error)."""
     try:
@@ -388,15 +331,6 @@ def _run_now(fn: Callable[[], Any], outputs: list) -> DistlaunchWork:
     except BaseException as e:  # delivered by wait() / the future, as for queued ones
         return _DoneWork(outputs, _as_torch_error(e))
     return _DoneWork(outputs)
-
-
-def _run(fn: Callable[[], Any], work: DistlaunchWork) -> None:
-    try:
-        fn()
-    except BaseException as e:  # delivered by wait() / the future
-        work._finish(_as_torch_error(e))
-    else:
-        work._finish()
 
 
 # ----------------------------------------------------------------------------- tensors
@@ -503,7 +437,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         super().__init__(group.rank, group.size)
         self._g = group
         self._runtime = runtime  # owned (closed on shutdown) when this is a runtime's world
-        self._serial = _Serial(f"distlaunch-torch-{group.name}")
+        self._executor = Executor(f"distlaunch-torch-{group.name}")
         self._shut = False
 
     def getBackendName(self) -> str:
@@ -530,8 +464,21 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
                 body()
                 bufs.finish()
 
-            return self._serial.submit(fn, name, self._g.name, outputs, inline)
-        return self._serial.submit(body, name, self._g.name, outputs, inline)
+            return self._run(fn, name, outputs, inline)
+        return self._run(body, name, outputs, inline)
+
+    def _run(self, fn: Callable[[], Any], name: str, outputs: list, inline: bool) -> DistlaunchWork:
+        """Run ``fn`` in the calling thread (``inline`` and nothing of the group pending)
+        or queue it on the group's executor (in call order); its Work."""
+        executor = self._executor
+        if not (inline and executor.idle()):
+            work = DistlaunchWork(name, self._g.name, outputs)
+            try:
+                if executor.submit(fn, work, inline):
+                    return work
+            except CollectiveError as e:  # shut down
+                raise _as_torch_error(e) from None
+        return _run_now(fn, outputs)  # (the helper thread finished meanwhile)
 
     # -- collectives
 
@@ -554,7 +501,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
                 arr = arr.reshape(-1)
             check_op(op, arr.dtype)
             inline = not getattr(opts, "asyncOp", True) or arr.nbytes <= INLINE_BYTES
-            return self._serial.submit(lambda: g.all_reduce(arr, op), "all_reduce", g.name, tensors, inline)
+            return self._run(lambda: g.all_reduce(arr, op), "all_reduce", tensors, inline)
         op, bufs = _op(opts), _Bufs()
         arr = bufs.reducible(tensors[0], "tensor", out=True)
         check_op(op, arr.dtype)
@@ -796,7 +743,7 @@ class DistlaunchProcessGroup(_TorchProcessGroup):
         if self._shut:
             return
         self._shut = True
-        self._serial.close()
+        self._executor.close()
         if self._runtime is not None:
             self._runtime.close()
             if _STATE.get("runtime") is self._runtime:
