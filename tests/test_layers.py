@@ -68,7 +68,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "collectives base: errors, the op table, wire format, reduce ops, buffers, stores, transport interface",
+        "collectives base: errors, op table, wire format, reduce ops, buffers, stores, transport interface",
         [
             "distlaunch.collectives.errors",
             "distlaunch.collectives.optable",
@@ -85,15 +85,23 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "collectives transports: TCP and the shared-memory channel",
-        ["distlaunch.collectives.tcp", "distlaunch.collectives.shm", "distlaunch.collectives.shm_p2p"],
+        [
+            "distlaunch.collectives.transport.tcp",
+            "distlaunch.collectives.transport.shm",
+            "distlaunch.collectives.transport.shm_p2p",
+        ],
     ),
     (
         "collectives algorithms over each transport",
-        ["distlaunch.collectives.algorithms", "distlaunch.collectives.shm_algorithms"],
+        [
+            "distlaunch.collectives.algorithms",
+            "distlaunch.collectives.algorithms.tcp",
+            "distlaunch.collectives.algorithms.shm",
+        ],
     ),
     (
         "collectives backends: TCP, shared memory, hierarchical",
-        ["distlaunch.collectives.backend", "distlaunch.collectives.hierarchy"],
+        ["distlaunch.collectives.algorithms.backend", "distlaunch.collectives.algorithms.hierarchy"],
     ),
     ("collectives process groups", ["distlaunch.collectives.group"]),
     ("collectives runtime: init, new_group, destroy", ["distlaunch.collectives.runtime"]),
@@ -108,7 +116,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "MPI-style API: collectives, environment, package",
         ["distlaunch.mpi.intracomm", "distlaunch.mpi.environment", "distlaunch.mpi"],
     ),
-    ("torch.distributed backend on the collectives", ["distlaunch.torch"]),
+    ("torch.distributed backend on the collectives", ["distlaunch.torch.group", "distlaunch.torch"]),
     (
         "rendezvous over the store, pure restart policies, events",
         ["distlaunch.rendezvous", "distlaunch.policy", "distlaunch.events"],
@@ -142,7 +150,10 @@ PACKAGES = [
     "distlaunch.remote",
     "distlaunch.store",
     "distlaunch.collectives",
+    "distlaunch.collectives.transport",
+    "distlaunch.collectives.algorithms",
     "distlaunch.mpi",
+    "distlaunch.torch",
 ]
 
 # Deliberate exceptions: the package root offers `distlaunch.launch` lazily (importing it

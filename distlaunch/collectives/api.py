@@ -29,8 +29,8 @@ Every operation raises (documented once here, in this order of checks):
 
 The last three leave a collective's group broken: later calls raise the same class at
 once. For async operations they are raised by ``Work.wait()``. Algorithms: see
-:mod:`.algorithms` (TCP), :mod:`.shm_algorithms` (ranks of one node) and :mod:`.hierarchy` (groups
-spanning nodes); semantics: torch.distributed.
+:mod:`.algorithms.tcp` (TCP), :mod:`.algorithms.shm` (ranks of one node) and
+:mod:`.algorithms.hierarchy` (groups spanning nodes); semantics: torch.distributed.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A :class:`ProcessGroup` method per collective (``all_reduce(arr, op, async_op)``
 takes flat, C-contiguous numpy arrays already checked by the caller (the public API in
 :mod:`.api`, or a torch ProcessGroup wrapper) and group ranks, and returns None or, with
 ``async_op=True``, a :class:`~.work.Work`. The collective itself runs on the group's
-:class:`~.backend.Backend`, chosen once by the first collective (shared memory when
+:class:`~.algorithms.backend.Backend`, chosen once by the first collective (shared memory when
 every member is on this node, hierarchical when members span nodes and some share one,
 else TCP).
 
@@ -42,16 +42,16 @@ from typing import Any
 
 import numpy as np
 
-from .backend import TCP, Backend, ShmBackend
+from .algorithms.backend import TCP, Backend, ShmBackend
+from .algorithms.hierarchy import HierarchicalBackend
 from .buffers import byte_view
 from .context import DEFAULT_TIMEOUT, Members, OpContext, OpTimeout, SmallCall, to_seconds
 from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
-from .hierarchy import HierarchicalBackend
 from .ops import ReduceOp, check_op
 from .optable import OPS, algorithm
-from .shm import ShmChannel, ShmFullError, SmallAllReduce, warn_full
-from .shm_p2p import links_for
 from .transport import Request
+from .transport.shm import ShmChannel, ShmFullError, SmallAllReduce, warn_full
+from .transport.shm_p2p import links_for
 from .wire import (
     ABORT,
     ABORT_MISMATCH,
@@ -86,8 +86,8 @@ Body = Callable[[Backend, OpContext], Any]
 
 
 def _shm_algorithm(name: str) -> Callable[..., None]:
-    """Operation ``name``'s shared-memory algorithm (registered when .backend imported
-    shm_algorithms)."""
+    """Operation ``name``'s shared-memory algorithm (registered when algorithms.backend
+    imported algorithms.shm)."""
     fn = algorithm(OPS[name], "shm")
     assert fn is not None, name
     return fn

@@ -28,12 +28,10 @@ sits beside the wire format, which takes its op codes from here).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 TRANSPORTS = ("tcp", "shm", "hierarchical")
 
 
-@dataclass
 class OpSpec:
     """One operation. ``name``: as in torch.distributed (and in error messages);
     ``code``: its wire code; ``root``: the call names a root rank; ``redop``: the call
@@ -41,16 +39,27 @@ class OpSpec:
     ``algorithm``: the entry whose algorithms run it ("" = its own); ``bench``: the
     nccl-tests bus bandwidth factor on n ranks when ``distlaunch bench`` measures it
     (None: not benchmarked); ``blocked``: bench's size-defining buffer holds n blocks;
-    ``impl``: transport -> algorithm (filled by :func:`implements`)."""
+    ``impl``: transport -> algorithm (filled by :func:`implements`). (A plain class:
+    dataclasses would add milliseconds to every worker's import.)"""
 
-    name: str
-    code: int
-    root: bool = False
-    redop: bool = False
-    algorithm: str = ""
-    bench: Callable[[int], float] | None = None
-    blocked: bool = False
-    impl: dict[str, Callable[..., None]] = field(default_factory=dict)
+    __slots__ = ("name", "code", "root", "redop", "algorithm", "bench", "blocked", "impl")
+
+    def __init__(
+        self,
+        name: str,
+        code: int,
+        root: bool = False,
+        redop: bool = False,
+        algorithm: str = "",
+        bench: Callable[[int], float] | None = None,
+        blocked: bool = False,
+    ) -> None:
+        self.name, self.code, self.root, self.redop = name, code, root, redop
+        self.algorithm, self.bench, self.blocked = algorithm, bench, blocked
+        self.impl: dict[str, Callable[..., None]] = {}
+
+    def __repr__(self) -> str:
+        return f"OpSpec({self.name!r}, {self.code}, transports={sorted(self.impl)})"
 
 
 def _ring(n: int) -> float:

@@ -1,5 +1,6 @@
-"""Collective algorithms over TCP messages, written against :class:`~.context.OpContext` (post send/recv of
-byte views to group ranks, wait). All buffers here are flat (1-D) C-contiguous numpy
+"""Collective algorithms over TCP messages, written against
+:class:`~distlaunch.collectives.context.OpContext` (post send/recv of byte views to
+group ranks, wait). All buffers here are flat (1-D) C-contiguous numpy
 arrays; ``r`` is this rank's group rank and ``n`` the group size.
 
 Choice (thresholds in bytes of the buffer, see ``RING_THRESHOLD``/``CHAIN_THRESHOLD``):
@@ -31,11 +32,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .buffers import byte_view, joined
-from .context import OpContext
-from .ops import ReduceOp, combine, finalize
-from .optable import implements
-from .transport import Request
+from ..buffers import byte_view, joined
+from ..context import OpContext
+from ..ops import ReduceOp, combine, finalize
+from ..optable import implements
+from ..transport import Request
 
 RING_THRESHOLD = 64 * 1024
 CHAIN_THRESHOLD = 256 * 1024

@@ -80,20 +80,20 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from .collectives.buffers import check_same, split_bounds
-from .collectives.errors import (
+from ..collectives.buffers import check_same, split_bounds
+from ..collectives.errors import (
     CollectiveArgumentError,
     CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     PeerLostError,
 )
-from .collectives.group import ProcessGroup as Group
-from .collectives.ops import ReduceOp, as_reduce_op, check_op
-from .collectives.runtime import Runtime, launcher_runtime, local_host_towards
-from .collectives.wire import DTYPE_CODES
-from .collectives.work import Executor
-from .secret import shared_token
+from ..collectives.group import ProcessGroup as Group
+from ..collectives.ops import ReduceOp, as_reduce_op, check_op
+from ..collectives.runtime import Runtime, launcher_runtime, local_host_towards
+from ..collectives.wire import DTYPE_CODES
+from ..collectives.work import Executor
+from ..secret import shared_token
 
 __all__ = [
     "BACKEND",

@@ -1,15 +1,15 @@
 """The backend seam: how one group runs each collective.
 
-A :class:`Backend` runs an operation of the op table (:mod:`.optable`) with its
-transport's algorithm, called by :meth:`~.group.ProcessGroup.run` inside the operation
-(with its :class:`~.context.OpContext`: sequence number, deadline, header fields) on
+A :class:`Backend` runs an operation of the op table (:mod:`distlaunch.collectives.optable`) with its
+transport's algorithm, called by :meth:`~distlaunch.collectives.group.ProcessGroup.run` inside the operation
+(with its :class:`~distlaunch.collectives.context.OpContext`: sequence number, deadline, header fields) on
 flat, C-contiguous numpy arrays that the public API (or a torch ProcessGroup wrapper)
 has already checked. The group chooses its backend once, at its first collective:
 
 - :class:`TcpBackend` -- point-to-point algorithms over the TCP transport
-  (:mod:`.algorithms`);
+  (:mod:`.tcp`);
 - :class:`ShmBackend` -- every member on this node: the group's shared-memory channel
-  (:mod:`.shm_algorithms`); operations without a shared-memory algorithm (scatter,
+  (:mod:`.shm`); operations without a shared-memory algorithm (scatter,
   gather, all_to_all) compare the calls on shared memory and then run over TCP;
 - :class:`~.hierarchy.HierarchicalBackend` -- members on several nodes, some sharing one.
 
@@ -22,17 +22,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import algorithms as alg  # noqa: F401  (registers the TCP algorithms in the op table)
-from . import shm_algorithms as shm_alg
-from .context import Members, OpContext
-from .optable import OpSpec, algorithm
-from .shm import ShmChannel
+from ..context import Members, OpContext
+from ..optable import OpSpec, algorithm
+from ..transport.shm import ShmChannel
+from . import shm as shm_alg
+from . import tcp as alg  # noqa: F401  (registers the TCP algorithms in the op table)
 
 
 class Backend:
     """Runs a group's collectives: :meth:`run` blocks until this rank's part of one
     operation is done, raising what the context's waits raise (see
-    :class:`~.context.OpContext`). Arrays are flat; roots are group ranks; inputs the
+    :class:`~distlaunch.collectives.context.OpContext`). Arrays are flat; roots are group ranks; inputs the
     algorithms call "not modified" may be read-only. This one (``kind`` "tcp") runs every
     operation's TCP algorithm from the op table."""
 
@@ -40,7 +40,8 @@ class Backend:
     channel: ShmChannel | None = None  # set as ctx.shm for every operation
 
     def run(self, op: OpSpec, ctx: OpContext, *args: Any) -> None:
-        """Operation ``op`` (an op-table entry) with its arguments (see :mod:`.group`)."""
+        """Operation ``op`` (an op-table entry) with its arguments (as
+        :meth:`~distlaunch.collectives.group.ProcessGroup.collective` passes them)."""
         fn = algorithm(op, "tcp")
         assert fn is not None, f"{op.name} has no TCP algorithm"
         fn(ctx, *args)

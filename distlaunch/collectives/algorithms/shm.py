@@ -1,5 +1,6 @@
-"""Collective algorithms on a group's shared-memory channel (:class:`~.shm.ShmChannel`,
-``ctx.shm``): every function runs one operation of the calling rank.
+"""Collective algorithms on a group's shared-memory channel
+(:class:`~distlaunch.collectives.transport.shm.ShmChannel`, ``ctx.shm``): every function
+runs one operation of the calling rank.
 
 Algorithms (n ranks, all reductions in the fixed order rank 0, 1, ..., n-1, so every
 rank gets bit-identical results):
@@ -25,27 +26,27 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .algorithms import block_bounds
-from .buffers import joined
-from .context import OpContext
-from .ops import ReduceOp, finalize, ufunc
-from .optable import implements
-from .shm import PHASE_HALF as _H
-from .shm import PHASE_MASK as _M
-from .shm import SmallAllReduce
+from ..buffers import joined
+from ..context import OpContext
+from ..ops import ReduceOp, finalize, ufunc
+from ..optable import implements
+from ..transport.shm import PHASE_HALF as _H
+from ..transport.shm import PHASE_MASK as _M
+from ..transport.shm import ShmChannel, SmallAllReduce
+from .tcp import block_bounds
 
 
 @implements("barrier", "shm")
 def barrier(ctx: OpContext) -> None:
     """The first phase alone (which compares the ranks' calls)."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     s.begin(ctx)
 
 
 def preamble(ctx: OpContext) -> None:
     """Mismatch check (and barrier) before an operation that runs over TCP."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     s.begin(ctx)
 
@@ -59,7 +60,7 @@ def _reduce_into(uf: np.ufunc, srcs: list[np.ndarray], out: np.ndarray) -> None:
 def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> None:
     """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
     reduces all n itself), with the constant work done once in ``plan``."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     p = s.phase + 1
     if (s.all_at - p + 1) & _M >= _H:  # our buffer of this parity may still be read
@@ -86,7 +87,7 @@ def all_reduce(
     on this rank's reduced slice of every chunk before the others copy it (hierarchical
     all_reduce: the slice is all-reduced across nodes there); forces the chunked
     algorithm. ``chunk``: bytes per chunk (default ``config.chunk``, at most the slot)."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     n, r = s.n, s.r
     dt, nb = arr.dtype, arr.nbytes
@@ -133,7 +134,7 @@ def all_reduce(
 
 def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
     """``u8``: the buffer as flat uint8 (written on non-roots)."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     r = s.r
     nb = len(u8)
@@ -158,7 +159,7 @@ def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
 
 def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
     """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     n = s.n
     nb = len(inp)
@@ -179,7 +180,7 @@ def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
 
 def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceOp) -> None:
     """``out``: m elements; ``inp``: n*m elements (not modified), both flat."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     n, r = s.n, s.r
     dt, m = out.dtype, out.size
