@@ -116,7 +116,19 @@ LAYERS: list[tuple[str, list[str]]] = [
         "MPI-style API: collectives, environment, package",
         ["distlaunch.mpi.intracomm", "distlaunch.mpi.environment", "distlaunch.mpi"],
     ),
-    ("torch.distributed backend on the collectives", ["distlaunch.torch.group", "distlaunch.torch"]),
+    (
+        "torch.distributed backend on the collectives: errors, Work, tensors, bootstrap",
+        [
+            "distlaunch.torch.errors",
+            "distlaunch.torch.work",
+            "distlaunch.torch.tensors",
+            "distlaunch.torch.bootstrap",
+        ],
+    ),
+    (
+        "torch.distributed backend: its ProcessGroup, the package (registration)",
+        ["distlaunch.torch.group", "distlaunch.torch"],
+    ),
     (
         "rendezvous over the store, pure restart policies, events",
         ["distlaunch.rendezvous", "distlaunch.policy", "distlaunch.events"],

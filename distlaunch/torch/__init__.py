@@ -66,20 +66,22 @@ arguments raise ValueError (CollectiveArgumentError) on the calling rank only.
 
 from __future__ import annotations
 
-# (the package's parts follow in the next commit; importing .group registers the backend)
-from .group import (
-    _STATE as _STATE,
-)
-from .group import (
-    BACKEND,
-    INLINE_BYTES,
+from typing import Any
+
+import torch.distributed as dist
+
+from ..collectives.errors import CollectiveError
+from .bootstrap import _STATE as _STATE  # (read by tests: the default group's runtime)
+from .bootstrap import _group_id, _new_runtime
+from .errors import (
     DistlaunchBackendError,
     DistlaunchMismatchError,
     DistlaunchPeerLostError,
-    DistlaunchProcessGroup,
     DistlaunchTimeoutError,
+    _as_torch_error,
 )
-from .group import DistlaunchWork as DistlaunchWork
+from .group import BACKEND, INLINE_BYTES, DistlaunchProcessGroup
+from .work import DistlaunchWork as DistlaunchWork
 
 __all__ = [
     "BACKEND",
@@ -90,3 +92,35 @@ __all__ = [
     "DistlaunchPeerLostError",
     "DistlaunchMismatchError",
 ]
+
+# The package: errors, work (torch Work handles), tensors (tensors as flat arrays),
+# bootstrap (which store the runtime joins), group (the ProcessGroup); this module
+# creates the groups for torch and registers the backend.
+
+
+def _create(opts: Any, pg_options: Any = None) -> DistlaunchProcessGroup:
+    """torch's backend creator (extended API): the default group starts a Runtime;
+    subgroups of a distlaunch default group are groups of that runtime; a distlaunch
+    subgroup of a non-distlaunch default group gets a runtime of its own."""
+    rank, size = int(opts.group_rank), int(opts.group_size)
+    timeout = opts.timeout.total_seconds()
+    ranks = list(opts.global_ranks_in_group)
+    rt = _STATE.get("runtime")
+    try:
+        if ranks and rt is not None:
+            g = rt.new_group_with_id(sorted(ranks), _group_id(str(opts.group_id)), timeout)
+            return DistlaunchProcessGroup(g, None)
+        rt = _new_runtime(opts.store, rank, size, timeout)
+    except CollectiveError as e:
+        raise _as_torch_error(e) from None
+    if not ranks:
+        _STATE["runtime"] = rt
+    return DistlaunchProcessGroup(rt.world, rt)
+
+
+def _register() -> None:
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+
+
+_register()
