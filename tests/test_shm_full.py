@@ -162,7 +162,7 @@ def fill(d, name="filler") -> None:
 
 MAP_AND_TOUCH = """
 import sys
-from distlaunch.collectives.shm import ShmFullError, map_segment
+from distlaunch.collectives.transport.shm import ShmFullError, map_segment
 try:
     mm = map_segment(sys.argv[1], int(sys.argv[2]))
 except ShmFullError as e:
@@ -208,7 +208,7 @@ def test_a_verdict_removed_while_it_is_read_is_voted_again(tmp_path):
     # FileNotFoundError between symlink's EEXIST and readlink)
     import threading
 
-    from distlaunch.collectives.shm import _VERDICT, _vote
+    from distlaunch.collectives.transport.shm import _VERDICT, _vote
 
     path = str(tmp_path / "seg")
     link = path + _VERDICT

@@ -1,4 +1,4 @@
-"""The "distlaunch" torch.distributed backend (distlaunch/torch.py) in real processes:
+"""The "distlaunch" torch.distributed backend (distlaunch/torch/) in real processes:
 every operation x dtype x world 1-4 against gloo in the same processes, DDP, async
 futures, every init method (env:// under distlaunch run and torchrun, tcp://, file://,
 store=), and the failure paths (mismatch, timeout, killed peer). One launch per world

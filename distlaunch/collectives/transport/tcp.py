@@ -1,4 +1,4 @@
-"""TCP implementation of :class:`~.transport.Transport`.
+"""TCP implementation of :class:`~distlaunch.collectives.transport.Transport`.
 
 - One listening socket per process; its ``host:port`` is published in the store under
   ``<prefix>addr/<rank>``. Connections are made lazily, the first time a rank sends to
@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
-from .transport import Check, Request, Transport
-from .wire import COLL, DTYPE_NAMES, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, Header, unpack_header
+from ..errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
+from ..wire import COLL, DTYPE_NAMES, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, Header, unpack_header
+from . import Check, Request, Transport
 
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _SUSPECT_GRACE = 1.0  # seconds; see _conn_failed_locked
