@@ -120,11 +120,13 @@ LAYERS: list[tuple[str, list[str]]] = [
         ["distlaunch.agent.node", "distlaunch.engine", "distlaunch.engine.relay"],
     ),
     (
-        "the agent's entry point, the SSH engine, the head's controller",
+        "the agent's entry point, the engines, the head's controller",
         [
             "distlaunch.agent.entry",
             "distlaunch.engine.ssh",
             "distlaunch.engine.slurm",
+            "distlaunch.engine.pods",
+            "distlaunch.engine.skypilot",
             "distlaunch.head_controller",
         ],
     ),

@@ -6,6 +6,7 @@ manifest, SkyPilot) and no flags; master addresses are loopback aliases (127.0.0
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -221,7 +222,7 @@ def test_node_rank_without_node_count_is_one_line():
 def test_waits_for_the_masters_name_then_fails_in_one_line():
     """A worker pod whose master's name does not resolve (yet) waits, saying so, for the
     join timeout, then stops with one line naming the name and where it came from."""
-    env = pod_env(**trainjob(29400, 1, master="trainjob-node-0-0.distlaunch-test.invalid"))
+    env = pod_env(**trainjob(29500, 1, master="trainjob-node-0-0.distlaunch-test.invalid"))
     env["PET_RDZV_CONF"] = "join_timeout=2"
     start = time.monotonic()
     rc, plan, lines = dry(env)
@@ -259,10 +260,20 @@ def test_skypilot_node_count_disagreement_and_cpu_nodes():
 
 def test_a_plain_pod_is_a_single_node_launch():
     """In a pod without an operator's variables (or an Indexed Job's pod 0 alone) the
-    pods engine does not apply."""
-    for env in (pod_env(), pod_env(JOB_COMPLETION_INDEX=0)):
-        rc, plan, lines = dry(env)
-        assert rc == 0 and "on node 0 of 1" in plan and not lines, (plan, lines)
+    pods engine does not apply; with a master but one node, the launcher keeps its own
+    store on loopback (MASTER_PORT, here taken, is not bound)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for env in (
+            pod_env(),
+            pod_env(JOB_COMPLETION_INDEX=0),
+            pod_env(MASTER_ADDR="127.0.0.2", MASTER_PORT=port),
+        ):
+            rc, plan, lines = dry(env)
+            assert rc == 0 and "on node 0 of 1" in plan and not lines, (plan, lines)
+            assert "store: 127.0.0.1:<port chosen at start>" in plan, plan
 
 
 def test_launcher_pods_with_a_host_list_is_one_line():
@@ -274,9 +285,9 @@ def test_launcher_pods_with_a_host_list_is_one_line():
 
 def test_the_engines_are_registered():
     code = "from distlaunch import engine; print(engine.detect('auto', dict(__import__('os').environ)))"
-    env = pod_env(**trainjob(29400, 0))
+    env = pod_env(**trainjob(29500, 0))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "('pods', 'node')"
-    env = pod_env(**skypilot(29400, 0))  # SkyPilot on Kubernetes: SkyPilot's variables say more
+    env = pod_env(**skypilot(29500, 0))  # SkyPilot on Kubernetes: SkyPilot's variables say more
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "('skypilot', 'node')"

@@ -23,7 +23,7 @@ What each operator sets (the sources read):
   (a number, auto, cpu or gpu), ``PET_NODE_RANK`` = the pod's
   ``batch.kubernetes.io/job-completion-index``, ``PET_MASTER_ADDR`` =
   ``<trainjob>-node-0-0.<trainjob>`` (JobSet's name of pod 0), ``PET_MASTER_PORT`` =
-  29400; no ``MASTER_ADDR``.
+  29500 (``ContainerTrainerPort``); no ``MASTER_ADDR``.
 - JobSet, kubernetes-sigs/jobset ``pkg/controllers/jobset_controller.go``,
   ``pkg/util/placement/placement.go``, ``pkg/constants/constants.go``: sets no variable
   itself. Its pods are Indexed Job pods (Kubernetes sets ``JOB_COMPLETION_INDEX``), named
@@ -196,10 +196,12 @@ def place_node(
             f"this pod is node {node_rank} of {nnodes} but no variable names the master (node 0): "
             f"{master_hint}, or give --master-addr"
         )
+    if nnodes <= 1:  # one node: its launcher's own store on loopback, as without a pod
+        return {k: v for k, v in filled.items() if k == "nproc_per_node"}
     port = int(merged.get("master_port") or DEFAULT_PORT)
-    if nnodes > 1 and "run_id" not in given and "rdzv_id" not in given:
+    if "run_id" not in given and "rdzv_id" not in given:
         filled["run_id"] = run_id_from("-".join([engine, str(addr), str(port), *run_id_parts]))
-    if nnodes > 1 and node_rank != 0:
+    if node_rank != 0:
         source = next((n for n, _ in readings.get("master_addr", ())), "--master-addr")
         wait_resolvable(str(addr), join_timeout(options), f"the master's address, from {source}")
     return filled
