@@ -219,17 +219,30 @@ def test_node_rank_without_node_count_is_one_line():
     assert rc == 2 and len(lines) == 1 and "RANK=1 but no variable gives the node count" in lines[0], lines
 
 
-def test_waits_for_the_masters_name_then_fails_in_one_line():
+UNRESOLVABLE = "train-node-0-0.distlaunch-test.invalid"  # .invalid never resolves (RFC 2606)
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_waits_for_the_masters_name_then_fails_in_one_line(elastic):
     """A worker pod whose master's name does not resolve (yet) waits, saying so, for the
-    join timeout, then stops with one line naming the name and where it came from."""
-    env = pod_env(**trainjob(29500, 1, master="trainjob-node-0-0.distlaunch-test.invalid"))
+    join timeout, then stops with one line naming the name and where it came from; an
+    elastic PyTorchJob's pods wait for the rendezvous endpoint's host alike."""
+    if elastic:  # elastic.go: PET_RDZV_ENDPOINT = <job>-worker-0:<port>, PET_NNODES = MIN:MAX
+        env = pod_env(PET_RDZV_ENDPOINT=f"{UNRESOLVABLE}:29400", PET_RDZV_BACKEND="c10d", PET_NNODES="1:2")
+        source = "the rendezvous endpoint's host"
+    else:
+        env = pod_env(**trainjob(29500, 1, master=UNRESOLVABLE))
+        source = "the master's address, from PET_MASTER_ADDR"
     env["PET_RDZV_CONF"] = "join_timeout=2"
     start = time.monotonic()
     rc, plan, lines = dry(env)
     assert rc == 2 and plan == "", lines
     assert time.monotonic() - start >= 2  # it waited: the name never resolved
-    assert lines[0].startswith("distlaunch: waiting up to 2 s for trainjob-node-0-0.distlaunch-test.invalid")
-    assert len(lines) == 2 and "did not resolve within 2 s" in lines[1] and "PET_MASTER_ADDR" in lines[1]
+    assert (
+        lines[0]
+        == f"distlaunch: waiting up to 2 s for {UNRESOLVABLE} ({source}) to resolve: its pod may be starting"
+    )
+    assert len(lines) == 2 and f"{UNRESOLVABLE} ({source}) did not resolve within 2 s" in lines[1], lines
 
 
 def test_disagreeing_sources_say_which_won():
