@@ -16,9 +16,9 @@ agent runs, plus what only that mode needs. Every bad value or combination raise
 come from elsewhere than the command line (a job file, the environment of a scheduler)
 are merged into the options before they are parsed once (``config.RunOptions``): a job
 file and PET_* by click, a scheduler's variables here, from the engine that detects it
-(``engine.detect``: Slurm under srun). The engine of head mode is one registry lookup
-(``engine.plugin``). ``--include``/``--exclude`` without a host list pick slots of
-``localhost`` (DeepSpeed's).
+(``engine.detect``: Slurm under srun, a Kubernetes pod, a SkyPilot node). The engine of
+head mode is one registry lookup (``engine.plugin``). ``--include``/``--exclude`` without
+a host list pick slots of ``localhost`` (DeepSpeed's).
 
 Pure apart from ``LaunchConfig.validate`` (file checks) and, for head mode only, reading
 a hostfile or asking the engine for its nodes; head mode's modules are imported only
@@ -156,7 +156,7 @@ def resolve(
     env = os.environ if environ is None else environ
     placed = _place(options, given, env)
     if placed is not None and placed[1] == "node":  # what the user gave (e.g. --run-id) stays
-        filled = plugin(placed[0]).node_options(env)
+        filled = plugin(placed[0]).node_options(env, options, given)
         options = {**options, **{k: v for k, v in filled.items() if k not in given}}
     mode = _resolve(RunOptions.parse(script, script_args, options, given), placed, env)
     _check_ranks_filter(mode)
@@ -260,9 +260,14 @@ def _place(
     launcher = o.get("launcher") or "auto"
     if launcher != "auto":
         plugin(launcher).check(env)
-    if o.get("hosts") or o.get("hostfile") or given & _PER_NODE:
+    if o.get("hosts") or o.get("hostfile"):
         return None
-    return detect(launcher, env)
+    placed = detect(launcher, env)
+    if placed is not None and given & _PER_NODE:
+        # per-node options given: the launch as written, unless the engine fills around
+        # them (pods: PET_* variables are given options there, see engine.EnginePlugin)
+        return placed if placed[1] == "node" and plugin(placed[0]).fills_around_given else None
+    return placed
 
 
 def _local_selection(o: RunOptions, job: LaunchConfig, per_node: bool) -> HeadNodes:

@@ -164,8 +164,14 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "the agent's entry point, the SSH and Slurm engines",
-        ["distlaunch.agent.entry", "distlaunch.engine.ssh", "distlaunch.engine.slurm"],
+        "the agent's entry point, the engines (SSH, Slurm, pods, SkyPilot)",
+        [
+            "distlaunch.agent.entry",
+            "distlaunch.engine.ssh",
+            "distlaunch.engine.slurm",
+            "distlaunch.engine.pods",
+            "distlaunch.engine.skypilot",
+        ],
     ),
     ("launch modes", ["distlaunch.modes"]),
     ("one node's launcher", ["distlaunch.launcher"]),
