@@ -31,6 +31,7 @@ def lines(res: subprocess.CompletedProcess, what: str) -> list:
     return re.findall(rf"^\[(\d+)\]: {what}", res.stdout, re.M)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_every_op_and_dtype_matches_gloo(world):
     res = matrix(world)
@@ -119,6 +120,7 @@ def test_env_init_under_distlaunch_run():
     assert len(lines(res, "init ok env transport=shm")) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_tutorial_program_with_only_the_backend_name_changed(world, tmp_path):
     # tests/workers/torch_tutorial.py (the PyTorch tutorial's operations, each checked
