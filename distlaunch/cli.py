@@ -921,9 +921,8 @@ def _print_plan(plan: Plan) -> None:
     click.echo(f"store: {mode.store_text()}, token DISTLAUNCH_STORE_TOKEN=****")
     bindings = rank_bindings(c, len(plan.slots), os.environ, os.sched_getaffinity(0))
     if places_gpus(c) or c.numa_binding:
-        click.echo(
-            f"GPUs of this node: {','.join(node_gpus(os.environ).ids)} (from {node_gpus(os.environ).source})"
-        )
+        visible = node_gpus(os.environ)
+        click.echo(f"GPUs of this node: {','.join(visible.ids) or 'none'} (from {visible.source})")
     hidden = set(SECRET_VARS) | {k for k, _ in c.env}  # -x values may be secrets
     envs = []
     for slot, binding in zip(plan.slots, bindings):

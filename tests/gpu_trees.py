@@ -23,6 +23,7 @@ BUS_IDS = [
 ]
 UUIDS = [f"GPU-{i}{i}{i}{i}abcd-0000-1111-2222-33334444555{i}" for i in range(8)]
 
+
 def write(path, text: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
