@@ -142,6 +142,39 @@ def test_mig_devices_one_per_rank_unbound(tree, tmp_path):
     assert "CUDA shows a process only one MIG device" in one_line_error(res)
 
 
+def test_placement_holds_across_a_restart(tree, tmp_path):
+    # the restart passes the GPU release wait (no NVML here: nothing to wait on)
+    env = env_for(tree, CUDA_VISIBLE_DEVICES="7,0")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = dl(
+        "run", "--nproc-per-node", "2", "--virtual-local-rank", "--max-restarts", "1", ACTOR,
+        "--dump-env", out, "--fail-rank", "1", "--fail-attempts", "1",
+        env=env,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    envs = [json.loads((out / f"{r}.json").read_text()) for r in (0, 1)]  # the second attempt's
+    assert [e["TORCHELASTIC_RESTART_COUNT"] for e in envs] == ["1", "1"]
+    assert [(e["CUDA_VISIBLE_DEVICES"], e["LOCAL_RANK"]) for e in envs] == [("7", "0"), ("0", "0")]
+    assert [frozenset(e["_cpus"]) for e in envs] == [NEAR[1], NEAR[0]]
+
+
+def test_new_fields_travel_to_remote_agents():
+    from distlaunch.config import LaunchConfig
+
+    c = LaunchConfig(
+        ACTOR,
+        gpus_per_rank=2,
+        virtual_local_rank=True,
+        numa_binding="socket",
+        signals_to_handle="SIGALRM",
+        duplicate_stdout_filters=("a", "b"),
+        duplicate_stderr_filters=("c",),
+        log_dir="/tmp",
+    )
+    assert LaunchConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
 def test_too_few_gpus_for_the_placement_is_one_line_exit_2(tree):
     env = env_for(tree, CUDA_VISIBLE_DEVICES="0,1")
     res = dl("run", "--nproc-per-node", "3", "--virtual-local-rank", ACTOR, env=env)
