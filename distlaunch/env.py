@@ -132,6 +132,11 @@ LAUNCHER_VARS = {
     "SLURM_TASKS_PER_NODE": "slots per node of the allocation ('2(x3),1')",
     "DISTLAUNCH_LAUNCH_PORT": "distlaunch.launch(): the caller's store port, for its workers",
     "DISTLAUNCH_LAUNCH_TOKEN": "distlaunch.launch(): the caller's store secret, for its workers",
+    "DISTLAUNCH_SYSFS_ROOT": "for tests only: a directory tree read instead of / for GPUs "
+    "(proc/driver/nvidia) and NUMA (sys/...); NVML is then not asked",
+    "ZE_AFFINITY_MASK": "Intel Level Zero's visible devices: counted by --nproc-per-node xpu",
+    "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "torchrun's output line prefix, with ${rank}, "
+    "${local_rank} and ${role_name} (default [RANK]: )",
 }
 
 

@@ -303,16 +303,15 @@ def _rdzv_backend(name: str) -> str:
 
 
 def _check_signals(text: str | None) -> None:
-    """torchrun's --signals-to-handle: every name must be one distlaunch forwards."""
-    from .agent.signals import FORWARDED
+    """torchrun's --signals-to-handle: any signal the launcher can catch (SIGINT, SIGTERM,
+    SIGHUP, SIGQUIT stop the job; SIGUSR1/SIGUSR2 are forwarded; any other one named stops
+    the job too, as torchrun's handlers do)."""
+    from .agent.signals import parse_signals
 
-    names = {s.name for s in FORWARDED}
-    for name in (text or "").split(","):
-        if name.strip() and name.strip().upper() not in names:
-            raise ConfigError(
-                f"--signals-to-handle {name.strip()!r}: distlaunch forwards {', '.join(sorted(names))} "
-                f"to the workers; list only those"
-            )
+    try:
+        parse_signals(text)
+    except ValueError as e:
+        raise ConfigError(f"{e}; name signals like SIGTERM,SIGUSR1") from None
 
 
 def _default_run_id(endpoint: str | None, static: bool, master_port: int | None) -> str | None:
@@ -478,7 +477,6 @@ _READ_BY_RESOLVE = frozenset(
         "env_names",
         "env_file",
         "no_prefix",
-        "signals_to_handle",
     }
 )
 # torchrun's options accepted without effect (their --help says why)
