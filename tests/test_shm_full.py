@@ -13,13 +13,7 @@ import sys
 
 import pytest
 from conftest import dl_cmd
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from ports import free_port
 
 WORKER = """
 import numpy as np

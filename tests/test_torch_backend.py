@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import ROOT, dl  # noqa: E402
+from ports import free_port
 
 W = ROOT / "tests" / "torch_workers"
 _matrix: dict = {}
@@ -50,12 +51,6 @@ def test_ddp_ends_with_identical_parameters(world):
     # every rank checks its parameters against all others' and against DDP over gloo
     res = matrix(world)
     assert sorted(lines(res, "ddp ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(worker: str, *args, world: int, timeout: float = 60) -> list:
