@@ -4,8 +4,9 @@ A port found free here is bound later by another process, so something else may 
 in between. Under pytest-xdist (``-n N``) that something is most often a test in another
 worker. There each worker takes its ports from a block of its own below Linux's ephemeral
 range (32768-60999 by default, /proc/sys/net/ipv4/ip_local_port_range), where neither a
-connect() nor a bind to port 0 ever lands: only a test of the same worker could take
-one, and those run one at a time. Without xdist the kernel picks, as before.
+connect() nor a bind to port 0 ever lands, and below the ports distlaunch derives itself
+(env.PORT_BASE, 20000-31999, under srun): only a test of the same worker could take one,
+and those run one at a time. Without xdist the kernel picks, as before.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import socket
 from collections.abc import Sequence
 
-_BASE, _BLOCK = 20000, 1000  # worker gwK: ports 20000 + K*1000 ... + 999 (12 workers fit)
+_BASE, _BLOCK = 10000, 1000  # worker gwK: ports 10000 + K*1000 ... + 999 (10 workers fit)
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 # successive picks walk the block; processes of one worker (a test's helper scripts)
 # start at different places in it
