@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import os
 import socket
 from typing import Any
 
 from ..collectives.runtime import Runtime, join_store, launcher_runtime, local_host_towards
+from ..env import lookup
 
 _STATE: dict = {}  # "runtime": the Runtime of the current distlaunch default group
 
@@ -55,13 +55,9 @@ def _new_runtime(store: Any, rank: int, size: int, timeout: float) -> Runtime:
     """The runtime of a new default group: the launcher's store under ``distlaunch run``
     (when torch's rank and world size are the launcher's), else torch's ``store``, joined
     as every init path joins a store (:func:`~distlaunch.collectives.runtime.join_store`)."""
-    if (
-        os.environ.get("DISTLAUNCH_STORE_PORT")
-        and os.environ.get("RANK") == str(rank)
-        and os.environ.get("WORLD_SIZE") == str(size)
-    ):
+    if lookup("DISTLAUNCH_STORE_PORT") and lookup("RANK") == str(rank) and lookup("WORLD_SIZE") == str(size):
         return launcher_runtime("torch", timeout)
-    host = local_host_towards(os.environ.get("MASTER_ADDR", "localhost"))
+    host = local_host_towards(lookup("MASTER_ADDR") or "localhost")
     return join_store(
         _TorchStore(store),
         rank,
