@@ -22,6 +22,9 @@ from distlaunch.store.server import StoreServer
 TOKEN = "observe-test-token"
 
 
+COLUMNS = ["RANK", "NODE", "PID", "STATE", "CPU%", "RSS", "OP", "OUT", "AGE", "LAST", "LINE"]
+
+
 def rec(rank, node="n0", **kw):
     base = dict(pid=1000 + rank, state="running", cpu=12.34, rss=3 << 20, line_age=1.25, line=f"step {rank}")
     base.update(kw)
@@ -123,19 +126,7 @@ RECORDS = [
 def test_plain_table_aligns_and_cuts_to_width():
     text = T.plain_table(RECORDS, width=140)
     lines = text.splitlines()
-    assert lines[0].split() == [
-        "RANK",
-        "NODE",
-        "PID",
-        "STATE",
-        "CPU%",
-        "RSS",
-        "OP",
-        "OUT",
-        "AGE",
-        "LAST",
-        "LINE",
-    ]
+    assert lines[0].split() == COLUMNS
     assert lines[1].split()[:6] == ["0", "n0", "1000", "running", "99.5", "1.5"]
     assert "all_reduce #1834, waiting for ranks 5,7, 3.2 s" in lines[1]
     assert lines[1].index("step 0") == lines[0].index("LAST LINE")  # columns line up
@@ -157,19 +148,7 @@ def test_print_table_picks_rich_plain_or_json():
         buf = io.StringIO()
         T.print_table(RECORDS, file=buf, terminal=True, width=width)
         lines = re.sub("\x1b\\[[0-9;]*m", "", buf.getvalue()).splitlines()
-        assert lines[0].split() == [
-            "RANK",
-            "NODE",
-            "PID",
-            "STATE",
-            "CPU%",
-            "RSS",
-            "OP",
-            "OUT",
-            "AGE",
-            "LAST",
-            "LINE",
-        ]
+        assert lines[0].split() == COLUMNS
         assert max(len(ln) for ln in lines) <= width
         assert lines[1].split()[:6] == ["0", "n0", "1000", "running", "99.5", "1.5"]
     T.print_table(RECORDS, file=js, as_json=True)
