@@ -312,6 +312,25 @@ def _env_entries(value: object, where: str) -> list[str]:
     "--shutdown-timeout and TORCH_ELASTIC_SHUTDOWN_TIMEOUT are the same).",
 )
 @option(
+    "--hang-timeout",
+    group=SUPERVISION,
+    default=0.0,
+    show_default=True,
+    type=float,
+    metavar="SECONDS",
+    help="When no rank progresses (an output line, distlaunch.heartbeat(), a completed "
+    "collective) for SECONDS, print every rank's stack grouped, name the odd ranks out, "
+    "and stop the group as a failure (--max-restarts applies). 0: off.",
+)
+@option(
+    "--stacks-on-failure/--no-stacks-on-failure",
+    group=SUPERVISION,
+    default=True,
+    show_default=True,
+    help="When a worker fails, print where the other ranks were (their stacks, grouped) "
+    "before stopping them. Needs py-spy.",
+)
+@option(
     "--start-method",
     group=WORKERS,
     default="spawn",
@@ -916,10 +935,16 @@ def _print_root_cause(e: DistlaunchError, f: WorkerFailure) -> None:
         f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}), "
         f"pid {f.pid}: {f.how} at {when}"
     )
+    if f.cause:
+        say(f.cause)
     trace = _error_file_trace(f.error_file_text) or f.stderr_tail
-    if trace:
+    if trace and not f.hang:
         say("last lines of its stderr:" if trace is f.stderr_tail else "its recorded error:")
         for line in trace.splitlines():
+            sys.stderr.write(f"    {line}\n")
+    if f.stacks:
+        say("where the ranks of its node were:" if f.hang else "where the other ranks of its node were:")
+        for line in f.stacks.splitlines():
             sys.stderr.write(f"    {line}\n")
     say(f"exiting with code {e.exit_code}")
 

@@ -196,6 +196,8 @@ class LaunchConfig:
     stdin: str = "0"  # who reads the launcher's stdin: STDIN_MODES
     env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
     bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
+    hang_timeout: float = 0.0  # seconds without progress of any rank before a hang (0: off)
+    stacks_on_failure: bool = True  # the survivors' stacks when a worker fails (needs py-spy)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (the head sends it to remote agents)."""
@@ -278,6 +280,11 @@ class LaunchConfig:
         if not (0 <= self.stop_timeout < math.inf):  # also refuses nan
             raise ConfigError(
                 f"--stop-timeout {self.stop_timeout} is invalid: give a finite number of seconds, 0 or more"
+            )
+        if not (0 <= self.hang_timeout < math.inf):
+            raise ConfigError(
+                f"--hang-timeout {self.hang_timeout} is invalid: give a finite number of seconds, 0 (off) "
+                f"or more"
             )
         if not (0 < self.monitor_interval < math.inf):
             raise ConfigError(
@@ -427,6 +434,8 @@ class RunOptions:
     stop_timeout: float
     min_nodes: int | None
     signals_to_handle: str | None
+    hang_timeout: float
+    stacks_on_failure: bool
 
     @classmethod
     def names(cls) -> frozenset[str]:

@@ -32,6 +32,7 @@ from .kill import with_start_times
 from .output import StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay
+from .watch import Watchdog, nccl_trace_env
 
 if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client loads in run()
     from ..store.client import StoreAddress
@@ -97,6 +98,7 @@ def worker_env(
     error_file: str | None = None,
     shm: str | None = None,
     agent_store: bool = False,
+    progress_file: str | None = None,
 ) -> dict[str, str]:
     ident = WorkerIdentity(
         rank=slot.rank,
@@ -117,14 +119,21 @@ def worker_env(
         store_token=store.token if store else None,
         shm_prefix=shm,
         agent_store=agent_store,
+        progress_file=progress_file,
     )
     if cfg.env:
         base = {**base, **dict(cfg.env)}
     env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
+    if cfg.hang_timeout > 0:  # NCCL's own trace of a hang, next to ours
+        env.update(nccl_trace_env(base, _log_root(cfg))[0])
     if not cfg.no_python:
         # Workers write to pipes; without this Python holds their prints until exit.
         env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _log_root(cfg: LaunchConfig) -> str | None:
+    return os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
 
 
 def free_port() -> int:
@@ -169,7 +178,7 @@ class NodeAgent:
         self.master_addr = master_addr or cfg.master_addr or "localhost"
         self.argv = worker_argv(cfg)
         self.scratch: str | None = None
-        self.log_root = os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
+        self.log_root = _log_root(cfg)
         self._lost: set[int] = set()  # nodes found lost in the last round
         # Where the agent is (agent/phases.py): it starts between rounds; a stop signal
         # that ends a phase in which no workers run is spread to the round by this agent
@@ -319,7 +328,22 @@ class NodeAgent:
             on_started=lambda pids: rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids])),
             on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
         )
+        group.watchdog = self._watchdog(group.specs, restarts)
         return group, restarts
+
+    def _watchdog(self, specs: list[LaunchSpec], restarts: int) -> Watchdog | None:
+        """--hang-timeout and --stacks-on-failure for one round (None: neither is on)."""
+        from .. import progress
+        from ..observe.stacks import sampler_path
+
+        cfg = self.cfg
+        if cfg.hang_timeout <= 0 and not (cfg.stacks_on_failure and sampler_path()):
+            return None
+        report = os.path.join(self.log_root, f"attempt_{restarts}", "stacks.txt") if self.log_root else None
+        records = {s.slot.rank: s.env[progress.ENV] for s in specs if progress.ENV in s.env}
+        note = nccl_trace_env(self.base_env, self.log_root)[1] if cfg.hang_timeout > 0 else ""
+        echo = self.opts.num_nodes > 1
+        return Watchdog(cfg.hang_timeout, records, cfg.stacks_on_failure, report, note, echo)
 
     def _next_round(self, rdzv: Rendezvous, cause: Cause, rnd: int, restarts: int) -> int:
         """After round ``rnd`` stopped for ``cause``: return the restart count of the next
@@ -479,6 +503,8 @@ class NodeAgent:
     def _specs(
         self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int], restarts: int
     ) -> list[LaunchSpec]:
+        from .. import progress
+
         specs = []
         cpus = cpu_sets(self.cfg.bind_to, len(slots), os.sched_getaffinity(0))
         for slot in slots:
@@ -496,6 +522,11 @@ class NodeAgent:
                     attempt_dir = None
             assert self.scratch is not None  # made by run()
             error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
+            progress_file: str | None = os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}")
+            try:
+                progress.create(os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}"))
+            except OSError:  # the scratch dir's disk is full: the rank is watched by its output
+                progress_file = None
             env = worker_env(
                 self.cfg,
                 slot,
@@ -506,6 +537,7 @@ class NodeAgent:
                 error_file,
                 shm_prefix(self.cfg.run_id, os.getpid(), rnd),
                 self.opts.torch_store,
+                progress_file,
             )
             out, err = self._sinks(slot, attempt_dir)
             stdin = self.cfg.stdin == "all" or (self.cfg.stdin == "0" and slot.rank == 0)

@@ -1,0 +1,164 @@
+"""The agent's hang watchdog (``--hang-timeout``) and the survivors' stacks at a failure
+(``--stacks-on-failure``), for one round of one node's worker group.
+
+Progress of a rank is an output line, a ``distlaunch.heartbeat()`` or a completed
+operation on distlaunch's runtime (both read from its ``distlaunch.progress`` record).
+The group's event loop calls ``output()`` for each chunk a worker writes and ``check()``
+at ``due()``; when no rank of this node progressed for ``timeout`` seconds, ``explain()``
+reads every live worker's stack with py-spy (the agent is their parent, see
+observe/stacks.py), groups them and names the odd ranks out.
+
+Multi-node: each agent decides for its own workers; ranks are the job's global ranks,
+so the cause names them correctly, and the first node to see the hang stops the round
+(its cause is the one reported).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .. import progress
+from ..report import say
+
+# The longest a reader of the records waits between two looks (seconds): a hang is seen
+# at most this much (or a quarter of the timeout, if shorter) after the timeout.
+CHECK_SECONDS = 1.0
+# How long py-spy may take for one process (seconds).
+DUMP_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Explained:
+    """What the ranks were doing: ``cause`` one line (a hang's), ``stacks`` the grouped
+    stacks, ``odd`` the rank the cause names first (the odd one out), if any."""
+
+    cause: str
+    stacks: str
+    odd: int | None
+
+
+@dataclass
+class Watchdog:
+    """One round's watchdog. ``timeout``: seconds without progress before a hang (0:
+    never). ``records``: rank -> its progress record file. ``report_path``: where the
+    dumps are written (None: nowhere). ``note``: added to a hang's cause (e.g. where
+    NCCL's flight recorder dumps)."""
+
+    timeout: float
+    records: Mapping[int, str]
+    stacks_on_failure: bool = True
+    report_path: str | None = None
+    note: str = ""
+    echo: bool = False  # print the stacks when found (several nodes: each shows its own)
+    _readers: dict[int, progress.Reader] = field(default_factory=dict)
+    _counts: dict[int, int] = field(default_factory=dict)
+    _last: float = 0.0
+    _due: float | None = None
+
+    def start(self) -> None:
+        """The workers are started: progress is counted from now."""
+        now = time.monotonic()
+        self._last = now
+        for rank, path in self.records.items():
+            try:
+                self._readers[rank] = progress.Reader(path)
+            except OSError:
+                pass  # that rank is watched through its output only
+        if self.timeout > 0:
+            self._due = now + min(CHECK_SECONDS, self.timeout / 4)
+
+    def output(self, now: float) -> None:
+        """A worker wrote output: progress."""
+        self._last = now
+
+    def due(self) -> float | None:
+        """When ``check`` must next run (monotonic seconds; None: never)."""
+        return self._due
+
+    def check(self, now: float) -> bool:
+        """Look at the records; True when no rank progressed for ``timeout`` seconds."""
+        if self._due is None:
+            return False
+        for rank, r in self._readers.items():
+            c = r.read().count
+            if c != self._counts.get(rank):
+                self._counts[rank] = c
+                self._last = now
+        idle = now - self._last
+        if idle >= self.timeout:
+            self._due = None  # once per round
+            return True
+        self._due = now + min(CHECK_SECONDS, self.timeout / 4, self.timeout - idle)
+        return False
+
+    def idle(self, now: float) -> float:
+        """Seconds since the last progress of any rank."""
+        return now - self._last
+
+    def ops(self) -> dict[int, str]:
+        """rank -> its operation in flight (``all_reduce #12, 3.0 s, waiting for rank 2``)."""
+        out = {}
+        for rank, r in self._readers.items():
+            d = r.read().describe()
+            if d:
+                out[rank] = d
+        return out
+
+    def explain(self, pids: Mapping[int, int], idle: float | None, failed: str = "") -> Explained | None:
+        """Read the stacks of ``pids`` (rank -> pid) and explain them: a hang's cause when
+        ``idle`` (seconds without progress) is given, else the survivors of ``failed``
+        (a line saying which rank failed). Writes them to ``report_path`` and, with
+        ``echo``, prints them (else the root cause shows them). Blocks while py-spy
+        reads (about 0.1 s per process; at most DUMP_TIMEOUT). None when there is
+        nothing to read, or py-spy is missing."""
+        from ..observe.group import format_groups, group_stacks, hang_cause, rank_ranges
+        from ..observe.stacks import dump_stacks
+
+        if not pids:
+            return None
+        try:
+            stacks = dump_stacks(pids, timeout=DUMP_TIMEOUT)
+        except FileNotFoundError as e:
+            say(f"cannot read the workers' stacks: {e}")
+            return None
+        groups = group_stacks(stacks)
+        text = format_groups(groups, self.ops())
+        main = [g for g in groups if g.thread is None and g.error is None]
+        odd = main[-1].ranks[0] if len(main) > 1 else (main[0].ranks[0] if main else None)
+        cause = "" if idle is None else hang_cause(groups, idle) + (f"; {self.note}" if self.note else "")
+        if self.echo:
+            say(cause or f"{failed}; where the other ranks of this node were (ranks {rank_ranges(pids)}):")
+            for line in text.splitlines():
+                say(f"    {line}")
+        if self.report_path:
+            try:
+                with open(self.report_path, "a") as f:
+                    f.write((cause or failed) + "\n" + text + "\n\n")
+            except OSError as e:
+                say(f"cannot write {self.report_path} ({e.strerror}); the stacks are above")
+        return Explained(cause, text, odd)
+
+    def close(self) -> None:
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+
+
+def nccl_trace_env(base: Mapping[str, str], log_root: str | None) -> tuple[dict[str, str], str]:
+    """torch's NCCL flight recorder variables for a job with ``--hang-timeout``: the
+    ring buffer on, dumped on NCCL's own timeout, into ``log_root`` (the dump file is
+    ``<prefix><rank>``); each only when the user did not set it. Returns the variables
+    to add and a note naming where the dumps go (empty when none is set)."""
+    out: dict[str, str] = {}
+    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in base:
+        out["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+    if "TORCH_NCCL_DUMP_ON_TIMEOUT" not in base:
+        out["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+    prefix = base.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if prefix is None and log_root is not None:
+        prefix = out["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(log_root, "nccl_trace_rank_")
+    where = prefix or "/tmp/nccl_trace_rank_"  # torch's default
+    return out, f"NCCL's flight recorder, if NCCL timed out: {where}<rank>"
