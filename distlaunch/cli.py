@@ -818,6 +818,37 @@ def completion(shell: str) -> None:
     click.echo(comp.source())
 
 
+@cli.command()
+def ps() -> None:
+    """List your running jobs on this host: run id, start time, world size, hosts."""
+    from .observe.viewer import ps as show
+
+    show()
+
+
+@cli.command()
+@click.argument("run_id", required=False)
+@click.option("--once", is_flag=True, help="Print one table and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one table as JSON (for scripts) and exit.")
+def top(run_id: str | None, once: bool, as_json: bool) -> None:
+    """A live table of every rank of a running job: pid, state, CPU, memory, the
+    operation in flight, its last output line. RUN_ID may be left out when one job runs."""
+    from .observe.viewer import top as show
+
+    show(run_id, once, as_json)
+
+
+@cli.command()
+@click.argument("run_id", required=False)
+@click.option("--all", "full", is_flag=True, help="Every frame, not only the user's code.")
+def stacks(run_id: str | None, full: bool) -> None:
+    """Every rank's Python stack of a running job, ranks with identical stacks grouped.
+    RUN_ID may be left out when one job runs."""
+    from .observe.viewer import stacks as read
+
+    click.echo(read(run_id, full))
+
+
 @cli.command(hidden=True)
 def agent() -> None:
     """Internal: one node's agent, started by the head (``agent/entry.py``)."""

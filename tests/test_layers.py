@@ -131,6 +131,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.observe.records",
             "distlaunch.observe.table",
             "distlaunch.observe.dedup",
+            "distlaunch.observe.registry",
+            "distlaunch.observe.viewer",
         ],
     ),
     (
@@ -138,6 +140,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "interface and output relay",
         [
             "distlaunch.agent.watch",
+            "distlaunch.agent.observer",
             "distlaunch.agent.node",
             "distlaunch.head_controller",
             "distlaunch.engine",

@@ -29,6 +29,7 @@ from ..topology import WorkerSlot, cpu_sets, seat_slots
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
+from .observer import Observer
 from .output import StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay
@@ -192,7 +193,7 @@ class NodeAgent:
         o = self.opts
         group: WorkerGroup | None = None
         relay = SignalRelay(lambda: group.live() if group else ())
-        rdzv = client = None
+        rdzv = client = observer = None
         rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
         cause = None
         self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
@@ -209,6 +210,7 @@ class NodeAgent:
             rdzv = Rendezvous(
                 client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout, on_wait=self.say
             )
+            observer = self._observer(lambda: (group, restarts))
             while True:
                 if o.node_id is not None:  # head mode: the head decides each round
                     try:
@@ -250,9 +252,21 @@ class NodeAgent:
             if o.hosts_store and rdzv is not None and rdzv.num_nodes > 1 and self._left == rnd:
                 self._let_others_leave(rdzv, rnd, relay)
             relay.restore()
+            if observer is not None:
+                observer.stop()
             if client is not None:
                 client.close()
             remove_matching(self.scratch)
+
+    def _observer(self, group: Callable[[], tuple[WorkerGroup | None, int]]) -> Observer:
+        """Publishes this node's records for `distlaunch top` and answers `stacks`."""
+        o = self.opts
+        node = o.host_label or socket.gethostname()
+        if o.num_nodes > 1 or o.max_nodes or o.node_id is not None:  # one name per agent
+            node += f":{o.node_rank if o.node_id is None else o.node_id}"
+        observer = Observer(self.cfg.run_id, self.store_addr, node, group)
+        observer.start()
+        return observer
 
     def _connect_report(self) -> Callable[[str, float], None]:
         """The store client's retry callback: says what is wrong with the store's endpoint

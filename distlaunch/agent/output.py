@@ -15,9 +15,11 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 
 MAX_PENDING = 1 << 16
 TAIL_BYTES = 1 << 13
+RECENT_BYTES = 800  # kept for `distlaunch top`'s last line
 
 
 # Only the first failure of each kind is reported: on a full disk every sink fails alike.
@@ -82,8 +84,13 @@ class StreamSink:
         self.keep_tail = keep_tail
         self.pending = b""
         self.tail = b""
+        self._recent = b""  # the stream's last bytes, for last_line()
+        self._recent_at: float | None = None  # when they came (monotonic seconds)
 
     def feed(self, data: bytes) -> None:
+        # a print() may come as two writes ("text", "\n"): keep a window, not one chunk
+        self._recent = (self._recent + data)[-RECENT_BYTES:]
+        self._recent_at = time.monotonic()
         if self.log is not None:
             self._write_log(self.log, data)
         if self.keep_tail:
@@ -108,6 +115,13 @@ class StreamSink:
         if self.log is not None:
             os.close(self.log)
             self.log = None
+
+    def last_line(self) -> tuple[str, float | None]:
+        """The last line written (cut to 200 characters) and when (monotonic seconds;
+        None: nothing yet), for ``distlaunch top``. Any thread."""
+        recent, at = self._recent, self._recent_at
+        line = recent.rstrip(b"\r\n").rsplit(b"\n", 1)[-1]
+        return line.decode("utf-8", "replace")[:200], at
 
     def tail_text(self, lines: int = 30) -> str:
         text = self.tail.decode("utf-8", "replace")

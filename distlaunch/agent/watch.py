@@ -107,6 +107,16 @@ class Watchdog:
                 out[rank] = d
         return out
 
+    def in_flight(self) -> dict[int, tuple[str, float]]:
+        """rank -> (its operation in flight without its age, seconds in flight), for
+        ``distlaunch top``'s records."""
+        out = {}
+        for rank, r in self._readers.items():
+            p = r.read()
+            if p.op is not None and p.op_age is not None:
+                out[rank] = (", ".join(x for x in (f"{p.op} #{p.seq}", p.waiting) if x), p.op_age)
+        return out
+
     def explain(self, pids: Mapping[int, int], idle: float | None, failed: str = "") -> Explained | None:
         """Read the stacks of ``pids`` (rank -> pid) and explain them: a hang's cause when
         ``idle`` (seconds without progress) is given, else the survivors of ``failed``

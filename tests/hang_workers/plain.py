@@ -3,7 +3,8 @@
 quiet: every rank sleeps, rank 2 in its own function (a hang);
 beats: every rank sleeps between heartbeats (no output), for SECONDS, then exits 0;
 printer: rank 0 prints every 0.3 s, the others sleep, for SECONDS, then exits 0;
-crash: rank 1 exits 3 after a moment, the others sleep in wait_here.
+crash: rank 1 exits 3 after a moment, the others sleep in wait_here;
+one_exits: rank 3 exits 0, the others sleep in wait_here (rank 2 in stuck_here).
 """
 
 import os
@@ -40,6 +41,12 @@ elif mode == "printer":
         if rank == 0:
             print("tick", flush=True)
         time.sleep(0.3)
+elif mode == "one_exits":
+    if rank == 3:
+        sys.exit(0)
+    if rank == 2:
+        stuck_here()
+    wait_here()
 elif mode == "crash":
     if rank == 1:
         time.sleep(1.5)
