@@ -7,6 +7,7 @@ import time
 
 import pytest
 from conftest import ROOT, dl
+from sshd import sshd_hosts  # noqa: F401  (session fixture)
 
 W = ROOT / "tests" / "hang_workers"
 
@@ -77,3 +78,29 @@ def test_stacks_on_failure_names_where_survivors_were():
     assert re.search(rf"ranks 0,2 \(2\): wait_here \({re.escape(wait)}\)", res.stderr), res.stderr
     off = dl("run", "--nproc-per-node", "3", "--no-stacks-on-failure", prog, "crash")
     assert off.returncode == 3 and "where the other ranks" not in off.stderr
+
+
+def test_hang_over_two_ssh_hosts_names_the_rank_on_the_other_host(sshd_hosts):
+    # each agent watches its own workers; node2 holds rank 2 (ranks 2-4), node1 only
+    # ranks waiting alike, so node1 lets node2's cause (naming rank 2) stand first
+    prog = W / "plain.py"
+    res = dl(
+        "run",
+        "--ssh-config",
+        sshd_hosts.ssh_config,
+        "-H",
+        "node1:2,node2:3",
+        "--hang-timeout",
+        "3",
+        prog,
+        "quiet",
+        timeout=90,
+    )
+    assert res.returncode == 1, res.stderr
+    stuck = f"plain.py:{line_of(prog, 'STUCK-LINE')}"
+    assert "rank 2 (local rank 0) on node 1" in res.stderr, res.stderr
+    root = res.stderr[res.stderr.index("root cause") :]
+    wait = f"plain.py:{line_of(prog, 'WAIT-LINE')}"
+    assert f"hang: 2 of 3 ranks in wait_here ({wait}) for 3.0 s; rank 2 in stuck_here at {stuck}" in root, (
+        root
+    )

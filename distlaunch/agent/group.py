@@ -212,9 +212,10 @@ class WorkerGroup:
                 due = watch.due()
                 if due is not None and t >= due and watch.check(t):
                     failure = self._hang(watch, t)
-                    if self.on_failure:
-                        self.on_failure(failure)
-                    kill_at = self._stop_group(signal.SIGTERM)
+                    if failure is not None:
+                        if self.on_failure:
+                            self.on_failure(failure)
+                        kill_at = self._stop_group(signal.SIGTERM)
         return AttemptResult(failure, self.relay.stop_signal)
 
     def _say_stopping(self) -> None:
@@ -252,11 +253,15 @@ class WorkerGroup:
     def _live_pids(self) -> dict[int, int]:
         return {w.slot.rank: w.pid for w in self.live()}
 
-    def _hang(self, watch: Watchdog, now: float) -> WorkerFailure:
+    def _hang(self, watch: Watchdog, now: float) -> WorkerFailure | None:
         """No rank progressed for the hang timeout: explain where each was (the stacks),
-        and make that the group's failure, named after the odd rank out."""
+        and make that the group's failure, named after the odd rank out. None: this
+        node's ranks all wait alike and another node may hold the odd one out: it gets
+        a moment to claim the hang first (watch.defer)."""
         pids = self._live_pids()
         ex = watch.explain(pids, watch.idle(now))
+        if ex is not None and ex.alike and watch.defer(now):
+            return None
         odd = ex.odd if ex is not None and ex.odd is not None else min(pids)
         w, spec = next((w, s) for w, s in zip(self.workers, self.specs) if w.slot.rank == odd)
         return WorkerFailure(

@@ -342,10 +342,10 @@ class NodeAgent:
             on_started=lambda pids: rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids])),
             on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
         )
-        group.watchdog = self._watchdog(group.specs, restarts)
+        group.watchdog = self._watchdog(group.specs, restarts, rdzv.num_nodes > 1)
         return group, restarts
 
-    def _watchdog(self, specs: list[LaunchSpec], restarts: int) -> Watchdog | None:
+    def _watchdog(self, specs: list[LaunchSpec], restarts: int, several: bool) -> Watchdog | None:
         """--hang-timeout and --stacks-on-failure for one round (None: neither is on)."""
         from .. import progress
         from ..observe.stacks import sampler_path
@@ -356,8 +356,7 @@ class NodeAgent:
         report = os.path.join(self.log_root, f"attempt_{restarts}", "stacks.txt") if self.log_root else None
         records = {s.slot.rank: s.env[progress.ENV] for s in specs if progress.ENV in s.env}
         note = nccl_trace_env(self.base_env, self.log_root)[1] if cfg.hang_timeout > 0 else ""
-        echo = self.opts.num_nodes > 1
-        return Watchdog(cfg.hang_timeout, records, cfg.stacks_on_failure, report, note, echo)
+        return Watchdog(cfg.hang_timeout, records, cfg.stacks_on_failure, report, note, several)
 
     def _next_round(self, rdzv: Rendezvous, cause: Cause, rnd: int, restarts: int) -> int:
         """After round ``rnd`` stopped for ``cause``: return the restart count of the next

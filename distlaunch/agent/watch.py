@@ -26,6 +26,8 @@ from ..report import say
 # The longest a reader of the records waits between two looks (seconds): a hang is seen
 # at most this much (or a quarter of the timeout, if shorter) after the timeout.
 CHECK_SECONDS = 1.0
+# Several nodes: how long a node whose ranks all wait alike lets the others claim a hang.
+DEFER_SECONDS = 2.0
 # How long py-spy may take for one process (seconds).
 DUMP_TIMEOUT = 10.0
 
@@ -38,6 +40,7 @@ class Explained:
     cause: str
     stacks: str
     odd: int | None
+    alike: bool = False  # every rank read shows the same main-thread stack
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Watchdog:
     _counts: dict[int, int] = field(default_factory=dict)
     _last: float = 0.0
     _due: float | None = None
+    _deferred: bool = False
 
     def start(self) -> None:
         """The workers are started: progress is counted from now."""
@@ -93,6 +97,17 @@ class Watchdog:
             return True
         self._due = now + min(CHECK_SECONDS, self.timeout / 4, self.timeout - idle)
         return False
+
+    def defer(self, now: float) -> bool:
+        """Several nodes: this node's ranks all wait alike, so the odd rank out is likely on
+        another node, whose agent sees the hang at about the same time. Look again in
+        DEFER_SECONDS (once per round) so that node's cause, which names it, stands first.
+        False when there is one node or this round deferred already."""
+        if not self.echo or self._deferred:
+            return False
+        self._deferred = True
+        self._due = now + DEFER_SECONDS
+        return True
 
     def idle(self, now: float) -> float:
         """Seconds since the last progress of any rank."""
@@ -149,7 +164,7 @@ class Watchdog:
                     f.write((cause or failed) + "\n" + text + "\n\n")
             except OSError as e:
                 say(f"cannot write {self.report_path} ({e.strerror}); the stacks are above")
-        return Explained(cause, text, odd)
+        return Explained(cause, text, odd, len(main) == 1 and len(main[0].ranks) == len(pids))
 
     def close(self) -> None:
         for r in self._readers.values():
