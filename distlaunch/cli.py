@@ -320,7 +320,8 @@ def _env_entries(value: object, where: str) -> list[str]:
     metavar="SECONDS",
     help="When no rank progresses (an output line, distlaunch.heartbeat(), a completed "
     "collective) for SECONDS, print every rank's stack grouped, name the odd ranks out, "
-    "and stop the group as a failure (--max-restarts applies). 0: off.",
+    "and stop the group as a failure (--max-restarts applies). Start-up, until a first sign "
+    "of progress, gets at least 60 s. 0: off.",
 )
 @option(
     "--stacks-on-failure/--no-stacks-on-failure",

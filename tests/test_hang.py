@@ -57,6 +57,13 @@ def test_heartbeats_and_output_are_progress():
         assert "hang:" not in res.stderr
 
 
+def test_a_silent_start_up_is_no_hang():
+    # before any rank shows progress (imports, the program's rendezvous) the watchdog
+    # waits at least STARTUP_SECONDS
+    res = dl("run", "--nproc-per-node", "2", "--hang-timeout", "1", W / "plain.py", "late", "2.5")
+    assert res.returncode == 0 and "hang" not in res.stderr, res.stderr
+
+
 def test_no_hang_timeout_no_watchdog():
     res = dl("run", "--nproc-per-node", "2", W / "plain.py", "beats", "1.5")
     assert res.returncode == 0 and "hang" not in res.stderr

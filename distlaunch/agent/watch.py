@@ -26,6 +26,9 @@ from ..report import say
 # The longest a reader of the records waits between two looks (seconds): a hang is seen
 # at most this much (or a quarter of the timeout, if shorter) after the timeout.
 CHECK_SECONDS = 1.0
+# Until some rank shows a first sign of progress (start-up: imports, the program's own
+# rendezvous), a hang is declared only after this long, or the timeout if longer (seconds).
+STARTUP_SECONDS = 60.0
 # Several nodes: how long a node whose ranks all wait alike lets the others claim a hang.
 DEFER_SECONDS = 2.0
 # How long py-spy may take for one process (seconds).
@@ -61,6 +64,7 @@ class Watchdog:
     _last: float = 0.0
     _due: float | None = None
     _deferred: bool = False
+    _moved: bool = False  # some rank has shown progress this round
 
     def start(self) -> None:
         """The workers are started: progress is counted from now."""
@@ -77,25 +81,30 @@ class Watchdog:
     def output(self, now: float) -> None:
         """A worker wrote output: progress."""
         self._last = now
+        self._moved = True
 
     def due(self) -> float | None:
         """When ``check`` must next run (monotonic seconds; None: never)."""
         return self._due
 
     def check(self, now: float) -> bool:
-        """Look at the records; True when no rank progressed for ``timeout`` seconds."""
+        """Look at the records; True when no rank progressed for ``timeout`` seconds (or,
+        before any rank showed progress, for max(timeout, STARTUP_SECONDS))."""
         if self._due is None:
             return False
         for rank, r in self._readers.items():
             c = r.read().count
-            if c != self._counts.get(rank):
+            if c != self._counts.get(rank, 0):
                 self._counts[rank] = c
                 self._last = now
+                self._moved = True
         idle = now - self._last
-        if idle >= self.timeout:
+        # until a first sign of life, start-up (imports, rendezvous) gets STARTUP_SECONDS
+        limit = self.timeout if self._moved else max(self.timeout, STARTUP_SECONDS)
+        if idle >= limit:
             self._due = None  # once per round
             return True
-        self._due = now + min(CHECK_SECONDS, self.timeout / 4, self.timeout - idle)
+        self._due = now + min(CHECK_SECONDS, self.timeout / 4, limit - idle)
         return False
 
     def defer(self, now: float) -> bool:

@@ -4,6 +4,7 @@ quiet: every rank sleeps, rank 2 in its own function (a hang);
 beats: every rank sleeps between heartbeats (no output), for SECONDS, then exits 0;
 printer: rank 0 prints every 0.3 s, the others sleep, for SECONDS, then exits 0;
 crash: rank 1 exits 3 after a moment, the others sleep in wait_here;
+late: every rank is silent for SECONDS (start-up), then prints and exits 0;
 one_exits: rank 3 exits 0, the others sleep in wait_here (rank 2 in stuck_here).
 """
 
@@ -26,6 +27,8 @@ def wait_here():
     time.sleep(600)  # WAIT-LINE
 
 
+if mode == "late":
+    time.sleep(seconds)
 print(f"rank {rank} up", flush=True)
 end = time.monotonic() + seconds
 if mode == "quiet":
