@@ -2,13 +2,14 @@
 second, samples this node's workers (psutil: CPU %, RSS), adds each rank's last output
 line and operation in flight (distlaunch.progress) and publishes the records under
 ``<run id>/observe`` in the job's store (observe/records.py); and answers stack
-requests: ``distlaunch stacks`` increments ``<prefix>/stacks_req``, each agent sees the
-new count at its next look and sets ``<prefix>/stacks/<node>/<count>`` to its ranks'
-stacks (JSON, see ``encode_stacks``).
+requests: ``distlaunch stacks`` increments ``<prefix>/stacks_req`` to N and sets
+``<prefix>/stacks_req/<N>``, which each agent waits for between publishes (a store
+``wait``, so the answer comes at once); it sets ``<prefix>/stacks/<node>/<N>`` to its
+ranks' stacks (JSON, ``observe.stacks.encode_stacks``).
 
 It also keeps this agent's entry in the per-user job registry (observe/registry.py) so
-viewers on this host find the job. Every store call has its own connection (a clone),
-so it never competes with the agent's rendezvous calls; a store that is gone ends the
+viewers on this host find the job. The thread has its own store connection, so it never
+competes with the agent's rendezvous calls; a store that is gone ends the
 thread quietly (the agent sees it too and reports it).
 """
 
@@ -21,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import StoreError
+from ..errors import StoreError, StoreTimeoutError
 from ..observe import registry
 from ..observe.records import Publisher, RankRecord, Sampler
 from ..observe.stacks import dump_stacks, encode_stacks
@@ -54,7 +55,6 @@ class Observer:
         self._sampler = Sampler()
         self._client: StoreClient | None = None
         self._world = 0
-        self._seen_req: int | None = None
         self._started = time.time()
 
     def start(self) -> None:
@@ -65,6 +65,9 @@ class Observer:
         """Stop the thread (it finishes its current publish: at most a store call's
         timeout) and remove the registry entry. Never raises."""
         self._stop.set()
+        client = self._client
+        if client is not None:
+            client.close()  # wakes its wait
         if self._thread.is_alive():
             self._thread.join(10.0)
         registry.remove_entry(self.run_id, os.getpid())
@@ -88,15 +91,40 @@ class Observer:
             pass  # no registry: viewers need the run's store given another way
 
     def _run(self) -> None:
+        req = f"{prefix(self.run_id)}/stacks_req"
         try:
             with self.store_addr.connect(10.0, connect_timeout=5.0) as client:
+                self._client = client
+                if self._stop.is_set():
+                    return
                 pub = Publisher(client, prefix(self.run_id), self.node)
-                while not self._stop.wait(INTERVAL):
-                    self._once(client, pub)
+                seen = client.add(req, 0)  # requests before this agent started are not its own
+                due = time.monotonic() + INTERVAL
+                while not self._stop.is_set():
+                    # the wait for the next request is the pause between publishes: a
+                    # request is answered at once, not at the next publish
+                    try:
+                        client.wait([f"{req}/{seen + 1}"], max(0.01, due - time.monotonic()))
+                    except StoreTimeoutError:
+                        # a viewer that died between its add and its set would block the
+                        # next requests: skip to the latest count
+                        seen = max(seen, client.add(req, 0) - 1)
+                        self._publish(client, pub)
+                        due = time.monotonic() + INTERVAL
+                        continue
+                    seen += 1
+                    self._answer(client, seen)
         except StoreError:
-            pass  # the store is gone: the agent reports it
+            pass  # stopped (stop() closed the client), or the store is gone: the agent reports it
 
-    def _once(self, client: StoreClient, pub: Publisher) -> None:
+    def _answer(self, client: StoreClient, n: int) -> None:
+        group, _ = self.group()
+        pids = {w.slot.rank: w.pid for w in list(group.workers) if w.returncode is None} if group else {}
+        stacks = dump_stacks(pids) if pids else {}
+        ops = group.watchdog.ops() if group and group.watchdog else {}
+        client.set(f"{prefix(self.run_id)}/stacks/{self.node}/{n}", encode_stacks(stacks, ops))
+
+    def _publish(self, client: StoreClient, pub: Publisher) -> None:
         group, restarts = self.group()
         if group is None:
             return
@@ -133,12 +161,3 @@ class Observer:
                 )
             )
         pub.publish(records)
-        key = f"{prefix(self.run_id)}/stacks_req"
-        n = client.add(key, 0)
-        if self._seen_req is None:
-            self._seen_req = n  # requests from before this agent started are not ours
-        elif n > self._seen_req:
-            self._seen_req = n
-            stacks = dump_stacks(pids) if pids else {}
-            ops = group.watchdog.ops() if group.watchdog else {}
-            client.set(f"{prefix(self.run_id)}/stacks/{self.node}/{n}", encode_stacks(stacks, ops))

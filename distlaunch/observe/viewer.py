@@ -91,6 +91,7 @@ def stacks(run_id: str | None, full: bool, timeout: float = 20.0) -> str:
         try:
             nodes = [n.node for n in read_records(c, prefix)]
             n = c.add(f"{prefix}/stacks_req", 1)
+            c.set(f"{prefix}/stacks_req/{n}", "1")  # what the agents wait for
             got: dict[int, RankStack | StackError] = {}
             ops: dict[int, str] = {}
             missing = []
