@@ -2,6 +2,8 @@
 whose ranks make no progress and names the odd rank out with its file:line; output,
 distlaunch.heartbeat() and completed operations count as progress."""
 
+import json
+import os
 import re
 import time
 
@@ -111,3 +113,22 @@ def test_hang_over_two_ssh_hosts_names_the_rank_on_the_other_host(sshd_hosts):
     assert f"hang: 2 of 3 ranks in wait_here ({wait}) for 3.0 s; rank 2 in stuck_here at {stuck}" in root, (
         root
     )
+
+
+def test_nccl_flight_recorder_environment(tmp_path, actor):
+    # only the environment can be checked here (no GPU, no NCCL): NCCL's own dump on its
+    # timeout goes into the log dir, unless the user chose otherwise
+    logs, dump = tmp_path / "logs", tmp_path / "env"
+    dump.mkdir()
+    res = dl("run", "--hang-timeout", "60", "--log-dir", logs, "--run-id", "fr", actor, "--dump-env", dump)
+    assert res.returncode == 0, res.stderr
+    env = json.loads((dump / "0.json").read_text())
+    assert env["TORCH_FR_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == str(logs / "fr" / "nccl_trace_rank_")
+    user = dict(os.environ, TORCH_NCCL_TRACE_BUFFER_SIZE="5", TORCH_FR_DUMP_TEMP_FILE="/x/t_")
+    res = dl("run", "--hang-timeout", "60", actor, "--dump-env", dump, env=user)
+    env = json.loads((dump / "0.json").read_text())
+    assert "TORCH_FR_BUFFER_SIZE" not in env and env["TORCH_FR_DUMP_TEMP_FILE"] == "/x/t_"
+    res = dl("run", actor, "--dump-env", dump)  # no --hang-timeout: nothing set
+    env = json.loads((dump / "0.json").read_text())
+    assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"} & env.keys()

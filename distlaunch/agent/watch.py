@@ -182,17 +182,19 @@ class Watchdog:
 
 
 def nccl_trace_env(base: Mapping[str, str], log_root: str | None) -> tuple[dict[str, str], str]:
-    """torch's NCCL flight recorder variables for a job with ``--hang-timeout``: the
-    ring buffer on, dumped on NCCL's own timeout, into ``log_root`` (the dump file is
-    ``<prefix><rank>``); each only when the user did not set it. Returns the variables
-    to add and a note naming where the dumps go (empty when none is set)."""
+    """torch's NCCL flight recorder for a job with ``--hang-timeout``: its ring buffer on
+    (``TORCH_FR_BUFFER_SIZE``, formerly ``TORCH_NCCL_TRACE_BUFFER_SIZE``), dumped on
+    NCCL's own timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``), into ``log_root``
+    (``TORCH_FR_DUMP_TEMP_FILE``, formerly ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``; torch
+    appends the rank); each only when the user set neither name. Returns the variables
+    to add and a note naming where the dumps go."""
     out: dict[str, str] = {}
-    if "TORCH_NCCL_TRACE_BUFFER_SIZE" not in base:
-        out["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "2000"
+    if not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"} & base.keys():
+        out["TORCH_FR_BUFFER_SIZE"] = "2000"
     if "TORCH_NCCL_DUMP_ON_TIMEOUT" not in base:
         out["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
-    prefix = base.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    prefix = base.get("TORCH_FR_DUMP_TEMP_FILE") or base.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
     if prefix is None and log_root is not None:
-        prefix = out["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = os.path.join(log_root, "nccl_trace_rank_")
+        prefix = out["TORCH_FR_DUMP_TEMP_FILE"] = os.path.join(log_root, "nccl_trace_rank_")
     where = prefix or "/tmp/nccl_trace_rank_"  # torch's default
     return out, f"NCCL's flight recorder, if NCCL timed out: {where}<rank>"
