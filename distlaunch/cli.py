@@ -287,6 +287,13 @@ def _env_entries(value: object, where: str) -> list[str]:
     help="Send streams to the console and to log files (values as --redirects).",
 )
 @option(
+    "--dedup-output",
+    group=OUTPUT,
+    is_flag=True,
+    help="Print identical lines of several ranks (within 0.2 s) once, as [0-7]: line; a "
+    "rank's lines keep their order.",
+)
+@option(
     "--local-ranks-filter",
     group=OUTPUT,
     default=None,

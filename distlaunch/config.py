@@ -198,6 +198,7 @@ class LaunchConfig:
     bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
     hang_timeout: float = 0.0  # seconds without progress of any rank before a hang (0: off)
     stacks_on_failure: bool = True  # the survivors' stacks when a worker fails (needs py-spy)
+    dedup_output: bool = False  # identical lines of several ranks printed once, [0-7]: line
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (the head sends it to remote agents)."""
@@ -436,6 +437,7 @@ class RunOptions:
     signals_to_handle: str | None
     hang_timeout: float
     stacks_on_failure: bool
+    dedup_output: bool
 
     @classmethod
     def names(cls) -> frozenset[str]:

@@ -34,6 +34,7 @@ from .process import WorkerProcess
 from .signals import SignalRelay
 
 if TYPE_CHECKING:  # made by the node agent (watch.py sits above this module: it reads stacks)
+    from .merged import DedupConsole
     from .watch import Watchdog
 
 # After every worker exited, how long to wait for pipes still held open by processes
@@ -93,6 +94,7 @@ class WorkerGroup:
         self.workers: list[WorkerProcess] = []
         # --hang-timeout / --stacks-on-failure (agent/watch.py); None: neither
         self.watchdog: Watchdog | None = None
+        self.merged: list[DedupConsole] = []  # --dedup-output's console streams
 
     def live(self) -> list[WorkerProcess]:
         return [w for w in self.workers if w.returncode is None]
@@ -128,6 +130,8 @@ class WorkerGroup:
             for spec in self.specs:
                 spec.stdout.close()
                 spec.stderr.close()
+            for m in self.merged:
+                m.flush()
             sel.close()
 
     def _loop(self, sel: selectors.BaseSelector) -> AttemptResult:
@@ -168,6 +172,7 @@ class WorkerGroup:
             watch = self.watchdog if failure is None and not outside and kill_at is None else None
             if watch and watch.due() is not None:
                 deadlines.append(watch.due())  # type: ignore[arg-type]
+            deadlines += [d for m in self.merged if (d := m.next_deadline()) is not None]
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             events = sel.select(timeout)
             # a worker found exited by polling (it has no pidfd) comes as a stand-in key
@@ -207,6 +212,8 @@ class WorkerGroup:
                     if w.reap() != 0 and not stopping:
                         failure = self._fail(w, spec)
                         kill_at = self._stop_group(signal.SIGTERM)
+            for m in self.merged:
+                m.due(time.monotonic())
             if watch and self.relay.stop_signal is None and failure is None and not outside:
                 t = time.monotonic()
                 due = watch.due()

@@ -29,6 +29,7 @@ from ..topology import WorkerSlot, cpu_sets, seat_slots
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
+from .merged import DedupConsole
 from .observer import Observer
 from .output import StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
@@ -343,6 +344,9 @@ class NodeAgent:
             on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
         )
         group.watchdog = self._watchdog(group.specs, restarts, rdzv.num_nodes > 1)
+        group.merged = list(
+            {id(m): m for s in group.specs for m in (s.stdout.dedup, s.stderr.dedup) if m}.values()
+        )
         return group, restarts
 
     def _watchdog(self, specs: list[LaunchSpec], restarts: int, several: bool) -> Watchdog | None:
@@ -519,6 +523,7 @@ class NodeAgent:
         from .. import progress
 
         specs = []
+        merged = {fd: DedupConsole(fd) for fd in (1, 2)} if self.cfg.dedup_output else {}
         cpus = cpu_sets(self.cfg.bind_to, len(slots), os.sched_getaffinity(0))
         for slot in slots:
             attempt_dir = None
@@ -553,6 +558,9 @@ class NodeAgent:
                 progress_file,
             )
             out, err = self._sinks(slot, attempt_dir)
+            for sink in (out, err):  # --dedup-output: the node's merger prints their lines
+                if sink.console_fd in merged:
+                    sink.dedup, sink.rank = merged[sink.console_fd], slot.rank
             stdin = self.cfg.stdin == "all" or (self.cfg.stdin == "0" and slot.rank == 0)
             specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, cpus[slot.local_rank], stdin))
         return specs

@@ -16,6 +16,10 @@ import errno
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # agent/merged.py sits above this module (it uses observe/dedup.py)
+    from .merged import DedupConsole
 
 MAX_PENDING = 1 << 16
 TAIL_BYTES = 1 << 13
@@ -85,6 +89,8 @@ class StreamSink:
         self.pending = b""
         self.tail = b""
         self._recent = b""  # the stream's last bytes, for last_line()
+        self.dedup: DedupConsole | None = None  # --dedup-output: set with rank by the agent
+        self.rank = 0
         self._recent_at: float | None = None  # when they came (monotonic seconds)
 
     def feed(self, data: bytes) -> None:
@@ -145,6 +151,9 @@ class StreamSink:
         )
 
     def _emit(self, console_fd: int, lines: bytes) -> None:
+        if self.dedup is not None:  # --dedup-output: the node's merger prints them
+            self.dedup.add(self.rank, lines)
+            return
         # lines ends with b"\n": prefix the first line and every line after a newline.
         p = self.prefix
         out = p + lines[:-1].replace(b"\n", b"\n" + p) + b"\n" if p else lines
