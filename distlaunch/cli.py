@@ -195,8 +195,10 @@ def _env_entries(value: object, where: str) -> list[str]:
     group=WORKERS,
     default="1",
     show_default=True,
-    metavar="N|auto|cpu|gpu",
-    help="Workers on this node: a number, or auto (GPUs if any, else CPUs), cpu, gpu.",
+    metavar="N|auto|cpu|gpu|xpu",
+    help="Workers on this node: a number, or auto (GPUs if any, else CPUs), cpu, gpu (the "
+    "GPUs CUDA/HIP/ROCR_VISIBLE_DEVICES leave visible, else NVML's, else the driver's), "
+    "xpu (Intel GPUs: ZE_AFFINITY_MASK entries, else Intel render nodes).",
 )
 @option(
     "--nnodes",
@@ -546,9 +548,36 @@ def _env_entries(value: object, where: str) -> list[str]:
     show_default=True,
     type=click.Choice(["auto", "core", "none"]),
     help="CPU affinity of the workers: auto splits this node's CPUs into one block per "
-    "worker (round robin when there are more workers than CPUs), core gives each "
+    "worker (round robin when there are more workers than CPUs; with GPUs placed by "
+    "--gpus-per-rank/--virtual-local-rank, each worker's block is cut from its GPUs' NUMA "
+    "node, shared with the workers whose GPUs are on that node), core gives each "
     "worker one CPU (several launchers on one host then share the lowest CPUs), "
     "none leaves affinity alone (torchrun's behaviour).",
+)
+@option(
+    "--gpus-per-rank",
+    group=WORKERS,
+    default=None,
+    type=click.IntRange(min=1),
+    metavar="K",
+    help="Give each worker K GPUs of this node's visible list (CUDA_VISIBLE_DEVICES' subset "
+    "and order kept): local rank i gets entries i*K..i*K+K-1 as its CUDA_VISIBLE_DEVICES "
+    "(HIP/ROCR for AMD), so cuda:0 is its first.",
+)
+@option(
+    "--virtual-local-rank",
+    group=WORKERS,
+    is_flag=True,
+    help="torchrun's: each worker sees exactly one GPU (its own) as cuda:0, and LOCAL_RANK=0.",
+)
+@option(
+    "--numa-binding",
+    group=WORKERS,
+    default=None,
+    type=click.Choice(["node", "socket", "exclusive", "core-complex"]),
+    help="torchrun's: each worker's CPUs follow its GPU's NUMA node (node), socket, an "
+    "exclusive share of the node's cores, or a last-level-cache complex; within this "
+    "launcher's allowed CPUs. Without placement, local rank i drives GPU i.",
 )
 @option("--no-prefix", group=OUTPUT, is_flag=True, help="Do not prefix worker output lines with [rank]: .")
 @option(
@@ -558,6 +587,21 @@ def _env_entries(value: object, where: str) -> list[str]:
     metavar="NAME",
     help="Accepted for torchrun compatibility and ignored: --log-dir, --redirects and "
     "--tee choose where the logs go.",
+)
+@option(
+    "--duplicate-stdout-filters",
+    group=OUTPUT,
+    default=None,
+    metavar="S1,S2",
+    help="torchrun's: stdout lines of any worker that contain one of these strings are also "
+    "written to LOG_DIR/RUN_ID/attempt_K/filtered_stdout.log (needs --log-dir).",
+)
+@option(
+    "--duplicate-stderr-filters",
+    group=OUTPUT,
+    default=None,
+    metavar="S1,S2",
+    help="As --duplicate-stdout-filters, for stderr (filtered_stderr.log).",
 )
 @option(
     "--stdin",
@@ -580,8 +624,10 @@ def _env_entries(value: object, where: str) -> list[str]:
     group=SUPERVISION,
     default=None,
     metavar="SIG,...",
-    help="torchrun's option: distlaunch always forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, "
-    "SIGUSR1 and SIGUSR2 to the workers; naming any other signal is an error.",
+    help="torchrun's option: distlaunch always forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT "
+    "(which stop the job), SIGUSR1 and SIGUSR2 to the workers; any other signal named here "
+    "is passed to the workers and stops the job too, as torchrun does. Workers see the "
+    "list in TORCHELASTIC_SIGNALS_TO_HANDLE.",
 )
 @option(
     "--dry-run", is_flag=True, help="Print the plan (ranks, command lines, environment) and start nothing."
@@ -725,11 +771,8 @@ def _print_head_plan(mode: HeadNodes) -> None:
             click.echo(f"    shipped over stdin: {' '.join(shipped)}")
 
 
-BENCH_OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
-
-
 @cli.command(context_settings={"ignore_unknown_options": True})
-@click.argument("op", type=click.Choice(BENCH_OPS), default="all_reduce")
+@click.argument("op", default="all_reduce", metavar="[OP]")
 @click.option(
     "--nproc-per-node",
     "--nproc_per_node",
@@ -779,11 +822,14 @@ def bench(
     plot: str | None,
     run_options: tuple[str, ...],
 ) -> None:
-    """Measure a collective, nccl-tests style: rank 0 prints size, count, dtype, time,
+    """Measure the collective OP (all_reduce by default; the benchmarked entries of the
+    op table, and send_recv), nccl-tests style: rank 0 prints size, count, dtype, time,
     algbw, busbw and a correctness check per size. Extra options go to distlaunch run
     (e.g. --ssh-config). Bad --sizes, --dtype or --iters exit 2 before any worker starts."""
-    from .collectives.bench import parse_options
+    from .collectives.bench import OPS, parse_options
 
+    if op not in OPS:  # the op table's benchmarked ops (collectives/optable.py), and send_recv
+        raise ConfigError(f"bench {op!r} is not a benchmarked operation: give one of {', '.join(OPS)}")
     try:
         parse_options(sizes, dtype, iters)
     except ValueError as e:
@@ -920,8 +966,10 @@ def _print_plan(plan: Plan) -> None:
     import os
     import shlex
 
+    from .devices import node_gpus
     from .modes import DynamicNodes, SingleNode
-    from .topology import cpu_sets, format_cpus
+    from .numa import places_gpus, rank_bindings
+    from .topology import format_cpus
 
     c, mode = plan.cfg, plan.mode
     click.echo(
@@ -929,10 +977,15 @@ def _print_plan(plan: Plan) -> None:
         f"{mode.nnodes}, max restarts {c.max_restarts}"
     )
     click.echo(f"store: {mode.store_text()}, token DISTLAUNCH_STORE_TOKEN=****")
+    bindings = rank_bindings(c, len(plan.slots), os.environ, os.sched_getaffinity(0))
+    if places_gpus(c) or c.numa_binding:
+        visible = node_gpus(os.environ)
+        click.echo(f"GPUs of this node: {','.join(visible.ids) or 'none'} (from {visible.source})")
     hidden = set(SECRET_VARS) | {k for k, _ in c.env}  # -x values may be secrets
     envs = []
-    for slot in plan.slots:
-        env = {k: v for k, v in plan.worker_env(slot).items() if os.environ.get(k) != v}
+    for slot, binding in zip(plan.slots, bindings):
+        full = {**plan.worker_env(slot), **binding.env}
+        env = {k: v for k, v in full.items() if os.environ.get(k) != v}
         if plan.master_port is None:
             where = "this node" if isinstance(mode, SingleNode) else "node 0"
             env["MASTER_PORT"] = f"<a free port on {where}, chosen at start>"
@@ -943,10 +996,13 @@ def _print_plan(plan: Plan) -> None:
     click.echo(f"every worker: {shlex.join(plan.argv)}")
     for k in sorted(same):
         click.echo(f"    {k}={same[k]}")
-    cpus = cpu_sets(c.bind_to, len(plan.slots), os.sched_getaffinity(0))
-    for slot, env in zip(plan.slots, envs):
+    for slot, env, b in zip(plan.slots, envs, bindings):
         own = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()) if k not in same)
-        where = f"local rank {slot.local_rank}, cpus {format_cpus(cpus[slot.local_rank])}"
+        where = f"local rank {slot.local_rank}, cpus {format_cpus(b.cpus)}"
+        if b.devices is not None:
+            where += f", devices {','.join(d.id for d in b.devices)}"
+        if b.note:
+            where += f", {b.note}"
         click.echo(f"rank {slot.rank} ({where}): {own}")
 
 

@@ -116,32 +116,36 @@ def parse_rdzv_conf(text: str | None) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _gpu_count() -> int:
-    # Without importing torch: the NVIDIA driver lists one directory per GPU.
-    try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return 0
-
-
 def parse_nproc_per_node(value: str | int) -> int:
     """torchrun's ``--nproc-per-node``: a positive int, or ``auto`` (GPUs if any, else
-    CPUs), ``cpu`` (CPU count) or ``gpu`` (GPU count; an error without GPUs)."""
+    CPUs), ``cpu`` (CPU count), ``gpu`` (the GPUs this process may use:
+    ``devices.node_gpus``, which honours CUDA/HIP/ROCR_VISIBLE_DEVICES; an error without
+    any) or ``xpu`` (Intel GPUs: ``devices.xpu_count``; an error without any)."""
     text = str(value).strip().lower()
     if text == "cpu":
         return os.cpu_count() or 1
-    if text == "gpu":
-        n = _gpu_count()
+    if text in ("gpu", "auto"):
+        from .devices import node_gpus, require_gpus
+
+        visible = node_gpus(os.environ)
+        if text == "auto":
+            return len(visible) or os.cpu_count() or 1
+        return require_gpus(visible)
+    if text == "xpu":
+        from .devices import xpu_count
+
+        n, source = xpu_count(os.environ)
         if n == 0:
-            raise ConfigError("--nproc-per-node gpu: no GPU found on this node; give a number or 'cpu'")
+            raise ConfigError(
+                f"--nproc-per-node xpu: no Intel GPU found on this node ({source}); give a number or 'cpu'"
+            )
         return n
-    if text == "auto":
-        return _gpu_count() or os.cpu_count() or 1
     try:
         n = int(text) if len(text) <= 12 else MAX_SLOTS_PER_NODE + 1  # int() of 5000 digits fails
     except ValueError:
         raise ConfigError(
-            f"--nproc-per-node {value!r} is not a number; give a positive integer or one of auto, cpu, gpu"
+            f"--nproc-per-node {value!r} is not a number; give a positive integer or one of "
+            f"auto, cpu, gpu, xpu"
         ) from None
     if n < 1:
         raise ConfigError(f"--nproc-per-node {n} is invalid: give at least 1")
@@ -151,6 +155,11 @@ def parse_nproc_per_node(value: str | int) -> int:
             f"one node may run; give a smaller number"
         )
     return n
+
+
+def parse_filters(value: str | None) -> tuple[str, ...]:
+    """torchrun's ``--duplicate-stdout-filters a,b``: substrings, blanks dropped."""
+    return tuple(f for f in (value or "").split(",") if f.strip())
 
 
 def parse_ranks_filter(value: str | None) -> frozenset[int] | None:
@@ -196,6 +205,12 @@ class LaunchConfig:
     stdin: str = "0"  # who reads the launcher's stdin: STDIN_MODES
     env: tuple[tuple[str, str], ...] = ()  # -x NAME[=VALUE]: set for every worker
     bind_to: str = "auto"  # CPU affinity of the workers: topology.BIND_MODES
+    gpus_per_rank: int | None = None  # devices placed per local rank (numa.rank_bindings)
+    virtual_local_rank: bool = False  # torchrun's: one device each as cuda:0, LOCAL_RANK=0
+    numa_binding: str | None = None  # torchrun's --numa-binding: numa.NUMA_MODES
+    signals_to_handle: str | None = None  # torchrun's: also forwarded, in TORCHELASTIC_SIGNALS_TO_HANDLE
+    duplicate_stdout_filters: tuple[str, ...] = ()  # torchrun's: matching lines also to a file
+    duplicate_stderr_filters: tuple[str, ...] = ()
     hang_timeout: float = 0.0  # seconds without progress of any rank before a hang (0: off)
     stacks_on_failure: bool = True  # the survivors' stacks when a worker fails (needs py-spy)
     dedup_output: bool = False  # identical lines of several ranks printed once, [0-7]: line
@@ -216,6 +231,8 @@ class LaunchConfig:
         d["tee"] = StdSpec(d["tee"]["default"], tuple(map(tuple, d["tee"]["per_rank"])))
         d["rdzv_conf"] = tuple(map(tuple, d["rdzv_conf"]))
         d["env"] = tuple(map(tuple, d["env"]))
+        for name in ("duplicate_stdout_filters", "duplicate_stderr_filters"):
+            d[name] = tuple(d[name])
         if d["local_ranks_filter"] is not None:
             d["local_ranks_filter"] = frozenset(d["local_ranks_filter"])
         return cls(**d)
@@ -302,10 +319,32 @@ class LaunchConfig:
 
         if self.bind_to not in BIND_MODES:
             raise ConfigError(f"--bind-to {self.bind_to!r} is invalid: give one of {', '.join(BIND_MODES)}")
+        self._check_devices()
         self._check_entrypoint()
         if self.log_dir is not None:
             self._check_log_dir(self.log_dir)
         return self
+
+    def _check_devices(self) -> None:
+        from .numa import NUMA_MODES
+
+        if self.gpus_per_rank is not None and self.gpus_per_rank < 1:
+            raise ConfigError(f"--gpus-per-rank {self.gpus_per_rank} is invalid: give at least 1")
+        if self.numa_binding is not None:
+            if self.numa_binding not in NUMA_MODES:
+                raise ConfigError(
+                    f"--numa-binding {self.numa_binding!r} is invalid: give one of {', '.join(NUMA_MODES)}"
+                )
+            if self.bind_to != "auto":
+                raise ConfigError(
+                    f"--numa-binding {self.numa_binding} and --bind-to {self.bind_to} both set the "
+                    f"workers' CPUs; drop one"
+                )
+        if (self.duplicate_stdout_filters or self.duplicate_stderr_filters) and self.log_dir is None:
+            raise ConfigError(
+                "--duplicate-stdout-filters/--duplicate-stderr-filters write their lines under "
+                "--log-dir; give --log-dir DIR"
+            )
 
     def _check_entrypoint(self) -> None:
         if self.module:
@@ -366,6 +405,8 @@ _RUN_PARSERS = {
     "tee": lambda v: parse_std(v, "--tee"),
     "local_ranks_filter": parse_ranks_filter,
     "rdzv_conf": parse_rdzv_conf,
+    "duplicate_stdout_filters": parse_filters,
+    "duplicate_stderr_filters": parse_filters,
 }
 
 
@@ -390,6 +431,9 @@ class RunOptions:
     env_names: tuple[str, ...]
     env_file: tuple[str, ...]
     bind_to: str
+    gpus_per_rank: int | None
+    virtual_local_rank: bool
+    numa_binding: str | None
     stdin: str
     start_method: str  # accepted for torchrun compatibility (cli's help says why)
     # nodes and rendezvous
@@ -429,6 +473,8 @@ class RunOptions:
     no_prefix: bool
     event_log_handler: str | None  # accepted for torchrun compatibility, ignored
     logs_specs: str | None  # accepted for torchrun compatibility, ignored
+    duplicate_stdout_filters: tuple[str, ...]
+    duplicate_stderr_filters: tuple[str, ...]
     # supervision
     max_restarts: int
     monitor_interval: float

@@ -374,3 +374,102 @@ def torchrun_gpus(visible: VisibleDevices, local_world_size: int) -> list[tuple[
     takes local rank i's GPU to be ``cuda:i``), i.e. visible device i; none for a rank
     beyond the list. For :func:`distlaunch.numa.numa_bindings` without placement."""
     return [visible.devices[i : i + 1] for i in range(local_world_size)]
+
+
+# --- the launcher's view ---------------------------------------------------------------
+
+SYSFS_ROOT_VAR = "DISTLAUNCH_SYSFS_ROOT"  # for tests: a directory tree standing in for /
+
+
+def discovery_root(environ: Mapping[str, str]) -> str:
+    """Where ``/proc`` and ``/sys`` are read: ``DISTLAUNCH_SYSFS_ROOT`` when set (a test's
+    synthetic machine), else ``/``."""
+    from .env import lookup
+
+    return lookup(SYSFS_ROOT_VAR, environ) or "/"
+
+
+def node_gpus(environ: Mapping[str, str]) -> VisibleDevices:
+    """:func:`visible_gpus` of this node as the launcher sees it: under
+    ``DISTLAUNCH_SYSFS_ROOT`` the tree is the whole machine and NVML is not asked (its
+    answer would be the real machine's); else NVML, then ``/proc``."""
+    root = discovery_root(environ)
+    return visible_gpus(environ, root, (lambda: None) if root != "/" else nvml_gpus)
+
+
+XPU_VAR = "ZE_AFFINITY_MASK"
+_INTEL_VENDOR = "0x8086"
+
+
+def xpu_count(environ: Mapping[str, str]) -> tuple[int, str]:
+    """Intel GPUs (XPUs) this process may use, and where the count came from, for
+    ``--nproc-per-node xpu``. torchrun counts ``torch.xpu.device_count()``: the Level
+    Zero devices the SYCL runtime enumerates. Without importing torch, the same rule
+    from its inputs: ``ZE_AFFINITY_MASK`` when set and not empty (the Level Zero
+    specification, "Affinity Mask": a comma-separated list of ``device`` or
+    ``device.subdevice`` entries; each is one device under the default flat hierarchy),
+    else the DRM render nodes whose PCI vendor is Intel
+    (``<root>/sys/class/drm/renderD*/device/vendor`` is ``0x8086``)."""
+    mask = environ.get(XPU_VAR, "").strip()
+    if mask:
+        entries = {e.strip() for e in mask.split(",") if e.strip()}
+        return len(entries), f"{XPU_VAR}={mask!r}"
+    base = os.path.join(discovery_root(environ), "sys", "class", "drm")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        names = []
+    count = 0
+    for name in names:
+        if name.startswith("renderD"):
+            try:
+                with open(os.path.join(base, name, "device", "vendor")) as f:
+                    count += f.read().strip().lower() == _INTEL_VENDOR
+            except OSError:
+                continue
+    return count, "Intel DRM render nodes in /sys/class/drm"
+
+
+def wait_gpu_release(
+    pids: Sequence[int], timeout: float = 30.0, on_wait: Callable[[str], None] | None = None
+) -> bool:
+    """Before a restart: block (up to ``timeout`` seconds) until no GPU lists any of
+    ``pids`` among its compute processes (NVML's ``nvmlDeviceGetComputeRunningProcesses``),
+    so the new attempt does not meet memory the old one still holds, as NVIDIA's
+    fault-tolerance launcher (``nvidia-resiliency-ext``) waits before restarting ranks.
+    ``on_wait`` gets one line when the wait begins. Returns True when released (or when
+    NVML is not installed or cannot start: nothing to wait on), False on timeout. Never
+    raises."""
+    try:
+        import pynvml  # the optional 'gpu' extra
+    except ImportError:
+        return True
+    import time
+
+    old = set(pids)
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return True
+    try:
+        deadline, said = time.monotonic() + timeout, False
+        while True:
+            held = set()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                held |= {p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)} & old
+            if not held:
+                return True
+            if not said and on_wait is not None:
+                on_wait(
+                    f"waiting up to {timeout:g} s for the previous attempt's processes "
+                    f"{','.join(map(str, sorted(held)))} to release their GPU memory"
+                )
+                said = True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+    except pynvml.NVMLError:
+        return True
+    finally:
+        pynvml.nvmlShutdown()

@@ -134,8 +134,34 @@ LAUNCHER_VARS = {
     "SLURM_TASKS_PER_NODE": "slots per node of the allocation ('2(x3),1')",
     "DISTLAUNCH_LAUNCH_PORT": "distlaunch.launch(): the caller's store port, for its workers",
     "DISTLAUNCH_LAUNCH_TOKEN": "distlaunch.launch(): the caller's store secret, for its workers",
+    "DISTLAUNCH_SYSFS_ROOT": "for tests only: a directory tree read instead of / for GPUs "
+    "(proc/driver/nvidia) and NUMA (sys/...); NVML is then not asked",
+    "ZE_AFFINITY_MASK": "Intel Level Zero's visible devices: counted by --nproc-per-node xpu",
+    "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "torchrun's output line prefix, with ${rank}, "
+    "${local_rank} and ${role_name} (default [RANK]: )",
 }
 
+
+# Read by the per-node engines of Kubernetes pods and SkyPilot nodes (engine/pods.py,
+# engine/skypilot.py: each names the operator source it follows); never set by distlaunch.
+POD_VARS = {
+    "KUBERNETES_SERVICE_HOST": "set by Kubernetes in every container: this launcher runs in a pod",
+    "PET_NNODES": "PyTorchJob / TrainJob: the node (pod) count, or MIN:MAX (elastic)",
+    "PET_NODE_RANK": "PyTorchJob / TrainJob: this pod's node rank",
+    "PET_NPROC_PER_NODE": "PyTorchJob / TrainJob: workers per pod (a number, auto, cpu, gpu)",
+    "PET_MASTER_ADDR": "PyTorchJob (since 1.7) / TrainJob: pod 0's name; wins over MASTER_ADDR",
+    "PET_MASTER_PORT": "PyTorchJob (since 1.7) / TrainJob: node 0's port; wins over MASTER_PORT",
+    "PET_RDZV_ENDPOINT": "PyTorchJob elastic: HOST:PORT of the c10d rendezvous",
+    "JOB_COMPLETION_INDEX": "Kubernetes Indexed Job (JobSet, TrainJob): this pod's index -> node rank",
+    "JOBSET_RESTART_ATTEMPT": "JobSet: the jobset.sigs.k8s.io/restart-attempt label, given by the manifest "
+    "through the downward API; part of the run id",
+    "HOSTNAME": "a pod's name (JobSet: <jobset>-<rjob>-<job index>-<pod index>), for hints",
+    "SKYPILOT_NODE_RANK": "SkyPilot: this node's rank",
+    "SKYPILOT_NODE_IPS": "SkyPilot: the nodes' addresses, one a line, the head (rank 0) first",
+    "SKYPILOT_NUM_NODES": "SkyPilot: the node count",
+    "SKYPILOT_NUM_GPUS_PER_NODE": "SkyPilot: GPUs per node -> workers per node when more than 0",
+    "SKYPILOT_TASK_ID": "SkyPilot: the task's id (the same on every node) -> the run id",
+}
 
 # Inherited variables from other launchers / schedulers that would be wrong in a worker.
 # The Slurm task variables of the agent's own srun step (one task per node) are removed,
@@ -494,5 +520,6 @@ _KNOWN = frozenset(
         *SECRET_VARS,
         *SCHEDULER_VARS,
         *LAUNCHER_VARS,
+        *POD_VARS,
     }
 )

@@ -23,6 +23,7 @@ from .config import LaunchConfig
 from .env import lookup, route_source
 from .errors import ConfigError
 from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
+from .numa import rank_bindings
 from .report import say
 from .store.client import StoreAddress
 from .topology import WorkerSlot, node_slots
@@ -77,6 +78,8 @@ def make_plan(mode: NodeMode) -> Plan:
     if cfg.master_port is not None and mode.node_rank == 0:
         _check_port_free(cfg.master_port, "--master-port")
     slots = node_slots([cfg.nproc_per_node] * mode.nnodes, mode.node_rank)
+    # this node's GPUs and CPUs, checked before anything starts (the agent decides them again)
+    rank_bindings(cfg, len(slots), os.environ, os.sched_getaffinity(0))
     # as NodeAgent._master_port will choose it: a static launch's store (torchrun's one
     # port per job), a single node's --master-port, else a free port at start
     port = mode.store_endpoint()[1] if isinstance(mode, StaticNodes) else None

@@ -16,9 +16,9 @@ agent runs, plus what only that mode needs. Every bad value or combination raise
 come from elsewhere than the command line (a job file, the environment of a scheduler)
 are merged into the options before they are parsed once (``config.RunOptions``): a job
 file and PET_* by click, a scheduler's variables here, from the engine that detects it
-(``engine.detect``: Slurm under srun). The engine of head mode is one registry lookup
-(``engine.plugin``). ``--include``/``--exclude`` without a host list pick slots of
-``localhost`` (DeepSpeed's).
+(``engine.detect``: Slurm under srun, a Kubernetes pod, a SkyPilot node). The engine of
+head mode is one registry lookup (``engine.plugin``). ``--include``/``--exclude`` without
+a host list pick slots of ``localhost`` (DeepSpeed's).
 
 Pure apart from ``LaunchConfig.validate`` (file checks) and, for head mode only, reading
 a hostfile or asking the engine for its nodes; head mode's modules are imported only
@@ -156,7 +156,7 @@ def resolve(
     env = os.environ if environ is None else environ
     placed = _place(options, given, env)
     if placed is not None and placed[1] == "node":  # what the user gave (e.g. --run-id) stays
-        filled = plugin(placed[0]).node_options(env)
+        filled = plugin(placed[0]).node_options(env, options, given)
         options = {**options, **{k: v for k, v in filled.items() if k not in given}}
     mode = _resolve(RunOptions.parse(script, script_args, options, given), placed, env)
     _check_ranks_filter(mode)
@@ -260,9 +260,14 @@ def _place(
     launcher = o.get("launcher") or "auto"
     if launcher != "auto":
         plugin(launcher).check(env)
-    if o.get("hosts") or o.get("hostfile") or given & _PER_NODE:
+    if o.get("hosts") or o.get("hostfile"):
         return None
-    return detect(launcher, env)
+    placed = detect(launcher, env)
+    if placed is not None and given & _PER_NODE:
+        # per-node options given: the launch as written, unless the engine fills around
+        # them (pods: PET_* variables are given options there, see engine.EnginePlugin)
+        return placed if placed[1] == "node" and plugin(placed[0]).fills_around_given else None
+    return placed
 
 
 def _local_selection(o: RunOptions, job: LaunchConfig, per_node: bool) -> HeadNodes:
@@ -298,16 +303,15 @@ def _rdzv_backend(name: str) -> str:
 
 
 def _check_signals(text: str | None) -> None:
-    """torchrun's --signals-to-handle: every name must be one distlaunch forwards."""
-    from .agent.signals import FORWARDED
+    """torchrun's --signals-to-handle: any signal the launcher can catch (SIGINT, SIGTERM,
+    SIGHUP, SIGQUIT stop the job; SIGUSR1/SIGUSR2 are forwarded; any other one named stops
+    the job too, as torchrun's handlers do)."""
+    from .agent.signals import parse_signals
 
-    names = {s.name for s in FORWARDED}
-    for name in (text or "").split(","):
-        if name.strip() and name.strip().upper() not in names:
-            raise ConfigError(
-                f"--signals-to-handle {name.strip()!r}: distlaunch forwards {', '.join(sorted(names))} "
-                f"to the workers; list only those"
-            )
+    try:
+        parse_signals(text)
+    except ValueError as e:
+        raise ConfigError(f"{e}; name signals like SIGTERM,SIGUSR1") from None
 
 
 def _default_run_id(endpoint: str | None, static: bool, master_port: int | None) -> str | None:
@@ -473,7 +477,6 @@ _READ_BY_RESOLVE = frozenset(
         "env_names",
         "env_file",
         "no_prefix",
-        "signals_to_handle",
     }
 )
 # torchrun's options accepted without effect (their --help says why)

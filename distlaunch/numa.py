@@ -24,11 +24,23 @@ Everything is read when called; nothing blocks beyond small file reads.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .devices import Device, VisibleDevices, normalize_bus_id
+from .devices import (
+    Device,
+    VisibleDevices,
+    discovery_root,
+    node_gpus,
+    normalize_bus_id,
+    place_gpus,
+    torchrun_gpus,
+)
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import LaunchConfig
 
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
 
@@ -250,3 +262,71 @@ def numa_bindings(
             continue
         out.append(NumaBinding(frozenset(cpus), frozenset(mems)))
     return out
+
+
+@dataclass(frozen=True)
+class RankBinding:
+    """What the launcher applies to one local rank: ``env`` on top of its environment
+    (its device variable, ``LOCAL_RANK`` under ``--virtual-local-rank``), ``cpus`` its CPU
+    affinity (None: inherited), ``devices`` its placed devices (None: nothing placed),
+    ``note`` why a NUMA binding left it unbound ("" otherwise)."""
+
+    cpus: frozenset[int] | None
+    devices: tuple[Device, ...] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    note: str = ""
+
+
+def places_gpus(cfg: LaunchConfig) -> bool:
+    """Whether the job places devices per rank (``--gpus-per-rank`` or ``--virtual-local-rank``)."""
+    return cfg.gpus_per_rank is not None or cfg.virtual_local_rank
+
+
+def rank_bindings(
+    cfg: LaunchConfig, local_world_size: int, environ: Mapping[str, str], allowed_cpus: Iterable[int]
+) -> list[RankBinding]:
+    """Each local rank's devices, environment and CPUs on this node, from this node's
+    own visible devices (``devices.node_gpus(environ)``) and the launcher's allowed CPUs
+    (``os.sched_getaffinity(0)``):
+
+    - devices: with ``--gpus-per-rank K`` / ``--virtual-local-rank``, ``devices.place_gpus``;
+    - CPUs with ``--numa-binding MODE``: :func:`numa_bindings` of each rank's placed
+      devices, or, without placement, torchrun's rule (local rank i drives device i);
+    - CPUs with devices placed and ``--bind-to auto`` (GPU-aware auto): the CPUs of the
+      rank's GPUs' NUMA node(s), split into disjoint contiguous blocks among the ranks
+      whose GPUs share them (``topology.cpu_sets`` auto within that set); a rank whose
+      GPUs have no known NUMA node gets its plain auto block;
+    - otherwise ``topology.cpu_sets(--bind-to)``, as without GPUs.
+
+    Reads small files only. Raises ConfigError (exit 2): no GPU or too few for the
+    placement, ``exclusive`` with fewer cores than GPUs (one line each)."""
+    from .topology import cpu_sets
+
+    allowed = frozenset(allowed_cpus)
+    n = local_world_size
+    placed = places_gpus(cfg)
+    if not placed and cfg.numa_binding is None:
+        return [RankBinding(c) for c in cpu_sets(cfg.bind_to, n, allowed)]
+    visible, root = node_gpus(environ), discovery_root(environ)
+    if placed:
+        ranks = place_gpus(visible, n, cfg.gpus_per_rank or 1, cfg.virtual_local_rank)
+        per_rank = [r.devices for r in ranks]
+        envs: list[Mapping[str, str]] = [r.env for r in ranks]
+    else:
+        per_rank, envs = torchrun_gpus(visible, n), [{} for _ in range(n)]
+    devices = per_rank if placed else [None] * n
+    if cfg.numa_binding is not None:
+        found = numa_bindings(cfg.numa_binding, per_rank, visible, allowed, root)
+        return [RankBinding(b.cpus, d, e, b.note) for b, d, e in zip(found, devices, envs)]
+    cpus = cpu_sets(cfg.bind_to, n, allowed)
+    if cfg.bind_to == "auto":  # GPU-aware: each rank near its GPUs, disjoint within a node
+        near = numa_bindings("node", per_rank, visible, allowed, root)
+        sharing: dict[frozenset[int], list[int]] = {}
+        for i, b in enumerate(near):
+            if b.cpus is not None:
+                sharing.setdefault(b.cpus, []).append(i)
+        for share, members in sharing.items():
+            split = [share] if len(members) == 1 else cpu_sets("auto", len(members), share)
+            for i, c in zip(members, split):
+                cpus[i] = c
+    return [RankBinding(c, d, e) for c, d, e in zip(cpus, devices, envs)]

@@ -32,6 +32,7 @@ import os
 import secrets
 import stat
 
+from .env import lookup
 from .errors import ConfigError
 
 TOKEN_VAR = "DISTLAUNCH_STORE_TOKEN"
@@ -46,7 +47,7 @@ _HOW = (
 def user_secret_path() -> str:
     """The per-user secret file: ``$XDG_CONFIG_HOME/distlaunch/secret``, else
     ``~/.config/distlaunch/secret``. Pure (no I/O)."""
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    base = lookup("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
     return os.path.join(base, "distlaunch", "secret")
 
 
@@ -123,13 +124,13 @@ def shared_token(context: str, token_file: str | None = None) -> str:
     May create the per-user secret file. Raises ConfigError (one line saying how to
     provide a secret) when no secret can be had.
     """
-    explicit = os.environ.get(TOKEN_VAR)
+    explicit = lookup(TOKEN_VAR)
     if explicit:
         return explicit
     if token_file:
         secret = read_secret_file(token_file, "--store-token-file")
-    elif os.environ.get(TOKEN_FILE_VAR):
-        secret = read_secret_file(os.environ[TOKEN_FILE_VAR], TOKEN_FILE_VAR)
+    elif path := lookup(TOKEN_FILE_VAR):
+        secret = read_secret_file(path, TOKEN_FILE_VAR)
     else:
         secret = _user_secret()
     return hmac.new(secret.encode(), f"distlaunch-store:{context}".encode(), hashlib.sha256).hexdigest()

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "workers" / "chaos_worker.py"
@@ -91,12 +92,6 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return not self.problems
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _marker(trial: str) -> str:
@@ -162,7 +157,7 @@ def _launch(
         return [
             dl + ["--ssh-config", sshd.ssh_config, "-H", "node1:2,node2:2", "--env-all", *common, *work]
         ], None
-    port = _free_port()
+    port = free_port()
     if mode == "dynamic":
         store = subprocess.Popen(
             [sys.executable, "-m", "distlaunch", "store", "--port", str(port)],

@@ -53,3 +53,14 @@ def dl_popen(*args, env: dict | None = None, **kw) -> subprocess.Popen:
 @pytest.fixture
 def actor():
     return str(WORKERS / "actor.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (`-n N --dist loadgroup`, the README's command) every test that
+    # shares the session's Slurm cluster, or its sshd, runs in one worker: each is started
+    # once, as in a serial run (tests/slurm.py, tests/sshd.py).
+    for item in items:
+        for fixture in ("slurm_cluster", "sshd_hosts"):
+            if fixture in item.fixturenames:
+                item.add_marker(pytest.mark.xdist_group(fixture))
+                break

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 NODES = ("n1", "n2")
 CPUS_PER_NODE = 4
@@ -178,19 +179,6 @@ def _text(b) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else b or ""
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def version() -> str | None:
     """The installed Slurm version (``slurmd -V``), or None."""
     if shutil.which("slurmd") is None:
@@ -220,7 +208,7 @@ def write_config(base: Path, host: str) -> Path:
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, secrets.token_bytes(1024))
     os.close(fd)
-    ctld_port, *node_ports = _free_ports(1 + len(NODES))
+    ctld_port, *node_ports = free_ports(1 + len(NODES))
     lines = [
         "ClusterName=distlaunch-test",
         f"SlurmctldHost={host}(127.0.0.1)",

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 SSHD = "/usr/sbin/sshd"
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
@@ -71,21 +72,6 @@ class SSHDServer:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-def _free_port() -> int:
-    """A port free on both addresses (sshd binds it on each)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind((ADDRESSES[0], 0))
-            port = s.getsockname()[1]
-            try:
-                with socket.socket() as t:
-                    t.bind((ADDRESSES[1], port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no port free on both 127.0.0.2 and 127.0.0.3")
 
 
 def _keygen(path: Path) -> None:
@@ -125,7 +111,7 @@ def start_sshd(base: Path, extra: tuple[str, ...] = ()) -> SSHDServer:
         _keygen(key)
     authorized = base / "authorized_keys"
     shutil.copy(f"{user_key}.pub", authorized)
-    port = _free_port()
+    port = free_ports(1, ADDRESSES)[0]
     log = base / "sshd.log"
     sshd_config = base / "sshd_config"
     sshd_config.write_text(

@@ -11,6 +11,7 @@ from sshd import sshd_hosts  # noqa: F401
 CASES = [(mode, fault) for mode, faults in FAULTS.items() for fault in faults]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, fault", CASES)
 def test_fault_ends_cleanly(mode, fault, request):
     if fault == "shm_full" and (why := unshare_problem()):

@@ -103,6 +103,7 @@ def test_bench_plot_without_matplotlib(tmp_path):
         (["--dtype", "i4,("], "--dtype 'i4,(' is not an element type"),
         (["--iters", "0"], "--iters 0 is invalid: give at least 1"),
         (["--iters", "-5"], "--iters -5 is invalid"),
+        (["all_reduc"], "bench 'all_reduc' is not a benchmarked operation: give one of all_reduce, "),
     ],
 )
 def test_bad_options_exit_2_before_workers_start(tmp_path, args, needle):

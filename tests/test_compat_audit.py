@@ -92,7 +92,7 @@ def test_single_node_program_with_its_own_master_port(tmp_path):
         (["--rdzv-backend", "etcd", "--rdzv-endpoint", "localhost:2379"], "etcd"),
         (["--rdzv-backend", "etcd-v2"], "etcd-v2"),
         (["-H", "node[5-2]:2"], "'5-2'"),
-        (["--signals-to-handle", "SIGSEGV"], "'SIGSEGV'"),
+        (["--signals-to-handle", "SIGKILL"], "'SIGKILL'"),
         (["--run-path", "--no-python"], "--run-path"),
     ],
 )

@@ -13,7 +13,7 @@ import pytest
 from conftest import WORKERS, dl
 from test_pernode import finish, launch_nodes
 
-from distlaunch.collectives.tcp import _LINGER
+from distlaunch.collectives.transport.tcp import _LINGER
 
 PROG = WORKERS / "send_then_exit.py"
 APIS = ["collectives", "torch", "mpi"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from gpu_trees import BUS_IDS, UUIDS, build_machine, set_numa_node, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,17 +31,6 @@ from distlaunch.devices import (
 from distlaunch.errors import ConfigError
 from distlaunch.numa import numa_bindings, parse_cpulist
 
-BUS_IDS = [
-    "0000:18:00.0",
-    "0000:2a:00.0",
-    "0000:3a:00.0",
-    "0000:5d:00.0",
-    "0000:9a:00.0",
-    "0000:ab:00.0",
-    "0000:ba:00.0",
-    "0000:db:00.0",
-]
-UUIDS = [f"GPU-{i}{i}{i}{i}abcd-0000-1111-2222-33334444555{i}" for i in range(8)]
 ALL_CPUS = frozenset(range(64))
 NO_NVML = lambda: None  # this machine's GPUs come from the proc tree
 
@@ -49,60 +39,9 @@ def cpus(text: str) -> frozenset[int]:
     return parse_cpulist(text)
 
 
-def write(path, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text + "\n")
-
-
-def build_machine(root, nodes_per_socket: int = 1, sockets: int = 2, cores: int = 32, gpus: int = 8):
-    """Write the sysfs and proc files of a machine: ``cores`` physical cores with two
-    hyperthreads each (c and c + cores), split evenly over sockets x nodes_per_socket
-    NUMA nodes, L3 complexes of 8 cores, GPUs spread evenly over the nodes."""
-    nodes = sockets * nodes_per_socket
-    per_node = cores // nodes
-    sysd = os.path.join(root, "sys", "devices", "system")
-    for n in range(nodes):
-        first = n * per_node
-        last = first + per_node - 1
-        write(
-            os.path.join(sysd, "node", f"node{n}", "cpulist"),
-            f"{first}-{last},{first + cores}-{last + cores}",
-        )
-    for cpu in range(2 * cores):
-        core = cpu % cores
-        base = os.path.join(sysd, "cpu", f"cpu{cpu}")
-        write(os.path.join(base, "topology", "physical_package_id"), str(core // (cores // sockets)))
-        write(os.path.join(base, "topology", "thread_siblings_list"), f"{core},{core + cores}")
-        ccx = core // 8 * 8
-        caches = [
-            ("Data", 1, f"{core},{core + cores}"),
-            ("Instruction", 4, f"0-{2 * cores - 1}"),  # must be ignored: not a data cache
-            ("Unified", 3, f"{ccx}-{ccx + 7},{ccx + cores}-{ccx + cores + 7}"),
-        ]
-        for i, (kind, level, shared) in enumerate(caches):
-            d = os.path.join(base, "cache", f"index{i}")
-            write(os.path.join(d, "type"), kind)
-            write(os.path.join(d, "level"), str(level))
-            write(os.path.join(d, "shared_cpu_list"), shared)
-    for g in range(gpus):
-        bus = BUS_IDS[g]
-        write(os.path.join(root, "sys", "bus", "pci", "devices", bus, "numa_node"), str(g * nodes // gpus))
-        info = (
-            f"Model: \t\t NVIDIA H100 80GB HBM3\nGPU UUID: \t {UUIDS[g]}\n"
-            f"Bus Location: \t {bus}\nDevice Minor: \t {g}"
-        )
-        write(os.path.join(root, "proc", "driver", "nvidia", "gpus", bus, "information"), info)
-    return str(root)
-
-
 @pytest.fixture
 def machine(tmp_path):
     return build_machine(tmp_path)
-
-
-def set_numa_node(root, bus: str, value: str) -> None:
-    write(os.path.join(root, "sys", "bus", "pci", "devices", bus, "numa_node"), value)
 
 
 # --- parsing -----------------------------------------------------------------------------

@@ -80,9 +80,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     ("rendezvous: the round protocol's store I/O", ["distlaunch.rendezvous"]),
     (
-        "collectives base: errors, wire format, reduce ops, buffers, stores, transport interface",
+        "collectives base: errors, op table, wire format, reduce ops, buffers, stores, transport interface",
         [
             "distlaunch.collectives.errors",
+            "distlaunch.collectives.optable",
             "distlaunch.collectives.wire",
             "distlaunch.collectives.ops",
             "distlaunch.collectives.buffers",
@@ -96,15 +97,23 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "collectives transports: TCP and the shared-memory channel",
-        ["distlaunch.collectives.tcp", "distlaunch.collectives.shm", "distlaunch.collectives.shm_p2p"],
+        [
+            "distlaunch.collectives.transport.tcp",
+            "distlaunch.collectives.transport.shm",
+            "distlaunch.collectives.transport.shm_p2p",
+        ],
     ),
     (
         "collectives algorithms over each transport",
-        ["distlaunch.collectives.algorithms", "distlaunch.collectives.shm_algorithms"],
+        [
+            "distlaunch.collectives.algorithms",
+            "distlaunch.collectives.algorithms.tcp",
+            "distlaunch.collectives.algorithms.shm",
+        ],
     ),
     (
         "collectives backends: TCP, shared memory, hierarchical",
-        ["distlaunch.collectives.backend", "distlaunch.collectives.hierarchy"],
+        ["distlaunch.collectives.algorithms.backend", "distlaunch.collectives.algorithms.hierarchy"],
     ),
     ("collectives process groups", ["distlaunch.collectives.group"]),
     ("collectives runtime: init, new_group, destroy", ["distlaunch.collectives.runtime"]),
@@ -119,7 +128,19 @@ LAYERS: list[tuple[str, list[str]]] = [
         "MPI-style API: collectives, environment, package",
         ["distlaunch.mpi.intracomm", "distlaunch.mpi.environment", "distlaunch.mpi"],
     ),
-    ("torch.distributed backend on the collectives", ["distlaunch.torch"]),
+    (
+        "torch.distributed backend on the collectives: errors, Work, tensors, bootstrap",
+        [
+            "distlaunch.torch.errors",
+            "distlaunch.torch.work",
+            "distlaunch.torch.tensors",
+            "distlaunch.torch.bootstrap",
+        ],
+    ),
+    (
+        "torch.distributed backend: its ProcessGroup, the package (registration)",
+        ["distlaunch.torch.group", "distlaunch.torch"],
+    ),
     ("round lines and events.jsonl", ["distlaunch.events"]),
     (
         "observing a running job: stacks through py-spy, their grouping, per-rank records over "
@@ -149,8 +170,14 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     (
-        "the agent's entry point, the SSH and Slurm engines",
-        ["distlaunch.agent.entry", "distlaunch.engine.ssh", "distlaunch.engine.slurm"],
+        "the agent's entry point, the engines (SSH, Slurm, pods, SkyPilot)",
+        [
+            "distlaunch.agent.entry",
+            "distlaunch.engine.ssh",
+            "distlaunch.engine.slurm",
+            "distlaunch.engine.pods",
+            "distlaunch.engine.skypilot",
+        ],
     ),
     ("launch modes", ["distlaunch.modes"]),
     ("one node's launcher", ["distlaunch.launcher"]),
@@ -167,8 +194,11 @@ PACKAGES = [
     "distlaunch.remote",
     "distlaunch.store",
     "distlaunch.collectives",
+    "distlaunch.collectives.transport",
+    "distlaunch.collectives.algorithms",
     "distlaunch.mpi",
     "distlaunch.observe",
+    "distlaunch.torch",
 ]
 
 # Deliberate exceptions: the package root offers `distlaunch.launch` lazily (importing it

@@ -314,15 +314,15 @@ def test_engine_is_one_registry_lookup():
     --launcher ssh names it)."""
     from distlaunch import engine
 
-    assert engine.NAMES == ("ssh", "slurm") and engine.entry("slurm").module == "slurm"
+    assert engine.NAMES == ("ssh", "slurm", "skypilot", "pods") and engine.entry("slurm").module == "slurm"
     step = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}
     assert engine.detect("auto", {}) is None
     assert engine.detect("auto", ALLOCATION) == ("slurm", "head")
     assert engine.detect("auto", step) == ("slurm", "node")
     assert engine.detect("slurm", ALLOCATION) == ("slurm", "head")
     assert engine.detect("ssh", ALLOCATION) is None
-    with pytest.raises(KeyError, match="no engine 'pods'"):
-        engine.plugin("pods")
+    with pytest.raises(KeyError, match="no engine 'lsf'"):
+        engine.plugin("lsf")
 
 
 def test_a_plain_launch_imports_no_engine():

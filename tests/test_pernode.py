@@ -8,13 +8,8 @@ import time
 
 import psutil
 from conftest import WORKERS, dl_popen
+from ports import free_port
 from test_supervision import started, survivors, wait_for
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_nodes(*args, nnodes=2, extra=(), env=None, nproc=2, prog=WORKERS / "actor.py"):

@@ -11,6 +11,7 @@ import socket
 import sys
 
 import pytest
+from ports import free_port
 from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_programs", "coll_worker.py")
@@ -42,10 +43,7 @@ def test_srun_started_workers(slurm_cluster):  # noqa: F811
 
 
 def test_srun_started_workers_with_master_port(slurm_cluster):  # noqa: F811
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = slurm_cluster.env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env = slurm_cluster.env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     cp = slurm_cluster.run("srun", "-N1", "-n2", sys.executable, WORKER, timeout=60, env=env)
     assert cp.returncode == 0, cp.stderr
     head, bcast = expected(2)

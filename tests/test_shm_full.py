@@ -13,13 +13,7 @@ import sys
 
 import pytest
 from conftest import dl_cmd
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from ports import free_port
 
 WORKER = """
 import numpy as np
@@ -162,7 +156,7 @@ def fill(d, name="filler") -> None:
 
 MAP_AND_TOUCH = """
 import sys
-from distlaunch.collectives.shm import ShmFullError, map_segment
+from distlaunch.collectives.transport.shm import ShmFullError, map_segment
 try:
     mm = map_segment(sys.argv[1], int(sys.argv[2]))
 except ShmFullError as e:
@@ -208,7 +202,7 @@ def test_a_verdict_removed_while_it_is_read_is_voted_again(tmp_path):
     # FileNotFoundError between symlink's EEXIST and readlink)
     import threading
 
-    from distlaunch.collectives.shm import _VERDICT, _vote
+    from distlaunch.collectives.transport.shm import _VERDICT, _vote
 
     path = str(tmp_path / "seg")
     link = path + _VERDICT

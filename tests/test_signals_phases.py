@@ -18,18 +18,13 @@ import time
 
 import pytest
 from conftest import WORKERS, dl_cmd, dl_popen
+from ports import free_port
 from test_supervision import started, wait_for
 
 TOKEN = "signals-phases-secret"
 ENV = dict(os.environ, DISTLAUNCH_STORE_TOKEN=TOKEN)
 # How long a stopped launcher may take to exit: the target is 1 s; the machine is shared.
 PROMPT = 5.0
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Launcher:

@@ -162,6 +162,7 @@ def test_scancel_signal_reaches_every_worker_once(slurm_cluster, jobs, tmp_path,
     assert "every worker succeeded" in out and pid_marks(marks, 1) == {}
 
 
+@pytest.mark.slow
 def test_time_limit_signal_then_time_limit(slurm_cluster, jobs, tmp_path):  # noqa: F811
     """``sbatch --time=1 --signal=USR1@59``: slurmctld sends SIGUSR1 to the job's steps
     when at most 59 s remain (its periodic check: within seconds of the start here), and

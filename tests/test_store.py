@@ -577,7 +577,7 @@ def test_garbage_never_disturbs_a_good_client(garbage_env, garbage, authed, valu
     assert srv._thread.is_alive()
     assert srv.stats["internal_errors"] == 0, srv.last_internal_error
     # every raw connection is cleaned up (dropped by the server or closed by us)
-    assert eventually(lambda: srv.num_connections == 1)
+    assert eventually(lambda: srv.num_connections == 1, 30)  # the server thread may wait its turn under load
 
 
 def test_half_sent_frame_blocks_only_its_connection(server, client):

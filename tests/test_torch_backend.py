@@ -1,4 +1,4 @@
-"""The "distlaunch" torch.distributed backend (distlaunch/torch.py) in real processes:
+"""The "distlaunch" torch.distributed backend (distlaunch/torch/) in real processes:
 every operation x dtype x world 1-4 against gloo in the same processes, DDP, async
 futures, every init method (env:// under distlaunch run and torchrun, tcp://, file://,
 store=), and the failure paths (mismatch, timeout, killed peer). One launch per world
@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import ROOT, dl  # noqa: E402
+from ports import free_port
 
 W = ROOT / "tests" / "torch_workers"
 _matrix: dict = {}
@@ -31,6 +32,7 @@ def lines(res: subprocess.CompletedProcess, what: str) -> list:
     return re.findall(rf"^\[(\d+)\]: {what}", res.stdout, re.M)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_every_op_and_dtype_matches_gloo(world):
     res = matrix(world)
@@ -49,12 +51,6 @@ def test_ddp_ends_with_identical_parameters(world):
     # every rank checks its parameters against all others' and against DDP over gloo
     res = matrix(world)
     assert sorted(lines(res, "ddp ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(worker: str, *args, world: int, timeout: float = 60) -> list:
@@ -119,6 +115,7 @@ def test_env_init_under_distlaunch_run():
     assert len(lines(res, "init ok env transport=shm")) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_tutorial_program_with_only_the_backend_name_changed(world, tmp_path):
     # tests/workers/torch_tutorial.py (the PyTorch tutorial's operations, each checked

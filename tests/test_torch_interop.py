@@ -50,6 +50,7 @@ def test_environment_matches_torchrun(tmp_path):
         assert o["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_tutorial_program_same_as_torchrun(world):
     ours = dl("run", "--nproc-per-node", world, WORKERS / "torch_tutorial.py", timeout=180)
@@ -69,6 +70,7 @@ def test_file_init(tmp_path):
     assert sorted(res.stdout.splitlines()).count("[1]: barrier ok") == 1
 
 
+@pytest.mark.slow
 def test_ddp_digits_example():
     pytest.importorskip("sklearn")
     res = dl(

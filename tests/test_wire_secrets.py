@@ -23,7 +23,7 @@ from conftest import dl_popen
 from test_pernode import finish, free_port
 from test_supervision import wait_for
 
-from distlaunch.collectives.tcp import _proof
+from distlaunch.collectives.transport.tcp import _proof
 from distlaunch.collectives.wire import HEADER_SIZE, HELLO, unpack_header
 
 PROGRAM = """\

@@ -19,22 +19,26 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..config import HEARTBEAT_INTERVAL, STD_ERR, STD_OUT, LaunchConfig
-from ..env import WorkerIdentity, build_worker_env, python_exec
+from ..devices import wait_gpu_release
+from ..env import WorkerIdentity, build_worker_env, lookup, python_exec
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import EventLog, round_end_event, round_event
+from ..numa import places_gpus, rank_bindings
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..report import say
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal, WorkerFailure
-from ..topology import WorkerSlot, cpu_sets, seat_slots
+from ..topology import WorkerSlot, seat_slots
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
 from .merged import DedupConsole
 from .observer import Observer
-from .output import StreamSink, warn_once
+from .output import DuplicateLines, StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
-from .signals import SignalRelay
+from .signals import SignalRelay, parse_signals
 from .watch import Watchdog, nccl_trace_env
+
+GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU memory
 
 if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client loads in run()
     from ..store.client import StoreAddress
@@ -126,6 +130,8 @@ def worker_env(
     if cfg.env:
         base = {**base, **dict(cfg.env)}
     env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
+    if cfg.signals_to_handle:  # torchrun passes its --signals-to-handle on in this variable
+        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in parse_signals(cfg.signals_to_handle))
     if cfg.hang_timeout > 0:  # NCCL's own trace of a hang, next to ours
         env.update(nccl_trace_env(base, _log_root(cfg))[0])
     if not cfg.no_python:
@@ -187,13 +193,16 @@ class NodeAgent:
         # (phases.spreads_signal)
         self.phase = AgentPhase.AFTER_ROUND
         self._left: int | None = None  # the last round this node left at its end
+        self._last_pids: list[int] = []  # the last round's workers (for the GPU release wait)
 
     def run(self) -> int:
         import tempfile
 
         o = self.opts
         group: WorkerGroup | None = None
-        relay = SignalRelay(lambda: group.live() if group else ())
+        relay = SignalRelay(
+            lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
+        )
         rdzv = client = observer = None
         rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
         cause = None
@@ -335,12 +344,19 @@ class NodeAgent:
                 members = rdzv.members(rnd, self.opts.join_timeout) if rdzv.node_rank == 0 else None
                 self._emit(round_event(rnd, restarts, members, rdzv.num_nodes, seat.world_size))
         slots = seat_slots(seat.first_rank, me[0], rdzv.node_rank, seat.world_size, rdzv.num_nodes)
+        if self._last_pids and places_gpus(self.cfg):  # a restart: the old attempt's GPU memory
+            wait_gpu_release(self._last_pids, GPU_RELEASE_TIMEOUT, self.say)
+
+        def started(pids: list[int]) -> None:
+            self._last_pids = list(pids)
+            rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids]))
+
         group = WorkerGroup(
             self._specs(slots, rnd, (addr, port), restarts),
             relay,
             self.guard,
             self.cfg.stop_timeout,
-            on_started=lambda pids: rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids])),
+            on_started=started,
             on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
         )
         group.watchdog = self._watchdog(group.specs, restarts, rdzv.num_nodes > 1)
@@ -524,7 +540,8 @@ class NodeAgent:
 
         specs = []
         merged = {fd: DedupConsole(fd) for fd in (1, 2)} if self.cfg.dedup_output else {}
-        cpus = cpu_sets(self.cfg.bind_to, len(slots), os.sched_getaffinity(0))
+        # this node's own devices and CPUs (raises ConfigError: too few GPUs here)
+        bindings = rank_bindings(self.cfg, len(slots), self.base_env, os.sched_getaffinity(0))
         for slot in slots:
             attempt_dir = None
             if self.log_root:  # torchrun's layout: attempt_<restart count>/<rank>
@@ -557,12 +574,14 @@ class NodeAgent:
                 self.opts.torch_store,
                 progress_file,
             )
+            binding = bindings[slot.local_rank]
+            env.update(binding.env)  # its devices; LOCAL_RANK=0 under --virtual-local-rank
             out, err = self._sinks(slot, attempt_dir)
             for sink in (out, err):  # --dedup-output: the node's merger prints their lines
                 if sink.console_fd in merged:
                     sink.dedup, sink.rank = merged[sink.console_fd], slot.rank
             stdin = self.cfg.stdin == "all" or (self.cfg.stdin == "0" and slot.rank == 0)
-            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, cpus[slot.local_rank], stdin))
+            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, binding.cpus, stdin))
         return specs
 
     def _sinks(self, slot: WorkerSlot, attempt_dir: str | None) -> tuple[StreamSink, StreamSink]:
@@ -571,12 +590,25 @@ class NodeAgent:
         redirected = cfg.redirects.for_rank(lr)
         shown = cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter
         label = f"{self.opts.host_label}:{slot.rank}" if self.opts.prefix_host else str(slot.rank)
-        prefix = f"[{label}]: ".encode() if cfg.prefix else b""
+        template = lookup("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", self.base_env)
+        if template:  # torchrun's: string.Template over role_name, rank, local_rank, used as is
+            from string import Template
+
+            text = Template(template).safe_substitute(role_name=cfg.role, rank=slot.rank, local_rank=lr)
+        else:
+            text = f"[{label}]: "
+        prefix = text.encode() if cfg.prefix else b""
         sinks = []
+        filters = {"stdout": cfg.duplicate_stdout_filters, "stderr": cfg.duplicate_stderr_filters}
         for bit, fd, name in ((STD_OUT, 1, "stdout"), (STD_ERR, 2, "stderr")):
             console = fd if shown and not redirected & bit else None
             log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
-            sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2))
+            dup = None
+            if filters[name] and attempt_dir:  # torchrun's filtered_<stream>.log of the attempt
+                dup = DuplicateLines(
+                    filters[name], os.path.join(os.path.dirname(attempt_dir), f"filtered_{name}.log")
+                )
+            sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2, duplicate=dup))
         return sinks[0], sinks[1]
 
 

@@ -75,8 +75,16 @@ class StreamSink:
     that receives the raw stream (None: no file). ``keep_tail``: keep the last TAIL_BYTES.
     """
 
-    def __init__(self, prefix: bytes, console_fd: int | None, log_path: str | None, keep_tail: bool):
+    def __init__(
+        self,
+        prefix: bytes,
+        console_fd: int | None,
+        log_path: str | None,
+        keep_tail: bool,
+        duplicate: DuplicateLines | None = None,
+    ):
         self.prefix = prefix
+        self.duplicate = duplicate
         self.console_fd = console_fd
         self.log_path = log_path
         self.log: int | None = None  # unbuffered: a write error shows at once, nothing held
@@ -99,6 +107,8 @@ class StreamSink:
         self._recent_at = time.monotonic()
         if self.log is not None:
             self._write_log(self.log, data)
+        if self.duplicate is not None:
+            self.duplicate.feed(data, self.prefix)
         if self.keep_tail:
             self.tail = (self.tail + data)[-TAIL_BYTES:]
         if self.console_fd is None:
@@ -121,6 +131,8 @@ class StreamSink:
         if self.log is not None:
             os.close(self.log)
             self.log = None
+        if self.duplicate is not None:
+            self.duplicate.close(self.prefix)
 
     def last_line(self) -> tuple[str, float | None]:
         """The last line written (cut to 200 characters) and when (monotonic seconds;
@@ -167,3 +179,53 @@ class StreamSink:
                 f"{console_fd}: {e.strerror or e}; it is dropped, the job goes on",
             )
         self.console_fd = None  # console reader gone (e.g. `| head`); keep supervising
+
+
+class DuplicateLines:
+    """torchrun's ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters`` for one
+    worker stream: each whole line containing any of ``filters`` (plain substrings,
+    torchrun's match) is appended, with the console prefix, to ``path``, a file every
+    worker of the attempt shares (``O_APPEND``, one ``write`` per batch of lines, so
+    lines never mix). A file that cannot be written is dropped with one warning."""
+
+    def __init__(self, filters: tuple[str, ...], path: str) -> None:
+        self.filters = tuple(f.encode() for f in filters)
+        self.path = path
+        self.pending = b""
+        self.fd: int | None = None
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+        except OSError as e:
+            self._failed(e)
+
+    def feed(self, data: bytes, prefix: bytes) -> None:
+        if self.fd is None:
+            return
+        data = self.pending + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self.pending = data[-MAX_PENDING:]
+            return
+        self.pending = data[cut + 1 :]
+        self._write(data[:cut].split(b"\n"), prefix)
+
+    def close(self, prefix: bytes) -> None:
+        if self.fd is None:
+            return
+        if self.pending:
+            self._write([self.pending], prefix)
+        os.close(self.fd)
+        self.fd = None
+
+    def _write(self, lines: list[bytes], prefix: bytes) -> None:
+        out = b"".join(prefix + ln + b"\n" for ln in lines if any(f in ln for f in self.filters))
+        if out and self.fd is not None:
+            try:
+                os.write(self.fd, out)
+            except OSError as e:
+                os.close(self.fd)
+                self.fd = None
+                self._failed(e)
+
+    def _failed(self, e: OSError) -> None:
+        warn_once("duplicate", f"cannot write {self.path}: {e.strerror or e}; the job goes on")

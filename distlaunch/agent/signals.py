@@ -44,6 +44,22 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signa
 STOPPING = frozenset((signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT))
 
 
+def parse_signals(text: str | None) -> tuple[signal.Signals, ...]:
+    """torchrun's ``--signals-to-handle SIGTERM,SIGUSR1,...``: any signal the launcher can
+    catch, with or without ``SIG``. Raises ValueError naming a bad entry."""
+    out = []
+    for raw in (text or "").split(","):
+        name = raw.strip().upper()
+        if not name:
+            continue
+        name = name if name.startswith("SIG") else "SIG" + name
+        sig = getattr(signal.Signals, name, None)
+        if sig is None or sig in (signal.SIGKILL, signal.SIGSTOP) or name.startswith("SIG_"):
+            raise ValueError(f"--signals-to-handle {raw.strip()!r} is not a signal the launcher can catch")
+        out.append(sig)
+    return tuple(out)
+
+
 class SignalRelay:
     """Installs handlers (main thread only) until ``restore()``. ``targets()`` returns the
     live WorkerProcess objects to forward to. ``wakeup_fd`` becomes readable on every
@@ -58,7 +74,10 @@ class SignalRelay:
     """
 
     def __init__(
-        self, targets: Callable[[], Iterable[SignalTarget]], forward_all: bool | None = None
+        self,
+        targets: Callable[[], Iterable[SignalTarget]],
+        forward_all: bool | None = None,
+        also_stop: Iterable[int] = (),
     ) -> None:
         self.targets = targets
         self.forward_all = not in_slurm_step() if forward_all is None else forward_all
@@ -70,7 +89,11 @@ class SignalRelay:
         os.set_blocking(self._w, False)
         os.set_blocking(self.wakeup_fd, False)
         self._old_wakeup = signal.set_wakeup_fd(self._w)
-        self._old = {s: signal.signal(s, self._handle) for s in FORWARDED}
+        # --signals-to-handle beyond FORWARDED: as in torchrun, each stops the job and is
+        # passed to the workers
+        extra = frozenset(also_stop) - frozenset(FORWARDED)
+        self._stopping = STOPPING | extra
+        self._old = {s: signal.signal(s, self._handle) for s in (*FORWARDED, *sorted(extra))}
 
     @property
     def kill_now(self) -> bool:
@@ -79,15 +102,15 @@ class SignalRelay:
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if signum == signal.SIGINT:
             self.sigints += 1
-        if signum in STOPPING:
+        if signum in self._stopping:
             if self.stop_signal is None:
                 self.stop_signal = signum
             self.pending = signum
         sig = signal.SIGKILL if self.kill_now else signum
-        if signum in STOPPING or self.forward_all:
+        if signum in self._stopping or self.forward_all:
             for w in self.targets():
                 w.signal_group(sig)
-        if self._raising and signum in STOPPING:
+        if self._raising and signum in self._stopping:
             self._raising = False  # once: the code that handles it must not be interrupted
             raise self._interrupted()
 

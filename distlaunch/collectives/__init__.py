@@ -10,17 +10,22 @@ Importing this package loads only the standard library, numpy and distlaunch's
 errors/env modules (no torch, click, psutil, paramiko or yaml).
 
 Modules, lowest layer first (each imports only from its own or lower layers; checked
-by tests/test_collectives_layers.py):
+by tests/test_layers.py):
 
-- ``errors``, ``wire`` (message header), ``ops`` (ReduceOp), ``buffers`` (user buffers
-  as numpy arrays), ``filestore``, ``transport`` (the point-to-point interface);
-- ``context`` (one running operation, a group's members), ``work`` (Work handles);
-- ``tcp`` (the TCP transport), ``shm`` (a group's shared-memory channel);
-- ``algorithms`` (over TCP), ``shm_algorithms`` (over the channel);
-- ``backend`` (one method per collective: TCP and shared-memory backends),
-  ``hierarchy`` (the backend of groups spanning nodes);
+- ``errors``, ``optable`` (the op table: one entry per operation, its algorithm per
+  transport), ``wire`` (message header), ``ops`` (ReduceOp), ``buffers`` (user buffers
+  as numpy arrays, argument checks), ``filestore``, ``transport`` (the point-to-point
+  interface);
+- ``context`` (one running operation, a group's members), ``work`` (Work handles, the
+  executor of async operations);
+- ``transport.tcp`` (the TCP transport), ``transport.shm`` (a group's shared-memory
+  channel), ``transport.shm_p2p`` (point to point between ranks of one node);
+- ``algorithms.tcp`` (ring, tree, ... over TCP), ``algorithms.shm`` (over the channel);
+- ``algorithms.backend`` (TCP and shared-memory backends: an op-table entry with its
+  transport's algorithm), ``algorithms.hierarchy`` (the backend of groups spanning
+  nodes);
 - ``group`` (ProcessGroup: sequencing, backend choice, failure handling);
-- ``runtime`` (init_process_group, new_group, destroy);
+- ``runtime`` (init_process_group, new_group, destroy; the store bootstrap);
 - ``api`` (tensor operations), ``objects`` (object operations); ``bench``.
 """
 

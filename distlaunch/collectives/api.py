@@ -29,8 +29,8 @@ Every operation raises (documented once here, in this order of checks):
 
 The last three leave a collective's group broken: later calls raise the same class at
 once. For async operations they are raised by ``Work.wait()``. Algorithms: see
-:mod:`.algorithms` (TCP), :mod:`.shm_algorithms` (ranks of one node) and :mod:`.hierarchy` (groups
-spanning nodes); semantics: torch.distributed.
+:mod:`.algorithms.tcp` (TCP), :mod:`.algorithms.shm` (ranks of one node) and
+:mod:`.algorithms.hierarchy` (groups spanning nodes); semantics: torch.distributed.
 """
 
 from __future__ import annotations
@@ -39,9 +39,7 @@ import datetime
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
-from .buffers import as_array, as_array_list, flat
+from .buffers import as_array, as_array_list, check_same, flat, split_bounds
 from .context import to_seconds
 from .errors import CollectiveArgumentError
 from .group import ProcessGroup
@@ -80,15 +78,6 @@ def root_of(g: ProcessGroup, rank: int | None, group_rank: int | None, what: str
     if rank is None:
         raise CollectiveArgumentError(f"either {what} or group_{what} must be given")
     return g.group_rank(rank, what)
-
-
-def _same(arrs: list, ref: np.ndarray, what: str, size: int | None = None) -> None:
-    for i, a in enumerate(arrs):
-        if a.dtype != ref.dtype or a.size != (ref.size if size is None else size):
-            raise CollectiveArgumentError(
-                f"{what}[{i}] has {a.size} x {a.dtype}; "
-                f"expected {ref.size if size is None else size} x {ref.dtype}"
-            )
 
 
 # --------------------------------------------------------------------- point to point
@@ -238,7 +227,7 @@ def all_gather(
         return None
     inp = flat(as_array(tensor, "tensor", writable=False))
     outs = [flat(a) for a in as_array_list(tensor_list, "tensor_list", g.size)]
-    _same(outs, inp, "tensor_list")
+    check_same(outs, inp, "tensor_list")
     return g.all_gather(outs, inp, async_op)
 
 
@@ -252,7 +241,7 @@ def all_gather_into_tensor(
         return None
     inp = flat(as_array(input_tensor, "input_tensor", writable=False))
     out = flat(as_array(output_tensor, "output_tensor"))
-    _same([out], inp, "[output_tensor]", size=inp.size * g.size)
+    check_same([out], inp, "[output_tensor]", size=inp.size * g.size)
     return g.all_gather_into_tensor(out, inp, async_op)
 
 
@@ -274,7 +263,7 @@ def scatter(
     ins = None
     if g.rank == root:
         ins = [flat(a) for a in as_array_list(scatter_list, "scatter_list", g.size, writable=False)]
-        _same(ins, out, "scatter_list")
+        check_same(ins, out, "scatter_list")
     return g.scatter(out, ins, root, async_op)
 
 
@@ -296,7 +285,7 @@ def gather(
     outs = None
     if g.rank == root:
         outs = [flat(a) for a in as_array_list(gather_list, "gather_list", g.size)]
-        _same(outs, inp, "gather_list")
+        check_same(outs, inp, "gather_list")
     return g.gather(inp, outs, root, async_op)
 
 
@@ -314,7 +303,7 @@ def reduce_scatter(
         return None
     out = flat(as_array(output, "output"))
     ins = [flat(a) for a in as_array_list(input_list, "input_list", g.size, writable=False)]
-    _same(ins, out, "input_list")
+    check_same(ins, out, "input_list")
     return g.reduce_scatter(out, ins, as_reduce_op(op), async_op)
 
 
@@ -328,7 +317,7 @@ def reduce_scatter_tensor(
         return None
     out = flat(as_array(output, "output"))
     inp = flat(as_array(input, "input", writable=False))
-    _same([inp], out, "[input]", size=out.size * g.size)
+    check_same([inp], out, "[input]", size=out.size * g.size)
     return g.reduce_scatter(out, inp, as_reduce_op(op), async_op)
 
 
@@ -358,24 +347,6 @@ def all_to_all(
     return g.all_to_all(outs, ins, async_op)
 
 
-def _splits(arr: np.ndarray, sizes: Sequence[int] | None, n: int, what: str) -> list:
-    """Element offsets [(start, end)] of n splits of ``arr`` along its first dimension."""
-    rows = arr.shape[0] if arr.ndim else 1
-    per_row = arr.size // rows if rows else 0
-    if sizes is None:
-        if rows % n:
-            raise CollectiveArgumentError(f"{what} has {rows} rows, not divisible by the group size {n}")
-        sizes = [rows // n] * n
-    sizes = list(sizes)
-    if len(sizes) != n or sum(sizes) != rows or any(s < 0 for s in sizes):
-        raise CollectiveArgumentError(f"{what}_split_sizes={sizes} must be {n} sizes summing to {rows}")
-    bounds, start = [], 0
-    for s in sizes:
-        bounds.append((start * per_row, (start + s) * per_row))
-        start += s
-    return bounds
-
-
 def all_to_all_single(
     output: Buffer,
     input: Buffer,
@@ -394,8 +365,8 @@ def all_to_all_single(
     in_arr = as_array(input, "input", writable=False)
     if out_arr.dtype != in_arr.dtype:
         raise CollectiveArgumentError(f"output has dtype {out_arr.dtype} but input has {in_arr.dtype}")
-    ob = _splits(out_arr, output_split_sizes, g.size, "output")
-    ib = _splits(in_arr, input_split_sizes, g.size, "input")
+    ob = split_bounds(out_arr.shape, out_arr.size, output_split_sizes, g.size, "output")
+    ib = split_bounds(in_arr.shape, in_arr.size, input_split_sizes, g.size, "input")
     return g.all_to_all_single(flat(out_arr), flat(in_arr), ob, ib, async_op)
 
 

@@ -37,9 +37,12 @@ from typing import Any
 import numpy as np
 
 import distlaunch.collectives as dist
+from distlaunch.collectives.optable import OPS as OP_TABLE
+from distlaunch.collectives.optable import benchmarked
 from distlaunch.collectives.wire import DTYPE_CODES
 
-OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+# the op table's benchmarked collectives, and point-to-point send/recv
+OPS = (*benchmarked(), "send_recv")
 _UNITS = {
     "": 1,
     "b": 1,
@@ -104,12 +107,10 @@ def parse_options(sizes: str, dtype: str, iters: int | None) -> tuple[list[int],
 
 
 def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' bus bandwidth factor of ``op`` on ``n`` ranks."""
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
+    """nccl-tests' bus bandwidth factor of ``op`` on ``n`` ranks (from the op table;
+    send_recv: 1)."""
+    factor = OP_TABLE[op].bench if op in OP_TABLE else None
+    return 1.0 if factor is None else factor(n)
 
 
 def default_iters(nbytes: int) -> int:
@@ -128,7 +129,7 @@ class Case:
     def __init__(self, dist: Any, op: str, nbytes: int, dtype: np.dtype, rank: int, n: int) -> None:
         self.dist, self.op, self.dtype, self.rank, self.n = dist, op, dtype, rank, n
         isz = dtype.itemsize
-        blocked = op in ("all_gather", "reduce_scatter", "all_to_all")
+        blocked = op in OP_TABLE and OP_TABLE[op].blocked
         per = max(1, nbytes // isz // n) if blocked else max(1, nbytes // isz)
         self.count = per * n if blocked else per  # elements of the size-defining buffer
         self.per = per

@@ -9,6 +9,7 @@ native byte order, and writable when results are written into them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -94,3 +95,42 @@ def byte_view(arr: np.ndarray) -> memoryview:
         except (ValueError, TypeError):  # datetime64 / timedelta64, empty n-d shapes
             pass
     return memoryview(arr.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
+
+
+def joined(blocks: np.ndarray | list) -> tuple[np.ndarray, bool]:
+    """``blocks`` (n arrays, or one array of n blocks) as one array, and whether that
+    array is a fresh copy the caller may overwrite."""
+    if isinstance(blocks, np.ndarray):
+        return blocks, False
+    return (np.concatenate(blocks) if blocks else np.empty(0, np.uint8)), True
+
+
+def check_same(arrs: Sequence[np.ndarray], ref: np.ndarray, what: str, size: int | None = None) -> None:
+    """CollectiveArgumentError naming ``what[i]`` unless every array has ``ref``'s dtype
+    and ``size`` elements (default: ``ref``'s)."""
+    want = ref.size if size is None else size
+    for i, a in enumerate(arrs):
+        if a.dtype != ref.dtype or a.size != want:
+            raise CollectiveArgumentError(
+                f"{what}[{i}] has {a.size} x {a.dtype}; expected {want} x {ref.dtype}"
+            )
+
+
+def split_bounds(shape: Sequence[int], size: int, sizes: Sequence[int] | None, n: int, what: str) -> list:
+    """Element ranges [(start, end)] of the n splits along the first dimension of a
+    buffer of ``shape`` and ``size`` elements, ``sizes[i]`` rows each (None: equal
+    splits); CollectiveArgumentError naming ``what`` when they do not fit."""
+    rows = shape[0] if len(shape) else 1
+    per_row = size // rows if rows else 0
+    if sizes is None:
+        if rows % n:
+            raise CollectiveArgumentError(f"{what} has {rows} rows, not divisible by the group size {n}")
+        sizes = [rows // n] * n
+    sizes = list(sizes)
+    if len(sizes) != n or sum(sizes) != rows or any(s < 0 for s in sizes):
+        raise CollectiveArgumentError(f"{what}_split_sizes={sizes} must be {n} sizes summing to {rows}")
+    bounds, start = [], 0
+    for s in sizes:
+        bounds.append((start * per_row, (start + s) * per_row))
+        start += s
+    return bounds

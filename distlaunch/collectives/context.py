@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import datetime
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import CollectiveArgumentError, CollectiveMismatchError, CollectiveTimeoutError
 from .ops import ReduceOp
 from .transport import Check, Request
 from .wire import COLL, DTYPE_NAMES, NO_REDOP, OP_CODES, OP_NAMES, Header
-
-if TYPE_CHECKING:  # shm imports this module
-    from .shm import ShmChannel
 
 DEFAULT_TIMEOUT = 1800.0
 
@@ -130,8 +127,9 @@ class OpContext:
     """One running collective: posts its messages with the right header and expectation,
     and waits for them against the operation's deadline.
 
-    ``shm`` is the shared-memory channel the operation runs on (set by the backend
-    choice), or None.
+    ``shm`` is the shared-memory channel (:class:`~.transport.shm.ShmChannel`) the
+    operation runs on (set by the backend choice), or None; typed loosely so that this
+    module needs nothing above it (the algorithms on the channel annotate it).
     """
 
     def __init__(
@@ -156,7 +154,9 @@ class OpContext:
         self.timeout = group.timeout if timeout is None else timeout
         self.deadline = time.monotonic() + self.timeout
         self._posted: list[Request] = []
-        self.shm: ShmChannel | None = None  # the channel while the operation runs on shared memory
+        # the ShmChannel (transport.shm, which imports this module) while the operation
+        # runs on shared memory, else None
+        self.shm: Any = None
         self._transport = group.runtime.transport
         self._me = group.runtime.rank
 

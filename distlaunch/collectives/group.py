@@ -5,7 +5,7 @@ A :class:`ProcessGroup` method per collective (``all_reduce(arr, op, async_op)``
 takes flat, C-contiguous numpy arrays already checked by the caller (the public API in
 :mod:`.api`, or a torch ProcessGroup wrapper) and group ranks, and returns None or, with
 ``async_op=True``, a :class:`~.work.Work`. The collective itself runs on the group's
-:class:`~.backend.Backend`, chosen once by the first collective (shared memory when
+:class:`~.algorithms.backend.Backend`, chosen once by the first collective (shared memory when
 every member is on this node, hierarchical when members span nodes and some share one,
 else TCP).
 
@@ -42,15 +42,16 @@ from typing import Any
 
 import numpy as np
 
-from .backend import TCP, Backend, ShmBackend
+from .algorithms.backend import TCP, Backend, ShmBackend
+from .algorithms.hierarchy import HierarchicalBackend
 from .buffers import byte_view
 from .context import DEFAULT_TIMEOUT, Members, OpContext, OpTimeout, SmallCall, to_seconds
 from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
-from .hierarchy import HierarchicalBackend
 from .ops import ReduceOp, check_op
-from .shm import ShmChannel, ShmFullError, SmallAllReduce, warn_full
-from .shm_p2p import links_for
+from .optable import OPS, algorithm
 from .transport import Request
+from .transport.shm import ShmChannel, ShmFullError, SmallAllReduce, warn_full
+from .transport.shm_p2p import links_for
 from .wire import (
     ABORT,
     ABORT_MISMATCH,
@@ -82,6 +83,19 @@ _ABORT_CLASSES = {
 
 # body(backend, ctx) -> result: one collective on the group's backend
 Body = Callable[[Backend, OpContext], Any]
+
+
+def _shm_algorithm(name: str) -> Callable[..., None]:
+    """Operation ``name``'s shared-memory algorithm (registered when algorithms.backend
+    imported algorithms.shm)."""
+    fn = algorithm(OPS[name], "shm")
+    assert fn is not None, name
+    return fn
+
+
+# the blocking small-operation fast path's algorithms
+_SHM_BARRIER = _shm_algorithm("barrier")
+_SHM_BROADCAST = _shm_algorithm("broadcast")
 
 _SEND = OP_CODES["send"]
 
@@ -271,7 +285,7 @@ class ProcessGroup(Members):
                 ctx.shm = backend.channel
                 result = body(backend, ctx)
                 self.completed = seq
-                if name not in backend.native_ops:
+                if not backend.native(OPS[name]):
                     # every message of a correct collective is received inside it: one left
                     # over means its sender ran a different op/root/size
                     ctx.check_leftovers()
@@ -288,6 +302,18 @@ class ProcessGroup(Members):
         if self._executor.pending:  # only this thread submits: a stale 0 is impossible
             self._executor.drain()
         return execute()
+
+    def collective(
+        self, name: str, *args: Any, async_op: bool = False, timeout: float | None = None, **meta: Any
+    ) -> Any:
+        """Run operation ``name`` of the op table with its algorithm arguments ``args``
+        (flat arrays, group ranks) on the group's backend, as :meth:`run` does (``meta``:
+        the header fields; an op taking a ReduceOp has its ``redop`` checked against the
+        first array's dtype first: CollectiveArgumentError)."""
+        op = OPS[name]
+        if op.redop:
+            check_op(meta["redop"], args[0].dtype)
+        return self.run(name, lambda b, ctx: b.run(op, ctx, *args), async_op, timeout=timeout, **meta)
 
     def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for a small operation on a shared-memory group
@@ -328,9 +354,9 @@ class ProcessGroup(Members):
         """Until every member called barrier; ``timeout``: seconds for this call only."""
         fast = self._fast
         if fast is not None and not async_op and timeout is None:
-            self._run_small(_BARRIER, fast.barrier)
+            self._run_small(_BARRIER, _SHM_BARRIER)
             return None
-        return self.run("barrier", lambda b, ctx: b.barrier(ctx), async_op, dtype=0, count=0, timeout=timeout)
+        return self.collective("barrier", async_op=async_op, dtype=0, count=0, timeout=timeout)
 
     def broadcast(self, arr: np.ndarray, root: int, async_op: bool = False) -> Work | None:
         """``arr`` of ``root`` into ``arr`` on every member (read-only on the root is fine)."""
@@ -338,14 +364,12 @@ class ProcessGroup(Members):
         if fast is not None and not async_op and arr.nbytes <= fast.small:
             self._run_small(
                 SmallCall("broadcast", OP_CODES["broadcast"], DTYPE_CODES[arr.dtype], arr.size, root),
-                fast.broadcast,
+                _SHM_BROADCAST,
                 arr,
                 root,
             )
             return None
-        return self.run(
-            "broadcast", lambda b, ctx: b.broadcast(ctx, arr, root), async_op, **_meta(arr, root=root)
-        )
+        return self.collective("broadcast", arr, root, async_op=async_op, **_meta(arr, root=root))
 
     def all_reduce(self, arr: np.ndarray, op: ReduceOp, async_op: bool = False) -> Work | None:
         """``arr`` reduced over the members with ``op``, bit-identical on every member.
@@ -355,29 +379,21 @@ class ProcessGroup(Members):
             plan = fast.small_all_reduce_plan(arr, op)  # checks op against the dtype once
             self._run_small(plan, fast.small_all_reduce, arr, plan)
             return None
-        check_op(op, arr.dtype)
-        return self.run(
-            "all_reduce", lambda b, ctx: b.all_reduce(ctx, arr, op), async_op, **_meta(arr, redop=op)
-        )
+        return self.collective("all_reduce", arr, op, async_op=async_op, **_meta(arr, redop=op))
 
     def reduce(self, arr: np.ndarray, op: ReduceOp, root: int, async_op: bool = False) -> Work | None:
         """The reduction into ``arr`` on ``root``; other members' ``arr`` is unchanged."""
-        check_op(op, arr.dtype)
-        return self.run(
-            "reduce", lambda b, ctx: b.reduce(ctx, arr, op, root), async_op, **_meta(arr, root=root, redop=op)
-        )
+        return self.collective("reduce", arr, op, root, async_op=async_op, **_meta(arr, root=root, redop=op))
 
     def all_gather(self, outs: list, inp: np.ndarray, async_op: bool = False) -> Work | None:
         """``outs[i]`` (n arrays of ``inp``'s size and dtype) receives member i's ``inp``."""
-        return self.run("all_gather", lambda b, ctx: b.all_gather(ctx, outs, inp), async_op, **_meta(inp))
+        return self.collective("all_gather", outs, inp, async_op=async_op, **_meta(inp))
 
     def all_gather_into_tensor(self, out: np.ndarray, inp: np.ndarray, async_op: bool = False) -> Work | None:
         """``out`` (n times ``inp``'s size) receives the members' inputs concatenated."""
         m = inp.size
         outs = [out[i * m : (i + 1) * m] for i in range(self.size)]
-        return self.run(
-            "all_gather_into_tensor", lambda b, ctx: b.all_gather(ctx, outs, inp), async_op, **_meta(inp)
-        )
+        return self.collective("all_gather_into_tensor", outs, inp, async_op=async_op, **_meta(inp))
 
     def reduce_scatter(
         self, out: np.ndarray, ins: list | np.ndarray, op: ReduceOp, async_op: bool = False
@@ -385,30 +401,21 @@ class ProcessGroup(Members):
         """``out`` on member i receives the reduction of block i of every member's input:
         ``ins[i]`` of a list of n arrays, or the i-th of n equal blocks of one array
         (``reduce_scatter_tensor``); inputs are not modified."""
-        check_op(op, out.dtype)
         name = "reduce_scatter_tensor" if isinstance(ins, np.ndarray) else "reduce_scatter"
-        return self.run(
-            name, lambda b, ctx: b.reduce_scatter(ctx, out, ins, op), async_op, **_meta(out, redop=op)
-        )
+        return self.collective(name, out, ins, op, async_op=async_op, **_meta(out, redop=op))
 
     def scatter(self, out: np.ndarray, ins: list | None, root: int, async_op: bool = False) -> Work | None:
         """``out`` on member i receives ``ins[i]`` of ``root`` (``ins`` None elsewhere)."""
-        return self.run(
-            "scatter", lambda b, ctx: b.scatter(ctx, out, ins, root), async_op, **_meta(out, root=root)
-        )
+        return self.collective("scatter", out, ins, root, async_op=async_op, **_meta(out, root=root))
 
     def gather(self, inp: np.ndarray, outs: list | None, root: int, async_op: bool = False) -> Work | None:
         """``outs[i]`` on ``root`` receives member i's ``inp`` (``outs`` None elsewhere)."""
-        return self.run(
-            "gather", lambda b, ctx: b.gather(ctx, inp, outs, root), async_op, **_meta(inp, root=root)
-        )
+        return self.collective("gather", inp, outs, root, async_op=async_op, **_meta(inp, root=root))
 
     def all_to_all(self, outs: list, ins: list, async_op: bool = False) -> Work | None:
         """``ins[i]`` goes to member i, ``outs[i]`` comes from member i (one dtype; sizes
         agree between sender and receiver)."""
-        return self.run(
-            "all_to_all", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op, **_meta(ins[0], count=0)
-        )
+        return self.collective("all_to_all", outs, ins, async_op=async_op, **_meta(ins[0], count=0))
 
     def all_to_all_single(
         self, out: np.ndarray, inp: np.ndarray, out_bounds: list, in_bounds: list, async_op: bool = False
@@ -416,9 +423,7 @@ class ProcessGroup(Members):
         """As all_to_all on the element ranges ``[(start, end)]`` of ``out`` and ``inp``."""
         outs = [out[a:b] for a, b in out_bounds]
         ins = [inp[a:b] for a, b in in_bounds]
-        return self.run(
-            "all_to_all_single", lambda b, ctx: b.all_to_all(ctx, outs, ins), async_op, **_meta(inp, count=0)
-        )
+        return self.collective("all_to_all_single", outs, ins, async_op=async_op, **_meta(inp, count=0))
 
     # -- point to point (shared memory with ranks of this node, else TCP; not sequenced)
 

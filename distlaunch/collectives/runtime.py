@@ -60,9 +60,9 @@ from .context import DEFAULT_TIMEOUT, Members, to_seconds
 from .errors import CollectiveArgumentError, CollectiveTimeoutError, ConfigError, NotInitializedError
 from .filestore import FileStore
 from .group import ProcessGroup
-from .shm import ShmConfig
-from .shm import available as shm_available
-from .tcp import HANDSHAKE_TIMEOUT, TcpTransport
+from .transport.shm import ShmConfig
+from .transport.shm import available as shm_available
+from .transport.tcp import HANDSHAKE_TIMEOUT, TcpTransport
 from .wire import Header
 
 _BACKENDS = {None, "auto", "cpu", "gloo", "cpu:gloo"}
@@ -412,6 +412,37 @@ def _tcp_store(host, port, rank, token, timeout, deadline):
         raise ConfigError(f"cannot use the store at {host}:{port}: {e}") from e
 
 
+def join_store(
+    store: Any,
+    rank: int,
+    world_size: int,
+    prefix: str,
+    timeout: float,
+    host: str,
+    token: str | bytes | None = None,
+    shared: str = _SHARED_CONTEXT,
+    owned: Iterable[Any] = (),
+    node_id: str | None = None,
+) -> Runtime:
+    """The one store bootstrap of the init paths that are handed a store (env://,
+    tcp://, file://, ``store=``, srun/mpiexec, and the torch backend's torch store): a
+    :class:`Runtime` of ``rank`` among ``world_size`` on ``store`` under ``prefix``
+    (arguments as Runtime's). ``token``: the secret the ranks hold; None: the user's,
+    ``secret.shared_token(shared)`` (stores that carry no token of their own). Blocks
+    until all joined; closes ``owned`` when it fails. Raises ConfigError (rank outside
+    0..world_size-1, another token than rank 0's) and CollectiveTimeoutError."""
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"rank {rank} is outside 0..world_size-1 (world_size {world_size})")
+    try:
+        if token is None:
+            token = shared_token(shared)
+        return Runtime(rank, world_size, store, prefix, timeout, host, owned, node_id, token)
+    except BaseException:
+        for obj in owned:
+            obj.close()
+        raise
+
+
 def launcher_runtime(namespace: str, timeout: float) -> Runtime:
     """The Runtime of a worker started by ``distlaunch run``, on the launcher's
     authenticated store (DISTLAUNCH_STORE_ADDR/PORT/TOKEN); rank and world size from
@@ -546,16 +577,8 @@ def init_process_group(
                 f"init_method {init_method!r}: unsupported scheme (use env://, tcp://host:port "
                 f"or file:///path)"
             )
-    if not 0 <= r < n:
-        raise ConfigError(f"rank {r} is outside 0..world_size-1 (world_size {n})")
-    try:
-        if token is None:  # file://, store=: a secret of the user's, not of the store
-            token = shared_token(_SHARED_CONTEXT)
-        _runtime = Runtime(r, n, store, prefix, timeout, host, owned, node_id, token)
-    except BaseException:
-        for obj in owned:
-            obj.close()
-        raise
+    # file://, store=: a secret of the user's (token None), not of the store
+    _runtime = join_store(store, r, n, prefix, timeout, host, token, owned=owned, node_id=node_id)
     GroupMember.WORLD = _runtime.world
 
 

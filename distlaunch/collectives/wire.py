@@ -10,7 +10,7 @@ Header layout (little endian)::
     magic   4s  b"DLC2" (the protocol version: DLC1 sent the secret in its HELLO)
     kind    B   HELLO / COLL / P2P / ABORT / STATUS_REQ / STATUS_REP
     dtype   B   DTYPE_CODES
-    op      B   OP_CODES (collective op, or reason code for ABORT)
+    op      B   OP_CODES (the op table's code, or reason code for ABORT)
     redop   B   ReduceOp value (255 = none)
     src     I   sender's global rank
     group   I   process group id (0 = WORLD)
@@ -31,6 +31,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .optable import OP_CODES as OP_CODES  # op codes: one entry per operation in the op table
+from .optable import OP_NAMES as OP_NAMES
+
 MAGIC = b"DLC2"
 HEADER = struct.Struct("<4sBBBBIIqIiQQ")
 HEADER_SIZE = HEADER.size
@@ -44,24 +47,6 @@ ABORT_MISMATCH, ABORT_PEER_LOST, ABORT_OTHER, ABORT_TIMEOUT = 1, 2, 3, 4
 
 NO_REDOP = 255
 
-OP_NAMES = (
-    "none",
-    "barrier",
-    "broadcast",
-    "reduce",
-    "all_reduce",
-    "scatter",
-    "gather",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
-    "send",
-    "recv",
-)
-OP_CODES = {name: i for i, name in enumerate(OP_NAMES)}
 
 _DTYPES = (
     "bool",

@@ -4,7 +4,8 @@ async collectives in order.
 A Work completes exactly once, with a result or an error; ``wait`` blocks, the other
 queries do not. :class:`RequestWork` completes with one transport request
 (point-to-point operations); :class:`Executor` completes the Works of a group's
-``async_op=True`` collectives on one helper thread.
+``async_op=True`` collectives on one helper thread (the torch backend's groups use it
+too, with their torch Works).
 """
 
 from __future__ import annotations
@@ -135,7 +136,13 @@ class RequestWork(Work):
 
 
 class Executor:
-    """Runs a group's async collectives in submission order on one daemon thread."""
+    """Runs a group's async operations in submission order on one daemon thread
+    (started on first use). Used by the runtime's groups and the torch backend's.
+
+    A job is ``fn`` and the Work its outcome completes: ``work.finish(fn())``, or
+    ``work.finish(error=e)`` with whatever ``fn`` raised. Only one thread submits to an
+    executor (the group's caller: program order is the operations' order).
+    """
 
     def __init__(self, name: str):
         self._name = name
@@ -143,24 +150,47 @@ class Executor:
         self.pending = 0  # jobs submitted and not finished (only the submitting thread reads it unlocked)
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
-    def submit(self, fn: Callable[[], Any], work: Work) -> None:
+    def idle(self) -> bool:
+        """Nothing queued or running: the caller may run an operation in its own thread.
+        Read without the lock: only the submitting thread raises ``pending``, so a 0 it
+        reads cannot become stale."""
+        return not self.pending and not self._closed
+
+    def submit(self, fn: Callable[[], Any], work: Any, inline: bool = False) -> bool:
+        """Queue ``fn`` (its outcome completes ``work``, a :class:`Work` or anything with
+        its ``finish``) and return True; with ``inline``, when nothing is pending (the
+        thread finished meanwhile), queue nothing and return False: the caller runs
+        ``fn`` itself. Raises CollectiveError after :meth:`close`."""
         with self._cv:
+            if self._closed:
+                raise CollectiveError(f"{self._name} was shut down")
+            if inline and self.pending == 0:
+                return False
             self.pending += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
-        self._queue.put((fn, work))
+            self._queue.put((fn, work))
+        return True
 
     def stop(self) -> None:
         """Let the thread exit once the queued jobs ran, and wait for it (up to 5 s) so
         that no thread of ours still holds user buffers (e.g. torch tensors) when the
-        interpreter shuts down."""
-        if self._thread is not None:
-            self._queue.put(None)
-            if self._thread is not threading.current_thread():
-                self._thread.join(timeout=5)
-            self._thread = None
+        interpreter shuts down. A later submit starts a new thread."""
+        with self._cv:
+            thread, self._thread = self._thread, None
+            if thread is not None:
+                self._queue.put(None)
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def close(self) -> None:
+        """As :meth:`stop`, and refuse later submits (CollectiveError)."""
+        with self._cv:
+            self._closed = True
+        self.stop()
 
     def _loop(self) -> None:
         while True:

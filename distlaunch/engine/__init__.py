@@ -13,10 +13,11 @@ plug-in says whether it applies here (``detect``), discovers its nodes, connects
 - ``slurm``: every agent in one ``srun`` step inside the user's allocation; nodes from
   the allocation; under ``srun`` (a step), one launcher per node with its place from
   Slurm's variables.
-- Kubernetes pods (PyTorchJob) would be one more entry: a plug-in whose ``detect`` sees
-  the pod's variables and says "node" (its ``node_options`` fill nnodes, node rank and
-  the endpoint), as Slurm's does under srun. Not written yet: PET_* variables already
-  reach the options (cli.option).
+- ``pods``: a Kubernetes pod started by kubeflow's PyTorchJob, trainer v2's TrainJob or
+  a JobSet: one launcher per pod, its place from the operator's variables (MASTER_ADDR,
+  PET_*, JOB_COMPLETION_INDEX, the JobSet restart attempt); never starts agents.
+- ``skypilot``: a SkyPilot task's node (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS): the same,
+  one launcher per node.
 
 An engine starts ``python -m distlaunch agent`` (``agent/entry.py``) with each node's job
 spec on the agent's stdin (the spec holds the store's secret: never on a command line),
@@ -77,7 +78,9 @@ class EngineEntry:
 ENGINES: tuple[EngineEntry, ...] = (
     EngineEntry("ssh", "ssh"),
     EngineEntry("slurm", "slurm", ("SLURM_JOB_ID", "SLURM_STEP_ID")),
-    # EngineEntry("pods", "pods", ("KUBERNETES_SERVICE_HOST",)),  # Kubernetes: see above
+    # SkyPilot first: its tasks may run in Kubernetes pods too, and its variables say more
+    EngineEntry("skypilot", "skypilot", ("SKYPILOT_NODE_RANK",)),
+    EngineEntry("pods", "pods", ("KUBERNETES_SERVICE_HOST",)),
 )
 NAMES = tuple(e.name for e in ENGINES)  # --launcher's choices besides "auto"
 DEFAULT = "ssh"  # the engine of a host list without --launcher
@@ -150,6 +153,11 @@ class EnginePlugin(Protocol):
     # The head's own host runs its agent in-process (SSH); False: every node's agent
     # goes through the engine, the head's too (Slurm: inside the job's step).
     local_agent_in_process: bool
+    # "node" placement with per-node options given (--nnodes, --master-addr, ...): False,
+    # the launch is taken as the user wrote it (Slurm under srun); True, the engine still
+    # fills the options not given (``node_options``), and says where a given one wins
+    # over its variables (Kubernetes pods: PET_* reach the options as given ones).
+    fills_around_given: bool
 
     def detect(self, environ: Mapping[str, str]) -> Placement | None:
         """Where this engine puts a launch started in ``environ`` without a host list or
@@ -159,9 +167,13 @@ class EnginePlugin(Protocol):
         """``--launcher NAME`` named this engine: raise ConfigError when it cannot run
         here (Slurm outside an allocation)."""
 
-    def node_options(self, environ: Mapping[str, str]) -> dict[str, Any]:
+    def node_options(
+        self, environ: Mapping[str, str], options: Mapping[str, Any], given: frozenset[str]
+    ) -> dict[str, Any]:
         """For "node": the `run` options (by name, as the command line gives them) the
-        scheduler's variables fill. Raises ConfigError."""
+        scheduler's variables fill; ``options``: all of them as click gives them, ``given`` the
+        names the user set (these win: ``resolve`` keeps them). May block (a pod waits for
+        its master's name to resolve). Raises ConfigError."""
 
     def discover(self, opts: RunOptions, environ: Mapping[str, str]) -> list[Host]:
         """For "head": the nodes and their slots, in node-rank order. Raises ConfigError."""

@@ -569,6 +569,7 @@ class SlurmPlugin:
     """The Slurm engine in the registry (``engine.EnginePlugin``)."""
 
     local_agent_in_process = False  # the head's node too runs its agent in the step
+    fills_around_given = False  # under srun, a per-node option given: the launch as written
 
     def detect(self, environ: Mapping[str, str]) -> Placement | None:
         if in_slurm_step(environ):
@@ -582,7 +583,9 @@ class SlurmPlugin:
                 "inside salloc or an sbatch script, or use --launcher ssh with -H"
             )
 
-    def node_options(self, environ: Mapping[str, str]) -> dict[str, Any]:
+    def node_options(
+        self, environ: Mapping[str, str], options: Mapping[str, Any], given: frozenset[str]
+    ) -> dict[str, Any]:
         """The per-node options of one launcher per node under srun (``srun -N2
         --ntasks-per-node=1 distlaunch run ...``): node count and rank from the step, node
         0 (the step's first node) hosts the store at a port derived from the job and step

@@ -146,6 +146,7 @@ class SSHPlugin:
     (the default engine there) or ``--launcher ssh``; never detected."""
 
     local_agent_in_process = True  # the head's own host runs its agent in-process
+    fills_around_given = False  # never detected
 
     def detect(self, environ: Mapping[str, str]) -> Placement | None:
         return None
@@ -153,7 +154,9 @@ class SSHPlugin:
     def check(self, environ: Mapping[str, str]) -> None:
         pass  # runs wherever SSH reaches the hosts; without a host list: this node alone
 
-    def node_options(self, environ: Mapping[str, str]) -> dict[str, Any]:
+    def node_options(
+        self, environ: Mapping[str, str], options: Mapping[str, Any], given: frozenset[str]
+    ) -> dict[str, Any]:
         return {}  # never detected: no launcher of its own on a node
 
     def discover(self, opts: RunOptions, environ: Mapping[str, str]) -> list[Host]:

@@ -10,7 +10,7 @@ sender and communicator are received in the order sent (MPI's non-overtaking rul
 a receive buffer may be larger than the message (Status tells the count) and Probe
 sees a message before it is received.
 
-Peers on this node are reached over shared memory (:mod:`distlaunch.collectives.shm_p2p`)
+Peers on this node are reached over shared memory (:mod:`distlaunch.collectives.transport.shm_p2p`)
 instead: the links route every arriving MPI message to :meth:`Engine._local_route`,
 which matches it at once, so its payload is copied from the ring straight into the
 posted receive's buffer when one matches (contiguous datatypes), else kept.
@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 
 from ..collectives.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
-from ..collectives.shm_p2p import links_for
 from ..collectives.transport import Request as TransportRequest
+from ..collectives.transport.shm_p2p import links_for
 from ..collectives.wire import HEADER, MAGIC, NO_REDOP, OP_CODES, P2P, Header
 from .datatypes import BYTE, UNDEFINED, Datatype, Spec
 from .errors import ERR_REQUEST, ERR_TRUNCATE, SUCCESS, MPIException

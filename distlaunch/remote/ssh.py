@@ -321,8 +321,10 @@ class SSHConnection:
         except BaseException:
             self.close()
             raise
-        self.transport = self.client.get_transport()
-        self.transport.set_keepalive(int(KEEPALIVE_INTERVAL))
+        transport = self.client.get_transport()
+        assert transport is not None  # connect() returned: the transport is up
+        self.transport: paramiko.Transport = transport
+        transport.set_keepalive(int(KEEPALIVE_INTERVAL))
 
     def _load_known_hosts(self, s: _Settings) -> None:
         for path in s.global_known_hosts:
@@ -381,7 +383,7 @@ class SSHConnection:
                 port=s.port,
                 username=s.user,
                 sock=sock,
-                key_filename=list(s.key_files) or None,
+                key_filename=list(s.key_files) or None,  # type: ignore[arg-type]  # a list is documented; the stub says str
                 look_for_keys=not s.key_files,
                 allow_agent=s.allow_agent,
                 timeout=t,

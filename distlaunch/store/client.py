@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from ..env import lookup
 from ..errors import StoreAuthError, StoreConnectionError, StoreError, StoreProtocolError, StoreTimeoutError
 from . import protocol as P
 from .protocol import HEADER, HEADER_SIZE, Reader
@@ -194,7 +195,7 @@ class StoreClient:
         self.host = host
         self.port = int(port)
         if token is None:
-            token = os.environ.get("DISTLAUNCH_STORE_TOKEN")
+            token = lookup("DISTLAUNCH_STORE_TOKEN")
         self._token = token
         self._secret = P.secret_bytes(token) if token is not None else b""
         self.timeout = _timeout(timeout)

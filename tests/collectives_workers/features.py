@@ -254,7 +254,7 @@ elif mode == "objects":
             F.check("recv_object_list", (src, same(lst[0], obj(0)), lst[1]), (0, True, "tail"))
 
 elif mode == "large":
-    from distlaunch.collectives.shm import ShmConfig
+    from distlaunch.collectives.transport.shm import ShmConfig
 
     small = ShmConfig.from_env().small
     # bytes of float32, around the TCP and shared-memory algorithm switches

@@ -17,14 +17,10 @@ import tempfile
 import threading
 import time
 
+from ports import free_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = os.path.dirname(os.path.abspath(__file__))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _base_env(extra):

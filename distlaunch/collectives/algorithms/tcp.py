@@ -1,5 +1,6 @@
-"""Collective algorithms over TCP messages, written against :class:`~.context.OpContext` (post send/recv of
-byte views to group ranks, wait). All buffers here are flat (1-D) C-contiguous numpy
+"""Collective algorithms over TCP messages, written against
+:class:`~distlaunch.collectives.context.OpContext` (post send/recv of byte views to
+group ranks, wait). All buffers here are flat (1-D) C-contiguous numpy
 arrays; ``r`` is this rank's group rank and ``n`` the group size.
 
 Choice (thresholds in bytes of the buffer, see ``RING_THRESHOLD``/``CHAIN_THRESHOLD``):
@@ -31,10 +32,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .buffers import byte_view
-from .context import OpContext
-from .ops import ReduceOp, combine, finalize
-from .transport import Request
+from ..buffers import byte_view, joined
+from ..context import OpContext
+from ..ops import ReduceOp, combine, finalize
+from ..optable import implements
+from ..transport import Request
 
 RING_THRESHOLD = 64 * 1024
 CHAIN_THRESHOLD = 256 * 1024
@@ -68,6 +70,7 @@ def _pieces(length: int, unit: int) -> list:
 # --------------------------------------------------------------------- barrier
 
 
+@implements("barrier", "tcp")
 def barrier(ctx: OpContext) -> None:
     """Dissemination barrier: in round k, send to r + 2^k and receive from r - 2^k."""
     n, r = ctx.group.size, ctx.group.rank
@@ -81,6 +84,7 @@ def barrier(ctx: OpContext) -> None:
 # --------------------------------------------------------------------- broadcast
 
 
+@implements("broadcast", "tcp")
 def broadcast(ctx: OpContext, buf: np.ndarray, root: int) -> None:
     n = ctx.group.size
     if n == 1:
@@ -204,6 +208,7 @@ def ring_all_gather(ctx: OpContext, views: list, phase0: int = 0, recvs: list | 
 # --------------------------------------------------------------------- reductions
 
 
+@implements("all_reduce", "tcp")
 def all_reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
     n = ctx.group.size
     if n > 1:
@@ -259,6 +264,7 @@ def _recursive_doubling(ctx: OpContext, buf: np.ndarray, op: ReduceOp) -> None:
             ctx.wait(ctx.recv(r + 1, mv, 1 << 20))
 
 
+@implements("reduce", "tcp")
 def reduce(ctx: OpContext, buf: np.ndarray, op: ReduceOp, root: int) -> None:
     """Result in ``buf`` on ``root``; other ranks' ``buf`` is left unchanged."""
     n, r = ctx.group.size, ctx.group.rank
@@ -377,3 +383,42 @@ def all_to_all(ctx: OpContext, out_mvs: list, in_mvs: list) -> None:
     sends = [ctx.send((r + k) % n, in_mvs[(r + k) % n]) for k in range(1, n)]
     out_mvs[r][:] = in_mvs[r]
     ctx.wait(*recvs, *sends)
+
+
+# --------------------------------------------------------------------- the op table's entries
+# (the operations whose arguments the algorithms above take in another form)
+
+
+@implements("all_gather", "tcp")
+def _all_gather_op(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
+    """``outs``: n arrays of ``inp``'s size and dtype; ``outs[i]`` receives rank i's
+    ``inp`` (not modified)."""
+    views = [byte_view(o) for o in outs]
+    views[ctx.group.rank][:] = byte_view(inp)
+    all_gather(ctx, views)
+
+
+@implements("reduce_scatter", "tcp")
+def _reduce_scatter_op(ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp) -> None:
+    """``blocks``: n arrays (or one array of n blocks) of ``out``'s size, not modified;
+    ``out`` receives block r of their reduction over the ranks."""
+    work, fresh = joined(blocks)
+    reduce_scatter(ctx, out, work if fresh else work.copy(), op)
+
+
+@implements("scatter", "tcp")
+def _scatter_op(ctx: OpContext, out: np.ndarray, ins: list | None, root: int) -> None:
+    """``out`` on rank i receives ``ins[i]`` of ``root`` (``ins``: None elsewhere)."""
+    scatter(ctx, byte_view(out), None if ins is None else [byte_view(a) for a in ins], root)
+
+
+@implements("gather", "tcp")
+def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) -> None:
+    """``outs[i]`` on ``root`` receives rank i's ``inp`` (``outs``: None elsewhere)."""
+    gather(ctx, byte_view(inp), None if outs is None else [byte_view(a) for a in outs], root)
+
+
+@implements("all_to_all", "tcp")
+def _all_to_all_op(ctx: OpContext, outs: list, ins: list) -> None:
+    """``ins[i]`` goes to rank i, ``outs[i]`` comes from rank i (one dtype)."""
+    all_to_all(ctx, [byte_view(a) for a in outs], [byte_view(a) for a in ins])

@@ -1,16 +1,16 @@
 """The transport interface: asynchronous, matched sends and receives of byte buffers
 between global ranks.
 
-A transport delivers each message (a :class:`~.wire.Header` plus payload) to the peer,
+A transport delivers each message (a :class:`~distlaunch.collectives.wire.Header` plus payload) to the peer,
 in order per (sender, receiver) pair. Receives are *posted* with a match key
 ``(kind, group, seq)`` and a source rank (``None``: any source, point-to-point only);
 an arriving message goes straight into the buffer of the first matching posted
 receive, or is kept as an "unexpected" message (one copy) until a receive is posted.
 
 TCP (:mod:`.tcp`) is the one implementation; the TCP algorithms (:mod:`.algorithms`)
-use it through :class:`~.context.OpContext`. Shared memory is not a Transport: it is a
+use it through :class:`~distlaunch.collectives.context.OpContext`. Shared memory is not a Transport: it is a
 phase-synchronised segment per group (:mod:`.shm`) with its own algorithms, and the
-choice between them is made per group by a :class:`~.backend.Backend`.
+choice between them is made per group by a :class:`~distlaunch.collectives.algorithms.backend.Backend`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .wire import Header
+from ..wire import Header
 
 # check(header) -> None if the message is acceptable, else the exception to fail with
 Check = Callable[[Header], BaseException | None]

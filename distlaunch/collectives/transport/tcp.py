@@ -1,4 +1,4 @@
-"""TCP implementation of :class:`~.transport.Transport`.
+"""TCP implementation of :class:`~distlaunch.collectives.transport.Transport`.
 
 - One listening socket per process; its ``host:port`` is published in the store under
   ``<prefix>addr/<rank>``. Connections are made lazily, the first time a rank sends to
@@ -48,9 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
-from .transport import Check, Request, Transport
-from .wire import COLL, DTYPE_NAMES, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, Header, unpack_header
+from ..errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutError, PeerLostError
+from ..wire import COLL, DTYPE_NAMES, HEADER_SIZE, HELLO, P2P, STATUS_REP, STATUS_REQ, Header, unpack_header
+from . import Check, Request, Transport
 
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
 _SUSPECT_GRACE = 1.0  # seconds; see _conn_failed_locked
@@ -96,7 +96,7 @@ class _Conn:
         self.sock = sock
         self.peer = peer  # None until an incoming connection said HELLO
         self.outgoing = outgoing
-        self.sendq = collections.deque()  # [list of memoryviews, Request or None]
+        self.sendq: collections.deque[list] = collections.deque()  # [list of memoryviews, Request or None]
         self.events = 0
         self.closed = False
         self.hdr_buf = bytearray(HEADER_SIZE)
@@ -115,8 +115,8 @@ def _tune(sock):
 
 def _earliest(*waits):
     """The smallest of the select timeouts that are not None (None if all are)."""
-    waits = [w for w in waits if w is not None]
-    return min(waits) if waits else None
+    given = [w for w in waits if w is not None]
+    return min(given) if given else None
 
 
 class TcpTransport(Transport):
@@ -175,7 +175,7 @@ class TcpTransport(Transport):
         self.handshake_timeout = handshake_timeout
         self.max_pending = max(64, 2 * world_size)
         self._pending: dict[_Conn, float] = {}  # unauthenticated incoming _Conn -> deadline, oldest first
-        self._accept_paused_until = None  # monotonic time, while out of descriptors
+        self._accept_paused_until: float | None = None  # monotonic time, while out of descriptors
         # late_handler(header): called on the progress thread for an unmatched collective
         # message, so the runtime can spot messages of operations it already finished
         self.late_handler: Callable[[Header], None] | None = None
@@ -438,8 +438,8 @@ class TcpTransport(Transport):
     def _take_unexpected(self, key, peer):
         # lock held
         if peer is None:
-            for (k, src), q in self._unexpected.items():
-                if k == key and q:
+            for (k, src), waiting in self._unexpected.items():
+                if k == key and waiting:
                     peer = src
                     break
             else:
@@ -838,7 +838,7 @@ class TcpTransport(Transport):
 
     def _peer_lost_locked(self, peer, reason):
         self._lost.setdefault(peer, reason)
-        victims = []
+        victims: list = []
         for k in [k for k in self._posted if k[1] == peer and not self._local_p2p(k[0], peer)]:
             victims.extend(self._posted.pop(k))
         out = self._out.pop(peer, None)

@@ -9,7 +9,7 @@ per node (the node's lowest group rank), then within the node again.
   everywhere). Larger ("2D"): node-local reduce-scatter per chunk, each rank all-reduces
   its slice across nodes with its column (every rank carries 1/(ranks per node) of the
   inter-node traffic), node-local all-gather. Unequal nodes: node-local reduce to the
-  leader, all_reduce among the leaders (TCP, :mod:`.algorithms`), node-local broadcast. The result
+  leader, all_reduce among the leaders (TCP, :mod:`.tcp`), node-local broadcast. The result
   is computed once (by the leaders' fixed algorithm, on identical node sums) and copied,
   so every rank gets the same bits; AVG divides by the whole group size at the end;
 - broadcast: the root's node first broadcasts locally (when the root is not its
@@ -18,9 +18,10 @@ per node (the node's lowest group rank), then within the node again.
 - barrier: node-local barrier, leaders' barrier, node-local barrier.
 
 Other operations run flat over TCP. The node-local, leader and column sub-groups are
-internal :class:`~.context.Members` (ids with bit 31 / 30 / 29 set) that run inside the parent operation: its
-deadline, its sequence number for diagnosis; a failure in a sub-group fails the parent
-operation, whose ABORT (sent to every parent member) also breaks the sub-groups.
+internal :class:`~distlaunch.collectives.context.Members` (ids with bit 31 / 30 / 29
+set) that run inside the parent operation: its deadline, its sequence number for
+diagnosis; a failure in a sub-group fails the parent operation, whose ABORT (sent to
+every parent member) also breaks the sub-groups.
 
 Reference: the two-level scheme of MPICH's SMP-aware collectives (MPIR_Allreduce_intra_smp).
 """
@@ -32,13 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from . import algorithms as alg
-from . import shm_algorithms as shm_alg
+from ..buffers import byte_view
+from ..context import Members, OpContext, OpTimeout
+from ..ops import ReduceOp, finalize
+from ..optable import OpSpec, algorithm, implements
+from ..transport.shm import ShmChannel, ShmConfig, ShmFullError, warn_full
+from . import shm as shm_alg
+from . import tcp as alg
 from .backend import Backend
-from .buffers import byte_view
-from .context import Members, OpContext, OpTimeout
-from .ops import ReduceOp, finalize
-from .shm import ShmChannel, ShmConfig, ShmFullError, warn_full
 
 LOCAL_BIT, LEADER_BIT, COLUMN_BIT = 1 << 31, 1 << 30, 1 << 29
 # all_reduce across nodes: whole node sums per column up to here, the 2D scheme above
@@ -52,7 +54,6 @@ class HierarchicalBackend(Backend):
     ``shm_name(members)``: the segment name of the node-local sub-group."""
 
     kind = "hierarchical"
-    native_ops = frozenset({"barrier", "broadcast", "all_reduce"})
 
     def __init__(
         self,
@@ -107,6 +108,17 @@ class HierarchicalBackend(Backend):
                 group.timeout,
                 f"{group.name} (column {i})",
             )
+
+    def run(self, op: OpSpec, ctx: OpContext, *args: Any) -> None:
+        """``op``'s hierarchical algorithm (a method below), else flat over TCP."""
+        fn = algorithm(op, "hierarchical")
+        if fn is None:
+            super().run(op, ctx, *args)
+        else:
+            fn(self, ctx, *args)
+
+    def native(self, op: OpSpec) -> bool:
+        return algorithm(op, "hierarchical") is not None
 
     def children(self) -> list[Members]:
         return [c for c in (self.local_pg, self.leader_pg, self.column_pg) if c is not None]
@@ -210,6 +222,7 @@ class HierarchicalBackend(Backend):
         finally:
             sub.cancel_pending()
 
+    @implements("all_reduce", "hierarchical")
     def all_reduce(self, ctx: OpContext, arr: np.ndarray, op: ReduceOp) -> None:
         opx = ReduceOp.SUM if op is ReduceOp.AVG else op  # divide once, by the whole group
         col, local = self.column_pg, self.local_pg
@@ -247,6 +260,7 @@ class HierarchicalBackend(Backend):
             self._local_broadcast(ctx, arr.view(np.uint8), 0)
         finalize(arr, op, self.group.size)
 
+    @implements("broadcast", "hierarchical")
     def broadcast(self, ctx: OpContext, arr: np.ndarray, root: int) -> None:
         u8 = arr.view(np.uint8)
         node = self.node_of[root]
@@ -259,6 +273,7 @@ class HierarchicalBackend(Backend):
         if self.local_pg is not None and (mine != node or root == root_leader):
             self._local_broadcast(ctx, u8, 0)
 
+    @implements("barrier", "hierarchical")
     def barrier(self, ctx: OpContext) -> None:
         if self.local_pg is not None:
             self._local_barrier(ctx)

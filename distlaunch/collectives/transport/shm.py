@@ -1,5 +1,5 @@
 """The shared-memory channel of a group whose members share one node: the segment, its
-phases and their synchronisation (the algorithms on it: :mod:`.shm_algorithms`).
+phases and their synchronisation (the algorithms on it: :mod:`distlaunch.collectives.algorithms.shm`).
 
 One segment per group (a file under /dev/shm named ``<DISTLAUNCH_SHM_PREFIX>...``),
 created lazily by the group's first collective and unlinked as soon as every member has
@@ -61,10 +61,10 @@ from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
-from .context import OpContext, OpTimeout
-from .errors import CollectiveError, CollectiveMismatchError, PeerLostError
-from .ops import ReduceOp, check_op, ufunc
-from .wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, OP_CODES
+from ..context import OpContext, OpTimeout
+from ..errors import CollectiveError, CollectiveMismatchError, PeerLostError
+from ..ops import ReduceOp, check_op, ufunc
+from ..wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, OP_CODES
 
 SLOT = 4 << 20  # default bytes per data buffer
 CHUNK = 2 << 20  # default all_reduce bytes per chunk
@@ -267,7 +267,7 @@ def _alive(pid: int) -> bool:
 class ShmChannel:
     """The shared-memory channel of one group whose members share a node.
 
-    ``group``: the group's :class:`~.context.Members`; ``name``: segment file name
+    ``group``: the group's :class:`~distlaunch.collectives.context.Members`; ``name``: segment file name
     (already carrying DISTLAUNCH_SHM_PREFIX); ``config``: sizes. Created by the group's
     first collective; every method runs inside that group's operations (serialised by
     the group), on the calling or the group's executor thread.

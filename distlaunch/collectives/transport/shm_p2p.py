@@ -18,7 +18,7 @@ the last local rank to map one unlinks it (an inbox also goes with its owner's
                 at 64 the sender's "blocked" flag (u32), at 128 tail (u64, bytes the
                 owner consumed) -- then a ring of ``ring`` bytes
 
-A message is a 64-byte record (the 48-byte wire :class:`~.wire.Header`) followed by
+A message is a 64-byte record (the 48-byte wire :class:`~distlaunch.collectives.wire.Header`) followed by
 its payload, padded to 64 bytes. The sender writes as much as the ring has room for and
 keeps the rest queued; whatever the process does next with point-to-point (a send, a
 wait, a test) moves queued data on, so large messages stream through the ring in
@@ -67,7 +67,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CollectiveError, PeerLostError
+from ..errors import CollectiveError, PeerLostError
+from ..wire import HEADER, HEADER_SIZE, MAGIC, Header
+from . import Request
 from .shm import (
     _SLICE,
     _SYS_FUTEX,
@@ -82,8 +84,6 @@ from .shm import (
     warn_full,
 )
 from .shm import available as shm_available
-from .transport import Request
-from .wire import HEADER, HEADER_SIZE, MAGIC, Header
 
 RING = 1 << 20  # default bytes per (sender, receiver) ring
 _HDR, _CTL, _REC = 4096, 256, 64

@@ -1,5 +1,6 @@
-"""Collective algorithms on a group's shared-memory channel (:class:`~.shm.ShmChannel`,
-``ctx.shm``): every function runs one operation of the calling rank.
+"""Collective algorithms on a group's shared-memory channel
+(:class:`~distlaunch.collectives.transport.shm.ShmChannel`, ``ctx.shm``): every function
+runs one operation of the calling rank.
 
 Algorithms (n ranks, all reductions in the fixed order rank 0, 1, ..., n-1, so every
 rank gets bit-identical results):
@@ -25,24 +26,27 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .algorithms import block_bounds
-from .context import OpContext
-from .ops import ReduceOp, finalize, ufunc
-from .shm import PHASE_HALF as _H
-from .shm import PHASE_MASK as _M
-from .shm import SmallAllReduce
+from ..buffers import joined
+from ..context import OpContext
+from ..ops import ReduceOp, finalize, ufunc
+from ..optable import implements
+from ..transport.shm import PHASE_HALF as _H
+from ..transport.shm import PHASE_MASK as _M
+from ..transport.shm import ShmChannel, SmallAllReduce
+from .tcp import block_bounds
 
 
+@implements("barrier", "shm")
 def barrier(ctx: OpContext) -> None:
     """The first phase alone (which compares the ranks' calls)."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     s.begin(ctx)
 
 
 def preamble(ctx: OpContext) -> None:
     """Mismatch check (and barrier) before an operation that runs over TCP."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     s.begin(ctx)
 
@@ -56,7 +60,7 @@ def _reduce_into(uf: np.ufunc, srcs: list[np.ndarray], out: np.ndarray) -> None:
 def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> None:
     """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
     reduces all n itself), with the constant work done once in ``plan``."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     p = s.phase + 1
     if (s.all_at - p + 1) & _M >= _H:  # our buffer of this parity may still be read
@@ -69,6 +73,7 @@ def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> N
         finalize(arr, ReduceOp.AVG, s.n)
 
 
+@implements("all_reduce", "shm")
 def all_reduce(
     ctx: OpContext,
     arr: np.ndarray,
@@ -82,7 +87,7 @@ def all_reduce(
     on this rank's reduced slice of every chunk before the others copy it (hierarchical
     all_reduce: the slice is all-reduced across nodes there); forces the chunked
     algorithm. ``chunk``: bytes per chunk (default ``config.chunk``, at most the slot)."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     n, r = s.n, s.r
     dt, nb = arr.dtype, arr.nbytes
@@ -129,7 +134,7 @@ def all_reduce(
 
 def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
     """``u8``: the buffer as flat uint8 (written on non-roots)."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     r = s.r
     nb = len(u8)
@@ -154,7 +159,7 @@ def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
 
 def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
     """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     n = s.n
     nb = len(inp)
@@ -175,7 +180,7 @@ def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
 
 def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceOp) -> None:
     """``out``: m elements; ``inp``: n*m elements (not modified), both flat."""
-    s = ctx.shm
+    s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     n, r = s.n, s.r
     dt, m = out.dtype, out.size
@@ -200,3 +205,27 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
             else:
                 _reduce_into(uf, srcs, out[a:b])
     finalize(out, op, n)
+
+
+# --------------------------------------------------------------------- the op table's entries
+# (the operations whose arguments the algorithms above take in another form)
+
+
+@implements("broadcast", "shm")
+def _broadcast_op(ctx: OpContext, arr: np.ndarray, root: int) -> None:
+    broadcast(ctx, arr.view(np.uint8), root)
+
+
+@implements("reduce", "shm")
+def _reduce_op(ctx: OpContext, arr: np.ndarray, op: ReduceOp, root: int) -> None:
+    all_reduce(ctx, arr, op, root)
+
+
+@implements("all_gather", "shm")
+def _all_gather_op(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
+    all_gather(ctx, [o.view(np.uint8) for o in outs], inp.view(np.uint8))
+
+
+@implements("reduce_scatter", "shm")
+def _reduce_scatter_op(ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp) -> None:
+    reduce_scatter(ctx, out, joined(blocks)[0], op)
