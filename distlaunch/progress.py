@@ -89,10 +89,26 @@ def heartbeat() -> None:
         w[1] += 1
 
 
-def _put(at: int, size: int, text: str) -> None:
-    assert _rec.mm is not None
+def _padded(text: str, size: int) -> bytes:
     data = text.encode(errors="replace")[: size - 1]
-    _rec.mm[at : at + size] = data + bytes(size - len(data))
+    return data + bytes(size - len(data))
+
+
+# what the record holds now: a begin with the same op and peers as the last one (a
+# collective in a loop) writes only its sequence number and start time
+_UNSET = object()
+_last_op: str | None = None
+_last_peers: object = _UNSET
+
+
+def _put_peers(peers: Iterable[int] | str | None) -> None:
+    global _last_peers
+    if isinstance(peers, (list, set)):
+        peers = tuple(peers)  # comparable with the next call's, and not changed later by the caller
+    if _last_peers is _UNSET or peers != _last_peers:
+        assert _rec.mm is not None
+        _rec.mm[_TEXT : _TEXT + _TEXT_LEN] = _padded(_peers_text(peers), _TEXT_LEN)
+        _last_peers = peers
 
 
 def _peers_text(peers: Iterable[int] | str | None) -> str:
@@ -121,17 +137,21 @@ def begin(op: str, seq: int, peers: Iterable[int] | str | None = None) -> None:
     w = _rec.words if _looked else _words()
     if w is None:
         return
+    global _last_op
     w[3] = 0  # nothing in flight while the name and text change
     w[2] = seq
-    _put(_NAME, _NAME_LEN, op)
-    _put(_TEXT, _TEXT_LEN, _peers_text(peers))
+    if op != _last_op:
+        assert _rec.mm is not None
+        _rec.mm[_NAME : _NAME + _NAME_LEN] = _padded(op, _NAME_LEN)
+        _last_op = op
+    _put_peers(peers)
     w[3] = time.monotonic_ns() or 1
 
 
 def waiting(peers: Iterable[int] | str | None) -> None:
     """Update whom the operation in flight still waits for. Never raises."""
     if (_rec.words if _looked else _words()) is not None:
-        _put(_TEXT, _TEXT_LEN, _peers_text(peers))
+        _put_peers(peers)
 
 
 def end() -> None:

@@ -53,6 +53,9 @@ def test_ps_top_stacks_of_a_running_job(tmp_path):
         for r in recs[:3]:
             os.kill(r["pid"], 0)  # the pids are the live workers
             assert r["rss"] > 0 and r["line"] == f"rank {r['rank']} up"
+        # rank 1's operation in flight (distlaunch.progress), the others have none
+        assert recs[1]["op"] == "all_reduce #7, waiting for rank 2" and recs[1]["op_age"] >= 0
+        assert recs[0]["op"] is None and recs[2]["op"] is None
 
         table = dl("top", "--once", env=env)
         assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:4] == [
@@ -66,7 +69,9 @@ def test_ps_top_stacks_of_a_running_job(tmp_path):
         st = dl("stacks", env=env)
         assert st.returncode == 0, st.stderr
         prog = W / "plain.py"
-        assert f"ranks 0-1 (2): wait_here (plain.py:{line_of(prog, 'WAIT-LINE')})" in st.stdout, st.stdout
+        wait = f"ranks 0-1 (2): wait_here (plain.py:{line_of(prog, 'WAIT-LINE')}) <- <module> (plain.py:"
+        assert wait in st.stdout, st.stdout
+        assert "[rank 1: all_reduce #7, " in st.stdout and "waiting for rank 2]" in st.stdout
         assert f"rank 2: stuck_here (plain.py:{line_of(prog, 'STUCK-LINE')})" in st.stdout
         assert "rank 3" not in st.stdout  # exited: nothing to read
 

@@ -5,7 +5,8 @@ beats: every rank sleeps between heartbeats (no output), for SECONDS, then exits
 printer: rank 0 prints every 0.3 s, the others sleep, for SECONDS, then exits 0;
 crash: rank 1 exits 3 after a moment, the others sleep in wait_here;
 late: every rank is silent for SECONDS (start-up), then prints and exits 0;
-one_exits: rank 3 exits 0, the others sleep in wait_here (rank 2 in stuck_here).
+one_exits: rank 3 exits 0, the others sleep in wait_here (rank 2 in stuck_here; rank 1
+with an operation in flight, as distlaunch's runtime marks one).
 """
 
 import os
@@ -49,6 +50,10 @@ elif mode == "one_exits":
         sys.exit(0)
     if rank == 2:
         stuck_here()
+    if rank == 1:
+        from distlaunch import progress
+
+        progress.begin("all_reduce", 7, peers=[2])
     wait_here()
 elif mode == "crash":
     if rank == 1:
