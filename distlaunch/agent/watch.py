@@ -175,11 +175,6 @@ class Watchdog:
                 say(f"cannot write {self.report_path} ({e.strerror}); the stacks are above")
         return Explained(cause, text, odd, len(main) == 1 and len(main[0].ranks) == len(pids))
 
-    def close(self) -> None:
-        for r in self._readers.values():
-            r.close()
-        self._readers.clear()
-
 
 def nccl_trace_env(base: Mapping[str, str], log_root: str | None) -> tuple[dict[str, str], str]:
     """torch's NCCL flight recorder for a job with ``--hang-timeout``: its ring buffer on
