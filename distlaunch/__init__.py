@@ -12,6 +12,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (type che
 if TYPE_CHECKING:
     from .launch_api import LaunchFailedError as LaunchFailedError
     from .launch_api import launch as launch  # its real signature, for type checkers
+    from .progress import heartbeat as heartbeat  # distlaunch.heartbeat()
 
 _LAZY = ("launch", "LaunchFailedError")  # from launch_api, on first use
 
@@ -21,4 +22,9 @@ def __getattr__(name: str) -> object:
         from . import launch_api
 
         return getattr(launch_api, name)
+    if name == "heartbeat":  # progress.heartbeat: stdlib only; kept here so later calls skip this
+        from .progress import heartbeat
+
+        globals()["heartbeat"] = heartbeat
+        return heartbeat
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -289,6 +289,13 @@ def _env_entries(value: object, where: str) -> list[str]:
     help="Send streams to the console and to log files (values as --redirects).",
 )
 @option(
+    "--dedup-output",
+    group=OUTPUT,
+    is_flag=True,
+    help="Print identical lines of several ranks (within 0.2 s) once, as [0-7]: line; a "
+    "rank's lines keep their order.",
+)
+@option(
     "--local-ranks-filter",
     group=OUTPUT,
     default=None,
@@ -312,6 +319,26 @@ def _env_entries(value: object, where: str) -> list[str]:
     envvar=["PET_STOP_TIMEOUT", "PET_SHUTDOWN_TIMEOUT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"],
     help="Grace between SIGTERM and SIGKILL when stopping workers (torchrun's "
     "--shutdown-timeout and TORCH_ELASTIC_SHUTDOWN_TIMEOUT are the same).",
+)
+@option(
+    "--hang-timeout",
+    group=SUPERVISION,
+    default=0.0,
+    show_default=True,
+    type=float,
+    metavar="SECONDS",
+    help="When no rank progresses (an output line, distlaunch.heartbeat(), a completed "
+    "collective) for SECONDS, print every rank's stack grouped, name the odd ranks out, "
+    "and stop the group as a failure (--max-restarts applies). Start-up, until a first sign "
+    "of progress, gets at least 60 s. 0: off.",
+)
+@option(
+    "--stacks-on-failure/--no-stacks-on-failure",
+    group=SUPERVISION,
+    default=True,
+    show_default=True,
+    help="When a worker fails, print where the other ranks were (their stacks, grouped) "
+    "before stopping them. Needs py-spy.",
 )
 @option(
     "--start-method",
@@ -845,6 +872,37 @@ def completion(shell: str) -> None:
     click.echo(comp.source())
 
 
+@cli.command()
+def ps() -> None:
+    """List your running jobs on this host: run id, start time, world size, hosts."""
+    from .observe.viewer import ps as show
+
+    show()
+
+
+@cli.command()
+@click.argument("run_id", required=False)
+@click.option("--once", is_flag=True, help="Print one table and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one table as JSON (for scripts) and exit.")
+def top(run_id: str | None, once: bool, as_json: bool) -> None:
+    """A live table of every rank of a running job: pid, state, CPU, memory, the
+    operation in flight, its last output line. RUN_ID may be left out when one job runs."""
+    from .observe.viewer import top as show
+
+    show(run_id, once, as_json)
+
+
+@cli.command()
+@click.argument("run_id", required=False)
+@click.option("--all", "full", is_flag=True, help="Every frame, not only the user's code.")
+def stacks(run_id: str | None, full: bool) -> None:
+    """Every rank's Python stack of a running job, ranks with identical stacks grouped.
+    RUN_ID may be left out when one job runs."""
+    from .observe.viewer import stacks as read
+
+    click.echo(read(run_id, full))
+
+
 @cli.command(hidden=True)
 def agent() -> None:
     """Internal: one node's agent, started by the head (``agent/entry.py``)."""
@@ -972,10 +1030,16 @@ def _print_root_cause(e: DistlaunchError, f: WorkerFailure) -> None:
         f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}), "
         f"pid {f.pid}: {f.how} at {when}"
     )
+    if f.cause:
+        say(f.cause)
     trace = _error_file_trace(f.error_file_text) or f.stderr_tail
-    if trace:
+    if trace and not f.hang:
         say("last lines of its stderr:" if trace is f.stderr_tail else "its recorded error:")
         for line in trace.splitlines():
+            sys.stderr.write(f"    {line}\n")
+    if f.stacks:
+        say("where the ranks of its node were:" if f.hang else "where the other ranks of its node were:")
+        for line in f.stacks.splitlines():
             sys.stderr.write(f"    {line}\n")
     say(f"exiting with code {e.exit_code}")
 

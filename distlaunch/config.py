@@ -211,6 +211,9 @@ class LaunchConfig:
     signals_to_handle: str | None = None  # torchrun's: also forwarded, in TORCHELASTIC_SIGNALS_TO_HANDLE
     duplicate_stdout_filters: tuple[str, ...] = ()  # torchrun's: matching lines also to a file
     duplicate_stderr_filters: tuple[str, ...] = ()
+    hang_timeout: float = 0.0  # seconds without progress of any rank before a hang (0: off)
+    stacks_on_failure: bool = True  # the survivors' stacks when a worker fails (needs py-spy)
+    dedup_output: bool = False  # identical lines of several ranks printed once, [0-7]: line
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy (the head sends it to remote agents)."""
@@ -295,6 +298,11 @@ class LaunchConfig:
         if not (0 <= self.stop_timeout < math.inf):  # also refuses nan
             raise ConfigError(
                 f"--stop-timeout {self.stop_timeout} is invalid: give a finite number of seconds, 0 or more"
+            )
+        if not (0 <= self.hang_timeout < math.inf):
+            raise ConfigError(
+                f"--hang-timeout {self.hang_timeout} is invalid: give a finite number of seconds, 0 (off) "
+                f"or more"
             )
         if not (0 < self.monitor_interval < math.inf):
             raise ConfigError(
@@ -473,6 +481,9 @@ class RunOptions:
     stop_timeout: float
     min_nodes: int | None
     signals_to_handle: str | None
+    hang_timeout: float
+    stacks_on_failure: bool
+    dedup_output: bool
 
     @classmethod
     def names(cls) -> frozenset[str]:

@@ -71,6 +71,8 @@ DISTLAUNCH_VARS = {
     "DISTLAUNCH_SHM_PREFIX": "name prefix (under /dev/shm) for every shared-memory segment the "
     "workers of this node create in this round; the launcher removes "
     "prefix* when the round ends and after a crash",
+    "DISTLAUNCH_PROGRESS_FILE": "this worker's progress record (distlaunch.progress: heartbeat() and "
+    "the operation in flight), read by its agent for --hang-timeout and `distlaunch top`",
 }
 
 # Settings the user may give workers; read once by init_process_group
@@ -228,6 +230,7 @@ class WorkerIdentity:
     # MASTER_PORT is the agents' store, which also serves torch's TCPStore protocol
     # (per-node static launches, as torchrun's agent store)
     agent_store: bool = False
+    progress_file: str | None = None  # DISTLAUNCH_PROGRESS_FILE (distlaunch.progress)
 
 
 def build_worker_env(
@@ -270,6 +273,10 @@ def build_worker_env(
         values["DISTLAUNCH_SHM_PREFIX"] = ident.shm_prefix
     else:
         env.pop("DISTLAUNCH_SHM_PREFIX", None)
+    if ident.progress_file is not None:
+        values["DISTLAUNCH_PROGRESS_FILE"] = ident.progress_file
+    else:
+        env.pop("DISTLAUNCH_PROGRESS_FILE", None)
     if ident.store_port is not None:
         values["DISTLAUNCH_STORE_ADDR"] = ident.store_addr
         values["DISTLAUNCH_STORE_PORT"] = ident.store_port

@@ -139,6 +139,12 @@ class WorkerFailure:
     timestamp: float  # time.time() when the launcher saw the exit
     stderr_tail: str
     error_file_text: str | None = None
+    # --hang-timeout: the group made no progress and was stopped; ``cause`` is the hang's
+    # one line (``hang: 3 of 4 ranks in all_reduce (train.py:42) for 5.0 s; rank 2 in ...``)
+    hang: bool = False
+    cause: str = ""
+    # the node's other ranks' grouped stacks when this failure was seen (--stacks-on-failure)
+    stacks: str = ""
 
     @property
     def exit_code(self) -> int:
@@ -147,6 +153,8 @@ class WorkerFailure:
 
     @property
     def how(self) -> str:
+        if self.hang:
+            return f"stopped by the hang watchdog (exit code {self.exit_code})"
         if self.returncode < 0:
             try:
                 name = signal.Signals(-self.returncode).name

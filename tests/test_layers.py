@@ -29,7 +29,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "leaves: errors, the round vocabulary and its pure records, pure rank arithmetic, the "
         "package root, the reporter",
-        ["distlaunch.errors", "distlaunch.rounds", "distlaunch.report", "distlaunch.topology", "distlaunch"],
+        ["distlaunch.errors", "distlaunch.rounds", "distlaunch.report", "distlaunch.topology", "distlaunch"]
+        + ["distlaunch.progress"],
     ),
     (
         "pure decisions: the restart policies and the agent's phases",
@@ -151,12 +152,17 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.observe.records",
             "distlaunch.observe.table",
             "distlaunch.observe.dedup",
+            "distlaunch.observe.registry",
+            "distlaunch.observe.viewer",
         ],
     ),
     (
         "the executors of the round decisions: the node agent, the head's controller; the engine "
         "interface and output relay",
         [
+            "distlaunch.agent.watch",
+            "distlaunch.agent.observer",
+            "distlaunch.agent.merged",
             "distlaunch.agent.node",
             "distlaunch.head_controller",
             "distlaunch.engine",

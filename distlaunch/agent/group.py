@@ -15,13 +15,15 @@ worker has exited.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import selectors
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, cast
+from typing import IO, TYPE_CHECKING, cast
 
 from ..report import say
 from ..rounds import WorkerFailure
@@ -30,6 +32,10 @@ from .guard import OrphanGuard
 from .output import StreamSink
 from .process import WorkerProcess
 from .signals import SignalRelay
+
+if TYPE_CHECKING:  # made by the node agent (watch.py sits above this module: it reads stacks)
+    from .merged import DedupConsole
+    from .watch import Watchdog
 
 # After every worker exited, how long to wait for pipes still held open by processes
 # that left the worker's process group (seconds).
@@ -86,6 +92,9 @@ class WorkerGroup:
         self.stop_timeout = stop_timeout
         self.on_failure = on_failure
         self.workers: list[WorkerProcess] = []
+        # --hang-timeout / --stacks-on-failure (agent/watch.py); None: neither
+        self.watchdog: Watchdog | None = None
+        self.merged: list[DedupConsole] = []  # --dedup-output's console streams
 
     def live(self) -> list[WorkerProcess]:
         return [w for w in self.workers if w.returncode is None]
@@ -113,12 +122,16 @@ class WorkerGroup:
                     w.signal_group(self.relay.stop_signal)
             if self.on_started:
                 self.on_started([w.pid for w in self.workers])
+            if self.watchdog:
+                self.watchdog.start()
             return self._loop(sel)
         finally:
             self._kill_all_and_reap()
             for spec in self.specs:
                 spec.stdout.close()
                 spec.stderr.close()
+            for m in self.merged:
+                m.flush()
             sel.close()
 
     def _loop(self, sel: selectors.BaseSelector) -> AttemptResult:
@@ -156,6 +169,10 @@ class WorkerGroup:
             ]
             if unwatched:
                 deadlines.append(now + POLL_SECONDS)
+            watch = self.watchdog if failure is None and not outside and kill_at is None else None
+            if watch and watch.due() is not None:
+                deadlines.append(watch.due())  # type: ignore[arg-type]
+            deadlines += [d for m in self.merged if (d := m.next_deadline()) is not None]
             timeout = max(0.0, min(deadlines) - now) if deadlines else None
             events = sel.select(timeout)
             # a worker found exited by polling (it has no pidfd) comes as a stand-in key
@@ -180,6 +197,8 @@ class WorkerGroup:
                         continue
                     if data:
                         target.feed(data)
+                        if self.watchdog:
+                            self.watchdog.output(time.monotonic())
                     else:
                         sel.unregister(key.fileobj)
                         cast(IO[bytes], key.fileobj).close()  # registered as a worker's pipe
@@ -192,6 +211,17 @@ class WorkerGroup:
                     stopping = failure is not None or outside or self.relay.stop_signal is not None
                     if w.reap() != 0 and not stopping:
                         failure = self._fail(w, spec)
+                        kill_at = self._stop_group(signal.SIGTERM)
+            for m in self.merged:
+                m.due(time.monotonic())
+            if watch and self.relay.stop_signal is None and failure is None and not outside:
+                t = time.monotonic()
+                due = watch.due()
+                if due is not None and t >= due and watch.check(t):
+                    failure = self._hang(watch, t)
+                    if failure is not None:
+                        if self.on_failure:
+                            self.on_failure(failure)
                         kill_at = self._stop_group(signal.SIGTERM)
         return AttemptResult(failure, self.relay.stop_signal)
 
@@ -218,9 +248,42 @@ class WorkerGroup:
         except (BlockingIOError, ValueError):  # ValueError: pipe already closed at EOF
             pass
         failure = w.failure(spec.stderr.tail_text(), spec.error_file)
+        if self.watchdog and self.watchdog.stacks_on_failure:
+            # where the others were when it failed: before the group is stopped
+            ex = self.watchdog.explain(self._live_pids(), None, f"rank {w.slot.rank} {failure.how}")
+            if ex is not None:
+                failure = dataclasses.replace(failure, stacks=ex.stacks)
         if self.on_failure:
             self.on_failure(failure)
         return failure
+
+    def _live_pids(self) -> dict[int, int]:
+        return {w.slot.rank: w.pid for w in self.live()}
+
+    def _hang(self, watch: Watchdog, now: float) -> WorkerFailure | None:
+        """No rank progressed for the hang timeout: explain where each was (the stacks),
+        and make that the group's failure, named after the odd rank out. None: this
+        node's ranks all wait alike and another node may hold the odd one out: it gets
+        a moment to claim the hang first (watch.defer)."""
+        pids = self._live_pids()
+        ex = watch.explain(pids, watch.idle(now))
+        if ex is not None and ex.alike and watch.defer(now):
+            return None
+        odd = ex.odd if ex is not None and ex.odd is not None else min(pids)
+        w, spec = next((w, s) for w, s in zip(self.workers, self.specs) if w.slot.rank == odd)
+        return WorkerFailure(
+            odd,
+            w.slot.local_rank,
+            w.slot.node_rank,
+            socket.gethostname(),
+            w.pid,
+            1,
+            time.time(),
+            spec.stderr.tail_text(),
+            hang=True,
+            cause=ex.cause if ex is not None else f"hang: no rank progressed for {watch.timeout:g} s",
+            stacks=ex.stacks if ex is not None else "",
+        )
 
     def _kill_leftovers(self) -> None:
         # Processes a worker spawned into its own group outlive it: the group is the job's;

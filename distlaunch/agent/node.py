@@ -31,9 +31,12 @@ from ..topology import WorkerSlot, seat_slots
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
+from .merged import DedupConsole
+from .observer import Observer
 from .output import DuplicateLines, StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay, parse_signals
+from .watch import Watchdog, nccl_trace_env
 
 GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU memory
 
@@ -101,6 +104,7 @@ def worker_env(
     error_file: str | None = None,
     shm: str | None = None,
     agent_store: bool = False,
+    progress_file: str | None = None,
 ) -> dict[str, str]:
     ident = WorkerIdentity(
         rank=slot.rank,
@@ -121,16 +125,23 @@ def worker_env(
         store_token=store.token if store else None,
         shm_prefix=shm,
         agent_store=agent_store,
+        progress_file=progress_file,
     )
     if cfg.env:
         base = {**base, **dict(cfg.env)}
     env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
     if cfg.signals_to_handle:  # torchrun passes its --signals-to-handle on in this variable
         env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in parse_signals(cfg.signals_to_handle))
+    if cfg.hang_timeout > 0:  # NCCL's own trace of a hang, next to ours
+        env.update(nccl_trace_env(base, _log_root(cfg))[0])
     if not cfg.no_python:
         # Workers write to pipes; without this Python holds their prints until exit.
         env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def _log_root(cfg: LaunchConfig) -> str | None:
+    return os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
 
 
 def free_port() -> int:
@@ -175,7 +186,7 @@ class NodeAgent:
         self.master_addr = master_addr or cfg.master_addr or "localhost"
         self.argv = worker_argv(cfg)
         self.scratch: str | None = None
-        self.log_root = os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
+        self.log_root = _log_root(cfg)
         self._lost: set[int] = set()  # nodes found lost in the last round
         # Where the agent is (agent/phases.py): it starts between rounds; a stop signal
         # that ends a phase in which no workers run is spread to the round by this agent
@@ -192,7 +203,7 @@ class NodeAgent:
         relay = SignalRelay(
             lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
         )
-        rdzv = client = None
+        rdzv = client = observer = None
         rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
         cause = None
         self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
@@ -209,6 +220,7 @@ class NodeAgent:
             rdzv = Rendezvous(
                 client, self.cfg.run_id, o.node_rank, o.num_nodes, o.join_timeout, on_wait=self.say
             )
+            observer = self._observer(lambda: (group, restarts))
             while True:
                 if o.node_id is not None:  # head mode: the head decides each round
                     try:
@@ -250,9 +262,21 @@ class NodeAgent:
             if o.hosts_store and rdzv is not None and rdzv.num_nodes > 1 and self._left == rnd:
                 self._let_others_leave(rdzv, rnd, relay)
             relay.restore()
+            if observer is not None:
+                observer.stop()
             if client is not None:
                 client.close()
             remove_matching(self.scratch)
+
+    def _observer(self, group: Callable[[], tuple[WorkerGroup | None, int]]) -> Observer:
+        """Publishes this node's records for `distlaunch top` and answers `stacks`."""
+        o = self.opts
+        node = o.host_label or socket.gethostname()
+        if o.num_nodes > 1 or o.max_nodes or o.node_id is not None:  # one name per agent
+            node += f":{o.node_rank if o.node_id is None else o.node_id}"
+        observer = Observer(self.cfg.run_id, self.store_addr, node, group)
+        observer.start()
+        return observer
 
     def _connect_report(self) -> Callable[[str, float], None]:
         """The store client's retry callback: says what is wrong with the store's endpoint
@@ -335,7 +359,24 @@ class NodeAgent:
             on_started=started,
             on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
         )
+        group.watchdog = self._watchdog(group.specs, restarts, rdzv.num_nodes > 1)
+        group.merged = list(
+            {id(m): m for s in group.specs for m in (s.stdout.dedup, s.stderr.dedup) if m}.values()
+        )
         return group, restarts
+
+    def _watchdog(self, specs: list[LaunchSpec], restarts: int, several: bool) -> Watchdog | None:
+        """--hang-timeout and --stacks-on-failure for one round (None: neither is on)."""
+        from .. import progress
+        from ..observe.stacks import sampler_path
+
+        cfg = self.cfg
+        if cfg.hang_timeout <= 0 and not (cfg.stacks_on_failure and sampler_path()):
+            return None
+        report = os.path.join(self.log_root, f"attempt_{restarts}", "stacks.txt") if self.log_root else None
+        records = {s.slot.rank: s.env[progress.ENV] for s in specs if progress.ENV in s.env}
+        note = nccl_trace_env(self.base_env, self.log_root)[1] if cfg.hang_timeout > 0 else ""
+        return Watchdog(cfg.hang_timeout, records, cfg.stacks_on_failure, report, note, several)
 
     def _next_round(self, rdzv: Rendezvous, cause: Cause, rnd: int, restarts: int) -> int:
         """After round ``rnd`` stopped for ``cause``: return the restart count of the next
@@ -495,7 +536,10 @@ class NodeAgent:
     def _specs(
         self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int], restarts: int
     ) -> list[LaunchSpec]:
+        from .. import progress
+
         specs = []
+        merged = {fd: DedupConsole(fd) for fd in (1, 2)} if self.cfg.dedup_output else {}
         # this node's own devices and CPUs (raises ConfigError: too few GPUs here)
         bindings = rank_bindings(self.cfg, len(slots), self.base_env, os.sched_getaffinity(0))
         for slot in slots:
@@ -513,6 +557,11 @@ class NodeAgent:
                     attempt_dir = None
             assert self.scratch is not None  # made by run()
             error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
+            progress_file: str | None = os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}")
+            try:
+                progress.create(os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}"))
+            except OSError:  # the scratch dir's disk is full: the rank is watched by its output
+                progress_file = None
             env = worker_env(
                 self.cfg,
                 slot,
@@ -523,10 +572,14 @@ class NodeAgent:
                 error_file,
                 shm_prefix(self.cfg.run_id, os.getpid(), rnd),
                 self.opts.torch_store,
+                progress_file,
             )
             binding = bindings[slot.local_rank]
             env.update(binding.env)  # its devices; LOCAL_RANK=0 under --virtual-local-rank
             out, err = self._sinks(slot, attempt_dir)
+            for sink in (out, err):  # --dedup-output: the node's merger prints their lines
+                if sink.console_fd in merged:
+                    sink.dedup, sink.rank = merged[sink.console_fd], slot.rank
             stdin = self.cfg.stdin == "all" or (self.cfg.stdin == "0" and slot.rank == 0)
             specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, binding.cpus, stdin))
         return specs

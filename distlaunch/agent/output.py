@@ -15,9 +15,15 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # agent/merged.py sits above this module (it uses observe/dedup.py)
+    from .merged import DedupConsole
 
 MAX_PENDING = 1 << 16
 TAIL_BYTES = 1 << 13
+RECENT_BYTES = 800  # kept for `distlaunch top`'s last line
 
 
 # Only the first failure of each kind is reported: on a full disk every sink fails alike.
@@ -90,8 +96,15 @@ class StreamSink:
         self.keep_tail = keep_tail
         self.pending = b""
         self.tail = b""
+        self._recent = b""  # the stream's last bytes, for last_line()
+        self.dedup: DedupConsole | None = None  # --dedup-output: set with rank by the agent
+        self.rank = 0
+        self._recent_at: float | None = None  # when they came (monotonic seconds)
 
     def feed(self, data: bytes) -> None:
+        # a print() may come as two writes ("text", "\n"): keep a window, not one chunk
+        self._recent = (self._recent + data)[-RECENT_BYTES:]
+        self._recent_at = time.monotonic()
         if self.log is not None:
             self._write_log(self.log, data)
         if self.duplicate is not None:
@@ -121,6 +134,13 @@ class StreamSink:
         if self.duplicate is not None:
             self.duplicate.close(self.prefix)
 
+    def last_line(self) -> tuple[str, float | None]:
+        """The last line written (cut to 200 characters) and when (monotonic seconds;
+        None: nothing yet), for ``distlaunch top``. Any thread."""
+        recent, at = self._recent, self._recent_at
+        line = recent.rstrip(b"\r\n").rsplit(b"\n", 1)[-1]
+        return line.decode("utf-8", "replace")[:200], at
+
     def tail_text(self, lines: int = 30) -> str:
         text = self.tail.decode("utf-8", "replace")
         return "\n".join(text.rstrip("\n").split("\n")[-lines:]) if text.strip() else ""
@@ -143,6 +163,9 @@ class StreamSink:
         )
 
     def _emit(self, console_fd: int, lines: bytes) -> None:
+        if self.dedup is not None:  # --dedup-output: the node's merger prints them
+            self.dedup.add(self.rank, lines)
+            return
         # lines ends with b"\n": prefix the first line and every line after a newline.
         p = self.prefix
         out = p + lines[:-1].replace(b"\n", b"\n" + p) + b"\n" if p else lines

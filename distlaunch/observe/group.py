@@ -92,6 +92,21 @@ class StackGroup:
     error: str | None = None
 
 
+def _is_wrapper(name: str) -> bool:
+    """A decorator's inner function (``_exception_logger.<locals>.wrapper``, torch's
+    logging wrapper around every collective): not what the user called."""
+    return "<locals>" in name or name in ("wrapper", "wrapped", "inner", "decorated", "_fn")
+
+
+def _called(frames: tuple[Frame, ...], k: int) -> int:
+    """The index of the library function the user's frame ``k`` called, past decorators'
+    wrappers (``all_reduce``, not torch's ``wrapper`` around it); ``k`` when none."""
+    c = k - 1 if k > 0 else k
+    while 0 < c < k and _is_wrapper(frames[c].name):
+        c -= 1
+    return c
+
+
 def _shown(frames: tuple[Frame, ...], full: bool) -> tuple[tuple[str, ...], str, str]:
     """(frames shown, what, where) of one thread's stack."""
     if not frames:
@@ -102,11 +117,12 @@ def _shown(frames: tuple[Frame, ...], full: bool) -> tuple[tuple[str, ...], str,
         shown = frames if full else frames[:USER_FRAMES]
         return tuple(_frame_text(f) for f in shown), top.name, "" if top.native else f"{top.file}:{top.line}"
     k = user[0]
-    what = frames[k - 1].name if k > 0 else frames[k].name
+    c = _called(frames, k)
+    what = frames[c].name
     where = f"{frames[k].file}:{frames[k].line}"
     if full:
         return tuple(_frame_text(f) for f in frames), what, where
-    head = (frames[k - 1].name,) if k > 0 else ()
+    head = (frames[c].name,) if k > 0 else ()
     return head + tuple(_frame_text(frames[i]) for i in user[:USER_FRAMES]), what, where
 
 

@@ -186,3 +186,47 @@ def dump_stacks(
     with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(pids)))) as pool:
         futures = {r: pool.submit(_dump_one, exe, r, p, native, timeout) for r, p in pids.items()}
         return {r: f.result() for r, f in sorted(futures.items())}
+
+
+def encode_stacks(
+    stacks: Mapping[int, RankStack | StackError], ops: Mapping[int, str] | None = None
+) -> bytes:
+    """Stacks as JSON for another process (``distlaunch stacks``): ``{rank: {"pid": P,
+    "threads": [[tid, name, main, [[fn, path, line]...]]...], "op": in-flight op}}``, or
+    ``{rank: {"pid": P, "error": "why"}}``."""
+    out: dict[str, dict[str, object]] = {}
+    for rank, st in stacks.items():
+        if isinstance(st, StackError):
+            out[str(rank)] = {"pid": st.pid, "error": st.message}
+        else:
+            threads = [
+                [t.tid, t.name, t.main, [[f.name, f.path, f.line] for f in t.frames]] for t in st.threads
+            ]
+            out[str(rank)] = {"pid": st.pid, "threads": threads}
+        if ops and ops.get(rank):
+            out[str(rank)]["op"] = ops[rank]
+    return json.dumps(out).encode()
+
+
+def decode_stacks(value: bytes) -> tuple[dict[int, RankStack | StackError], dict[int, str]]:
+    """Inverse of ``encode_stacks``: (stacks, ops). Raises ValueError for anything else."""
+    try:
+        out: dict[int, RankStack | StackError] = {}
+        ops: dict[int, str] = {}
+        for rank_s, d in json.loads(value).items():
+            rank, pid = int(rank_s), int(d["pid"])
+            if d.get("op"):
+                ops[rank] = str(d["op"])
+            if "error" in d:
+                out[rank] = StackError(rank, pid, str(d["error"]))
+                continue
+            threads = tuple(
+                ThreadStack(
+                    int(tid), str(name), bool(main), tuple(Frame(str(a), str(b), int(c)) for a, b, c in fr)
+                )
+                for tid, name, main, fr in d["threads"]
+            )
+            out[rank] = RankStack(rank, pid, threads)
+        return out, ops
+    except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as e:
+        raise ValueError(f"not a node's stacks: {e}") from e

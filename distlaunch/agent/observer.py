@@ -1,0 +1,163 @@
+"""The agent's publisher for ``distlaunch top`` and ``stacks``: a thread that, once a
+second, samples this node's workers (psutil: CPU %, RSS), adds each rank's last output
+line and operation in flight (distlaunch.progress) and publishes the records under
+``<run id>/observe`` in the job's store (observe/records.py); and answers stack
+requests: ``distlaunch stacks`` increments ``<prefix>/stacks_req`` to N and sets
+``<prefix>/stacks_req/<N>``, which each agent waits for between publishes (a store
+``wait``, so the answer comes at once); it sets ``<prefix>/stacks/<node>/<N>`` to its
+ranks' stacks (JSON, ``observe.stacks.encode_stacks``).
+
+It also keeps this agent's entry in the per-user job registry (observe/registry.py) so
+viewers on this host find the job. The thread has its own store connection, so it never
+competes with the agent's rendezvous calls; a store that is gone ends the
+thread quietly (the agent sees it too and reports it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import StoreError, StoreTimeoutError
+from ..observe import registry
+from ..observe.records import Publisher, RankRecord, Sampler
+from ..observe.stacks import dump_stacks, encode_stacks
+
+if TYPE_CHECKING:
+    from ..store.client import StoreAddress, StoreClient
+    from .group import WorkerGroup
+
+INTERVAL = 1.0  # seconds between publishes
+
+
+def prefix(run_id: str) -> str:
+    return f"{run_id}/observe"
+
+
+class Observer:
+    """Runs the publishing thread while the agent runs (``start``/``stop``)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        store: StoreAddress,
+        node: str,
+        group: Callable[[], tuple[WorkerGroup | None, int]],
+    ) -> None:
+        """``group()``: the round's worker group (None between rounds) and the restart count."""
+        self.run_id, self.store_addr, self.node, self.group = run_id, store, node, group
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="distlaunch-observer", daemon=True)
+        self._sampler = Sampler()
+        self._client: StoreClient | None = None
+        self._world = 0
+        self._started = time.time()
+
+    def start(self) -> None:
+        self._write_entry()
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (it finishes its current publish: at most a store call's
+        timeout) and remove the registry entry. Never raises."""
+        self._stop.set()
+        client = self._client
+        if client is not None:
+            client.close()  # wakes its wait
+        if self._thread.is_alive():
+            self._thread.join(10.0)
+        registry.remove_entry(self.run_id, os.getpid())
+
+    def _write_entry(self) -> None:
+        a = self.store_addr
+        try:
+            registry.write_entry(
+                registry.JobEntry(
+                    self.run_id,
+                    os.getpid(),
+                    time.time(),
+                    socket.gethostname(),
+                    self._world,
+                    a.host,
+                    a.port,
+                    a.token,
+                )
+            )
+        except OSError:
+            pass  # no registry: viewers need the run's store given another way
+
+    def _run(self) -> None:
+        req = f"{prefix(self.run_id)}/stacks_req"
+        try:
+            with self.store_addr.connect(10.0, connect_timeout=5.0) as client:
+                self._client = client
+                if self._stop.is_set():
+                    return
+                pub = Publisher(client, prefix(self.run_id), self.node)
+                seen = client.add(req, 0)  # requests before this agent started are not its own
+                due = time.monotonic() + INTERVAL
+                while not self._stop.is_set():
+                    # the wait for the next request is the pause between publishes: a
+                    # request is answered at once, not at the next publish
+                    try:
+                        client.wait([f"{req}/{seen + 1}"], max(0.01, due - time.monotonic()))
+                    except StoreTimeoutError:
+                        # a viewer that died between its add and its set would block the
+                        # next requests: skip to the latest count
+                        seen = max(seen, client.add(req, 0) - 1)
+                        self._publish(client, pub)
+                        due = time.monotonic() + INTERVAL
+                        continue
+                    seen += 1
+                    self._answer(client, seen)
+        except StoreError:
+            pass  # stopped (stop() closed the client), or the store is gone: the agent reports it
+
+    def _answer(self, client: StoreClient, n: int) -> None:
+        group, _ = self.group()
+        pids = {w.slot.rank: w.pid for w in list(group.workers) if w.returncode is None} if group else {}
+        stacks = dump_stacks(pids) if pids else {}
+        ops = group.watchdog.ops() if group and group.watchdog else {}
+        client.set(f"{prefix(self.run_id)}/stacks/{self.node}/{n}", encode_stacks(stacks, ops))
+
+    def _publish(self, client: StoreClient, pub: Publisher) -> None:
+        group, restarts = self.group()
+        if group is None:
+            return
+        workers = list(group.workers)  # appended by the agent's thread while spawning
+        pids = {w.slot.rank: w.pid for w in workers if w.returncode is None}
+        if workers and workers[0].slot.world_size != self._world:
+            self._world = workers[0].slot.world_size
+            self._write_entry()
+        samples = self._sampler.sample(pids)
+        flying = group.watchdog.in_flight() if group.watchdog else {}
+        now = time.monotonic()
+        records = []
+        for w, spec in zip(workers, group.specs):
+            rc = w.returncode
+            state = "running" if rc is None else f"exited {rc}"
+            if restarts:
+                state += f" (restarted {restarts}x)"
+            s = samples.get(w.slot.rank)
+            line, at = spec.stdout.last_line()
+            eline, eat = spec.stderr.last_line()
+            if eat is not None and (at is None or eat > at):
+                line, at = eline, eat
+            records.append(
+                RankRecord(
+                    w.slot.rank,
+                    self.node,
+                    w.pid,
+                    state,
+                    s.cpu if s else 0.0,
+                    s.rss if s else 0,
+                    None if at is None else now - at,
+                    line,
+                    *flying.get(w.slot.rank, (None, None)),
+                )
+            )
+        pub.publish(records)

@@ -1,0 +1,92 @@
+"""`distlaunch ps`, `top` and `stacks` against a running 4-worker job: the agent publishes
+its ranks' records and answers stack requests through the job's store; the viewer finds
+the job in the per-user registry (XDG_RUNTIME_DIR is a test directory here)."""
+
+import json
+import os
+import stat
+import time
+
+from conftest import ROOT, dl, dl_popen
+
+W = ROOT / "tests" / "hang_workers"
+
+
+def line_of(path, marker):
+    return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if marker in ln)
+
+
+def start_job(env, run_id):
+    p = dl_popen("run", "--nproc-per-node", "4", "--run-id", run_id, W / "plain.py", "one_exits", env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the first publish: one second after the workers start
+        res = dl("top", run_id, "--json", env=env)
+        if res.returncode == 0:
+            recs = json.loads(res.stdout)
+            if len(recs) == 4 and any(r["state"] == "exited 0" for r in recs):
+                return p
+        time.sleep(0.3)
+    p.kill()
+    raise AssertionError(f"job {run_id} did not publish its records: {res.stderr}")
+
+
+def test_ps_top_stacks_of_a_running_job(tmp_path):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    none = dl("top", "--once", env=env)
+    assert none.returncode == 2 and "no distlaunch job of yours" in none.stderr
+    assert len(none.stderr.strip().splitlines()) == 1
+    p = start_job(env, "topjob")
+    try:
+        jobs = tmp_path / "distlaunch" / "jobs"
+        (entry,) = jobs.iterdir()
+        assert stat.S_IMODE(entry.stat().st_mode) == 0o600  # it holds the store's token
+        assert stat.S_IMODE(jobs.stat().st_mode) == 0o700
+
+        ps = dl("ps", env=env)
+        assert ps.returncode == 0 and ps.stdout.startswith("topjob  started ") and "world size 4" in ps.stdout
+
+        res = dl("top", "--once", "--json", env=env)  # one job: no run id needed
+        assert res.returncode == 0, res.stderr
+        recs = json.loads(res.stdout)
+        assert [r["rank"] for r in recs] == [0, 1, 2, 3]
+        assert [r["state"] for r in recs] == ["running"] * 3 + ["exited 0"]
+        for r in recs[:3]:
+            os.kill(r["pid"], 0)  # the pids are the live workers
+            assert r["rss"] > 0 and r["line"] == f"rank {r['rank']} up"
+        # rank 1's operation in flight (distlaunch.progress), the others have none
+        assert recs[1]["op"] == "all_reduce #7, waiting for rank 2" and recs[1]["op_age"] >= 0
+        assert recs[0]["op"] is None and recs[2]["op"] is None
+
+        table = dl("top", "--once", env=env)
+        assert table.returncode == 0 and table.stdout.splitlines()[0].split()[:4] == [
+            "RANK",
+            "NODE",
+            "PID",
+            "STATE",
+        ]
+        assert len(table.stdout.splitlines()) == 5
+
+        st = dl("stacks", env=env)
+        assert st.returncode == 0, st.stderr
+        prog = W / "plain.py"
+        wait = f"ranks 0-1 (2): wait_here (plain.py:{line_of(prog, 'WAIT-LINE')}) <- <module> (plain.py:"
+        assert wait in st.stdout, st.stdout
+        assert "[rank 1: all_reduce #7, " in st.stdout and "waiting for rank 2]" in st.stdout
+        assert f"rank 2: stuck_here (plain.py:{line_of(prog, 'STUCK-LINE')})" in st.stdout
+        assert "rank 3" not in st.stdout  # exited: nothing to read
+
+        # a second job: the viewer wants a run id, and names both in one line
+        p2 = start_job(env, "otherjob")
+        try:
+            two = dl("top", "--once", env=env)
+            assert two.returncode == 2 and "topjob" in two.stderr and "otherjob" in two.stderr
+            assert len(two.stderr.strip().splitlines()) == 1
+            assert len(dl("ps", env=env).stdout.splitlines()) == 2
+        finally:
+            p2.terminate()
+            p2.wait(30)
+    finally:
+        p.terminate()
+        p.wait(30)
+    # the agent removed its entry as it ended
+    assert not any(jobs.iterdir())
