@@ -49,6 +49,7 @@ class _Record:
 
 
 _rec = _Record()
+_now = time.monotonic_ns
 _looked = False
 
 
@@ -137,15 +138,22 @@ def begin(op: str, seq: int, peers: Iterable[int] | str | None = None) -> None:
     w = _rec.words if _looked else _words()
     if w is None:
         return
-    global _last_op
-    w[3] = 0  # nothing in flight while the name and text change
+    # the collectives call this for every operation: a repeated op with the same peers
+    # (the usual loop) costs two word writes and a clock read
     w[2] = seq
-    if op != _last_op:
-        assert _rec.mm is not None
-        _rec.mm[_NAME : _NAME + _NAME_LEN] = _padded(op, _NAME_LEN)
-        _last_op = op
-    _put_peers(peers)
-    w[3] = time.monotonic_ns() or 1
+    if op is not _last_op and op != _last_op:
+        _set_op(w, op)
+    if peers is not _last_peers:
+        _put_peers(peers)
+    w[3] = _now() or 1
+
+
+def _set_op(w: memoryview, op: str) -> None:
+    global _last_op
+    w[3] = 0  # nothing in flight while the name changes
+    assert _rec.mm is not None
+    _rec.mm[_NAME : _NAME + _NAME_LEN] = _padded(op, _NAME_LEN)
+    _last_op = op
 
 
 def waiting(peers: Iterable[int] | str | None) -> None:

@@ -6,7 +6,7 @@ allowed for start-up speed (paramiko only when SSH is used, the store server onl
 one is hosted) but count like any other.
 
 Two stricter rules: the collectives (the workers' runtime) import nothing of the
-launcher, only ``errors``, ``env``, ``secret`` and ``store``; and inside the collectives
+launcher, only ``errors``, ``env``, ``secret``, ``progress`` and ``store``; and inside the collectives
 no module imports another one inside a function.
 
 ``LAYERS`` is the intended order, lowest first; a new module must be placed in it.
@@ -209,6 +209,7 @@ ALLOWED_UPWARD = {("distlaunch", "distlaunch.launch_api")}
 COLLECTIVES_MAY_USE = {
     "distlaunch",
     "distlaunch.errors",
+    "distlaunch.progress",
     "distlaunch.env",
     "distlaunch.hostlist",
     "distlaunch.secret",

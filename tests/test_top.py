@@ -90,3 +90,25 @@ def test_ps_top_stacks_of_a_running_job(tmp_path):
         p.wait(30)
     # the agent removed its entry as it ended
     assert not any(jobs.iterdir())
+
+
+def test_top_shows_the_runtimes_operation_in_flight(tmp_path):
+    """Ranks waiting in distlaunch.collectives' all_reduce show it in `top` (the runtime
+    marks each operation it runs), the rank that never called it shows none."""
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    p = dl_popen("run", "--nproc-per-node", "3", "--run-id", "colljob", W / "coll_wait.py", env=env)
+    try:
+        deadline, recs = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            res = dl("top", "colljob", "--json", env=env)
+            recs = json.loads(res.stdout) if res.returncode == 0 else []
+            if len(recs) == 3 and all(r["op"] for r in recs[:2]):
+                break
+            time.sleep(0.3)
+        assert [r["rank"] for r in recs] == [0, 1, 2], recs
+        for r in recs[:2]:
+            assert r["op"].startswith("all_reduce #") and r["op_age"] >= 0, recs
+        assert recs[2]["op"] is None and recs[2]["state"] == "running", recs
+    finally:
+        p.terminate()
+        p.wait(30)

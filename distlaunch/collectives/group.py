@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import progress
 from .algorithms.backend import TCP, Backend, ShmBackend
 from .algorithms.hierarchy import HierarchicalBackend
 from .buffers import byte_view
@@ -280,11 +281,13 @@ class ProcessGroup(Members):
 
         def execute():
             ctx = OpContext(self, name, seq, timeout=timeout, **meta)
+            progress.begin(name, seq)  # what `distlaunch top` / --hang-timeout see in flight
             try:
                 backend = self._backend or self._choose_backend()
                 ctx.shm = backend.channel
                 result = body(backend, ctx)
                 self.completed = seq
+                progress.end()
                 if not backend.native(OPS[name]):
                     # every message of a correct collective is received inside it: one left
                     # over means its sender ran a different op/root/size
@@ -342,11 +345,13 @@ class ProcessGroup(Members):
             ctx.root, ctx.redop = call.root, call.redop
         ctx.seq = seq
         ctx.deadline = time.monotonic() + ctx.timeout
+        progress.begin(call.name, seq)
         try:
             fn(ctx, *args)
         except BaseException as e:
             raise self._failed(ctx, e) from (None if isinstance(e, OpTimeout) else e)
         self.completed = seq
+        progress.end()
 
     # -- collectives (one method each; arrays flat and checked, roots group ranks)
 
