@@ -895,12 +895,17 @@ def top(run_id: str | None, once: bool, as_json: bool) -> None:
 @cli.command()
 @click.argument("run_id", required=False)
 @click.option("--all", "full", is_flag=True, help="Every frame, not only the user's code.")
-def stacks(run_id: str | None, full: bool) -> None:
+@click.option(
+    "--native",
+    is_flag=True,
+    help="Native (C/C++) frames too, where py-spy can unwind them (slower: ~0.2 s a rank).",
+)
+def stacks(run_id: str | None, full: bool, native: bool) -> None:
     """Every rank's Python stack of a running job, ranks with identical stacks grouped.
     RUN_ID may be left out when one job runs."""
     from .observe.viewer import stacks as read
 
-    click.echo(read(run_id, full))
+    click.echo(read(run_id, full, native=native))
 
 
 @cli.command(hidden=True)

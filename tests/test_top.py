@@ -109,6 +109,11 @@ def test_top_shows_the_runtimes_operation_in_flight(tmp_path):
         for r in recs[:2]:
             assert r["op"].startswith("all_reduce #") and r["op_age"] >= 0, recs
         assert recs[2]["op"] is None and recs[2]["state"] == "running", recs
+        # --native adds C frames: rank 2's time.sleep shows, and the others' own line stays
+        py, native = dl("stacks", "colljob", env=env), dl("stacks", "colljob", "--native", env=env)
+        assert "rank 2: <module> (coll_wait.py:" in py.stdout, py.stdout + py.stderr
+        assert "rank 2: time_sleep <- <module> (coll_wait.py:" in native.stdout, native.stdout + native.stderr
+        assert "ranks 0-1 (2): all_reduce <- <module> (coll_wait.py:" in native.stdout, native.stdout
     finally:
         p.terminate()
         p.wait(30)

@@ -113,14 +113,14 @@ class Observer:
                         due = time.monotonic() + INTERVAL
                         continue
                     seen += 1
-                    self._answer(client, seen)
+                    self._answer(client, seen, client.get(f"{req}/{seen}") == b"native")
         except StoreError:
             pass  # stopped (stop() closed the client), or the store is gone: the agent reports it
 
-    def _answer(self, client: StoreClient, n: int) -> None:
+    def _answer(self, client: StoreClient, n: int, native: bool) -> None:
         group, _ = self.group()
         pids = {w.slot.rank: w.pid for w in list(group.workers) if w.returncode is None} if group else {}
-        stacks = dump_stacks(pids) if pids else {}
+        stacks = dump_stacks(pids, native=native) if pids else {}
         ops = group.watchdog.ops() if group and group.watchdog else {}
         client.set(f"{prefix(self.run_id)}/stacks/{self.node}/{n}", encode_stacks(stacks, ops))
 

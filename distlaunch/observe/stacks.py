@@ -35,8 +35,8 @@ REFUSED_HINT = (
 
 @dataclass(frozen=True)
 class Frame:
-    """One frame: function ``name``, source ``path`` and ``line`` (0 for a native frame,
-    whose ``path`` is its shared library)."""
+    """One frame: function ``name``, source ``path`` and ``line`` (a native frame: its C
+    source file and line, or its shared library and 0)."""
 
     name: str
     path: str
@@ -48,7 +48,9 @@ class Frame:
 
     @property
     def native(self) -> bool:
-        return self.line == 0
+        # py-spy --native names C frames by their source file when it has debug info
+        # (callproc.c:940), else by their shared library with no line
+        return self.line == 0 or not self.path.endswith(".py")
 
 
 @dataclass(frozen=True)

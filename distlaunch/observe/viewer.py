@@ -82,16 +82,17 @@ def top(run_id: str | None, once: bool, as_json: bool) -> None:
             time.sleep(1.0)
 
 
-def stacks(run_id: str | None, full: bool, timeout: float = 20.0) -> str:
-    """Ask every agent of the job for its ranks' stacks and return them grouped.
-    Blocks up to ``timeout`` seconds for the agents' answers (they look once a second)."""
+def stacks(run_id: str | None, full: bool, timeout: float = 20.0, native: bool = False) -> str:
+    """Ask every agent of the job for its ranks' stacks (with ``native``: C frames too,
+    py-spy's --native) and return them grouped. Blocks up to ``timeout`` seconds for the
+    agents' answers. Raises ConfigError (no such job, its store unreachable)."""
     e = pick_job(run_id, "stacks")
     prefix = PREFIX.format(e.run_id)
     with connect(e, timeout) as c:
         try:
             nodes = [n.node for n in read_records(c, prefix)]
             n = c.add(f"{prefix}/stacks_req", 1)
-            c.set(f"{prefix}/stacks_req/{n}", "1")  # what the agents wait for
+            c.set(f"{prefix}/stacks_req/{n}", "native" if native else "1")  # what the agents wait for
             got: dict[int, RankStack | StackError] = {}
             ops: dict[int, str] = {}
             missing = []
