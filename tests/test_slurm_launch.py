@@ -12,6 +12,7 @@ import sys
 import time
 
 import psutil
+from conftest import ROOT
 from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
 
 from distlaunch import AGENT_HELLO
@@ -141,3 +142,16 @@ def test_stop_while_agent_step_starts(slurm_cluster, tmp_path):  # noqa: F811
     while any(psutil.pid_exists(p) for p in agents) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in agents if psutil.pid_exists(p)], "the agent step was not cancelled"
+
+
+def test_hang_timeout_inside_an_allocation_names_the_stuck_rank(slurm_cluster):  # noqa: F811
+    """--hang-timeout in the agents Slurm started: rank 2 (on n1, beside two ranks that
+    wait) is named with its line; the job ends as a failure."""
+    prog = ROOT / "tests" / "hang_workers" / "plain.py"
+    stuck = next(i for i, ln in enumerate(prog.read_text().splitlines(), 1) if "STUCK-LINE" in ln)
+    run = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "3", "--hang-timeout", "3"]
+    cp = slurm_cluster.run("salloc", "-N2", *run, str(prog), "quiet", timeout=120, env=slurm_cluster.env())
+    assert cp.returncode == 1, cp.stderr
+    root = cp.stderr[cp.stderr.index("root cause") :]
+    assert "hang: 2 of 3 ranks in wait_here (plain.py:" in root, root
+    assert f"rank 2 in stuck_here at plain.py:{stuck}" in root, root
