@@ -149,8 +149,8 @@ def test_hang_timeout_inside_an_allocation_names_the_stuck_rank(slurm_cluster): 
     wait) is named with its line; the job ends as a failure."""
     prog = ROOT / "tests" / "hang_workers" / "plain.py"
     stuck = next(i for i, ln in enumerate(prog.read_text().splitlines(), 1) if "STUCK-LINE" in ln)
-    run = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "3", "--hang-timeout", "3"]
-    cp = slurm_cluster.run("salloc", "-N2", *run, str(prog), "quiet", timeout=120, env=slurm_cluster.env())
+    launch = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "3", "--hang-timeout", "3"]
+    cp = slurm_cluster.run("salloc", "-N2", *launch, str(prog), "quiet", timeout=120, env=slurm_cluster.env())
     assert cp.returncode == 1, cp.stderr
     root = cp.stderr[cp.stderr.index("root cause") :]
     assert "hang: 2 of 3 ranks in wait_here (plain.py:" in root, root
