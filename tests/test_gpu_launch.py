@@ -288,3 +288,23 @@ def test_signals_to_handle_refuses_only_what_cannot_be_caught(name):
     assert f"--signals-to-handle {name!r}" in one_line_error(res)
     res = dl("run", "--signals-to-handle", "SIGWINCH,usr1,SIGCONT", "--dry-run", ACTOR)
     assert res.returncode == 0, res.stderr
+
+
+def test_top_shows_each_ranks_devices(tree, tmp_path):
+    """`distlaunch top --json` gives each rank the devices it was placed on."""
+    env = env_for(tree, CUDA_VISIBLE_DEVICES="6,1,3", XDG_RUNTIME_DIR=str(tmp_path))
+    prog = WORKERS.parent / "hang_workers" / "plain.py"
+    placed = ("--nproc-per-node", "3", "--gpus-per-rank", "1", "--run-id", "gputop")
+    p = dl_popen("run", *placed, prog, "quiet", env=env)
+    try:
+        deadline, recs = time.monotonic() + 60, []
+        while time.monotonic() < deadline and len(recs) != 3:
+            res = dl("top", "gputop", "--json", env=env)
+            recs = json.loads(res.stdout) if res.returncode == 0 else []
+            time.sleep(0.3)
+        assert [r["devices"] for r in recs] == [f"CUDA_VISIBLE_DEVICES={d}" for d in (6, 1, 3)], recs
+        table = dl("top", "gputop", "--once", env=env).stdout.splitlines()
+        assert table[0].split()[:4] == ["RANK", "NODE", "PID", "DEVICES"], table
+    finally:
+        p.terminate()
+        p.wait(30)

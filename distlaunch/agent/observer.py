@@ -19,9 +19,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from ..devices import VISIBILITY_VARS
 from ..errors import StoreError, StoreTimeoutError
 from ..observe import registry
 from ..observe.records import Publisher, RankRecord, Sampler
@@ -147,6 +148,7 @@ class Observer:
             eline, eat = spec.stderr.last_line()
             if eat is not None and (at is None or eat > at):
                 line, at = eline, eat
+            op, op_age = flying.get(w.slot.rank, (None, None))
             records.append(
                 RankRecord(
                     w.slot.rank,
@@ -157,7 +159,15 @@ class Observer:
                     s.rss if s else 0,
                     None if at is None else now - at,
                     line,
-                    *flying.get(w.slot.rank, (None, None)),
+                    op,
+                    op_age,
+                    _devices(spec.env),
                 )
             )
         pub.publish(records)
+
+
+def _devices(env: Mapping[str, str]) -> str:
+    """The GPUs a worker sees, as its environment names them (``CUDA_VISIBLE_DEVICES=3``;
+    placed by --gpus-per-rank / --virtual-local-rank, or the user's own); "" when none."""
+    return next((f"{v}={env[v]}" for v in VISIBILITY_VARS if v in env), "")

@@ -31,7 +31,8 @@ class RankRecord:
     sample, ``rss`` bytes, ``line_age`` seconds since its last output line (None: none
     yet) and ``line`` that line, ``op`` the operation in flight on distlaunch's runtime
     (``all_reduce #1834, waiting for ranks 5,7``) and ``op_age`` seconds it has been in
-    flight (None: no operation)."""
+    flight (None: no operation), ``devices`` the GPUs it sees (its visibility variable's
+    value, e.g. ``CUDA_VISIBLE_DEVICES=3``; empty: none set)."""
 
     rank: int
     node: str
@@ -43,6 +44,7 @@ class RankRecord:
     line: str = ""
     op: str | None = None
     op_age: float | None = None
+    devices: str = ""
 
     def encode(self) -> list[object]:
         """A JSON-able list (positional: a record is a few dozen bytes)."""
@@ -58,13 +60,14 @@ class RankRecord:
             self.line[:LINE_WIDTH],
             self.op,
             r1(self.op_age),
+            self.devices,
         ]
 
     @classmethod
     def decode(cls, value: Sequence[object]) -> RankRecord:
         """The record ``encode`` gave. Raises ValueError for anything else."""
         try:
-            rank, node, pid, state, cpu, rss, line_age, line, op, op_age = value
+            rank, node, pid, state, cpu, rss, line_age, line, op, op_age, devices = value
             return cls(
                 int(rank),  # type: ignore[call-overload]
                 str(node),
@@ -76,6 +79,7 @@ class RankRecord:
                 str(line),
                 None if op is None else str(op),
                 None if op_age is None else float(op_age),  # type: ignore[arg-type]
+                str(devices),
             )
         except (TypeError, ValueError) as e:
             raise ValueError(f"not a rank record: {value!r:.80}") from e

@@ -31,13 +31,22 @@ def _age(s: float | None) -> str:
     return "-" if s is None else f"{s:.1f} s"
 
 
+def headers(records: Sequence[RankRecord]) -> tuple[str, ...]:
+    """HEADERS, with a DEVICES column after PID when a rank has GPUs set."""
+    if any(r.devices for r in records):
+        return (*HEADERS[:3], "DEVICES", *HEADERS[3:])
+    return HEADERS
+
+
 def rows(records: Sequence[RankRecord]) -> list[tuple[str, ...]]:
-    """The table's cells, one tuple per record in HEADERS' order."""
+    """The table's cells, one tuple per record in ``headers(records)``' order."""
+    devices = any(r.devices for r in records)
     return [
         (
             str(r.rank),
             r.node,
             str(r.pid),
+            *((r.devices or "-",) if devices else ()),
             r.state,
             f"{r.cpu:.1f}",
             human_bytes(r.rss),
@@ -52,8 +61,9 @@ def rows(records: Sequence[RankRecord]) -> list[tuple[str, ...]]:
 def plain_table(records: Sequence[RankRecord], width: int = 120) -> str:
     """Aligned columns; each row cut to ``width`` characters (as ``top`` does), so the
     last output line gets what room is left."""
-    cells = [HEADERS, *rows(records)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(HEADERS) - 1)]
+    heads = headers(records)
+    cells = [heads, *rows(records)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(heads) - 1)]
     out = []
     for row in cells:
         line = "  ".join(c.ljust(w) for c, w in zip(row, widths))
@@ -91,16 +101,17 @@ def print_table(
     from rich.table import Table
     from rich.text import Text
 
+    heads = headers(records)
     cells = rows(records)
-    fits = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(HEADERS)]
+    fits = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(heads)]
     # rich squeezes the first columns to nothing when the last is too wide: cut it here
     # (and the in-flight op wraps in its cell when the last line would get under 20)
-    op = HEADERS.index("OP")
-    avail = width - sum(fits) + fits[op] + fits[-1] - 2 * (len(HEADERS) - 1)
+    op = heads.index("OP")
+    avail = width - sum(fits) + fits[op] + fits[-1] - 2 * (len(heads) - 1)
     op_w = min(fits[op], max(12, avail - min(fits[-1], 20)))
-    room = max(len(HEADERS[-1]), avail - op_w)
+    room = max(len(heads[-1]), avail - op_w)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for i, (h, fit) in enumerate(zip(HEADERS, fits)):
+    for i, (h, fit) in enumerate(zip(heads, fits)):
         justify: Literal["right", "left"] = "right" if h in NUMERIC else "left"
         if i == op:
             table.add_column(h, justify=justify, width=op_w, overflow="fold")
