@@ -91,6 +91,7 @@ COLLECTIVES_VARS = {
 SECRET_VARS = {
     "DISTLAUNCH_STORE_TOKEN_FILE": "a file (yours, mode 600) holding the store secret",
     "XDG_CONFIG_HOME": "where the per-user secret file lives (distlaunch/secret below it)",
+    "XDG_RUNTIME_DIR": "where this user's running jobs are listed for ps/top/stacks (else XDG_CONFIG_HOME)",
 }
 
 # Read by init_process_group() when no launcher set RANK/WORLD_SIZE: processes started

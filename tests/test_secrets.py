@@ -94,7 +94,8 @@ def test_store_token_file_is_shared_and_checked(tmp_path):
     env = _env_without_secrets(tmp_path / "no-such-config")
     results = finish(launch_nodes(env=env, nproc=1, extra=("--store-token-file", good)))
     assert [r[2] for r in results] == [0, 0], results
-    assert not (tmp_path / "no-such-config").exists()  # the file was used, nothing created
+    # the file was used: no per-user secret was created
+    assert not (tmp_path / "no-such-config" / "distlaunch" / "secret").exists()
 
 
 @pytest.mark.parametrize("case", ["group-readable", "other-owner", "short", "missing", "via-env"])

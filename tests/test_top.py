@@ -4,6 +4,7 @@ the job in the per-user registry (XDG_RUNTIME_DIR is a test directory here)."""
 
 import json
 import os
+import socket
 import stat
 import time
 
@@ -37,7 +38,7 @@ def test_ps_top_stacks_of_a_running_job(tmp_path):
     assert len(none.stderr.strip().splitlines()) == 1
     p = start_job(env, "topjob")
     try:
-        jobs = tmp_path / "distlaunch" / "jobs"
+        jobs = tmp_path / "distlaunch" / "jobs" / socket.gethostname()  # a home may be shared
         (entry,) = jobs.iterdir()
         assert stat.S_IMODE(entry.stat().st_mode) == 0o600  # it holds the store's token
         assert stat.S_IMODE(jobs.stat().st_mode) == 0o700
@@ -117,3 +118,22 @@ def test_top_shows_the_runtimes_operation_in_flight(tmp_path):
     finally:
         p.terminate()
         p.wait(30)
+
+
+def test_another_hosts_entries_in_a_shared_home_are_left_alone(tmp_path, monkeypatch):
+    """A home directory shared by the nodes holds every host's entries: a reader on this
+    host neither lists nor removes another host's (its pids mean nothing here)."""
+    import socket as sock
+
+    from distlaunch.observe import registry
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    here = sock.gethostname()
+    registry.write_entry(registry.JobEntry("job", os.getpid(), time.time(), here, 1, "127.0.0.1", 1, "t"))
+    monkeypatch.setattr(sock, "gethostname", lambda: "another-host")  # that host writes its entry
+    gone = registry.JobEntry("job2", 4000000, time.time(), "x", 1, "127.0.0.1", 1, "t")
+    theirs = registry.write_entry(gone)
+    monkeypatch.setattr(sock, "gethostname", lambda: here)
+    assert list(registry.running_jobs()) == ["job"]
+    assert os.path.exists(theirs)  # its pid is not alive here, but it is not this host's

@@ -5,7 +5,9 @@ world size, its host, and how to reach the job's store (address, port and token)
 token makes the file a secret, so it follows docs/security.md's per-user secret rules:
 the directory is ``$XDG_RUNTIME_DIR/distlaunch/jobs`` (the per-user runtime directory,
 mode 0700, emptied at logout) or else ``$XDG_CONFIG_HOME/distlaunch/jobs`` (default
-``~/.config/distlaunch/jobs``), made 0700; the file is created 0600, and a reader refuses
+``~/.config/distlaunch/jobs``), in a directory per host (a home directory is often shared by
+every node: an entry's pid means something only on its own host), made 0700; the file is
+created 0600, and a reader refuses
 a file another user owns or that others may read. An entry whose agent is gone is
 removed by the next reader.
 """
@@ -14,9 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import time
 from dataclasses import asdict, dataclass
+
+from ..env import lookup
 
 
 @dataclass(frozen=True)
@@ -35,12 +40,13 @@ class JobEntry:
 
 
 def jobs_dir() -> str:
-    """Where entries live (see the module docstring). Pure (no I/O)."""
-    run = os.environ.get("XDG_RUNTIME_DIR")
+    """Where this host's entries live (see the module docstring)."""
+    run = lookup("XDG_RUNTIME_DIR")
     if run and os.path.isdir(run):
-        return os.path.join(run, "distlaunch", "jobs")
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "distlaunch", "jobs")
+        base = run
+    else:
+        base = lookup("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "distlaunch", "jobs", socket.gethostname())
 
 
 def _path(run_id: str, pid: int) -> str:
