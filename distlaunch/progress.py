@@ -199,7 +199,11 @@ class Progress:
         """``all_reduce #1834, 3.2 s, waiting for ranks 5,7`` (None: nothing in flight)."""
         if self.op is None or self.op_age is None:
             return None
-        return ", ".join(p for p in (f"{self.op} #{self.seq}", f"{self.op_age:.1f} s", self.waiting) if p)
+        return ", ".join(p for p in (self.label(), f"{self.op_age:.1f} s", self.waiting) if p)
+
+    def label(self) -> str:
+        """``all_reduce #1834`` (an MPI point-to-point wait has no number: ``MPI``)."""
+        return f"{self.op} #{self.seq}" if self.seq else str(self.op)
 
 
 class Reader:

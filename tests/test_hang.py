@@ -132,3 +132,9 @@ def test_nccl_flight_recorder_environment(tmp_path, actor):
     res = dl("run", actor, "--dump-env", dump)  # no --hang-timeout: nothing set
     env = json.loads((dump / "0.json").read_text())
     assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"} & env.keys()
+
+
+def test_mpi_point_to_point_is_progress():
+    """A silent distlaunch.mpi ping-pong is not a hang: its completed receives count."""
+    res = dl("run", "--nproc-per-node", "2", "--hang-timeout", "1", W / "mpi_pingpong.py", "4", timeout=60)
+    assert res.returncode == 0 and "hang:" not in res.stderr, res.stderr

@@ -137,3 +137,28 @@ def test_another_hosts_entries_in_a_shared_home_are_left_alone(tmp_path, monkeyp
     monkeypatch.setattr(sock, "gethostname", lambda: here)
     assert list(registry.running_jobs()) == ["job"]
     assert os.path.exists(theirs)  # its pid is not alive here, but it is not this host's
+
+
+def test_an_mpi_recv_deadlock_is_shown_waiting_for_its_source(tmp_path):
+    """A distlaunch.mpi rank blocked in Recv shows the receive (source, tag) in `top`
+    and its Recv line in `stacks`."""
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    prog = W / "mpi_recv.py"
+    p = dl_popen("run", "--nproc-per-node", "2", "--run-id", "mpijob", prog, env=env)
+    try:
+        deadline, recs = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            res = dl("top", "mpijob", "--json", env=env)
+            recs = json.loads(res.stdout) if res.returncode == 0 else []
+            if len(recs) == 2 and recs[0]["op"]:
+                break
+            time.sleep(0.3)
+        assert recs and recs[0]["op"] == "MPI, receive from rank 1 (tag 5)", recs
+        assert recs[1]["op"] is None, recs
+        st = dl("stacks", "mpijob", env=env)
+        assert f"rank 0: Comm.Recv <- <module> (mpi_recv.py:{line_of(prog, 'RECV-LINE')})" in st.stdout, (
+            st.stdout
+        )
+    finally:
+        p.terminate()
+        p.wait(30)

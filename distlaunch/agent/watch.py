@@ -138,7 +138,7 @@ class Watchdog:
         for rank, r in self._readers.items():
             p = r.read()
             if p.op is not None and p.op_age is not None:
-                out[rank] = (", ".join(x for x in (f"{p.op} #{p.seq}", p.waiting) if x), p.op_age)
+                out[rank] = (", ".join(x for x in (p.label(), p.waiting) if x), p.op_age)
         return out
 
     def explain(self, pids: Mapping[int, int], idle: float | None, failed: str = "") -> Explained | None:

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import progress as marks
 from ..collectives.errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from ..collectives.transport import Request as TransportRequest
 from ..collectives.transport.shm_p2p import links_for
@@ -346,6 +347,7 @@ class Engine:
             if i is not None:
                 f = links.poll_take(lambda: self._take(links, i, ctx, tag, buf))
                 if f:
+                    marks.heartbeat()  # progress for --hang-timeout
                     return f[5], f[9], f[11]  # Header's src, root (tag), nbytes
                 spun = f is None  # it busy-polled for nothing: the wait does not again
         p = PostedRecv(ctx, src, tag, None, buf)
@@ -422,6 +424,7 @@ class Engine:
                 self._wait_pump(done, what, peers, deadline)
         finally:
             self.waiters -= 1
+        marks.end()  # progress for --hang-timeout; clears the mark of a long wait
 
     def _ready(self, done: Callable[[], bool], what: What) -> bool:
         pump = self.pump
@@ -451,6 +454,7 @@ class Engine:
         # pump); only the first slice busy-polls (the busy time is per wait, not per slice)
         links = self.links
         assert links is not None
+        marked = False
         while True:
             try:
                 ok = links.wait(
@@ -460,6 +464,9 @@ class Engine:
                 raise PeerLostError(f"{_text(what)}: {e}") from None
             if ok:
                 return
+            if not marked:  # a wait past its first slice (0.5 s) shows in `distlaunch top`
+                marks.begin("MPI", 0, _text(what))
+                marked = True
             spin = False
             if time.monotonic() >= deadline:
                 raise CollectiveTimeoutError(f"{_text(what)} did not complete within {self.timeout:g} s")
@@ -468,7 +475,7 @@ class Engine:
     def _wait_pump(
         self, done: Callable[[], bool], what: What, peers: Sequence[int | None], deadline: float
     ) -> None:
-        pause = 0.0
+        pause, marked, started = 0.0, False, time.monotonic()
         while True:
             if self._ready(done, what):
                 return
@@ -477,6 +484,9 @@ class Engine:
             if now >= deadline:
                 raise CollectiveTimeoutError(f"{_text(what)} did not complete within {self.timeout:g} s")
             self._check_lost(what, peers, done)
+            if not marked and now - started >= 0.5:  # a long wait shows in `distlaunch top`
+                marks.begin("MPI", 0, _text(what))
+                marked = True
             # sleep on the pump (new messages wake us); sends and receives completed by
             # another thread are noticed within the (growing) slice
             pause = min(0.05, pause * 2 or 0.0005) if self.waiters > 1 or pump is None else 0.05
