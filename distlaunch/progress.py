@@ -112,23 +112,25 @@ def _put_peers(peers: Iterable[int] | str | None) -> None:
         _last_peers = peers
 
 
-def _peers_text(peers: Iterable[int] | str | None) -> str:
-    if peers is None:
-        return ""
-    if isinstance(peers, str):
-        return peers
-    rs = sorted(set(peers))
-    parts: list[str] = []
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 4, 5, 7]`` -> ``"0-2,4-5,7"`` (sorted, duplicates dropped)."""
+    out: list[str] = []
+    rs = sorted(set(ranks))
     i = 0
     while i < len(rs):
         j = i
         while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
             j += 1
-        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
         i = j + 1
-    if not parts:
-        return ""
-    return f"waiting for rank{'s' if len(rs) > 1 else ''} {','.join(parts)}"
+    return ",".join(out)
+
+
+def _peers_text(peers: Iterable[int] | str | None) -> str:
+    if peers is None or isinstance(peers, str):
+        return peers or ""
+    rs = set(peers)
+    return f"waiting for rank{'s' if len(rs) > 1 else ''} {rank_ranges(rs)}" if rs else ""
 
 
 def begin(op: str, seq: int, peers: Iterable[int] | str | None = None) -> None:

@@ -19,6 +19,7 @@ import sysconfig
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..progress import rank_ranges
 from .stacks import Frame, RankStack, StackError
 
 # how many of the user's own frames the compact form shows
@@ -50,20 +51,6 @@ def is_library(frame: Frame) -> bool:
     if "/site-packages/" in p or "/dist-packages/" in p:
         return True
     return p.startswith(_LIB_DIRS) or os.path.realpath(p).startswith(_LIB_DIRS)
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 4, 5, 7]`` -> ``"0-2,4-5,7"`` (sorted, duplicates dropped)."""
-    out: list[str] = []
-    rs = sorted(set(ranks))
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def ranks_label(ranks: Iterable[int]) -> str:
