@@ -313,6 +313,21 @@ class ProcessGroup(Members):
         op = OPS[name]
         if op.redop:
             check_op(meta["redop"], args[0].dtype)
+        fast = self._fast
+        if fast is not None and not async_op and timeout is None:
+            fn = algorithm(op, "shm")
+            if fn is not None:  # native on shared memory: the reused-context path
+                redop = meta.get("redop")
+                call = SmallCall(
+                    name,
+                    op.code,
+                    meta.get("dtype") or 0,
+                    meta.get("count", 0),
+                    meta.get("root", -1),
+                    NO_REDOP if redop is None else int(redop),
+                )
+                self._run_small(call, fn, *args)
+                return None
         return self.run(name, lambda b, ctx: b.run(op, ctx, *args), async_op, timeout=timeout, **meta)
 
     def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
