@@ -25,3 +25,15 @@ def test_buffer_collectives(tmp_path, monkeypatch, n, transport):
     assert rc == 0, f"rc={rc}\n{err[-4000:]}"
     passed = [ln for ln in lines if "checks passed" in ln]
     assert len(passed) == n, lines
+
+
+def test_wrong_collectives(tmp_path):
+    """A short receive buffer raises one clear line before anything moves (the group
+    stays usable); Gather against Scatter raises on both ranks."""
+    rc, lines, err = run("coll_errors", 2, tmp_path, True, timeout=120)
+    text = "\n".join(lines)
+    short = "rank 0: MPIException: recvbuf block holds 1 bytes but 4 are sent to it"
+    assert short in text, text + err[-2000:]
+    assert "rank 0: gathered [0, 1, 2, 3, 10, 11, 12, 13]" in text, text
+    assert "rank 0: mismatch CollectiveMismatchError" in text, text + err[-2000:]
+    assert "rank 1: mismatch CollectiveMismatchError" in text, text + err[-2000:]
