@@ -230,12 +230,13 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
     k = r if width > 1 else 0
     p = a = 0
     end = total or 0
+    longest = max((len(b) for b in ins if b is not None), default=0) if head and ins is not None else 0
     while True:
 
         def fill(buf: np.ndarray, a: int = a) -> None:
             assert ins is not None
             if head:
-                buf[:8].view(np.int64)[0] = max((len(b) for b in ins if b is not None), default=0)
+                s.set_head(s.phase + 1, longest)  # the phase being filled
             for i, blk in enumerate(ins):
                 if blk is not None and len(blk) > a:
                     piece = blk[a : a + L]
@@ -244,7 +245,7 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
         if a == 0:
             p = s.begin(ctx, fill if ins is not None else None)
             if total is None:
-                end = max(int(s.bufs[j][p & 1][:8].view(np.int64)[0]) for j in range(s.n))
+                end = max(s.heads(p))
         else:
             p = s.step(ctx, fill if ins is not None else (lambda buf: None), first=False)
         for j, o in enumerate(outs):
