@@ -312,14 +312,31 @@ class ProcessGroup(Members):
         """Run operation ``name`` of the op table with its algorithm arguments ``args``
         (flat arrays, group ranks) on the group's backend, as :meth:`run` does (``meta``:
         the header fields; an op taking a ReduceOp has its ``redop`` checked against the
-        first array's dtype first: CollectiveArgumentError)."""
+        first array's dtype first: CollectiveArgumentError). A blocking call with the
+        group's timeout whose op has a shared-memory algorithm on a shared-memory group
+        takes :meth:`_run_small` (same sequence, deadline and errors)."""
         op = OPS[name]
         if op.redop:
             check_op(meta["redop"], args[0].dtype)
+        fast = self._fast
+        if fast is not None and not async_op and timeout is None:
+            fn = algorithm(op, "shm")
+            if fn is not None:  # native on shared memory: the reused-context path
+                redop = meta.get("redop")
+                call = SmallCall(
+                    name,
+                    op.code,
+                    meta.get("dtype") or 0,
+                    meta.get("count", 0),
+                    meta.get("root", -1),
+                    NO_REDOP if redop is None else int(redop),
+                )
+                self._run_small(call, fn, *args)
+                return None
         return self.run(name, lambda b, ctx: b.run(op, ctx, *args), async_op, timeout=timeout, **meta)
 
     def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
-        """Blocking fast path of ``run`` for a small operation on a shared-memory group
+        """Blocking fast path of ``run`` for an operation native on a shared-memory group
         (the caller checked ``self._fast``): ``fn(ctx, *args)`` with a reused context, no
         closures, no TCP leftovers to check. ``call``: a SmallCall (or a SmallAllReduce
         plan, which has its fields) describing the call for mismatch checks; reusing the

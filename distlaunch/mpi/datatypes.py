@@ -19,6 +19,7 @@ datatype, the buffer's own dtype gives it; without a count, the whole buffer is 
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 from .errors import ERR_BUFFER, ERR_TYPE, MPIException
 
 UNDEFINED = -32766  # MPI_UNDEFINED (MPICH's value)
+_U8 = np.dtype(np.uint8)
 
 
 class Datatype:
@@ -45,6 +47,7 @@ class Datatype:
         self.name = name
         self.offsets = np.asarray(offsets, dtype=np.int64)  # byte offsets of the data bytes
         self.size = int(self.offsets.size)
+        self.span = int(self.offsets.max(initial=-1)) + 1  # bytes from the first to past the last
         self.extent = int(extent)
         self.lb = int(lb)
         self.dtype = dtype
@@ -332,7 +335,13 @@ def raw_bytes(obj: Any, writable: bool) -> tuple[np.ndarray, np.dtype]:
         got = _array_bytes(obj, writable)
         if got is not None:
             return got[0], got[2]
-    if type(obj).__module__.startswith("torch"):
+    tp = type(obj)
+    if tp is bytearray or tp is mmap.mmap:  # always C-contiguous bytes: no further checks
+        arr = np.frombuffer(obj, dtype=np.uint8)
+        if writable and not arr.flags.writeable:
+            raise MPIException(ERR_BUFFER, f"buffer of type {tp.__name__} is read-only; pass a writable one")
+        return arr, _U8
+    if tp.__module__.startswith("torch"):
         obj = obj.detach().numpy()
     arr = obj if isinstance(obj, np.ndarray) else np.frombuffer(obj, dtype=np.uint8)
     if isinstance(obj, np.ndarray) or not isinstance(obj, (bytes, bytearray)):
@@ -411,6 +420,13 @@ def parse(spec: Any, writable: bool, vector: bool = False, blocks: int = 1) -> S
     are per rank (v-collectives); ``blocks``: without an explicit count, the buffer
     holds that many equal blocks (one per rank) and ``count`` is one block's.
     MPIException (ERR_BUFFER / ERR_TYPE) when malformed."""
+    if type(spec) is list and len(spec) == 3 and not vector:  # [buf, count, Datatype]: the common form
+        buf, count, t = spec
+        if type(count) is int and type(t) is Datatype and buf is not None:
+            raw = raw_bytes(buf, writable)[0]
+            if count and (count - 1) * t.extent + t.span > raw.size:
+                raise _fit_error(count, t, raw.size)
+            return Spec(raw, t, count)
     if spec is None:
         return Spec(np.zeros(0, dtype=np.uint8), BYTE, 0)
     if isinstance(spec, (list, tuple)) and not isinstance(spec, np.ndarray):
@@ -438,14 +454,16 @@ def parse(spec: Any, writable: bool, vector: bool = False, blocks: int = 1) -> S
         if not isinstance(counts, (int, np.integer)):
             raise MPIException(ERR_BUFFER, f"count {counts!r} in {spec!r} must be an int")
         s = Spec(raw, t, int(counts), int(displs or 0))
-        if s.count and (s.displ + s.count - 1) * t.extent + int(t.offsets.max(initial=-1)) + 1 > raw.size:
-            raise MPIException(
-                ERR_BUFFER, f"count {counts} x {t.Get_name()} does not fit a {raw.size}-byte buffer"
-            )
+        if s.count and (s.displ + s.count - 1) * t.extent + t.span > raw.size:
+            raise _fit_error(s.count, t, raw.size)
         return s
     raw, native = raw_bytes(spec, writable)
     t = datatype_of(native) if native != np.dtype(np.uint8) or isinstance(spec, np.ndarray) else BYTE
     return _vector(raw, t, None, None) if vector else Spec(raw, t, _count_of(raw, t) // blocks)
+
+
+def _fit_error(count: int, t: Datatype, size: int) -> MPIException:
+    return MPIException(ERR_BUFFER, f"count {count} x {t.Get_name()} does not fit a {size}-byte buffer")
 
 
 def _is_dtype(x: Any) -> bool:

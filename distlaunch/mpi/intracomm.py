@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import collectives as dist
+from ..collectives.api import resolve_group
 from .comm import (
     COMM_TYPE_SHARED,
     IN_PLACE,
@@ -28,6 +29,7 @@ from .comm import (
     _pickle,
     _unpickle,
 )
+from .datatypes import BYTE as _BYTE
 from .datatypes import UNDEFINED, Datatype, Spec, parse
 from .errors import ERR_ARG, ERR_BUFFER, MPIException
 from .ops import SUM, Op
@@ -42,6 +44,49 @@ def _empty(n: int) -> np.ndarray:
 
 def _sub(spec: Spec, count: int, displ: int) -> Spec:
     return Spec(spec.raw, spec.datatype, count, displ)
+
+
+def _pg(h: Handle) -> Any:
+    """The runtime's ProcessGroup of a communicator (its ranks in communicator order)."""
+    return resolve_group(h.pg)
+
+
+def _bytes(s: Spec, count: int | None = None, displ: int | None = None) -> np.ndarray:
+    """The data bytes of ``count`` elements at ``displ``: a view of the buffer when the
+    type is contiguous (the count honoured without a copy), else packed."""
+    return np.ascontiguousarray(s.pack(count, displ))
+
+
+def _out(r: Spec | None) -> np.ndarray:
+    """Where ``r``'s bytes are received: a view of its buffer (contiguous type), else a
+    scratch array unpacked afterwards."""
+    if r is None:
+        return _empty(0)
+    v = r.view()
+    return v if v is not None else _empty(r.nbytes)
+
+
+def _size_error(what: str, got: int, want: int) -> MPIException:
+    return MPIException(
+        ERR_BUFFER, f"{what} block holds {got} bytes but {want} are sent to it; make the counts agree"
+    )
+
+
+def _blocks(r: Spec, n: int, nbytes: int, what: str) -> list[np.ndarray]:
+    """The n receive blocks of ``r`` (``r.count`` elements each from ``r.displ``) as
+    flat byte arrays: views when the type is contiguous, else scratch (:func:`_unblock`)."""
+    if r.nbytes != nbytes:
+        raise _size_error(what, r.nbytes, nbytes)
+    if r.view() is not None:
+        return [r.view(r.count, r.displ + i * r.count) for i in range(n)]  # type: ignore[misc]
+    return [_empty(nbytes) for _ in range(n)]
+
+
+def _unblock(r: Spec, outs: list | None, n: int) -> None:
+    """Unpack scratch blocks of :func:`_blocks` (nothing to do for views)."""
+    if outs is not None and r.view() is None:
+        for i, o in enumerate(outs):
+            r.unpack(o, r.displ + i * r.count)
 
 
 class Intracomm(Comm):
@@ -162,16 +207,16 @@ class Intracomm(Comm):
     def Bcast(self, buf: Any, root: int = 0) -> None:
         h = self._h()
         self._eng()
-        g = h.global_rank(root, "root")
+        h.global_rank(root, "root")
         s = parse(buf, h.rank != root)
         if h.size == 1:
             return
         v = s.view()
         if v is not None:
-            dist.broadcast(v, src=g, group=h.pg)
+            _pg(h).broadcast(v, root)
             return
         tmp = s.pack() if h.rank == root else _empty(s.nbytes)
-        dist.broadcast(tmp, src=g, group=h.pg)
+        _pg(h).broadcast(tmp, root)
         if h.rank != root:
             s.unpack(tmp)
 
@@ -183,37 +228,36 @@ class Intracomm(Comm):
         if sendbuf is IN_PLACE:
             if r is None:
                 raise MPIException(ERR_BUFFER, "IN_PLACE is the root's sendbuf only")
-            data = r.pack(r.count, r.displ + h.rank * r.count).copy()
+            data = r.pack(r.count, r.displ + h.rank * r.count)
         else:
-            data = np.ascontiguousarray(parse(sendbuf, False).pack())
-        parts = self._gather_bytes(h, data, root)
-        if r is not None and parts is not None:
-            for i, p in enumerate(parts):
-                if i != h.rank or sendbuf is not IN_PLACE:
-                    r.unpack(p, r.displ + i * r.count)
+            data = _bytes(parse(sendbuf, False))
+        if h.size == 1:
+            if r is not None and sendbuf is not IN_PLACE:
+                r.unpack(data)
+            return
+        outs = None if r is None else _blocks(r, h.size, len(data), "recvbuf")
+        _pg(h).gather(data, outs, root)
+        if r is not None:
+            _unblock(r, outs, h.size)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         h = self._h()
         self._eng()
-        g = h.global_rank(root, "root")
+        h.global_rank(root, "root")
         s = parse(sendbuf, False, blocks=h.size) if h.rank == root else None
         in_place = recvbuf is IN_PLACE
         if in_place and s is None:
             raise MPIException(ERR_BUFFER, "IN_PLACE is the root's recvbuf only")
         r = None if in_place else parse(recvbuf, True)
-        n = (s.count * s.datatype.size) if s is not None else r.nbytes if r is not None else 0
-        out = _empty(n)
+        ins = None if s is None else [_bytes(s, s.count, s.displ + i * s.count) for i in range(h.size)]
+        if ins is not None and r is not None and r.nbytes != len(ins[0]):
+            raise _size_error("recvbuf", r.nbytes, len(ins[0]))
+        out = ins[h.rank] if in_place and ins is not None else _out(r)
         if h.size == 1:
-            assert s is not None
-            out[:] = s.pack(s.count, s.displ)
+            out[:] = ins[0] if ins is not None else out
         else:
-            ins = (
-                [np.ascontiguousarray(s.pack(s.count, s.displ + i * s.count)) for i in range(h.size)]
-                if s
-                else None
-            )
-            dist.scatter(out, ins, src=g, group=h.pg)
-        if r is not None:
+            _pg(h).scatter(out, ins, root)
+        if r is not None and r.view() is None:
             r.unpack(out)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
@@ -221,69 +265,91 @@ class Intracomm(Comm):
         self._eng()
         r = parse(recvbuf, True, blocks=h.size)
         if sendbuf is IN_PLACE:
-            data = r.pack(r.count, r.displ + h.rank * r.count).copy()
+            data = r.pack(r.count, r.displ + h.rank * r.count)
+            if r.view() is None:
+                data = data.copy()
         else:
-            data = np.ascontiguousarray(parse(sendbuf, False).pack())
-        whole = r.view(r.count * h.size) if r.displ == 0 else None
-        if whole is not None and h.size > 1 and whole.size == data.size * h.size:
-            dist.all_gather_into_tensor(whole, data, group=h.pg)
-            return
-        parts = self._gather_bytes(h, data, None)
-        assert parts is not None
-        for i, p in enumerate(parts):
-            r.unpack(p, r.displ + i * r.count)
+            data = _bytes(parse(sendbuf, False))
+        outs = _blocks(r, h.size, len(data), "recvbuf")
+        if h.size == 1:
+            outs[0][:] = data
+        else:
+            _pg(h).all_gather(outs, data)
+        _unblock(r, outs, h.size)
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
         h = self._h()
         self._eng()
         r = parse(recvbuf, True, blocks=h.size)
         s = r if sendbuf is IN_PLACE else parse(sendbuf, False, blocks=h.size)
-        inp = np.ascontiguousarray(s.pack(s.count * h.size, s.displ)).copy()
-        out = _empty(r.nbytes * h.size)
-        if h.size == 1:
-            out[:] = inp
-        else:
-            dist.all_to_all_single(out, inp, group=h.pg)
-        r.unpack(out)
+        n = h.size
+        ins = [_bytes(s, s.count, s.displ + i * s.count) for i in range(n)]
+        if sendbuf is IN_PLACE:  # the outputs overwrite the inputs: send a copy
+            ins = [b.copy() for b in ins]
+        self._alltoall(h, ins, r, [r.count] * n, [r.displ + i * r.count for i in range(n)])
 
-    # -- v-variants (point-to-point in the collective context)
+    def _alltoall(self, h: Handle, ins: list, r: Spec, counts: list[int], displs: list[int]) -> None:
+        """Block i of ``ins`` (bytes) to rank i; what rank i sends into ``counts[i]``
+        elements of ``r`` at ``displs[i]``: the runtime's all_to_all (views of ``r``
+        when its type is contiguous, else through a packed copy)."""
+        self._eng()
+        n = h.size
+        outs = [_out(_sub(r, counts[i], displs[i])) for i in range(n)]
+        if n == 1:
+            outs[0][: len(ins[0])] = ins[0]
+        else:
+            _pg(h).all_to_all(outs, ins)
+        if r.view() is None:
+            for i in range(n):
+                _sub(r, counts[i], displs[i]).unpack(outs[i])
+
+    # -- v-variants: the runtime's all_to_all with the blocks this operation moves
+    # (empty blocks elsewhere), so they take its shared-memory or TCP algorithm
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         h = self._h()
         h.global_rank(root, "root")
-        if h.rank != root:
-            self._exchange(h, [(root, np.ascontiguousarray(parse(sendbuf, False).pack()))], [])
-            return
-        r = parse(recvbuf, True, vector=True)
-        counts, displs = _vcounts(r, h.size)
-        if sendbuf is not IN_PLACE:
-            _sub(r, counts[root], displs[root]).unpack(parse(sendbuf, False).pack())
-        self._exchange(h, [], [(i, _sub(r, counts[i], displs[i])) for i in range(h.size) if i != root])
+        n = h.size
+        none = _empty(0)
+        r = parse(recvbuf, True, vector=True) if h.rank == root else Spec(none, _BYTE, 0)
+        counts, displs = _vcounts(r, n) if h.rank == root else ([0] * n, [0] * n)
+        if sendbuf is IN_PLACE:
+            if h.rank != root:
+                raise MPIException(ERR_BUFFER, "IN_PLACE is the root's sendbuf only")
+            data = _sub(r, counts[root], displs[root]).pack().copy()
+        else:
+            data = _bytes(parse(sendbuf, False))
+        self._alltoall(h, [data if i == root else none for i in range(n)], r, counts, displs)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         h = self._h()
         h.global_rank(root, "root")
-        if h.rank != root:
-            self._exchange(h, [], [(root, parse(recvbuf, True))])
-            return
-        s = parse(sendbuf, False, vector=True)
-        counts, displs = _vcounts(s, h.size)
-        sends = [(i, np.ascontiguousarray(s.pack(counts[i], displs[i]))) for i in range(h.size) if i != root]
-        if recvbuf is not IN_PLACE:
-            parse(recvbuf, True).unpack(s.pack(counts[root], displs[root]))
-        self._exchange(h, sends, [])
+        n = h.size
+        none = _empty(0)
+        ins = [none] * n
+        if h.rank == root:
+            s = parse(sendbuf, False, vector=True)
+            counts, displs = _vcounts(s, n)
+            ins = [_bytes(s, counts[i], displs[i]) for i in range(n)]
+        if recvbuf is IN_PLACE:
+            if h.rank != root:
+                raise MPIException(ERR_BUFFER, "IN_PLACE is the root's recvbuf only")
+            ins[root] = none
+            r = Spec(none, _BYTE, 0)
+        else:
+            r = parse(recvbuf, True)
+        rc = [r.count if i == root else 0 for i in range(n)]
+        self._alltoall(h, ins, r, rc, [r.displ] * n)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:
         h = self._h()
         r = parse(recvbuf, True, vector=True)
         counts, displs = _vcounts(r, h.size)
         if sendbuf is IN_PLACE:
-            data = r.pack(counts[h.rank], displs[h.rank]).copy()
+            data = _sub(r, counts[h.rank], displs[h.rank]).pack().copy()
         else:
-            data = np.ascontiguousarray(parse(sendbuf, False).pack()).copy()
-            _sub(r, counts[h.rank], displs[h.rank]).unpack(data)
-        others = [i for i in range(h.size) if i != h.rank]
-        self._exchange(h, [(i, data) for i in others], [(i, _sub(r, counts[i], displs[i])) for i in others])
+            data = _bytes(parse(sendbuf, False))
+        self._alltoall(h, [data] * h.size, r, counts, displs)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:
         h = self._h()
@@ -291,10 +357,10 @@ class Intracomm(Comm):
         rc, rd = _vcounts(r, h.size)
         s = r if sendbuf is IN_PLACE else parse(sendbuf, False, vector=True)
         sc, sd = _vcounts(s, h.size)
-        blocks = [np.ascontiguousarray(s.pack(sc[i], sd[i])).copy() for i in range(h.size)]
-        _sub(r, rc[h.rank], rd[h.rank]).unpack(blocks[h.rank])
-        others = [i for i in range(h.size) if i != h.rank]
-        self._exchange(h, [(i, blocks[i]) for i in others], [(i, _sub(r, rc[i], rd[i])) for i in others])
+        ins = [_bytes(s, sc[i], sd[i]) for i in range(h.size)]
+        if sendbuf is IN_PLACE:
+            ins = [b.copy() for b in ins]
+        self._alltoall(h, ins, r, rc, rd)
 
     # -- reductions
 

@@ -9,8 +9,8 @@ has already checked. The group chooses its backend once, at its first collective
 - :class:`TcpBackend` -- point-to-point algorithms over the TCP transport
   (:mod:`.tcp`);
 - :class:`ShmBackend` -- every member on this node: the group's shared-memory channel
-  (:mod:`.shm`); operations without a shared-memory algorithm (scatter,
-  gather, all_to_all) compare the calls on shared memory and then run over TCP;
+  (:mod:`.shm`), which has an algorithm for every collective; an operation without
+  one would compare the calls on shared memory and then run over TCP;
 - :class:`~.hierarchy.HierarchicalBackend` -- members on several nodes, some sharing one.
 
 ``native(op)``: whether a backend runs ``op`` without TCP messages under the group's
@@ -70,8 +70,8 @@ TCP = TcpBackend()
 
 class ShmBackend(Backend):
     """The collectives of a group whose members share this node, on ``channel``: an
-    operation's shared-memory algorithm, else (scatter, gather, all_to_all) the calls
-    compared on the channel and the TCP algorithm.
+    operation's shared-memory algorithm, else the calls compared on the channel and the
+    TCP algorithm.
 
     ``small``: bytes up to which blocking all_reduce and broadcast take the group's
     reused-context fast path (with ``small_all_reduce_plan`` / ``small_all_reduce``).

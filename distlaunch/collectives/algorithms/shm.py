@@ -16,8 +16,11 @@ rank gets bit-identical results):
   copy them out; the root writes chunk p + 1 while readers copy chunk p;
 - reduce_scatter: every rank publishes matching pieces of its n input blocks; rank r
   reduces piece r of every rank directly into its output;
-- barrier: the first phase alone. Other operations (scatter, gather, all_to_all) run
-  that barrier phase (mismatch check) and then go over TCP.
+- gather / scatter / all_to_all: the publishers (every rank but the root / the root /
+  every rank) publish pieces of their blocks side by side (block i at ``i * L``), each
+  reader copies its piece of every publisher straight into its output (no TCP, no
+  intermediate copy): one phase per ``L`` bytes of the largest block;
+- barrier: the first phase alone.
 """
 
 from __future__ import annotations
@@ -207,6 +210,57 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
     finalize(out, op, n)
 
 
+_TOTAL = 64  # all_to_all: a phase buffer's head holds its rank's largest block (int64)
+
+
+def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int | None) -> None:
+    """Move blocks through the publishers' phase buffers. ``ins``: this rank's
+    ``width`` flat uint8 blocks (None entries are not published; None: this rank
+    publishes nothing); ``outs[j]``: a flat uint8 array receiving this rank's block of
+    rank j (None: nothing from j). A publisher puts ``L`` bytes of each block per phase
+    at ``i * L``; a reader takes block ``r`` (``width`` n) or block 0 (``width`` 1).
+    ``total``: bytes of the largest block (the same on every rank), or None: every
+    publisher writes its own into the phase buffer's head and the largest is used
+    (all_to_all, whose block sizes only the sender and receiver know)."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    r = s.r
+    head = _TOTAL if total is None else 0
+    L = max(64, (s.slot - head) // width // 64 * 64)
+    k = r if width > 1 else 0
+    p = a = 0
+    end = total or 0
+    longest = max((len(b) for b in ins if b is not None), default=0) if head and ins is not None else 0
+    while True:
+
+        def fill(buf: np.ndarray, a: int = a) -> None:
+            assert ins is not None
+            if head:
+                s.set_head(s.phase + 1, longest)  # the phase being filled
+            for i, blk in enumerate(ins):
+                if blk is not None and len(blk) > a:
+                    piece = blk[a : a + L]
+                    buf[head + i * L : head + i * L + len(piece)] = piece
+
+        if a == 0:
+            p = s.begin(ctx, fill if ins is not None else None)
+            if total is None:
+                end = max(s.heads(p))
+        else:
+            p = s.step(ctx, fill if ins is not None else (lambda buf: None), first=False)
+        for j, o in enumerate(outs):
+            if o is not None and len(o) > a:
+                m = min(L, len(o) - a)
+                o[a : a + m] = s.bufs[j][p & 1][head + k * L : head + k * L + m]
+        a += L
+        if a >= end:
+            return
+
+
+def _u8(arrs: list) -> list:
+    return [a.view(np.uint8) for a in arrs]
+
+
 # --------------------------------------------------------------------- the op table's entries
 # (the operations whose arguments the algorithms above take in another form)
 
@@ -229,3 +283,40 @@ def _all_gather_op(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
 @implements("reduce_scatter", "shm")
 def _reduce_scatter_op(ctx: OpContext, out: np.ndarray, blocks: np.ndarray | list, op: ReduceOp) -> None:
     reduce_scatter(ctx, out, joined(blocks)[0], op)
+
+
+@implements("gather", "shm")
+def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) -> None:
+    """``outs[i]`` on ``root`` receives rank i's ``inp`` (``outs``: None elsewhere)."""
+    u8 = inp.view(np.uint8)
+    if outs is None:
+        route(ctx, [u8], [], 1, len(u8))
+        return
+    got = _u8(outs)
+    got[root][:] = u8
+    got[root] = None
+    route(ctx, None, got, 1, len(u8))
+
+
+@implements("scatter", "shm")
+def _scatter_op(ctx: OpContext, out: np.ndarray, ins: list | None, root: int) -> None:
+    """``out`` on rank i receives ``ins[i]`` of ``root`` (``ins``: None elsewhere)."""
+    u8 = out.view(np.uint8)
+    n = ctx.shm.n
+    if ins is None:
+        route(ctx, None, [u8 if j == root else None for j in range(n)], n, len(u8))
+        return
+    blocks = _u8(ins)
+    u8[:] = blocks[root]
+    blocks[root] = None
+    route(ctx, blocks, [], n, len(u8))
+
+
+@implements("all_to_all", "shm")
+def _all_to_all_op(ctx: OpContext, outs: list, ins: list) -> None:
+    """``ins[i]`` goes to rank i, ``outs[i]`` comes from rank i (one dtype)."""
+    r = ctx.shm.r
+    src, dst = _u8(ins), _u8(outs)
+    dst[r][:] = src[r]
+    src[r] = dst[r] = None
+    route(ctx, src, dst, ctx.shm.n, None)

@@ -294,6 +294,7 @@ class ShmChannel:
             [self.raw[data + (2 * j + k) * slot : data + (2 * j + k + 1) * slot] for k in (0, 1)]
             for j in range(self.n)
         ]
+        self._buf_offs = [[data + (2 * j + k) * slot for k in (0, 1)] for j in range(self.n)]
         self._sidx = self._ctl(self.r) // 4
         self._flag_idx = [self._ctl(j) // 4 + 1 for j in range(self.n)]  # rank j sleeps on rank w-1
         self._fence = threading.Lock()
@@ -332,6 +333,15 @@ class ShmChannel:
                 self._views.clear()
             v = self._views[key] = [self.view(j, p, dtype, count) for j in range(self.n)]
         return v
+
+    def set_head(self, p: int, value: int) -> None:
+        """Store ``value`` (int64) at the head of this rank's phase-``p`` buffer."""
+        _Q.pack_into(self.mm, self._buf_offs[self.r][p & 1], value)
+
+    def heads(self, p: int) -> list[int]:
+        """The int64 at the head of every rank's phase-``p`` buffer."""
+        k, mm = p & 1, self.mm
+        return [_Q.unpack_from(mm, offs[k])[0] for offs in self._buf_offs]
 
     # -- synchronisation
 
@@ -533,6 +543,7 @@ class ShmChannel:
 
 _META = struct.Struct("<6q")  # op seq, op, dtype, count, root, redop
 _CALL = struct.Struct("<5q")  # the same without the sequence number
+_Q = struct.Struct("<q")
 
 
 class SmallAllReduce:

@@ -1,0 +1,39 @@
+"""The mpi facade's buffer collectives (Bcast, Gather, Scatter, Allgather, Alltoall and
+the v-variants) on every buffer type, ``[buf, count, MPI.BYTE]`` specs that use part of
+the buffer, at sizes across the shared-memory slot (set small, so that several phases
+run), against numpy's result: tests/mpi_programs/coll_buffers.py under `distlaunch run`.
+On shared memory the collectives must not open a TCP connection."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mpi_run import run  # noqa: E402
+
+SLOT = 4096  # bytes: the program's sizes go past 2 slots
+
+
+@pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "shm"), (3, "tcp")])
+def test_buffer_collectives(tmp_path, monkeypatch, n, transport):
+    monkeypatch.setenv("DISTLAUNCH_SHM_SLOT", str(SLOT))
+    monkeypatch.setenv("DISTLAUNCH_SHM", "1" if transport == "shm" else "0")
+    if transport == "shm":
+        monkeypatch.setenv("COLL_EXPECT_NO_TCP", "1")
+    rc, lines, err = run("coll_buffers", n, tmp_path, True, (str(SLOT),), timeout=180)
+    assert rc == 0, f"rc={rc}\n{err[-4000:]}"
+    passed = [ln for ln in lines if "checks passed" in ln]
+    assert len(passed) == n, lines
+
+
+def test_wrong_collectives(tmp_path):
+    """A short receive buffer raises one clear line before anything moves (the group
+    stays usable); Gather against Scatter raises on both ranks."""
+    rc, lines, err = run("coll_errors", 2, tmp_path, True, timeout=120)
+    text = "\n".join(lines)
+    short = "rank 0: MPIException: recvbuf block holds 1 bytes but 4 are sent to it"
+    assert short in text, text + err[-2000:]
+    assert "rank 0: gathered [0, 1, 2, 3, 10, 11, 12, 13]" in text, text
+    assert "rank 0: mismatch CollectiveMismatchError" in text, text + err[-2000:]
+    assert "rank 1: mismatch CollectiveMismatchError" in text, text + err[-2000:]
