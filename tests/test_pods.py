@@ -304,3 +304,20 @@ def test_the_engines_are_registered():
     env = pod_env(**skypilot(29500, 0))  # SkyPilot on Kubernetes: SkyPilot's variables say more
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "('skypilot', 'node')"
+
+
+def test_a_launch_inside_a_worker_is_not_the_pods(tmp_path):
+    """A program that runs `distlaunch run` from a worker in a pod (its environment holds
+    the outer job's MASTER_ADDR, RANK, WORLD_SIZE and TORCHELASTIC_RUN_ID) starts a job
+    of its own on this node, not a node of the outer job's store."""
+    env = pod_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=1, WORLD_SIZE=4)
+    rc, plan, lines = dry(dict(env, TORCHELASTIC_RUN_ID="outer"))
+    assert rc == 0 and "on node 0 of 1" in plan and not lines, (plan, lines)
+
+
+def test_a_jobsets_pod_0_without_a_master_is_one_line():
+    """A JobSet sets only JOB_COMPLETION_INDEX: pod 0 of a 2-node job must not host on
+    127.0.0.1 while the others look for it by name."""
+    rc, plan, lines = dry(pod_env(JOB_COMPLETION_INDEX=0, HOSTNAME="train-workers-0-0"), "--nnodes", "2")
+    assert (rc, plan) == (2, ""), lines
+    assert len(lines) == 1 and "no variable names the master" in lines[0], lines

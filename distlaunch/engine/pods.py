@@ -84,6 +84,13 @@ _SIGNS = ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "MASTER_ADDR", "PET_
 OWN_RENDEZVOUS = ("rdzv_endpoint", "standalone")
 
 
+def inside_a_job(environ: Mapping[str, str]) -> bool:
+    """True in a worker of a launcher (distlaunch's or torchrun's: TORCHELASTIC_RUN_ID is
+    set for each): a launch from there is the program's own, and MASTER_ADDR, RANK and
+    WORLD_SIZE are the outer job's, not an operator's."""
+    return lookup("TORCHELASTIC_RUN_ID", environ) is not None
+
+
 def read(environ: Mapping[str, str], *names: str) -> Reading:
     """The set, non-empty variables of ``names`` with their values, in that order."""
     return [(n, v.strip()) for n in names if (v := lookup(n, environ) or "").strip()]
@@ -215,11 +222,12 @@ class PodsPlugin:
     fills_around_given = True  # PET_* reach the options as given ones
 
     def detect(self, environ: Mapping[str, str]) -> Placement | None:
-        if lookup("KUBERNETES_SERVICE_HOST", environ) is None:
+        if lookup("KUBERNETES_SERVICE_HOST", environ) is None or inside_a_job(environ):
             return None
+        # a JobSet sets nothing but the index (pod 0 too: its launcher must not bind
+        # 127.0.0.1 while the others look for it)
         signs = read(environ, *_SIGNS)
-        index = lookup("JOB_COMPLETION_INDEX", environ)
-        return "node" if signs or (index or "0").strip() != "0" else None
+        return "node" if signs or lookup("JOB_COMPLETION_INDEX", environ) is not None else None
 
     def check(self, environ: Mapping[str, str]) -> None:
         if self.detect(environ) is None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..env import lookup
 from ..errors import ConfigError
 from . import AgentLaunch, EnginePlugin, Placement
-from .pods import NO_AGENTS, OWN_RENDEZVOUS, place_node, read
+from .pods import NO_AGENTS, OWN_RENDEZVOUS, inside_a_job, place_node, read
 
 if TYPE_CHECKING:
     from ..config import RunOptions
@@ -38,7 +38,7 @@ class SkyPilotPlugin:
 
     def detect(self, environ: Mapping[str, str]) -> Placement | None:
         has = read(environ, "SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS")
-        return "node" if len(has) == 2 else None
+        return "node" if len(has) == 2 and not inside_a_job(environ) else None
 
     def check(self, environ: Mapping[str, str]) -> None:
         if self.detect(environ) is None:
