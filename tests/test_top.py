@@ -97,7 +97,9 @@ def test_top_shows_the_runtimes_operation_in_flight(tmp_path):
     """Ranks waiting in distlaunch.collectives' all_reduce show it in `top` (the runtime
     marks each operation it runs), the rank that never called it shows none."""
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
-    p = dl_popen("run", "--nproc-per-node", "3", "--run-id", "colljob", W / "coll_wait.py", env=env)
+    # without --stacks-on-failure and --hang-timeout too: top reads the records anyway
+    opts = ("--nproc-per-node", "3", "--run-id", "colljob", "--no-stacks-on-failure")
+    p = dl_popen("run", *opts, W / "coll_wait.py", env=env)
     try:
         deadline, recs = time.monotonic() + 60, []
         while time.monotonic() < deadline:

@@ -209,6 +209,8 @@ class WorkerGroup:
                         sel.unregister(w.pidfd)
                     # Exits after a stop was requested are its consequence, not a cause.
                     stopping = failure is not None or outside or self.relay.stop_signal is not None
+                    if self.watchdog:  # a rank that finished is progress (rank 0 may save alone)
+                        self.watchdog.output(time.monotonic())
                     if w.reap() != 0 and not stopping:
                         failure = self._fail(w, spec)
                         kill_at = self._stop_group(signal.SIGTERM)
@@ -266,8 +268,11 @@ class WorkerGroup:
         node's ranks all wait alike and another node may hold the odd one out: it gets
         a moment to claim the hang first (watch.defer)."""
         pids = self._live_pids()
-        ex = watch.explain(pids, watch.idle(now))
+        if not pids:  # every worker has exited (the pipes drain): no hang to explain
+            return None
+        ex = watch.deferred_with or watch.explain(pids, watch.idle(now))
         if ex is not None and ex.alike and watch.defer(now):
+            watch.deferred_with = ex  # read and shown once
             return None
         odd = ex.odd if ex is not None and ex.odd is not None else min(pids)
         w, spec = next((w, s) for w, s in zip(self.workers, self.specs) if w.slot.rank == odd)

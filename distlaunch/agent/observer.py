@@ -26,7 +26,8 @@ from ..devices import VISIBILITY_VARS
 from ..errors import StoreError, StoreTimeoutError
 from ..observe import registry
 from ..observe.records import Publisher, RankRecord, Sampler
-from ..observe.stacks import dump_stacks, encode_stacks
+from ..observe.stacks import RankStack, StackError, dump_stacks, encode_stacks
+from .output import warn_once
 
 if TYPE_CHECKING:
     from ..store.client import StoreAddress, StoreClient
@@ -110,18 +111,32 @@ class Observer:
                         # a viewer that died between its add and its set would block the
                         # next requests: skip to the latest count
                         seen = max(seen, client.add(req, 0) - 1)
-                        self._publish(client, pub)
+                        self._safely(self._publish, client, pub)
                         due = time.monotonic() + INTERVAL
                         continue
                     seen += 1
-                    self._answer(client, seen, client.get(f"{req}/{seen}") == b"native")
+                    self._safely(self._answer, client, seen, client.get(f"{req}/{seen}") == b"native")
         except StoreError:
             pass  # stopped (stop() closed the client), or the store is gone: the agent reports it
+
+    @staticmethod
+    def _safely(fn: Callable[..., None], *args: object) -> None:
+        """``fn(*args)``; anything but the store's errors is said once and the thread goes
+        on (an unexpected error must not end `top` and `stacks` for the rest of the job)."""
+        try:
+            fn(*args)
+        except StoreError:
+            raise
+        except Exception as e:
+            warn_once("observer", f"distlaunch top/stacks: {type(e).__name__}: {e}")
 
     def _answer(self, client: StoreClient, n: int, native: bool) -> None:
         group, _ = self.group()
         pids = {w.slot.rank: w.pid for w in list(group.workers) if w.returncode is None} if group else {}
-        stacks = dump_stacks(pids, native=native) if pids else {}
+        try:
+            stacks: dict[int, RankStack | StackError] = dump_stacks(pids, native=native) if pids else {}
+        except FileNotFoundError as e:  # no py-spy: the viewer says why for each rank
+            stacks = {r: StackError(r, p, str(e)) for r, p in pids.items()}
         ops = group.watchdog.ops() if group and group.watchdog else {}
         client.set(f"{prefix(self.run_id)}/stacks/{self.node}/{n}", encode_stacks(stacks, ops))
 

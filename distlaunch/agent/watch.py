@@ -64,17 +64,20 @@ class Watchdog:
     _last: float = 0.0
     _due: float | None = None
     _deferred: bool = False
+    deferred_with: Explained | None = None  # the hang's explanation when it was deferred
     _moved: bool = False  # some rank has shown progress this round
 
     def start(self) -> None:
         """The workers are started: progress is counted from now."""
         now = time.monotonic()
         self._last = now
+        readers = {}
         for rank, path in self.records.items():
             try:
-                self._readers[rank] = progress.Reader(path)
+                readers[rank] = progress.Reader(path)
             except OSError:
                 pass  # that rank is watched through its output only
+        self._readers = readers  # one assignment: the observer thread iterates over it
         if self.timeout > 0:
             self._due = now + min(CHECK_SECONDS, self.timeout / 4)
 

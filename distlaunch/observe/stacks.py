@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -170,6 +171,9 @@ def _dump_one(exe: str, rank: int, pid: int, native: bool, timeout: float) -> Ra
         return StackError(rank, pid, str(e))
 
 
+_ONE_DUMP = threading.Lock()
+
+
 def dump_stacks(
     pids: Mapping[int, int], native: bool = False, timeout: float = 10.0, max_parallel: int = 16
 ) -> dict[int, RankStack | StackError]:
@@ -185,7 +189,9 @@ def dump_stacks(
         raise FileNotFoundError("py-spy is not installed: `pip install py-spy` (a dependency of distlaunch)")
     if not pids:
         return {}
-    with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(pids)))) as pool:
+    # one dump at a time (an agent's watchdog and a `distlaunch stacks` request may ask
+    # together): a second ptrace attach to the same process is refused
+    with _ONE_DUMP, ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(pids)))) as pool:
         futures = {r: pool.submit(_dump_one, exe, r, p, native, timeout) for r, p in pids.items()}
         return {r: f.result() for r, f in sorted(futures.items())}
 
