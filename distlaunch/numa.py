@@ -294,8 +294,10 @@ def rank_bindings(
       devices, or, without placement, torchrun's rule (local rank i drives device i);
     - CPUs with devices placed and ``--bind-to auto`` (GPU-aware auto): the CPUs of the
       rank's GPUs' NUMA node(s), split into disjoint contiguous blocks among the ranks
-      whose GPUs share them (``topology.cpu_sets`` auto within that set); a rank whose
-      GPUs have no known NUMA node gets its plain auto block;
+      whose GPUs share them (``topology.cpu_sets`` auto within that set); when a rank's
+      GPUs have no known NUMA node, or span nodes that other ranks' GPUs use too, every
+      rank gets its plain auto block instead (blocks cut from overlapping sets would
+      overlap);
     - otherwise ``topology.cpu_sets(--bind-to)``, as without GPUs.
 
     Reads small files only. Raises ConfigError (exit 2): no GPU or too few for the
@@ -319,12 +321,18 @@ def rank_bindings(
         found = numa_bindings(cfg.numa_binding, per_rank, visible, allowed, root)
         return [RankBinding(b.cpus, d, e, b.note) for b, d, e in zip(found, devices, envs)]
     cpus = cpu_sets(cfg.bind_to, n, allowed)
-    if cfg.bind_to == "auto":  # GPU-aware: each rank near its GPUs, disjoint within a node
+    if cfg.bind_to == "auto":  # GPU-aware: each rank near its GPUs, disjoint blocks
         near = numa_bindings("node", per_rank, visible, allowed, root)
         sharing: dict[frozenset[int], list[int]] = {}
         for i, b in enumerate(near):
             if b.cpus is not None:
                 sharing.setdefault(b.cpus, []).append(i)
+        pools = list(sharing)
+        overlap = any(a & b for k, a in enumerate(pools) for b in pools[k + 1 :])
+        if overlap or any(b.cpus is None for b in near):
+            # a rank with no NUMA node, or whose GPUs span nodes others use too: blocks
+            # cut from overlapping pools would overlap; the plain auto blocks do not
+            sharing = {}
         for share, members in sharing.items():
             split = [share] if len(members) == 1 else cpu_sets("auto", len(members), share)
             for i, c in zip(members, split):

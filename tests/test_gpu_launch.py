@@ -125,6 +125,16 @@ def test_gpus_per_rank_takes_blocks_of_the_users_uuid_list(tree, tmp_path):
     assert [c for _, c in ranks] == [NEAR[1], NEAR[0]]
 
 
+def test_gpu_aware_auto_never_gives_ranks_overlapping_cpus(tree, tmp_path):
+    """Rank 0's GPUs span both NUMA nodes, rank 1's are on node 0: blocks cut from the
+    two (overlapping) sets would overlap, so both get plain auto blocks, disjoint."""
+    env = env_for(tree, CUDA_VISIBLE_DEVICES="0,4,1,2")
+    ranks = launch(tmp_path, env, "--nproc-per-node", "2", "--gpus-per-rank", "2", n=2)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e, _ in ranks] == ["0,4", "1,2"]
+    (_, a), (_, b) = ranks
+    assert a and b and not a & b, ranks
+
+
 def test_numa_binding_node_without_placement_follows_torchrun(tree, tmp_path):
     env = env_for(tree, CUDA_VISIBLE_DEVICES="4,0")
     ranks = launch(tmp_path, env, "--nproc-per-node", "2", "--numa-binding", "node", n=2)
