@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .env import lookup
 from .errors import ConfigError
 
 CUDA_VAR = "CUDA_VISIBLE_DEVICES"
@@ -286,7 +287,7 @@ def visible_gpus(
     if gpus is None:
         gpus = proc_gpus(root)
     for var in VISIBILITY_VARS:
-        value = environ.get(var)
+        value = lookup(var, environ)
         if value is None:
             continue
         devices = []
@@ -410,7 +411,7 @@ def xpu_count(environ: Mapping[str, str]) -> tuple[int, str]:
     ``device.subdevice`` entries; each is one device under the default flat hierarchy),
     else the DRM render nodes whose PCI vendor is Intel
     (``<root>/sys/class/drm/renderD*/device/vendor`` is ``0x8086``)."""
-    mask = environ.get(XPU_VAR, "").strip()
+    mask = (lookup(XPU_VAR, environ) or "").strip()
     if mask:
         entries = {e.strip() for e in mask.split(",") if e.strip()}
         return len(entries), f"{XPU_VAR}={mask!r}"
@@ -439,7 +440,8 @@ def wait_gpu_release(
     fault-tolerance launcher (``nvidia-resiliency-ext``) waits before restarting ranks.
     ``on_wait`` gets one line when the wait begins. Returns True when released (or when
     NVML is not installed or cannot start: nothing to wait on), False on timeout. Never
-    raises."""
+    raises. In a container with its own PID namespace NVML reports the host's pids, which
+    match none of ``pids``: the wait then ends at once (not run on a GPU here)."""
     try:
         import pynvml  # the optional 'gpu' extra
     except ImportError:

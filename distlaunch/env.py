@@ -126,6 +126,9 @@ SCHEDULER_VARS = {
 
 # Read by the launcher and its engines (never set by distlaunch for workers).
 LAUNCHER_VARS = {
+    "CUDA_VISIBLE_DEVICES": "the NVIDIA GPUs this launch may use (counted, placed per rank: devices.py)",
+    "HIP_VISIBLE_DEVICES": "AMD: the GPUs this launch may use (after CUDA_VISIBLE_DEVICES)",
+    "ROCR_VISIBLE_DEVICES": "AMD: the GPUs this launch may use (after HIP_VISIBLE_DEVICES)",
     "OMP_NUM_THREADS": "unset with several workers per node: each worker gets 1 (said once), as torchrun",
     "PYTHON_EXEC": "the workers' interpreter (torchrun's override; default: the launcher's)",
     "SLURM_JOB_ID": "a Slurm allocation: without a host list the head starts agents through srun",
