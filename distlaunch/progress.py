@@ -100,6 +100,7 @@ def _padded(text: str, size: int) -> bytes:
 _UNSET = object()
 _last_op: str | None = None
 _last_peers: object = _UNSET
+_NAMES: dict[str, bytes] = {}
 
 
 def _put_peers(peers: Iterable[int] | str | None) -> None:
@@ -154,7 +155,10 @@ def _set_op(w: memoryview, op: str) -> None:
     global _last_op
     w[3] = 0  # nothing in flight while the name changes
     assert _rec.mm is not None
-    _rec.mm[_NAME : _NAME + _NAME_LEN] = _padded(op, _NAME_LEN)
+    name = _NAMES.get(op)
+    if name is None:  # a training loop alternates a few ops: each is encoded once
+        name = _NAMES[op] = _padded(op, _NAME_LEN)
+    _rec.mm[_NAME : _NAME + _NAME_LEN] = name
     _last_op = op
 
 

@@ -31,7 +31,6 @@ from ..topology import WorkerSlot, seat_slots
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
-from .merged import DedupConsole
 from .observer import Observer
 from .output import DuplicateLines, StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
@@ -42,6 +41,7 @@ GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU m
 
 if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client loads in run()
     from ..store.client import StoreAddress
+    from .merged import DedupConsole
 
 
 @dataclass(frozen=True)
@@ -539,7 +539,11 @@ class NodeAgent:
         from .. import progress
 
         specs = []
-        merged = {fd: DedupConsole(fd) for fd in (1, 2)} if self.cfg.dedup_output else {}
+        merged: dict[int, DedupConsole] = {}
+        if self.cfg.dedup_output:  # only then: the launch path does not import it
+            from .merged import DedupConsole
+
+            merged = {fd: DedupConsole(fd) for fd in (1, 2)}
         # this node's own devices and CPUs (raises ConfigError: too few GPUs here)
         bindings = rank_bindings(self.cfg, len(slots), self.base_env, os.sched_getaffinity(0))
         for slot in slots:
@@ -557,9 +561,10 @@ class NodeAgent:
                     attempt_dir = None
             assert self.scratch is not None  # made by run()
             error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
-            progress_file: str | None = os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}")
+            path = os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}")
             try:
-                progress.create(os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}"))
+                progress.create(path)
+                progress_file: str | None = path
             except OSError:  # the scratch dir's disk is full: the rank is watched by its output
                 progress_file = None
             env = worker_env(

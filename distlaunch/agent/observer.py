@@ -26,7 +26,6 @@ from ..devices import VISIBILITY_VARS
 from ..errors import StoreError, StoreTimeoutError
 from ..observe import registry
 from ..observe.records import Publisher, RankRecord, Sampler
-from ..observe.stacks import RankStack, StackError, dump_stacks, encode_stacks
 from .output import warn_once
 
 if TYPE_CHECKING:
@@ -131,6 +130,8 @@ class Observer:
             warn_once("observer", f"distlaunch top/stacks: {type(e).__name__}: {e}")
 
     def _answer(self, client: StoreClient, n: int, native: bool) -> None:
+        from ..observe.stacks import RankStack, StackError, dump_stacks, encode_stacks  # on a request only
+
         group, _ = self.group()
         pids = {w.slot.rank: w.pid for w in list(group.workers) if w.returncode is None} if group else {}
         try:
