@@ -600,6 +600,7 @@ class ProcessGroup(Members):
         got = self._fast_recv(arr, peer, tag, True)
         if got is True:
             assert peer is not None
+            progress.heartbeat()  # for --hang-timeout (the slow path's Work counts its own)
             return peer if group_src else self.ranks[peer]
         self._post_deferred()
         work = self._post(arr, peer, tag, group_src, spin=got is not None)  # None: it has spun

@@ -17,9 +17,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import progress
 from .context import to_seconds
 from .errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from .transport import Request
+
+
+def _progressed() -> bool:
+    """A point-to-point request completed: progress for --hang-timeout (one word in the
+    rank's record; a no-op outside distlaunch). True, for the caller's return."""
+    progress.heartbeat()
+    return True
 
 
 class Work:
@@ -106,10 +114,10 @@ class RequestWork(Work):
         when its peer's process is gone), else on its event."""
         req = self._req
         if req.local is None or req.done:
-            return req.wait(t)
+            return req.wait(t) and _progressed()
         deadline = time.monotonic() + (t if t is not None else 1e9)
         try:
-            return req.local.wait(lambda: req.done, deadline, (req.peer,), self._spin)
+            return req.local.wait(lambda: req.done, deadline, (req.peer,), self._spin) and _progressed()
         except PeerLostError as e:
             if not req.is_send:
                 self._transport.cancel(req)

@@ -419,12 +419,17 @@ class Engine:
         self.waiters += 1
         try:
             if self.links is not None:
-                self._wait_links(done, what, peers, deadline, spin)
+                marked = self._wait_links(done, what, peers, deadline, spin)
             else:
-                self._wait_pump(done, what, peers, deadline)
+                marked = self._wait_pump(done, what, peers, deadline)
         finally:
             self.waiters -= 1
-        marks.end()  # progress for --hang-timeout; clears the mark of a long wait
+        # progress for --hang-timeout; end() also clears the mark this wait set (and only
+        # then: another thread's collective may be the one in flight)
+        if marked:
+            marks.end()
+        else:
+            marks.heartbeat()
 
     def _ready(self, done: Callable[[], bool], what: What) -> bool:
         pump = self.pump
@@ -449,7 +454,7 @@ class Engine:
 
     def _wait_links(
         self, done: Callable[[], bool], what: What, peers: Sequence[int | None], deadline: float, spin: bool
-    ) -> None:
+    ) -> bool:
         # the links' waits wake on shared-memory messages and on TCP completions (the
         # pump); only the first slice busy-polls (the busy time is per wait, not per slice)
         links = self.links
@@ -463,7 +468,7 @@ class Engine:
             except PeerLostError as e:
                 raise PeerLostError(f"{_text(what)}: {e}") from None
             if ok:
-                return
+                return marked  # whether it showed in `distlaunch top`
             if not marked:  # a wait past its first slice (0.5 s) shows in `distlaunch top`
                 marks.begin("MPI", 0, _text(what))
                 marked = True
@@ -474,11 +479,11 @@ class Engine:
 
     def _wait_pump(
         self, done: Callable[[], bool], what: What, peers: Sequence[int | None], deadline: float
-    ) -> None:
+    ) -> bool:
         pause, marked, started = 0.0, False, time.monotonic()
         while True:
             if self._ready(done, what):
-                return
+                return marked
             pump = self.pump
             now = time.monotonic()
             if now >= deadline:
