@@ -50,6 +50,11 @@ def dl_popen(*args, env: dict | None = None, **kw) -> subprocess.Popen:
     )
 
 
+def line_of(path, marker):
+    """The line number (from 1) of the first line of file ``path`` containing ``marker``."""
+    return next(i for i, ln in enumerate(pathlib.Path(path).read_text().splitlines(), 1) if marker in ln)
+
+
 @pytest.fixture
 def actor():
     return str(WORKERS / "actor.py")

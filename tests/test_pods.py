@@ -13,7 +13,8 @@ import time
 
 import pytest
 from conftest import WORKERS, dl, dl_popen
-from test_pernode import finish, free_port
+from ports import free_port, free_ports
+from test_pernode import finish
 
 from distlaunch.env import POD_VARS
 
@@ -74,6 +75,11 @@ def pod_env(k8s=True, **variables):
         env["KUBERNETES_SERVICE_HOST"] = "10.96.0.1"  # never contacted
     env.update({k: str(v) for k, v in variables.items()})
     return env
+
+
+def master_port() -> int:
+    """A port free on every address a case's master may have."""
+    return free_ports(1, ("127.0.0.1", "127.0.0.2", "127.0.0.3"))[0]
 
 
 def pytorchjob(port, node, nproc=2, master="127.0.0.2", pet=True):
@@ -162,7 +168,7 @@ def test_pods_start_with_no_flags(tmp_path, case):
         pytest.skip("torch is not installed")
     prog = tmp_path / "probe.py"
     prog.write_text(PROBE)
-    port = free_port()
+    port = master_port()
     procs = [dl_popen("run", prog, tmp_path, how, env=pod_env(k8s, **variables(port, k))) for k in (0, 1)]
     results = finish(procs, timeout=120)
     assert [r[2] for r in results] == [0, 0], results
@@ -194,7 +200,7 @@ def dry(env, *flags):
 def test_a_restarted_jobset_gets_another_run_id():
     """The restart attempt is part of the run id: the attempt after a restart never
     reads the keys of the one before, whatever stays of it."""
-    port = free_port()
+    port = master_port()
     ids = []
     for attempt in (0, 1):
         rc, plan, _ = dry(pod_env(**jobset(port, 1, attempt=attempt)))
@@ -247,7 +253,7 @@ def test_waits_for_the_masters_name_then_fails_in_one_line(elastic):
 
 def test_disagreeing_sources_say_which_won():
     """PET_* win over the plain names, a flag over both; one line each."""
-    port = free_port()
+    port = master_port()
     # MASTER_ADDR differs from PET_MASTER_ADDR, PET_NNODES from the flag
     env = pod_env(**{**pytorchjob(port, 1, nproc=1), "PET_NNODES": 3, "MASTER_ADDR": "127.0.0.3"})
     rc, plan, lines = dry(env, "--nnodes", "2")
@@ -264,7 +270,7 @@ def test_disagreeing_sources_say_which_won():
 
 
 def test_skypilot_node_count_disagreement_and_cpu_nodes():
-    port = free_port()
+    port = master_port()
     env = pod_env(False, **{**skypilot(port, 0, gpus=0), "SKYPILOT_NUM_NODES": 3})
     rc, plan, lines = dry(env)
     assert rc == 0 and "distlaunch: SKYPILOT_NUM_NODES=3 wins over SKYPILOT_NODE_IPS' lines=2" in lines[0]

@@ -12,7 +12,7 @@ import sys
 import time
 
 import psutil
-from conftest import ROOT
+from conftest import ROOT, line_of
 from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
 
 from distlaunch import AGENT_HELLO
@@ -148,7 +148,7 @@ def test_hang_timeout_inside_an_allocation_names_the_stuck_rank(slurm_cluster): 
     """--hang-timeout in the agents Slurm started: rank 2 (on n1, beside two ranks that
     wait) is named with its line; the job ends as a failure."""
     prog = ROOT / "tests" / "hang_workers" / "plain.py"
-    stuck = next(i for i, ln in enumerate(prog.read_text().splitlines(), 1) if "STUCK-LINE" in ln)
+    stuck = line_of(prog, "STUCK-LINE")
     launch = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "3", "--hang-timeout", "3"]
     cp = slurm_cluster.run("salloc", "-N2", *launch, str(prog), "quiet", timeout=120, env=slurm_cluster.env())
     assert cp.returncode == 1, cp.stderr

@@ -8,13 +8,9 @@ import socket
 import stat
 import time
 
-from conftest import ROOT, dl, dl_popen
+from conftest import ROOT, dl, dl_popen, line_of
 
 W = ROOT / "tests" / "hang_workers"
-
-
-def line_of(path, marker):
-    return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if marker in ln)
 
 
 def start_job(env, run_id):
@@ -24,7 +20,9 @@ def start_job(env, run_id):
         res = dl("top", run_id, "--json", env=env)
         if res.returncode == 0:
             recs = json.loads(res.stdout)
-            if len(recs) == 4 and any(r["state"] == "exited 0" for r in recs):
+            # rank 3 exited, the others printed, and rank 1 marked its operation
+            up = all(r["line"] == f"rank {r['rank']} up" for r in recs[:3])
+            if len(recs) == 4 and recs[3]["state"] == "exited 0" and up and recs[1]["op"]:
                 return p
         time.sleep(0.3)
     p.kill()

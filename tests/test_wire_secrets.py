@@ -20,7 +20,8 @@ import sys
 
 import pytest
 from conftest import dl_popen
-from test_pernode import finish, free_port
+from ports import free_port
+from test_pernode import finish
 from test_supervision import wait_for
 
 from distlaunch.collectives.transport.tcp import _proof
@@ -155,7 +156,7 @@ def _replay(addr: str, port: int, captured: bytes, key: bytes) -> bytes:
 
 def test_no_secret_crosses_the_wire_and_a_capture_does_not_authenticate(tmp_path):
     addr = f"127.{random.randint(100, 250)}.{random.randint(1, 250)}.{random.randint(2, 250)}"
-    port = free_port()
+    port = free_port(addr)
     (tmp_path / "prog.py").write_text(PROGRAM)
     out = tmp_path / "out"
     out.mkdir()
