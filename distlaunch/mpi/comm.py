@@ -43,11 +43,14 @@ from .p2p import (
     Engine,
     Message,
     Prequest,
+    RecvDone,
     RecvOp,
     Request,
     SendOp,
+    SentOp,
     Status,
     _text,
+    request_of,
     truncated,
 )
 
@@ -357,7 +360,7 @@ class Comm:
             None if spec is not None else _unpickle,
             _recv_what(src, source, tag),
         )
-        return Request(op=op, engine=eng)
+        return request_of(op, eng)
 
     # -- point to point: buffers
 
@@ -369,7 +372,7 @@ class Comm:
             if data is not None:
                 g = h.ranks[dest]
                 if eng.put(g, h.ctx, tag, data):  # written whole: already complete
-                    return Request(op=SendOp(None, "send", g), engine=eng)
+                    return request_of(SentOp(), eng)
                 return self._isend(data, dest, tag)
         return self._isend(parse(buf, False).pack(), dest, tag)
 
@@ -390,7 +393,13 @@ class Comm:
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving into ``buf`` (a buffer specification); Wait before using it."""
+        eng, h = STATE.live(), self._handle
         data = fast_bytes(buf, True)
+        if data is not None and eng is not None and h is not None and type(tag) is int:
+            if type(source) is int and 0 <= source < h.size:  # arrived already: completed
+                f = eng.take_now(h.ctx, h.ranks[source], tag, data, False)
+                if f:
+                    return request_of(RecvDone(source, f[0], f[1]), eng)
         return self._irecv(parse(buf, True) if data is None else data, source, tag)
 
     def Recv(

@@ -296,9 +296,6 @@ def _bytes_of(buf: Any, writable: bool) -> tuple[memoryview, np.dtype] | None:
     """``buf``'s memory as a flat byte memoryview (no copy) and its element dtype, for
     the buffer types of :func:`fast_bytes`; None for anything else, a non-contiguous
     or (``writable``) read-only buffer (:func:`parse` says why)."""
-    last = _LAST[writable]
-    if last is not None and last[0] is buf and (not writable or buf.flags.writeable):
-        return last[2], last[3]  # the same numpy array again: no new views
     tp = type(buf)
     if tp is np.ndarray:
         got = _array_bytes(buf, writable)
@@ -356,10 +353,14 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
             return None
     else:
         buf = spec
-    got = _bytes_of(buf, writable)
-    if got is None:
-        return None
-    mv, dtype = got
+    last = _LAST[writable]
+    if last is not None and last[0] is buf and (not writable or buf.flags.writeable):
+        mv, dtype = last[2], last[3]  # the same numpy array again: no new views
+    else:
+        got = _bytes_of(buf, writable)
+        if got is None:
+            return None
+        mv, dtype = got
     if t is None:
         return mv if dtype in _BY_DTYPE else None  # else parse raises ERR_TYPE
     size = t.size
