@@ -385,7 +385,9 @@ class Comm:
         if eng is not None and h is not None and type(dest) is int and 0 <= dest < h.size:
             data = fast_bytes(buf, False) if type(tag) is int and tag >= 0 else None
             if data is not None:  # the common case, without Request and Spec objects
-                eng.send_now(h.ranks[dest], h.ctx, tag, data, ("send to rank {} (tag {})", dest, tag))
+                g = h.ranks[dest]
+                if not eng.put(g, h.ctx, tag, data):  # else: written whole into the ring
+                    eng.send_now(g, h.ctx, tag, data, ("send to rank {} (tag {})", dest, tag))
                 return
         self.Isend(buf, dest, tag).Wait()
 
@@ -413,8 +415,13 @@ class Comm:
                 data = fast_bytes(buf, True)
                 if data is not None:  # the common case, without Request and Spec objects
                     src = None if source == ANY_SOURCE else h.ranks[source]
+                    f = () if src is None else eng.take_now(h.ctx, src, tag, data, True)
+                    if f:  # taken straight from the peer's ring
+                        if status is not None:
+                            status._set(source, f[0], f[1])
+                        return
                     what = _recv_what(src, source, tag)
-                    g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what)
+                    g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what, f is None)
                     if n > len(data):
                         raise truncated(_text(what), n, h.index[g], got_tag, len(data))
                     if status is not None:

@@ -336,7 +336,7 @@ class Engine:
             raise type(req.error)(f"{_text(what)}: {req.error}")
 
     def recv_now(
-        self, ctx: int, src: int | None, tag: int, buf: memoryview, what: What
+        self, ctx: int, src: int | None, tag: int, buf: memoryview, what: What, spun: bool | None = None
     ) -> tuple[int, int, int]:
         """MPI_Recv into ``buf`` (a writable flat byte memoryview) from global rank ``src``
         (None: any): returns (global source, tag, message bytes) once the message is in
@@ -345,13 +345,15 @@ class Engine:
 
         From a peer on this node, while no receive is posted and no message kept (so
         this receive is the only candidate), the message is taken straight from that
-        peer's ring (:meth:`take_now`): busy-polled, no routing or objects."""
-        spun = False
-        if src is not None:
-            f = self.take_now(ctx, src, tag, buf, True)
-            if f:
-                return src, f[0], f[1]
-            spun = f is None  # it busy-polled for nothing: the wait does not again
+        peer's ring (:meth:`take_now`): busy-polled, no routing or objects. ``spun``:
+        the caller tried that already (True: it busy-polled for nothing)."""
+        if spun is None:
+            spun = False
+            if src is not None:
+                f = self.take_now(ctx, src, tag, buf, True)
+                if f:
+                    return src, f[0], f[1]
+                spun = f is None  # it busy-polled for nothing: the wait does not again
         p = PostedRecv(ctx, src, tag, None, buf)
         self.post(p)
         if p.msg is None and p.error is None:
@@ -385,12 +387,13 @@ class Engine:
         if poll:
             f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
         else:
-            f = links.take_prefix(i, expect, buf, self._guard)
-            if f == () and self.posted and not self.inbox:
+            if self.posted or self.inbox:  # (a first look; take_prefix checks under the lock)
+                if self.inbox or not links.pending(i):
+                    return ()
                 # earlier receives wait (a window of Irecv): what arrived goes to them
                 # first, then this one may find its message next in the ring
                 links.progress()
-                f = links.take_prefix(i, expect, buf, self._guard)
+            f = links.take_prefix(i, expect, buf, self._guard)
         if f:
             marks.heartbeat()  # progress for --hang-timeout
         return f

@@ -524,6 +524,14 @@ class ShmLinks:
         finally:
             self._release()
 
+    def pending(self, i: int) -> bool:
+        """Whether local rank i published something we have not consumed (no lock: a
+        hint, e.g. whether :meth:`progress` could find anything from it)."""
+        ins = self.ins
+        if self.closed or i >= len(ins):  # closed: no views left
+            return False
+        return bool(ins[i][2][ins[i][5]] != self.tails[i])
+
     def poll_take(self, take: Callable[..., Any], *args: Any) -> Any:
         """``take(*args)`` until it returns something else than None, again after each
         ring of the bell, busy-polling for at most ``busy`` seconds (not at all when
