@@ -9,7 +9,7 @@ shared).
 
 Usage: python benchmarks/bench_p2p.py [reps] [latency_max_bytes] [bw_max_bytes]
            [--programs osu_latency,osu_multi_lat,osu_bw,osu_bibw,types]
-           [--types numpy,bytearray,...] [--sizes 0,8,1024,65536]"""
+           [--types numpy,bytearray,...] [--sizes 0,8,1024,65536] [--iters N] [--bw-iters N]"""
 
 import argparse
 import os
@@ -60,14 +60,15 @@ def main() -> None:
     ap.add_argument("--types", default=TYPES, help="buffer types of the per-type ping-pong")
     ap.add_argument("--sizes", default="0,8,1024,65536", help="bytes, of the per-type ping-pong")
     ap.add_argument("--iters", type=int, default=2000, help="round trips per size (types)")
+    ap.add_argument("--bw-iters", type=int, default=20, help="windows per size (osu_bw, osu_bibw)")
     a = ap.parse_args()
     if not have_mpich():
         sys.exit("needs mpi4py and mpiexec: pip install mpi4py mpich")
     known = {
         "osu_latency": ((a.lat_max, 1000), "us"),
         "osu_multi_lat": ((a.lat_max, 1000), "us"),
-        "osu_bw": ((a.bw_max, 20), "MB/s"),
-        "osu_bibw": ((a.bw_max, 20), "MB/s"),
+        "osu_bw": ((a.bw_max, a.bw_iters), "MB/s"),
+        "osu_bibw": ((a.bw_max, a.bw_iters), "MB/s"),
         "types": ((a.types, a.sizes, a.iters), "us"),
     }
     for p in a.programs.split(","):
