@@ -223,12 +223,17 @@ def test_blocking_recv_from_a_peer_that_exits_raises(tmp_path):
     )
 
 
-def test_buffer_types_match_mpich(tmp_path):
+@pytest.mark.parametrize("mode,ring", [("shm", None), ("shm", "4096"), ("tcp", None)])
+def test_buffer_types_match_mpich(mode, ring, tmp_path, monkeypatch):
     """p2p_buffers.py: every buffer type (numpy, bytearray, bytes, memoryview slices,
     mmap, array.array, torch) as ``[buf, count, MPI.BYTE]`` sends exactly ``count``
     bytes and lands in place (the bytes around it untouched), bare and typed specs,
     truncation, Isend/Irecv windows with mixed tags in order per tag (half sent before
-    the receives were posted), ANY_TAG, a persistent receive: MPICH's output."""
+    the receives were posted), ANY_TAG, a persistent receive: MPICH's output; also
+    with a 4 KiB ring (records wrap at its end) and over TCP."""
+    monkeypatch.setenv("DISTLAUNCH_SHM", "1" if mode == "shm" else "0")
+    if ring:
+        monkeypatch.setenv("DISTLAUNCH_SHM_P2P_RING", ring)
     rc, mine, err = run("p2p_buffers", 2, tmp_path, ours=True, timeout=120)
     assert rc == 0, err[-3000:]
     assert len([ln for ln in mine if " window " in ln]) >= 48, mine
