@@ -43,11 +43,14 @@ from .p2p import (
     Engine,
     Message,
     Prequest,
+    RecvDone,
     RecvOp,
     Request,
     SendOp,
+    SentOp,
     Status,
     _text,
+    request_of,
     truncated,
 )
 
@@ -357,7 +360,7 @@ class Comm:
             None if spec is not None else _unpickle,
             _recv_what(src, source, tag),
         )
-        return Request(op=op, engine=eng)
+        return request_of(op, eng)
 
     # -- point to point: buffers
 
@@ -369,7 +372,7 @@ class Comm:
             if data is not None:
                 g = h.ranks[dest]
                 if eng.put(g, h.ctx, tag, data):  # written whole: already complete
-                    return Request(op=SendOp(None, "send", g), engine=eng)
+                    return request_of(SentOp(), eng)
                 return self._isend(data, dest, tag)
         return self._isend(parse(buf, False).pack(), dest, tag)
 
@@ -382,7 +385,9 @@ class Comm:
         if eng is not None and h is not None and type(dest) is int and 0 <= dest < h.size:
             data = fast_bytes(buf, False) if type(tag) is int and tag >= 0 else None
             if data is not None:  # the common case, without Request and Spec objects
-                eng.send_now(h.ranks[dest], h.ctx, tag, data, ("send to rank {} (tag {})", dest, tag))
+                g = h.ranks[dest]
+                if not eng.put(g, h.ctx, tag, data):  # else: written whole into the ring
+                    eng.send_now(g, h.ctx, tag, data, ("send to rank {} (tag {})", dest, tag))
                 return
         self.Isend(buf, dest, tag).Wait()
 
@@ -390,7 +395,13 @@ class Comm:
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving into ``buf`` (a buffer specification); Wait before using it."""
+        eng, h = STATE.live(), self._handle
         data = fast_bytes(buf, True)
+        if data is not None and eng is not None and h is not None and type(tag) is int:
+            if type(source) is int and 0 <= source < h.size:  # arrived already: completed
+                f = eng.take_now(h.ctx, h.ranks[source], tag, data, False)
+                if f:
+                    return request_of(RecvDone(source, f[0], f[1]), eng)
         return self._irecv(parse(buf, True) if data is None else data, source, tag)
 
     def Recv(
@@ -404,8 +415,13 @@ class Comm:
                 data = fast_bytes(buf, True)
                 if data is not None:  # the common case, without Request and Spec objects
                     src = None if source == ANY_SOURCE else h.ranks[source]
+                    f = () if src is None else eng.take_now(h.ctx, src, tag, data, True)
+                    if f:  # taken straight from the peer's ring
+                        if status is not None:
+                            status._set(source, f[0], f[1])
+                        return
                     what = _recv_what(src, source, tag)
-                    g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what)
+                    g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what, f is None)
                     if n > len(data):
                         raise truncated(_text(what), n, h.index[g], got_tag, len(data))
                     if status is not None:

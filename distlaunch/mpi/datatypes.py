@@ -19,6 +19,7 @@ datatype, the buffer's own dtype gives it; without a count, the whole buffer is 
 
 from __future__ import annotations
 
+import array
 import mmap
 from collections.abc import Sequence
 from typing import Any
@@ -272,9 +273,12 @@ def datatype_of(spec: Any) -> Datatype:
 _LAST: list[tuple[np.ndarray, np.ndarray, memoryview, np.dtype] | None] = [None, None]
 
 
-def _array_bytes(arr: np.ndarray, writable: bool) -> tuple[np.ndarray, memoryview, np.dtype] | None:
+def _array_bytes(
+    arr: np.ndarray, writable: bool, keep: bool = True
+) -> tuple[np.ndarray, memoryview, np.dtype] | None:
     """A numpy array's bytes (uint8 array and memoryview, no copy) and dtype; None when
-    it is not C-contiguous or (``writable``) read-only."""
+    it is not C-contiguous or (``writable``) read-only. ``keep``: remember them for the
+    next call with the same array (not for a tensor's fresh view: never seen again)."""
     last = _LAST[writable]
     if last is not None and last[0] is arr and (not writable or arr.flags.writeable):
         return last[1], last[2], last[3]
@@ -283,42 +287,80 @@ def _array_bytes(arr: np.ndarray, writable: bool) -> tuple[np.ndarray, memoryvie
         return None
     raw = arr.reshape(-1).view(np.uint8)
     mv = raw.data
-    _LAST[writable] = (arr, raw, mv, arr.dtype)
+    if keep:
+        _LAST[writable] = (arr, raw, mv, arr.dtype)
     return raw, mv, arr.dtype
 
 
+def _bytes_of(buf: Any, writable: bool) -> tuple[memoryview, np.dtype] | None:
+    """``buf``'s memory as a flat byte memoryview (no copy) and its element dtype, for
+    the buffer types of :func:`fast_bytes`; None for anything else, a non-contiguous
+    or (``writable``) read-only buffer (:func:`parse` says why)."""
+    tp = type(buf)
+    if tp is np.ndarray:
+        got = _array_bytes(buf, writable)
+        return None if got is None else (got[1], got[2])
+    if tp is bytearray or tp is mmap.mmap or tp is bytes:  # flat bytes, format "B"
+        mv = memoryview(buf)
+        return None if writable and mv.readonly else (mv, _U8)
+    if tp.__module__ == "torch":  # torch.Tensor (subclasses: parse)
+        try:  # CPU, no grad, a numpy dtype; else parse (it says why)
+            buf = memoryview(buf.numpy())
+        except (TypeError, RuntimeError, ValueError, BufferError):
+            return None
+        tp = memoryview
+    if tp is memoryview:
+        mv = buf
+        if writable and mv.readonly:
+            return None
+        fmt = mv.format
+        if mv.ndim == 1 and fmt == "B":
+            return (mv, _U8) if mv.contiguous else None  # a strided slice: parse refuses it
+        if not mv.c_contiguous:
+            return None
+        try:  # the element dtype as parse sees it (a Datatype of that dtype)
+            dtype = _U8 if fmt in ("b", "c") else np.dtype(fmt)
+            return mv.cast("B"), dtype
+        except (TypeError, ValueError):  # a format numpy or cast does not know
+            return None
+    if tp is array.array:  # never read-only; parse takes its bytes as BYTE
+        return memoryview(buf).cast("B"), _U8
+    return None
+
+
 def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
-    """The message bytes of the common buffer specifications -- a C-contiguous numpy
-    array of a predefined type, ``[array, datatype]``, ``[array, count, datatype]`` with
-    a predefined Datatype -- as a flat byte memoryview of the array (no copy); None for
-    any other form or anything :func:`parse` would reject (parse it: it says why)."""
+    """The message bytes of the common buffer specifications -- a buffer (numpy array
+    of a predefined type, torch CPU tensor, bytearray, bytes when sending, memoryview,
+    mmap, array.array), ``[buf, datatype]``, ``[buf, count, datatype]`` with a
+    predefined (contiguous) Datatype -- as a flat byte memoryview of the buffer (no
+    copy; a count is honoured by slicing the view); None for any other form or anything
+    :func:`parse` would reject (parse it: it says why). Every buffer type takes this
+    same path, so none costs more per message than another."""
     t = None
     count = -1
     tp = type(spec)
     if tp is list or tp is tuple:
         k = len(spec)
         if k == 3:
-            arr, count, t = spec
+            buf, count, t = spec
             if type(count) is not int or count < 0:
                 return None
         elif k == 2:
-            arr, t = spec
+            buf, t = spec
         else:
             return None
         if type(t) is not Datatype or not t.contiguous or not t.size:
             return None
     else:
-        arr = spec
+        buf = spec
     last = _LAST[writable]
-    if last is not None and last[0] is arr and (not writable or arr.flags.writeable):
-        mv, dtype = last[2], last[3]  # the same array again: no new views
-    elif type(arr) is np.ndarray:
-        got = _array_bytes(arr, writable)
+    if last is not None and last[0] is buf and (not writable or buf.flags.writeable):
+        mv, dtype = last[2], last[3]  # the same numpy array again: no new views
+    else:
+        got = _bytes_of(buf, writable)
         if got is None:
             return None
-        mv, dtype = got[1], got[2]
-    else:
-        return None
+        mv, dtype = got
     if t is None:
         return mv if dtype in _BY_DTYPE else None  # else parse raises ERR_TYPE
     size = t.size

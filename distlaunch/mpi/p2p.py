@@ -20,11 +20,14 @@ operating system, shared memory: the peer's ring; a large message streams throug
 ring while this process waits or tests), so Ssend/Rsend/Bsend behave as Send. A send to
 oneself is copied straight into the engine.
 
-Blocking Send and Recv of contiguous buffers (Comm.Send/Recv's common case) skip the
-Request, Spec and Message objects: :meth:`Engine.send_now` writes a message that fits
-the peer's ring at once, and :meth:`Engine.recv_now` -- while no other receive is posted
-and no message kept, so the matching order cannot differ -- takes it straight from the
-sender's ring into the buffer (:meth:`ShmLinks.take`); anything else goes the general way.
+Send and Recv of contiguous buffers (every buffer type as one flat byte view, see
+:func:`~.datatypes.fast_bytes`) skip the Request, Spec and Message objects:
+:meth:`Engine.send_now` writes a message that fits the peer's ring at once, and
+:meth:`Engine.recv_now` -- while no other receive is posted and no message kept, so the
+matching order cannot differ -- takes it straight from the sender's ring into the buffer
+(:meth:`Engine.take_now`, :meth:`ShmLinks.take_prefix`); anything else goes the general
+way. Isend and Irecv do the same without waiting and return an already complete
+Request (a window of small messages: no posted receive, no routing, no wait).
 
 Blocking waits poll the pump and the shared-memory links (a bounded busy-poll unless the
 node's ranks share CPUs, then yields and futex sleeps on the links' bell; slices on the
@@ -194,6 +197,9 @@ class Engine:
         self.lock = threading.Lock()
         self.inbox: list[Message] = []  # arrived, unmatched, in arrival order
         self.posted: list[PostedRecv] = []  # unmatched receives, in posting order
+        # what must be empty for a receive to take a message straight from a ring
+        self._guard = (self.posted, self.inbox)
+        self._expects: dict[tuple[int, int, int], bytes] = {}  # see _expect
         self.error: BaseException | None = None
         self.pump: TransportRequest | None = None
         self.waiters = 0
@@ -330,7 +336,7 @@ class Engine:
             raise type(req.error)(f"{_text(what)}: {req.error}")
 
     def recv_now(
-        self, ctx: int, src: int | None, tag: int, buf: memoryview, what: What
+        self, ctx: int, src: int | None, tag: int, buf: memoryview, what: What, spun: bool | None = None
     ) -> tuple[int, int, int]:
         """MPI_Recv into ``buf`` (a writable flat byte memoryview) from global rank ``src``
         (None: any): returns (global source, tag, message bytes) once the message is in
@@ -339,16 +345,14 @@ class Engine:
 
         From a peer on this node, while no receive is posted and no message kept (so
         this receive is the only candidate), the message is taken straight from that
-        peer's ring (:meth:`ShmLinks.take`): busy-polled, no routing or objects."""
-        links = self.links
-        spun = False
-        if links is not None and src is not None and src != self.rank:
-            i = links.index.get(src)
-            if i is not None:
-                f = links.poll_take(lambda: self._take(links, i, ctx, tag, buf))
+        peer's ring (:meth:`take_now`): busy-polled, no routing or objects. ``spun``:
+        the caller tried that already (True: it busy-polled for nothing)."""
+        if spun is None:
+            spun = False
+            if src is not None:
+                f = self.take_now(ctx, src, tag, buf, True)
                 if f:
-                    marks.heartbeat()  # progress for --hang-timeout
-                    return f[5], f[9], f[11]  # Header's src, root (tag), nbytes
+                    return src, f[0], f[1]
                 spun = f is None  # it busy-polled for nothing: the wait does not again
         p = PostedRecv(ctx, src, tag, None, buf)
         self.post(p)
@@ -361,13 +365,52 @@ class Engine:
         assert m is not None
         return m.src, m.tag, len(m.data)
 
-    def _take(self, links: Any, i: int, ctx: int, tag: int, buf: memoryview) -> tuple | None:
-        """:meth:`ShmLinks.take` for :meth:`recv_now` while it is the only candidate
-        receive (``()`` otherwise: post it)."""
-        with links.lock:
-            if self.posted or self.inbox or links.closed:
-                return ()
-            return links.take(i, MPI_GROUP, ctx, None if tag == ANY_TAG else tag, buf)
+    def take_now(
+        self, ctx: int, src: int, tag: int, buf: memoryview, poll: bool
+    ) -> tuple[int, int] | tuple[()] | None:
+        """Take the next message of global rank ``src`` (on this node) straight from its
+        ring into ``buf`` (a writable flat byte memoryview) when it is of context id
+        ``ctx`` and ``tag`` (ANY_TAG: any), fits, and no receive is posted nor message
+        kept (so this receive is the only candidate: MPI's matching order holds);
+        ``poll``: busy-poll for it a while (:meth:`ShmLinks.poll_take`). Returns (tag,
+        message bytes) once taken; None when it has not come; ``()`` when it cannot be
+        taken so (a remote peer or oneself, another message first): post a receive."""
+        links = self.links
+        if links is None or src == self.rank:
+            return ()
+        i = links.index.get(src)
+        if i is None:
+            return ()
+        expect = self._expects.get((src, ctx, tag))
+        if expect is None:
+            expect = self._expect(src, ctx, tag)
+        if poll:
+            f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
+        else:
+            if self.posted or self.inbox:  # (a first look; take_prefix checks under the lock)
+                if self.inbox or not links.pending(i):
+                    return ()
+                # earlier receives wait (a window of Irecv): what arrived goes to them
+                # first, then this one may find its message next in the ring
+                links.progress()
+            f = links.take_prefix(i, expect, buf, self._guard)
+        if f:
+            marks.heartbeat()  # progress for --hang-timeout
+        return f
+
+    def _expect(self, src: int, ctx: int, tag: int) -> bytes:
+        """The packed header's start that a message of global rank ``src``, context id
+        ``ctx`` and ``tag`` (ANY_TAG: any) begins with (:meth:`ShmLinks.take_prefix`);
+        remembered (a few thousand at most: programs reuse a handful)."""
+        if -0x80000000 <= tag < 0x80000000:  # other negative tags: packed, match nothing sent
+            head = HEADER.pack(MAGIC, P2P, 0, _SEND, NO_REDOP, src, MPI_GROUP, 0, ctx, tag, 0, 0)
+            expect = head[: 28 if tag == ANY_TAG else 32]
+        else:  # no header has such a tag: a prefix no message has (not even MAGIC)
+            expect = bytes(32)
+        if len(self._expects) >= 4096:
+            self._expects.clear()
+        self._expects[src, ctx, tag] = expect
+        return expect
 
     # -- receiving
 
@@ -631,6 +674,37 @@ class DoneOp(_Op):
         return self.result
 
 
+class RecvDone(_Op):
+    """A receive completed when started (:meth:`Engine.take_now`): its Status."""
+
+    __slots__ = ("source", "tag", "nbytes")
+
+    def __init__(self, source: int, tag: int, nbytes: int) -> None:
+        self.source, self.tag, self.nbytes = source, tag, nbytes
+
+    def test(self) -> bool:
+        return True
+
+    def finish(self, status: Status | None) -> Any:
+        if status is not None:
+            status._set(self.source, self.tag, self.nbytes)
+        return None
+
+
+class SentOp(_Op):
+    """A send complete when started (written whole into the peer's ring)."""
+
+    __slots__ = ()
+
+    def test(self) -> bool:
+        return True
+
+    def finish(self, status: Status | None) -> Any:
+        if status is not None:
+            status._set(ANY_SOURCE, ANY_TAG, 0)
+        return None
+
+
 class Request:
     """MPI_Request (mpi4py's Request): a pending non-blocking operation. Completing it
     (Wait, a successful Test, ...) makes it equal to ``REQUEST_NULL``, as in MPI.
@@ -740,7 +814,10 @@ class Request:
         results = []
         for i, r in enumerate(requests):
             st = statuses[i] if statuses is not None and i < len(statuses) else None
-            results.append(r.wait(st))
+            op = r._op
+            if op is not None and not op.test():  # complete ones (a window of sends): no wait
+                r._block()
+            results.append(r._complete(st))
         return results
 
     @staticmethod
@@ -848,3 +925,12 @@ class Prequest(Request):
 
 Grequest = Request
 REQUEST_NULL = Request()
+_new_request = object.__new__
+
+
+def request_of(op: _Op, engine: Engine) -> Request:
+    """A Request of ``op`` (what Request(op=op, engine=engine) makes, for less: one per
+    message of a window of Isend/Irecv)."""
+    r = _new_request(Request)
+    r._op, r._engine = op, engine
+    return r

@@ -31,7 +31,8 @@ as an unexpected message.
 
 Fast paths (the MPI engine's blocking Send/Recv, distlaunch.collectives' send/isend and
 blocking recv): :meth:`ShmLinks.put` writes a whole message that fits the ring at once
-from a packed header (no queue, no Request), and :meth:`ShmLinks.take` copies the next
+from a packed header (no queue, no Request), and :meth:`ShmLinks.take` (the MPI engine:
+:meth:`ShmLinks.take_prefix`, one comparison of the packed header) copies the next
 message of a ring straight into a receive buffer when it is the one wanted (no routing,
 no objects), busy-polled by :meth:`ShmLinks.poll_take`. The caller makes sure that
 nothing could be matched before it: the MPI engine by having no receive posted and no
@@ -62,7 +63,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 import numpy as np
@@ -202,6 +203,8 @@ class ShmLinks:
         self._busy: float | None = None  # see busy
         self._busy_retry = 0.0  # when to look again for the pids of the local ranks
         self.lock = threading.RLock()
+        # bound once: half the cost of ``with self.lock`` on the fast paths
+        self._acquire, self._release = self.lock.acquire, self.lock.release
         self._fence = threading.Lock()
         self._fence_acquire, self._fence_release = self._fence.acquire, self._fence.release
         self._futex = _futex_fn()
@@ -219,6 +222,9 @@ class ShmLinks:
         self.bell = own.words
         self.queues: list[collections.deque[_Out]] = [collections.deque() for _ in local]
         self.heads = [0] * n  # what we published into each peer's ring
+        # each peer's tail in its ring as put saw it last (it only grows: room known to
+        # be free without reading the peer's cache line again)
+        self.room = [0] * n
         self.tails = [0] * n  # what we consumed from each peer's ring
         self.current: list[_In | None] = [None] * n
         # per local sender: messages routed to ``routes``/``default_route`` (under lock)
@@ -323,15 +329,18 @@ class ShmLinks:
         that rank are still queued or its ring lacks room: then :meth:`send` it (keeps
         the order)."""
         n = len(data)
-        with self.lock:
+        self._acquire()
+        try:
             if self.closed or self.queues[i]:
                 return False
             mm, mv, quads, words, at, hi, ti = self.outs[i]
             ring = self.ring
             pos = self.heads[i]
             end = pos + _REC + n
-            if end - quads[ti] > ring:
-                return False
+            if end - self.room[i] > ring:  # the tail seen last is too old: look again
+                tail = self.room[i] = quads[ti]
+                if end - tail > ring:
+                    return False
             a = at + pos % ring
             mv[a : a + HEADER_SIZE] = header
             if n:
@@ -351,6 +360,8 @@ class ShmLinks:
             if words[1]:
                 self._futex(_SYS_FUTEX, self.boxes[i].bell_addr, 1, 0x7FFFFFFF, None, None, 0)
             return True
+        finally:
+            self._release()
 
     def _push(self, i: int) -> None:
         """Write as much of the queue to local rank i as its ring has room for (lock held).
@@ -459,20 +470,82 @@ class ShmLinks:
             self.ring_bell(i)
         return fields
 
-    def poll_take(self, take: Callable[[], Any]) -> Any:
-        """``take()`` until it returns something else than None, again after each ring
-        of the bell, busy-polling for at most ``busy`` seconds (not at all when
+    def take_prefix(
+        self, i: int, expect: bytes, buf: memoryview, guard: Sequence[Sized] = ()
+    ) -> tuple[int, int] | tuple[()] | None:
+        """Consume the next message local rank i sent us when it is complete in the ring,
+        its packed header starts with ``expect`` (the first 28 bytes -- MAGIC to
+        ``step`` -- or more: 32 names ``root`` too) and its payload fits ``buf`` (a
+        writable flat byte memoryview): the payload goes to ``buf`` and (``root``,
+        payload bytes) are returned. None: no message yet; ``()``: the next one is
+        another (route it: :meth:`progress`), or a container of ``guard`` is not empty
+        (the caller's own queues: something could match first). Takes the lock. The MPI
+        engine's blocking receive: one comparison of the packed header instead of its
+        fields (:meth:`take`), everything inline."""
+        self._acquire()
+        try:
+            if self.closed:
+                return ()
+            for g in guard:
+                if g:
+                    return ()
+            mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
+            pos = self.tails[i]
+            head = quads[hi]
+            if head == pos:
+                return None
+            if self.current[i] is not None:
+                return ()
+            ring = self.ring
+            a = at + pos % ring  # a multiple of 8 (records are 64-byte aligned)
+            if mm[a : a + len(expect)] != expect:
+                return ()
+            n = quads[(a >> 3) + 5]  # nbytes
+            if n > len(buf) or n > head - pos - _REC:
+                return ()
+            root = words[(a >> 2) + 7]
+            if n:
+                b = (pos + _REC) % ring
+                if b + n <= ring:
+                    if n == len(buf):
+                        buf[:] = mv[at + b : at + b + n]
+                    else:
+                        buf[:n] = mv[at + b : at + b + n]
+                else:
+                    _ring_read(buf, mv, at, ring, b, n)
+            pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+            self.tails[i] = pos
+            quads[ti] = pos
+            self._fence_acquire()
+            self._fence_release()
+            if words[bi]:  # the sender waits for room
+                self.ring_bell(i)
+            return root if root < 0x80000000 else root - 0x100000000, n
+        finally:
+            self._release()
+
+    def pending(self, i: int) -> bool:
+        """Whether local rank i published something we have not consumed (no lock: a
+        hint, e.g. whether :meth:`progress` could find anything from it)."""
+        ins = self.ins
+        if self.closed or i >= len(ins):  # closed: no views left
+            return False
+        return bool(ins[i][2][ins[i][5]] != self.tails[i])
+
+    def poll_take(self, take: Callable[..., Any], *args: Any) -> Any:
+        """``take(*args)`` until it returns something else than None, again after each
+        ring of the bell, busy-polling for at most ``busy`` seconds (not at all when
         oversubscribed); returns its last result (None: nothing came in time). The
-        blocking receives' fast path (``take``: a :meth:`take` under the lock)."""
-        got = take()
+        blocking receives' fast path (``take``: :meth:`take_prefix`, or a :meth:`take`
+        under the lock)."""
+        bell = self.bell
+        seen = bell[0]  # before the first look: whatever is published after it rings
+        got = take(*args)
         if got is not None:
             return got
         busy = self.busy
         if not busy:
             return None
-        bell = self.bell
-        seen = bell[0]
-        got = take()
         end = 0.0
         while got is None:
             for _ in _POLLS:
@@ -486,7 +559,7 @@ class ShmLinks:
                     return None
                 continue
             seen = bell[0]
-            got = take()
+            got = take(*args)
         return got
 
     def claim(self, src: int) -> None:

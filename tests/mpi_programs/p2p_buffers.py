@@ -1,0 +1,117 @@
+"""Point-to-point with every buffer type (numpy, bytearray, bytes to send, memoryview
+slices, mmap, array.array, torch CPU tensors) as programs pass them: ``[buf, count,
+MPI.BYTE]`` sending exactly ``count`` bytes, received into a part of a larger buffer
+(the bytes around it must stay untouched), bare buffers, typed specs, a truncated
+receive, Isend/Irecv windows with mixed tags (delivered in order per tag) partly sent
+before the receives were posted, ANY_TAG with statuses, and a persistent receive.
+2 ranks: rank 0 sends, rank 1 prints what it received."""
+
+import array
+import mmap
+
+import numpy as np
+from mpi4py import MPI
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+comm = MPI.COMM_WORLD
+rank = comm.Get_rank()
+PAT = bytes((i * 7 + 3) & 0xFF for i in range(64))
+KINDS = ["numpy", "bytearray", "bytes", "memoryview", "mmap", "array"] + (["torch"] if torch else [])
+_keep = []  # the mmaps behind memoryview slices
+
+
+def make(kind, data):
+    """A buffer of ``kind`` holding ``data`` (writable, except bytes)."""
+    if kind == "numpy":
+        return np.frombuffer(bytearray(data), np.uint8)
+    if kind == "bytearray":
+        return bytearray(data)
+    if kind == "bytes":
+        return bytes(data)
+    if kind == "memoryview":  # a slice in the middle of a larger mapping
+        m = mmap.mmap(-1, len(data) + 16)
+        _keep.append(m)
+        m[8 : 8 + len(data)] = data
+        return memoryview(m)[8 : 8 + len(data)]
+    if kind == "mmap":
+        m = mmap.mmap(-1, max(len(data), 1))
+        m[: len(data)] = data
+        return m
+    if kind == "array":
+        return array.array("B", data)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def content(buf):
+    return bytes(buf.numpy()) if torch is not None and isinstance(buf, torch.Tensor) else bytes(buf)
+
+
+def show(*what):
+    print(*what, flush=True)
+
+
+for kind in KINDS:
+    rkind = "bytearray" if kind == "bytes" else kind
+    if rank == 0:
+        s = make(kind, PAT)
+        comm.Send([s, 10, MPI.BYTE], dest=1, tag=1)  # exactly 10 bytes of 64
+        comm.Send(make(kind, PAT[5:9]), dest=1, tag=2)  # a bare buffer: all of it
+        comm.Send([s, 20, MPI.BYTE], dest=1, tag=3)  # longer than the receive
+        reqs = [comm.Isend([make(kind, PAT[k : k + 12]), 3 + k, MPI.BYTE], 1, 10 + k % 2) for k in range(4)]
+        comm.Barrier()  # half the window sent before rank 1 posts its receives
+        reqs += [
+            comm.Isend([make(kind, PAT[k : k + 12]), 3 + k, MPI.BYTE], 1, 10 + k % 2) for k in range(4, 8)
+        ]
+        MPI.Request.Waitall(reqs)
+        comm.Barrier()
+    else:
+        r = make(rkind, b"\xee" * 64)
+        st = MPI.Status()
+        comm.Recv([r, 45, MPI.BYTE], source=0, tag=1, status=st)
+        show(kind, "count", st.Get_source(), st.Get_tag(), st.Get_count(MPI.BYTE), content(r).hex())
+        r2 = make(rkind, b"\xee" * 6)
+        comm.Recv(r2, source=0, tag=2, status=st)
+        show(kind, "bare", st.Get_count(MPI.BYTE), content(r2).hex())
+        try:
+            comm.Recv([r, 10, MPI.BYTE], source=0, tag=3)
+            show(kind, "truncate", "not raised")
+        except MPI.Exception as e:
+            show(kind, "truncate", e.Get_error_class() == MPI.ERR_TRUNCATE)
+        comm.Barrier()
+        bufs = [make(rkind, b"\xee" * 12) for _ in range(8)]
+        # tag 11 first, then tag 10: each tag's messages in the order sent
+        reqs = [comm.Irecv([bufs[k], 12, MPI.BYTE], 0, 11) for k in range(4)]
+        reqs += [comm.Irecv([bufs[k], 12, MPI.BYTE], 0, 10) for k in range(4, 8)]
+        sts = [MPI.Status() for _ in reqs]
+        MPI.Request.Waitall(reqs, sts)
+        for k, (b, x) in enumerate(zip(bufs, sts)):
+            show(kind, "window", k, x.Get_tag(), x.Get_count(MPI.BYTE), content(b).hex())
+        comm.Barrier()
+
+# typed: [buf, count, DOUBLE] of an array.array('d') sends count doubles; ANY_TAG window
+if rank == 0:
+    comm.Send([array.array("d", [1.5, 2.5, 3.5, 4.5]), 3, MPI.DOUBLE], dest=1, tag=5)
+    for k in range(6):
+        comm.Send([np.full(k + 1, k, np.int32), MPI.INT], dest=1, tag=20 + k % 3)
+    comm.Send([bytearray(PAT), 16, MPI.BYTE], dest=1, tag=7)
+else:
+    d = np.zeros(5)
+    st = MPI.Status()
+    comm.Recv(d, source=0, tag=MPI.ANY_TAG, status=st)
+    show("typed", st.Get_tag(), st.Get_count(MPI.DOUBLE), d.tolist())
+    bufs = [array.array("i", [-1] * 8) for _ in range(6)]
+    reqs = [comm.Irecv([b, MPI.INT], 0, MPI.ANY_TAG) for b in bufs]
+    sts = [MPI.Status() for _ in reqs]
+    MPI.Request.Waitall(reqs, sts)
+    for b, x in zip(bufs, sts):
+        show("anytag", x.Get_tag(), x.Get_count(MPI.INT), list(b))
+    m = mmap.mmap(-1, 64)
+    p = comm.Recv_init([memoryview(m)[16:48], 32, MPI.BYTE], 0, 7)
+    p.Start()
+    p.Wait(st)
+    show("persistent", st.Get_count(MPI.BYTE), m[:].hex())
+    p.Free()
