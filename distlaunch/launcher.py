@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .agent.guard import OrphanGuard
-from .agent.node import NodeAgent, NodeOptions, worker_argv, worker_env
+from .agent.node import NodeAgent, NodeOptions
+from .agent.specs import worker_argv, worker_env
 from .config import LaunchConfig
 from .env import lookup, route_source
 from .errors import ConfigError

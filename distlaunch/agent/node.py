@@ -14,16 +14,15 @@ import dataclasses
 import os
 import signal
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..config import HEARTBEAT_INTERVAL, STD_ERR, STD_OUT, LaunchConfig
+from ..config import HEARTBEAT_INTERVAL, LaunchConfig
 from ..devices import wait_gpu_release
-from ..env import WorkerIdentity, build_worker_env, lookup, python_exec
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import EventLog, round_end_event, round_event
-from ..numa import places_gpus, rank_bindings
+from ..numa import places_gpus
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..report import say
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal, WorkerFailure
@@ -32,16 +31,15 @@ from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
 from .observer import Observer
-from .output import DuplicateLines, StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay, parse_signals
+from .specs import SHM_DIR, StoreFields, build_specs, free_port, log_root, shm_prefix
 from .watch import Watchdog, nccl_trace_env
 
 GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU memory
 
 if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client loads in run()
     from ..store.client import StoreAddress
-    from .merged import DedupConsole
 
 
 @dataclass(frozen=True)
@@ -67,87 +65,6 @@ class NodeOptions:
     # The store also serves torch's TCPStore clients: MASTER_PORT is its port (one port
     # per job, as torchrun's per-node launches)
     torch_store: bool = False
-
-
-# torchrun's --run-path: the script runs through runpy.run_path in the interpreter
-# (sys.argv as with `python SCRIPT ARGS`; sys.path[0] is the working directory).
-RUN_PATH = "import runpy, sys; sys.argv.pop(0); runpy.run_path(sys.argv[0], run_name='__main__')"
-
-
-def worker_argv(cfg: LaunchConfig, python: str | None = None) -> list[str]:
-    """The workers' command line; ``python`` defaults to :func:`env.python_exec`."""
-    python = python or python_exec()
-    if cfg.no_python:
-        return [cfg.entrypoint, *cfg.args]
-    if cfg.module:
-        return [python, "-m", cfg.entrypoint, *cfg.args]
-    if cfg.run_path:
-        return [python, "-c", RUN_PATH, cfg.entrypoint, *cfg.args]
-    return [python, cfg.entrypoint, *cfg.args]
-
-
-SHM_DIR = "/dev/shm"
-
-
-def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
-    """Name prefix of the shared-memory segments of one agent's workers (in one round)."""
-    return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")
-
-
-def worker_env(
-    cfg: LaunchConfig,
-    slot: WorkerSlot,
-    base: Mapping[str, str],
-    restart_count: int,
-    master: tuple[str, int],
-    store: StoreAddress | None,
-    error_file: str | None = None,
-    shm: str | None = None,
-    agent_store: bool = False,
-    progress_file: str | None = None,
-) -> dict[str, str]:
-    ident = WorkerIdentity(
-        rank=slot.rank,
-        local_rank=slot.local_rank,
-        world_size=slot.world_size,
-        local_world_size=slot.local_world_size,
-        node_rank=slot.node_rank,
-        num_nodes=slot.num_nodes,
-        node_id=str(slot.node_rank),
-        run_id=cfg.run_id,
-        restart_count=restart_count,
-        max_restarts=cfg.max_restarts,
-        role=cfg.role,
-        master_addr=master[0],
-        master_port=master[1],
-        store_addr=store.host if store else None,
-        store_port=store.port if store else None,
-        store_token=store.token if store else None,
-        shm_prefix=shm,
-        agent_store=agent_store,
-        progress_file=progress_file,
-    )
-    if cfg.env:
-        base = {**base, **dict(cfg.env)}
-    env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
-    if cfg.signals_to_handle:  # torchrun passes its --signals-to-handle on in this variable
-        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in parse_signals(cfg.signals_to_handle))
-    if cfg.hang_timeout > 0:  # NCCL's own trace of a hang, next to ours
-        env.update(nccl_trace_env(base, _log_root(cfg))[0])
-    if not cfg.no_python:
-        # Workers write to pipes; without this Python holds their prints until exit.
-        env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def _log_root(cfg: LaunchConfig) -> str | None:
-    return os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class NodeAgent:
@@ -184,9 +101,8 @@ class NodeAgent:
         if opts.devices is not None:
             self.base_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, opts.devices))
         self.master_addr = master_addr or cfg.master_addr or "localhost"
-        self.argv = worker_argv(cfg)
         self.scratch: str | None = None
-        self.log_root = _log_root(cfg)
+        self.log_root = log_root(cfg)
         self._lost: set[int] = set()  # nodes found lost in the last round
         # Where the agent is (agent/phases.py): it starts between rounds; a stop signal
         # that ends a phase in which no workers run is spread to the round by this agent
@@ -360,9 +276,6 @@ class NodeAgent:
             on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
         )
         group.watchdog = self._watchdog(group.specs, restarts, rdzv.num_nodes > 1)
-        group.merged = list(
-            {id(m): m for s in group.specs for m in (s.stdout.dedup, s.stderr.dedup) if m}.values()
-        )
         return group, restarts
 
     def _watchdog(self, specs: list[LaunchSpec], restarts: int, several: bool) -> Watchdog:
@@ -536,85 +449,21 @@ class NodeAgent:
     def _specs(
         self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int], restarts: int
     ) -> list[LaunchSpec]:
-        from .. import progress
-
-        specs = []
-        merged: dict[int, DedupConsole] = {}
-        if self.cfg.dedup_output:  # only then: the launch path does not import it
-            from .merged import DedupConsole
-
-            merged = {fd: DedupConsole(fd) for fd in (1, 2)}
-        # this node's own devices and CPUs (raises ConfigError: too few GPUs here)
-        bindings = rank_bindings(self.cfg, len(slots), self.base_env, os.sched_getaffinity(0))
-        for slot in slots:
-            attempt_dir = None
-            if self.log_root:  # torchrun's layout: attempt_<restart count>/<rank>
-                attempt_dir = os.path.join(self.log_root, f"attempt_{restarts}", str(slot.rank))
-                try:
-                    os.makedirs(attempt_dir, exist_ok=True)
-                except OSError as e:  # disk full, EIO ...: this worker runs without log files
-                    warn_once(
-                        "logs",
-                        f"cannot create {attempt_dir} ({e.strerror}); "
-                        f"worker logs there are dropped, the job goes on",
-                    )
-                    attempt_dir = None
-            assert self.scratch is not None  # made by run()
-            error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
-            path = os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}")
-            try:
-                progress.create(path)
-                progress_file: str | None = path
-            except OSError:  # the scratch dir's disk is full: the rank is watched by its output
-                progress_file = None
-            env = worker_env(
-                self.cfg,
-                slot,
-                self.base_env,
-                restarts,
-                master,
-                self.store_addr,
-                error_file,
-                shm_prefix(self.cfg.run_id, os.getpid(), rnd),
-                self.opts.torch_store,
-                progress_file,
-            )
-            binding = bindings[slot.local_rank]
-            env.update(binding.env)  # its devices; LOCAL_RANK=0 under --virtual-local-rank
-            out, err = self._sinks(slot, attempt_dir)
-            for sink in (out, err):  # --dedup-output: the node's merger prints their lines
-                if sink.console_fd in merged:
-                    sink.dedup, sink.rank = merged[sink.console_fd], slot.rank
-            stdin = self.cfg.stdin == "all" or (self.cfg.stdin == "0" and slot.rank == 0)
-            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, binding.cpus, stdin))
-        return specs
-
-    def _sinks(self, slot: WorkerSlot, attempt_dir: str | None) -> tuple[StreamSink, StreamSink]:
-        """Where each stream goes, per torchrun's --redirects/--tee and --log-dir."""
-        cfg, lr = self.cfg, slot.local_rank
-        redirected = cfg.redirects.for_rank(lr)
-        shown = cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter
-        label = f"{self.opts.host_label}:{slot.rank}" if self.opts.prefix_host else str(slot.rank)
-        template = lookup("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", self.base_env)
-        if template:  # torchrun's: string.Template over role_name, rank, local_rank, used as is
-            from string import Template
-
-            text = Template(template).safe_substitute(role_name=cfg.role, rank=slot.rank, local_rank=lr)
-        else:
-            text = f"[{label}]: "
-        prefix = text.encode() if cfg.prefix else b""
-        sinks = []
-        filters = {"stdout": cfg.duplicate_stdout_filters, "stderr": cfg.duplicate_stderr_filters}
-        for bit, fd, name in ((STD_OUT, 1, "stdout"), (STD_ERR, 2, "stderr")):
-            console = fd if shown and not redirected & bit else None
-            log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
-            dup = None
-            if filters[name] and attempt_dir:  # torchrun's filtered_<stream>.log of the attempt
-                dup = DuplicateLines(
-                    filters[name], os.path.join(os.path.dirname(attempt_dir), f"filtered_{name}.log")
-                )
-            sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2, duplicate=dup))
-        return sinks[0], sinks[1]
+        a, o = self.store_addr, self.opts
+        assert self.scratch is not None  # made by run()
+        return build_specs(
+            self.cfg,
+            slots,
+            rnd,
+            master,
+            restarts,
+            StoreFields(a.host, a.port, a.token),
+            self.base_env,
+            self.scratch,
+            host_label=o.host_label,
+            prefix_host=o.prefix_host,
+            agent_store=o.torch_store,
+        )
 
 
 def _quiet(_msg: str) -> None:
