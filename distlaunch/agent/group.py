@@ -110,8 +110,6 @@ class WorkerGroup:
         SpawnError if one cannot be started; call ``close()`` then (``run()`` does)."""
         sel = self._sel = selectors.DefaultSelector()
         sel.register(self.relay.wakeup_fd, selectors.EVENT_READ, None)
-        if self.stop_fd is not None:
-            sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
         for spec in self.specs:
             w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus, stdin=spec.stdin)
             self.workers.append(w)
@@ -136,6 +134,8 @@ class WorkerGroup:
             if self._sel is None:
                 self.start()
             assert self._sel is not None
+            if self.stop_fd is not None:
+                self._sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
             if self.watchdog:
                 self.watchdog.start()
             return self._loop(self._sel)
@@ -152,6 +152,9 @@ class WorkerGroup:
         for spec in self.specs:
             spec.stdout.close()
             spec.stderr.close()
+        for w in self.workers:  # pipes the loop did not read to their end
+            w.stdout.close()
+            w.stderr.close()
         for m in self.merged:
             m.flush()
         if self._sel is not None:

@@ -10,6 +10,7 @@ in-process; ``distlaunch agent`` runs it on nodes the head started over SSH.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -33,7 +34,7 @@ from .kill import with_start_times
 from .observer import Observer
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay, parse_signals
-from .specs import SHM_DIR, StoreFields, build_specs, free_port, log_root, shm_prefix
+from .specs import SHM_DIR, FirstRound, StoreFields, build_specs, free_port, log_root, shm_prefix
 from .watch import Watchdog, nccl_trace_env
 
 GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU memory
@@ -91,7 +92,10 @@ class NodeAgent:
         base_env: dict[str, str] | None = None,
         master_addr: str | None = None,
         events: EventLog | None = None,
+        first: FirstRound | None = None,
     ) -> None:
+        """``first``: round 0's workers, already started (``specs.start_first_round``, a
+        single node); the agent supervises them as its first round's."""
         self.cfg, self.store_addr, self.opts = cfg, store, opts
         self.events = events  # events.EventLog, or None (a remote agent: the head reports)
         self.guard = guard
@@ -103,6 +107,7 @@ class NodeAgent:
         self.master_addr = master_addr or cfg.master_addr or "localhost"
         self.scratch: str | None = None
         self.log_root = log_root(cfg)
+        self._first = first  # cleared once its group runs
         self._lost: set[int] = set()  # nodes found lost in the last round
         # Where the agent is (agent/phases.py): it starts between rounds; a stop signal
         # that ends a phase in which no workers run is spread to the round by this agent
@@ -116,19 +121,24 @@ class NodeAgent:
 
         o = self.opts
         group: WorkerGroup | None = None
-        relay = SignalRelay(
-            lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
-        )
+        if self._first is not None:  # its relay forwards to its workers since their spawn
+            group, relay = self._first.group, self._first.group.relay
+            relay.targets = lambda: group.live() if group else ()
+            self.scratch = self._first.scratch
+        else:
+            relay = SignalRelay(
+                lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
+            )
+            self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
+            self.guard.clean_up(self.scratch)
+            self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
         rdzv = client = observer = None
         rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
         cause = None
-        self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
-        self.guard.clean_up(self.scratch)
-        self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
         try:
             # Blocking rendezvous calls carry their own timeouts; every other call must
             # not outwait a store that stopped answering by much.
-            with relay.interruptible():
+            with self._interruptible(relay):
                 try:
                     client = self.store_addr.connect(60.0, o.join_timeout, self._connect_report())
                 except StoreError as e:  # never reached: not "lost"
@@ -177,12 +187,21 @@ class NodeAgent:
             self._to(AgentEvent.END)  # however it ends
             if o.hosts_store and rdzv is not None and rdzv.num_nodes > 1 and self._left == rnd:
                 self._let_others_leave(rdzv, rnd, relay)
+            if self._first is not None:  # never supervised: stop its workers now
+                self._first.group.close()
             relay.restore()
             if observer is not None:
                 observer.stop()
             if client is not None:
                 client.close()
             remove_matching(self.scratch)
+
+    def _interruptible(self, relay: SignalRelay) -> contextlib.AbstractContextManager[None]:
+        """``relay.interruptible()``, except while round 0's early workers wait for their
+        group to run: a stopping signal has reached them through the relay, and their
+        group stops them with the grace of --stop-timeout once it runs (raising would
+        leave them to a SIGKILL)."""
+        return contextlib.nullcontext() if self._first is not None else relay.interruptible()
 
     def _observer(self, group: Callable[[], tuple[WorkerGroup | None, int]]) -> Observer:
         """Publishes this node's records for `distlaunch top` and answers `stacks`."""
@@ -245,7 +264,7 @@ class NodeAgent:
         o = self.opts
         me = (o.slots or self.cfg.nproc_per_node, o.host_label or socket.gethostname(), self.master_addr)
         self._to(AgentEvent.NEXT)
-        with relay.interruptible():
+        with self._interruptible(relay):
             if o.max_nodes:  # dynamic membership: node ranks by arrival, every round anew
                 seat = rdzv.join_dynamic(rnd, o.min_nodes, o.max_nodes, o.last_call_timeout, *me)
             else:
@@ -267,14 +286,23 @@ class NodeAgent:
             self._last_pids = list(pids)
             rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids]))
 
-        group = WorkerGroup(
-            self._specs(slots, rnd, (addr, port), restarts),
-            relay,
-            self.guard,
-            self.cfg.stop_timeout,
-            on_started=started,
-            on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
-        )
+        def failed(f: WorkerFailure) -> None:
+            rdzv.request_stop(rnd, Failure(self._labelled(f)))
+
+        if self._first is not None:  # started before: the seat a single node gets
+            group = self._first.group
+            assert [s.slot for s in group.specs] == slots and port == self._first.master_port
+            group.on_failure = failed
+            started([w.pid for w in group.workers])
+        else:
+            group = WorkerGroup(
+                self._specs(slots, rnd, (addr, port), restarts),
+                relay,
+                self.guard,
+                self.cfg.stop_timeout,
+                on_started=started,
+                on_failure=failed,
+            )
         group.watchdog = self._watchdog(group.specs, restarts, rdzv.num_nodes > 1)
         return group, restarts
 
@@ -329,6 +357,8 @@ class NodeAgent:
         # --master-port is the program's port in single-node mode; in a per-node static
         # launch it is the store's, which serves torch's TCPStore clients too (torchrun);
         # otherwise the program gets a fresh free port.
+        if self._first is not None:
+            return self._first.master_port
         if self.opts.torch_store:
             return self.store_addr.port
         if self.cfg.master_port and rdzv.num_nodes == 1 and not self.opts.max_nodes:
@@ -370,9 +400,10 @@ class NodeAgent:
         group.stop_fd = wake_r
         group.stop_signal = lambda: signal.SIGTERM if why[0] == "lost" else self._signal_for(rdzv, rnd)
         try:
-            with relay.interruptible():  # a signal since joining: do not start workers
+            with self._interruptible(relay):  # a signal since joining: do not start workers
                 pass
             self._to(AgentEvent.STARTED)  # from here the group relays signals to the workers
+            self._first = None  # its group runs (and ends with its workers gone)
             try:
                 result = group.run()
             finally:  # every worker of the round is gone: so are their segments' users

@@ -1,5 +1,7 @@
 """What each worker of a round is started with: its command line, its environment, where
-its output goes (``LaunchSpec``). The node agent builds a round's specs here.
+its output goes (``LaunchSpec``). The node agent builds a round's specs here; so does the
+single-node launcher for its first round, before the rest of the agent (rendezvous,
+observer, events) is imported: this module imports only what starting a worker needs.
 """
 
 from __future__ import annotations
@@ -7,17 +9,19 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from .. import progress
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env, lookup, python_exec
+from ..errors import LaunchInterrupted
 from ..numa import rank_bindings
 from ..topology import WorkerSlot
-from .group import LaunchSpec
+from .group import LaunchSpec, WorkerGroup
+from .guard import OrphanGuard, remove_matching
 from .output import DuplicateLines, StreamSink, warn_once
-from .signals import parse_signals
-from .watch import nccl_trace_env
+from .signals import SignalRelay, parse_signals
 
 if TYPE_CHECKING:
     from .merged import DedupConsole
@@ -109,6 +113,8 @@ def worker_env(
     if cfg.signals_to_handle:  # torchrun passes its --signals-to-handle on in this variable
         env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in parse_signals(cfg.signals_to_handle))
     if cfg.hang_timeout > 0:  # NCCL's own trace of a hang, next to ours
+        from .watch import nccl_trace_env  # only then: it sits above the launch path
+
         env.update(nccl_trace_env(base, log_root(cfg))[0])
     if not cfg.no_python:
         # Workers write to pipes; without this Python holds their prints until exit.
@@ -215,3 +221,51 @@ def _sinks(
             )
         sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2, duplicate=dup))
     return sinks[0], sinks[1]
+
+
+@dataclass(frozen=True)
+class FirstRound:
+    """Round 0's workers of a single-node launch, started before its agent runs
+    (``start_first_round``); the agent joins round 0 with them."""
+
+    group: WorkerGroup
+    scratch: str  # the agent's scratch directory (error and progress files)
+    master_port: int
+
+
+def start_first_round(
+    cfg: LaunchConfig,
+    slots: list[WorkerSlot],
+    master_addr: str,
+    store: StoreFields,
+    guard: OrphanGuard,
+    relay: SignalRelay,
+) -> FirstRound:
+    """Start round 0's workers of a single node now, as the agent would start them once
+    seated (a single node's seat is known in advance: every rank is here), so that
+    their interpreters start while the launcher imports and builds the rest. The guard
+    watches each process group from its spawn, ``relay`` forwards signals to them from
+    then on, and the scratch directory and segments are the guard's to clean up.
+    MASTER_PORT is --master-port, else a free port. Raises ConfigError (this node's
+    GPUs do not fit the binding), SpawnError, or LaunchInterrupted (a stop signal came
+    before the first spawn); nothing is left running then."""
+    import tempfile
+
+    if relay.stop_signal is not None:  # stopped before anything started: start nothing
+        raise LaunchInterrupted(relay.stop_signal)
+    port = cfg.master_port or free_port()
+    scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
+    guard.clean_up(scratch)
+    guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
+    group = None
+    try:
+        specs = build_specs(cfg, slots, 0, (master_addr, port), 0, store, dict(os.environ), scratch)
+        group = WorkerGroup(specs, relay, guard, cfg.stop_timeout)
+        relay.targets = group.live
+        group.start()
+    except BaseException:
+        if group is not None:
+            group.close()
+        remove_matching(scratch)
+        raise
+    return FirstRound(group, scratch, port)
