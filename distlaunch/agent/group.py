@@ -276,7 +276,7 @@ class WorkerGroup:
         except (BlockingIOError, ValueError):  # ValueError: pipe already closed at EOF
             pass
         failure = w.failure(spec.stderr.tail_text(), spec.error_file)
-        if self.watchdog and self.watchdog.stacks_on_failure:
+        if self.watchdog and self.watchdog.reads_stacks():
             # where the others were when it failed: before the group is stopped
             ex = self.watchdog.explain(self._live_pids(), None, f"rank {w.slot.rank} {failure.how}")
             if ex is not None:

@@ -310,14 +310,12 @@ class NodeAgent:
         """One round's progress readers (`distlaunch top` shows the operations in flight
         through them), with --hang-timeout and --stacks-on-failure when they are on."""
         from .. import progress
-        from ..observe.stacks import sampler_path
 
         cfg = self.cfg
         report = os.path.join(self.log_root, f"attempt_{restarts}", "stacks.txt") if self.log_root else None
         records = {s.slot.rank: s.env[progress.ENV] for s in specs if progress.ENV in s.env}
         note = nccl_trace_env(self.base_env, self.log_root)[1] if cfg.hang_timeout > 0 else ""
-        stacks = cfg.stacks_on_failure and sampler_path() is not None
-        return Watchdog(cfg.hang_timeout, records, stacks, report, note, several)
+        return Watchdog(cfg.hang_timeout, records, cfg.stacks_on_failure, report, note, several)
 
     def _next_round(self, rdzv: Rendezvous, cause: Cause, rnd: int, restarts: int) -> int:
         """After round ``rnd`` stopped for ``cause``: return the restart count of the next
