@@ -16,6 +16,10 @@ Then the one-worker case: `distlaunch run noop.py` against `python noop.py` alon
 the launcher adds to one interpreter's start and exit), interleaved likewise.
 ``--before DIR``: also run the distlaunch of another checkout (a worktree of an older
 commit, put first on PYTHONPATH) as "distlaunch (before)", in both cases.
+``--stages``: what the launcher's start-up imports cost, stage by stage in the order a
+single-node `run` loads them (fastest of --reps fresh interpreters, ms): the
+interpreter, `re` (the console script's), click, our modules before the first spawn, and
+what loads after it, beside the workers.
 """
 
 from __future__ import annotations
@@ -152,11 +156,56 @@ def one_worker(reps: int, noop: str, before: dict[str, str] | None) -> None:
             print(f"  {name} / python noop.py: {med[name] / base:.2f}x, {1e3 * (med[name] - base):+.1f} ms")
 
 
+# (stage, modules imported in it), in the order `distlaunch run` on one node loads them
+STAGES = [
+    ("re (console script)", "re"),
+    ("click", "click"),
+    (
+        "config, engine, report, errors",
+        "distlaunch.config, distlaunch.engine, distlaunch.report, distlaunch.errors",
+    ),
+    ("cli (its click options)", "distlaunch.cli"),
+    (
+        "modes and what resolve loads",
+        "distlaunch.modes, distlaunch.remote.command, distlaunch.numa, distlaunch.agent.signals",
+    ),
+    ("launcher, specs, group, guard", "distlaunch.launcher"),
+    ("after the spawn: store server", "distlaunch.store.server"),
+    ("after the spawn: agent", "distlaunch.agent.node"),
+]
+STAGE_PROBE = """
+import time
+t = [time.perf_counter()]
+for mods in {mods!r}:
+    exec("import " + mods)
+    t.append(time.perf_counter())
+print(" ".join(str(b - a) for a, b in zip(t, t[1:])))
+"""
+
+
+def stages(reps: int) -> None:
+    """Each stage's import time, the fastest of ``reps`` fresh interpreters."""
+    probe = STAGE_PROBE.format(mods=[m for _, m in STAGES])
+    best = [float("inf")] * len(STAGES)
+    start = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        start = min(start, time.perf_counter() - t0)
+        out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True)
+        best = [min(b, float(x)) for b, x in zip(best, out.stdout.split())]
+    print(f"\nstart-up stages, fastest of {reps} fresh interpreters, ms")
+    print(f"  {'interpreter (python -c pass, whole run)':<44}{1e3 * start:7.1f}")
+    for (name, _), b in zip(STAGES, best):
+        print(f"  {name:<44}{1e3 * b:7.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--nproc", type=int, default=4)
     ap.add_argument("--before", metavar="DIR", help="also run the distlaunch of this checkout")
+    ap.add_argument("--stages", action="store_true", help="only the import cost of each start-up stage")
     args = ap.parse_args()
     # An installed package has bytecode; a checkout run with PYTHONDONTWRITEBYTECODE would
     # recompile distlaunch in every launch and measure the compiler instead.
@@ -164,6 +213,9 @@ def main() -> None:
 
     compileall.compile_dir(os.path.join(os.path.dirname(__file__), "..", "distlaunch"), quiet=1)
     before = before_env(args.before)
+    if args.stages:
+        stages(args.reps)
+        return
     tmp = tempfile.mkdtemp()
     noop, fail_once = os.path.join(tmp, "noop.py"), os.path.join(tmp, "fail_once.py")
     open(noop, "w").write(NOOP)
