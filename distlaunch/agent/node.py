@@ -80,7 +80,10 @@ class NodeAgent:
     A stop signal ends every phase: while workers run, they are stopped first (up to
     ``stop_timeout``); while connecting, in rendezvous or at the exit barrier the agent
     stops at once, recording the signal as the round's stop cause so the other nodes
-    stop too (the store's host waits briefly for them to read it).
+    stop too (the store's host waits briefly for them to read it). Round 0 of a single
+    node started early (``first``) has its workers running from the start: a stop signal
+    before their group runs reaches them through the relay, and the group then stops
+    them as in any round (the grace of ``stop_timeout``).
     """
 
     def __init__(
