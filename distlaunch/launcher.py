@@ -4,7 +4,10 @@ launch; the launcher that binds a dynamic endpoint), runs this node's agent and 
 the result. Head mode (-H) is in ``head.py``.
 
 Start-up order matters: the orphan guard is forked before the store's thread starts
-(forking a threaded process is unsafe).
+(forking a threaded process is unsafe). A single node starts its workers before anything
+they do not need is imported or built (``_run_single``): the guard, the signal relay and
+the store's listening socket come first, the store's loop, the agent (rendezvous,
+observer, events) and the progress readers while the workers' interpreters start.
 """
 
 from __future__ import annotations
@@ -18,18 +21,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .agent.guard import OrphanGuard
-from .agent.node import NodeAgent, NodeOptions, worker_argv, worker_env
+from .agent.specs import StoreFields, worker_argv, worker_env
 from .config import LaunchConfig
 from .env import lookup, route_source
 from .errors import ConfigError
 from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
 from .numa import rank_bindings
 from .report import say
-from .store.client import StoreAddress
 from .topology import WorkerSlot, node_slots
 
 if TYPE_CHECKING:
+    from .agent.specs import FirstRound
     from .events import EventLog
+    from .store import StoreServer
+    from .store.client import StoreAddress
 
 __all__ = ["Plan", "make_plan", "run", "STORE_HOST"]
 
@@ -110,48 +115,100 @@ def run(mode: NodeMode, plan: Plan | None = None) -> int:
     if isinstance(mode, DynamicNodes):
         return _run_dynamic(mode, cfg)
     if isinstance(mode, StaticNodes):
+        from .store.client import StoreAddress
+
         store = StoreAddress(*mode.store_endpoint(), _shared_token(cfg, mode.store_token_file))
         return _run_fixed(cfg, mode, store, "0.0.0.0", plan)
     assert isinstance(mode, SingleNode)
-    store = StoreAddress(STORE_HOST, 0, os.urandom(16).hex())
-    return _run_fixed(cfg, mode, store, STORE_HOST, plan)
+    return _run_single(cfg, mode, plan)
 
 
-def _run_fixed(
+def _run_single(cfg: LaunchConfig, mode: SingleNode, plan: Plan) -> int:
+    """A single node: its workers start first (``specs.start_first_round``) with the
+    guard watching them and the signal relay in place from the first spawn; the store
+    they are told of listens already (its loop starts next: their connections wait in
+    the listen backlog), and the agent joins round 0 with them."""
+    from .agent.signals import SignalRelay, parse_signals
+    from .agent.specs import start_first_round
+
+    guard = OrphanGuard()  # before any thread
+    relay = SignalRelay(lambda: (), also_stop=parse_signals(cfg.signals_to_handle))
+    listener = server = first = None
+    try:
+        listener = _listen(STORE_HOST)
+        token = os.urandom(16).hex()
+        fields = StoreFields(STORE_HOST, listener.getsockname()[1], token)
+        first = start_first_round(cfg, plan.slots, plan.master_addr, fields, guard, relay)
+        from .store import StoreServer
+
+        server = StoreServer(STORE_HOST, fields.port, token=token).start(listener)
+        listener = None  # the server's now
+        return _run_agent(cfg, mode, server, fields, plan, guard, first)
+    finally:
+        if first is not None:  # the agent did not get to run them: stop them now
+            first.group.close()
+            from .agent.guard import remove_matching
+
+            remove_matching(first.scratch)
+        relay.restore()
+        if listener is not None:
+            listener.close()
+        if server is not None:
+            server.stop()
+        guard.close()
+
+
+def _listen(host: str) -> socket.socket:
+    """The store's listening socket on ``host``, any free port (as ``StoreServer.start``
+    binds it)."""
+    return socket.create_server((host, 0), backlog=4096)
+
+
+def _run_agent(
     cfg: LaunchConfig,
     mode: SingleNode | StaticNodes,
-    store: StoreAddress,
-    bind: str,
+    server: StoreServer | None,
+    store: StoreFields | StoreAddress,
     plan: Plan,
+    guard: OrphanGuard,
+    first: FirstRound | None = None,
 ) -> int:
-    """A fixed set of nodes whose node 0 hosts the store at ``store`` (bound on ``bind``;
-    port 0: any free port)."""
+    """Run this node's agent against ``store`` (hosted by ``server`` here when not None)."""
+    from .agent.node import NodeAgent, NodeOptions
+    from .store.client import StoreAddress
+
+    torch_store = isinstance(mode, StaticNodes)  # one port per job, as torchrun
+    port = server.port if server is not None and server.port is not None else store.port
+    address = StoreAddress(store.host, port, store.token, server.connect_local if server else None)
+    agent = NodeAgent(
+        cfg,
+        address,
+        NodeOptions(
+            node_rank=mode.node_rank,
+            num_nodes=mode.nnodes,
+            hosts_store=server is not None,
+            torch_store=torch_store,
+            **cfg.rdzv_options(),
+        ),
+        guard,
+        master_addr=plan.master_addr,
+        events=_event_log(cfg),
+        first=first,
+    )
+    return agent.run()
+
+
+def _run_fixed(cfg: LaunchConfig, mode: StaticNodes, store: StoreAddress, bind: str, plan: Plan) -> int:
+    """A fixed set of nodes whose node 0 hosts the store at ``store`` (bound on ``bind``)."""
     from .store import StoreServer  # not needed by --dry-run
 
     guard = OrphanGuard()
     server = None
     try:
-        torch_store = isinstance(mode, StaticNodes)  # one port per job, as torchrun
         if mode.node_rank == 0:
-            server = StoreServer(bind, store.port, token=store.token, torch_clients=torch_store)
+            server = StoreServer(bind, store.port, token=store.token, torch_clients=True)
             server.start()
-            assert server.port is not None  # bound by start()
-            store = dataclasses.replace(store, port=server.port, local=server.connect_local)
-        agent = NodeAgent(
-            cfg,
-            store,
-            NodeOptions(
-                node_rank=mode.node_rank,
-                num_nodes=mode.nnodes,
-                hosts_store=server is not None,
-                torch_store=torch_store,
-                **cfg.rdzv_options(),
-            ),
-            guard,
-            master_addr=plan.master_addr,
-            events=_event_log(cfg),
-        )
-        return agent.run()
+        return _run_agent(cfg, mode, server, store, plan, guard)
     finally:
         if server is not None:
             server.stop()
@@ -181,8 +238,10 @@ def _shared_token(cfg: LaunchConfig, token_file: str | None) -> str:
 def _run_dynamic(mode: DynamicNodes, cfg: LaunchConfig) -> int:
     """Per-node launch with dynamic membership through the store at the endpoint; the
     launcher that can bind that address hosts the store (torchrun's c10d backend)."""
+    from .agent.node import NodeAgent, NodeOptions
     from .errors import StoreError
     from .store import StoreServer
+    from .store.client import StoreAddress
 
     host, port = mode.host, mode.port
     token = _shared_token(cfg, mode.store_token_file)

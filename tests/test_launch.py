@@ -310,3 +310,108 @@ def test_store_rejects_wrong_token(tmp_path):
         "sys.exit(9)\n"
     )
     assert dl("run", script).returncode == 0
+
+
+# What must not be loaded when a single node's first worker is spawned (the agent's
+# rendezvous, observer, events, the store's server loop), and what a short successful
+# job never loads (psutil: the observer's first publish is a second in; py-spy's lookup:
+# a failure's).
+AFTER_SPAWN = {
+    "distlaunch.agent.node",
+    "distlaunch.rendezvous",
+    "distlaunch.events",
+    "distlaunch.agent.observer",
+    "distlaunch.store.server",
+}
+NEVER_IN_SHORT_JOB = {"psutil", "distlaunch.observe.stacks", "distlaunch.observe.records"}
+IMPORT_PROBE = """
+import json, os, subprocess, sys
+from distlaunch.cli import main
+
+me, seen = os.getpid(), {}
+spawn = subprocess.Popen._execute_child
+def execute_child(self, *a, **k):
+    seen.setdefault("spawn", sorted(sys.modules))
+    return spawn(self, *a, **k)
+subprocess.Popen._execute_child = execute_child
+leave = os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        seen["exit"] = sorted(sys.modules)
+        print("MODULES " + json.dumps(seen), flush=True)
+    leave(code)
+os._exit = exit_
+main(sys.argv[1:])
+"""
+
+
+def test_single_node_spawns_before_the_agent_is_imported(tmp_path):
+    """The first worker of a single node is spawned before the agent's rendezvous,
+    observer, events and the store's loop are imported (they load while the workers'
+    interpreters start), with its output prefixed from its first line; psutil and
+    py-spy's lookup are never loaded by a short job that succeeds."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    res = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE, "run", "--nproc-per-node", "2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(ln for ln in res.stdout.splitlines() if "hello" in ln) == [
+        "[0]: hello from 0",
+        "[1]: hello from 1",
+    ]
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("MODULES "))
+    seen = {k: set(v) for k, v in json.loads(line[len("MODULES ") :]).items()}
+    assert not AFTER_SPAWN & seen["spawn"], sorted(AFTER_SPAWN & seen["spawn"])
+    assert AFTER_SPAWN <= seen["exit"]  # the agent did run the job
+    assert not NEVER_IN_SHORT_JOB & seen["exit"], sorted(NEVER_IN_SHORT_JOB & seen["exit"])
+
+
+FAILING_STORE = """
+import os, sys, time
+from distlaunch.cli import main
+from distlaunch.errors import StoreError
+from distlaunch.store import server
+
+def start(self, listener=None):  # the store fails once both workers run
+    end = time.monotonic() + 20
+    while len(os.listdir(sys.argv[-1])) < 3 and time.monotonic() < end:  # script + 2 pids
+        time.sleep(0.01)
+    raise StoreError("injected: the store cannot start")
+server.StoreServer.start = start
+main(sys.argv[1:])
+"""
+
+
+def test_workers_started_early_are_stopped_when_the_launcher_fails_before_supervising(tmp_path):
+    """A single node's workers run before its store's loop and agent start: when one of
+    those fails, the launcher stops the workers it started (none is left running), says
+    one line and exits 1."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "open(os.path.join(sys.argv[1], os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", FAILING_STORE, "run", "--nproc-per-node", "2", str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert res.returncode == 1, res.stderr
+    assert [ln for ln in res.stderr.splitlines() if "error:" in ln] == [
+        "distlaunch: error: injected: the store cannot start"
+    ], res.stderr
+    pids = [int((tmp_path / r).read_text()) for r in "01"]  # both ran before the failure
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        raise AssertionError(f"worker {pid} still runs after the launcher exited")

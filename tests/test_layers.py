@@ -163,6 +163,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.agent.watch",
             "distlaunch.agent.observer",
             "distlaunch.agent.merged",
+            "distlaunch.agent.specs",
             "distlaunch.agent.node",
             "distlaunch.head_controller",
             "distlaunch.engine",

@@ -94,45 +94,71 @@ class WorkerGroup:
         self.workers: list[WorkerProcess] = []
         # --hang-timeout / --stacks-on-failure (agent/watch.py); None: neither
         self.watchdog: Watchdog | None = None
-        self.merged: list[DedupConsole] = []  # --dedup-output's console streams
+        # --dedup-output's console streams (shared by the sinks of several workers)
+        self.merged: list[DedupConsole] = list(
+            {id(m): m for s in specs for m in (s.stdout.dedup, s.stderr.dedup) if m}.values()
+        )
+        self._sel: selectors.BaseSelector | None = None
+        self._closed = False
 
     def live(self) -> list[WorkerProcess]:
         return [w for w in self.workers if w.returncode is None]
 
-    def run(self) -> AttemptResult:
-        """Start the workers and block until all have exited. Raises SpawnError if one
-        cannot be started (the ones already started are stopped first)."""
-        sel = selectors.DefaultSelector()
+    def start(self) -> None:
+        """Start every worker (each in its own process group, watched by the guard from
+        its spawn); a stop signal that came during the spawns reaches them all. Raises
+        SpawnError if one cannot be started; call ``close()`` then (``run()`` does)."""
+        sel = self._sel = selectors.DefaultSelector()
         sel.register(self.relay.wakeup_fd, selectors.EVENT_READ, None)
-        if self.stop_fd is not None:
-            sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
+        for spec in self.specs:
+            w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus, stdin=spec.stdin)
+            self.workers.append(w)
+            self.guard.watch(w.pid)
+            os.set_blocking(w.stdout.fileno(), False)
+            os.set_blocking(w.stderr.fileno(), False)
+            sel.register(w.stdout, selectors.EVENT_READ, spec.stdout)
+            sel.register(w.stderr, selectors.EVENT_READ, spec.stderr)
+            if w.pidfd is not None:
+                sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
+        if self.relay.stop_signal is not None:  # it came during the spawns: reach every worker
+            for w in self.workers:
+                w.signal_group(self.relay.stop_signal)
+        if self.on_started:
+            self.on_started([w.pid for w in self.workers])
+
+    def run(self) -> AttemptResult:
+        """Start the workers (unless ``start()`` did) and block until all have exited.
+        Raises SpawnError if one cannot be started (the ones already started are stopped
+        first)."""
         try:
-            for spec in self.specs:
-                w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus, stdin=spec.stdin)
-                self.workers.append(w)
-                self.guard.watch(w.pid)
-                os.set_blocking(w.stdout.fileno(), False)
-                os.set_blocking(w.stderr.fileno(), False)
-                sel.register(w.stdout, selectors.EVENT_READ, spec.stdout)
-                sel.register(w.stderr, selectors.EVENT_READ, spec.stderr)
-                if w.pidfd is not None:
-                    sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
-            if self.relay.stop_signal is not None:  # it came during the spawns: reach every worker
-                for w in self.workers:
-                    w.signal_group(self.relay.stop_signal)
-            if self.on_started:
-                self.on_started([w.pid for w in self.workers])
+            if self._sel is None:
+                self.start()
+            assert self._sel is not None
+            if self.stop_fd is not None:
+                self._sel.register(self.stop_fd, selectors.EVENT_READ, "stop")
             if self.watchdog:
                 self.watchdog.start()
-            return self._loop(sel)
+            return self._loop(self._sel)
         finally:
-            self._kill_all_and_reap()
-            for spec in self.specs:
-                spec.stdout.close()
-                spec.stderr.close()
-            for m in self.merged:
-                m.flush()
-            sel.close()
+            self.close()
+
+    def close(self) -> None:
+        """Kill (SIGKILL) and reap the workers still running, with what they left behind,
+        and close their output. Idempotent; ``run()`` ends with it."""
+        if self._closed:
+            return
+        self._closed = True
+        self._kill_all_and_reap()
+        for spec in self.specs:
+            spec.stdout.close()
+            spec.stderr.close()
+        for w in self.workers:  # pipes the loop did not read to their end
+            w.stdout.close()
+            w.stderr.close()
+        for m in self.merged:
+            m.flush()
+        if self._sel is not None:
+            self._sel.close()
 
     def _loop(self, sel: selectors.BaseSelector) -> AttemptResult:
         failure: WorkerFailure | None = None
@@ -250,7 +276,7 @@ class WorkerGroup:
         except (BlockingIOError, ValueError):  # ValueError: pipe already closed at EOF
             pass
         failure = w.failure(spec.stderr.tail_text(), spec.error_file)
-        if self.watchdog and self.watchdog.stacks_on_failure:
+        if self.watchdog and self.watchdog.reads_stacks():
             # where the others were when it failed: before the group is stopped
             ex = self.watchdog.explain(self._live_pids(), None, f"rank {w.slot.rank} {failure.how}")
             if ex is not None:

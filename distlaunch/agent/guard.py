@@ -23,7 +23,8 @@ tools) escape every group signal. Two pieces catch them:
   and all their descendants, freezing each with SIGSTOP first so nothing forks away
   between the look and the kill.
 
-The guard's process title is ``distlaunch guard for pid N`` (N: the launcher), so ``ps`` and
+The guard's process title is ``distlaunch guard for pid N`` (N: the launcher), taken
+TITLE_AFTER seconds after its start (not beside the workers' start-up), so ``ps`` and
 ``pgrep -f`` tell it from the launcher. If it dies anyway (the OOM killer, a SIGKILL by
 hand), the launcher notices at once (a pidfd in the worker group's wait; else at its next
 message to the guard), says so in one line and starts a new guard (a fresh interpreter:
@@ -55,6 +56,7 @@ PR_SET_CHILD_SUBREAPER = 36
 # stretched so one scan costs at most SCAN_BUDGET of the interval.
 SCAN_SECONDS = 1.0
 SCAN_BUDGET = 0.01
+TITLE_AFTER = 0.2  # seconds after its start the guard takes its title
 
 
 def _become_subreaper() -> None:
@@ -358,7 +360,7 @@ def remove_matching(pattern: str) -> None:
                 pass
 
 
-def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
+def _set_title(agent: int) -> None:
     try:
         # imported here, in the guard only: the launcher's start-up does not pay for it.
         # SPT_NOENV: the title takes only the command line's room, the environment stays
@@ -369,6 +371,9 @@ def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
         setproctitle(f"distlaunch guard for pid {agent}")
     except ImportError:  # ps shows the launcher's command line twice
         pass
+
+
+def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     spared = spared | {os.getpid()}
@@ -377,6 +382,9 @@ def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
     known: dict[int, int] = {}  # the launcher's descendants at the last scan: pid -> start
     interval = SCAN_SECONDS
     buf = b""
+    # the title (setproctitle's import: ~5 ms of CPU) once the workers have started,
+    # not beside their interpreters' start; a job shorter than that never needs it
+    title_at: float | None = time.monotonic() + TITLE_AFTER
 
     def descendants(table: dict[int, Proc]) -> set[int]:
         adopted = {p.pid for p in table.values() if p.ppid == agent and p.pid not in spared}
@@ -384,7 +392,17 @@ def _guard_loop(fd: int, agent: int, spared: set[int]) -> None:
         return job_processes(table, set(groups) | adopted | alive, groups) - spared
 
     while True:
-        if groups and not select.select([fd], [], [], interval)[0]:
+        wait = interval if groups else None
+        if title_at is not None:
+            until = max(0.0, title_at - time.monotonic())
+            wait = until if wait is None else min(wait, until)
+        if wait is not None and not select.select([fd], [], [], wait)[0]:
+            if title_at is not None and time.monotonic() >= title_at:
+                _set_title(agent)
+                title_at = None
+                continue
+            if not groups:
+                continue
             t0 = time.monotonic()
             table = process_table()
             known = {pid: table[pid].start for pid in descendants(table)}

@@ -10,20 +10,20 @@ in-process; ``distlaunch agent`` runs it on nodes the head started over SSH.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..config import HEARTBEAT_INTERVAL, STD_ERR, STD_OUT, LaunchConfig
+from ..config import HEARTBEAT_INTERVAL, LaunchConfig
 from ..devices import wait_gpu_release
-from ..env import WorkerIdentity, build_worker_env, lookup, python_exec
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
 from ..events import EventLog, round_end_event, round_event
-from ..numa import places_gpus, rank_bindings
+from ..numa import places_gpus
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..report import say
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal, WorkerFailure
@@ -32,16 +32,15 @@ from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
 from .observer import Observer
-from .output import DuplicateLines, StreamSink, warn_once
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay, parse_signals
+from .specs import SHM_DIR, FirstRound, StoreFields, build_specs, free_port, log_root, shm_prefix
 from .watch import Watchdog, nccl_trace_env
 
 GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU memory
 
 if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client loads in run()
     from ..store.client import StoreAddress
-    from .merged import DedupConsole
 
 
 @dataclass(frozen=True)
@@ -69,87 +68,6 @@ class NodeOptions:
     torch_store: bool = False
 
 
-# torchrun's --run-path: the script runs through runpy.run_path in the interpreter
-# (sys.argv as with `python SCRIPT ARGS`; sys.path[0] is the working directory).
-RUN_PATH = "import runpy, sys; sys.argv.pop(0); runpy.run_path(sys.argv[0], run_name='__main__')"
-
-
-def worker_argv(cfg: LaunchConfig, python: str | None = None) -> list[str]:
-    """The workers' command line; ``python`` defaults to :func:`env.python_exec`."""
-    python = python or python_exec()
-    if cfg.no_python:
-        return [cfg.entrypoint, *cfg.args]
-    if cfg.module:
-        return [python, "-m", cfg.entrypoint, *cfg.args]
-    if cfg.run_path:
-        return [python, "-c", RUN_PATH, cfg.entrypoint, *cfg.args]
-    return [python, cfg.entrypoint, *cfg.args]
-
-
-SHM_DIR = "/dev/shm"
-
-
-def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
-    """Name prefix of the shared-memory segments of one agent's workers (in one round)."""
-    return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")
-
-
-def worker_env(
-    cfg: LaunchConfig,
-    slot: WorkerSlot,
-    base: Mapping[str, str],
-    restart_count: int,
-    master: tuple[str, int],
-    store: StoreAddress | None,
-    error_file: str | None = None,
-    shm: str | None = None,
-    agent_store: bool = False,
-    progress_file: str | None = None,
-) -> dict[str, str]:
-    ident = WorkerIdentity(
-        rank=slot.rank,
-        local_rank=slot.local_rank,
-        world_size=slot.world_size,
-        local_world_size=slot.local_world_size,
-        node_rank=slot.node_rank,
-        num_nodes=slot.num_nodes,
-        node_id=str(slot.node_rank),
-        run_id=cfg.run_id,
-        restart_count=restart_count,
-        max_restarts=cfg.max_restarts,
-        role=cfg.role,
-        master_addr=master[0],
-        master_port=master[1],
-        store_addr=store.host if store else None,
-        store_port=store.port if store else None,
-        store_token=store.token if store else None,
-        shm_prefix=shm,
-        agent_store=agent_store,
-        progress_file=progress_file,
-    )
-    if cfg.env:
-        base = {**base, **dict(cfg.env)}
-    env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
-    if cfg.signals_to_handle:  # torchrun passes its --signals-to-handle on in this variable
-        env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in parse_signals(cfg.signals_to_handle))
-    if cfg.hang_timeout > 0:  # NCCL's own trace of a hang, next to ours
-        env.update(nccl_trace_env(base, _log_root(cfg))[0])
-    if not cfg.no_python:
-        # Workers write to pipes; without this Python holds their prints until exit.
-        env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def _log_root(cfg: LaunchConfig) -> str | None:
-    return os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class NodeAgent:
     """Runs this node's share of the job until it ends.
 
@@ -162,7 +80,10 @@ class NodeAgent:
     A stop signal ends every phase: while workers run, they are stopped first (up to
     ``stop_timeout``); while connecting, in rendezvous or at the exit barrier the agent
     stops at once, recording the signal as the round's stop cause so the other nodes
-    stop too (the store's host waits briefly for them to read it).
+    stop too (the store's host waits briefly for them to read it). Round 0 of a single
+    node started early (``first``) has its workers running from the start: a stop signal
+    before their group runs reaches them through the relay, and the group then stops
+    them as in any round (the grace of ``stop_timeout``).
     """
 
     def __init__(
@@ -174,7 +95,10 @@ class NodeAgent:
         base_env: dict[str, str] | None = None,
         master_addr: str | None = None,
         events: EventLog | None = None,
+        first: FirstRound | None = None,
     ) -> None:
+        """``first``: round 0's workers, already started (``specs.start_first_round``, a
+        single node); the agent supervises them as its first round's."""
         self.cfg, self.store_addr, self.opts = cfg, store, opts
         self.events = events  # events.EventLog, or None (a remote agent: the head reports)
         self.guard = guard
@@ -184,9 +108,9 @@ class NodeAgent:
         if opts.devices is not None:
             self.base_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, opts.devices))
         self.master_addr = master_addr or cfg.master_addr or "localhost"
-        self.argv = worker_argv(cfg)
         self.scratch: str | None = None
-        self.log_root = _log_root(cfg)
+        self.log_root = log_root(cfg)
+        self._first = first  # cleared once its group runs
         self._lost: set[int] = set()  # nodes found lost in the last round
         # Where the agent is (agent/phases.py): it starts between rounds; a stop signal
         # that ends a phase in which no workers run is spread to the round by this agent
@@ -200,19 +124,24 @@ class NodeAgent:
 
         o = self.opts
         group: WorkerGroup | None = None
-        relay = SignalRelay(
-            lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
-        )
+        if self._first is not None:  # its relay forwards to its workers since their spawn
+            group, relay = self._first.group, self._first.group.relay
+            relay.targets = lambda: group.live() if group else ()
+            self.scratch = self._first.scratch
+        else:
+            relay = SignalRelay(
+                lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
+            )
+            self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
+            self.guard.clean_up(self.scratch)
+            self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
         rdzv = client = observer = None
         rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
         cause = None
-        self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
-        self.guard.clean_up(self.scratch)
-        self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
         try:
             # Blocking rendezvous calls carry their own timeouts; every other call must
             # not outwait a store that stopped answering by much.
-            with relay.interruptible():
+            with self._interruptible(relay):
                 try:
                     client = self.store_addr.connect(60.0, o.join_timeout, self._connect_report())
                 except StoreError as e:  # never reached: not "lost"
@@ -261,12 +190,21 @@ class NodeAgent:
             self._to(AgentEvent.END)  # however it ends
             if o.hosts_store and rdzv is not None and rdzv.num_nodes > 1 and self._left == rnd:
                 self._let_others_leave(rdzv, rnd, relay)
+            if self._first is not None:  # never supervised: stop its workers now
+                self._first.group.close()
             relay.restore()
             if observer is not None:
                 observer.stop()
             if client is not None:
                 client.close()
             remove_matching(self.scratch)
+
+    def _interruptible(self, relay: SignalRelay) -> contextlib.AbstractContextManager[None]:
+        """``relay.interruptible()``, except while round 0's early workers wait for their
+        group to run: a stopping signal has reached them through the relay, and their
+        group stops them with the grace of --stop-timeout once it runs (raising would
+        leave them to a SIGKILL)."""
+        return contextlib.nullcontext() if self._first is not None else relay.interruptible()
 
     def _observer(self, group: Callable[[], tuple[WorkerGroup | None, int]]) -> Observer:
         """Publishes this node's records for `distlaunch top` and answers `stacks`."""
@@ -329,7 +267,7 @@ class NodeAgent:
         o = self.opts
         me = (o.slots or self.cfg.nproc_per_node, o.host_label or socket.gethostname(), self.master_addr)
         self._to(AgentEvent.NEXT)
-        with relay.interruptible():
+        with self._interruptible(relay):
             if o.max_nodes:  # dynamic membership: node ranks by arrival, every round anew
                 seat = rdzv.join_dynamic(rnd, o.min_nodes, o.max_nodes, o.last_call_timeout, *me)
             else:
@@ -351,32 +289,36 @@ class NodeAgent:
             self._last_pids = list(pids)
             rdzv.publish_pgids(rnd, with_start_times([os.getpid(), *pids]))
 
-        group = WorkerGroup(
-            self._specs(slots, rnd, (addr, port), restarts),
-            relay,
-            self.guard,
-            self.cfg.stop_timeout,
-            on_started=started,
-            on_failure=lambda f: rdzv.request_stop(rnd, Failure(self._labelled(f))),
-        )
+        def failed(f: WorkerFailure) -> None:
+            rdzv.request_stop(rnd, Failure(self._labelled(f)))
+
+        if self._first is not None:  # started before: the seat a single node gets
+            group = self._first.group
+            assert [s.slot for s in group.specs] == slots and port == self._first.master_port
+            group.on_failure = failed
+            started([w.pid for w in group.workers])
+        else:
+            group = WorkerGroup(
+                self._specs(slots, rnd, (addr, port), restarts),
+                relay,
+                self.guard,
+                self.cfg.stop_timeout,
+                on_started=started,
+                on_failure=failed,
+            )
         group.watchdog = self._watchdog(group.specs, restarts, rdzv.num_nodes > 1)
-        group.merged = list(
-            {id(m): m for s in group.specs for m in (s.stdout.dedup, s.stderr.dedup) if m}.values()
-        )
         return group, restarts
 
     def _watchdog(self, specs: list[LaunchSpec], restarts: int, several: bool) -> Watchdog:
         """One round's progress readers (`distlaunch top` shows the operations in flight
         through them), with --hang-timeout and --stacks-on-failure when they are on."""
         from .. import progress
-        from ..observe.stacks import sampler_path
 
         cfg = self.cfg
         report = os.path.join(self.log_root, f"attempt_{restarts}", "stacks.txt") if self.log_root else None
         records = {s.slot.rank: s.env[progress.ENV] for s in specs if progress.ENV in s.env}
         note = nccl_trace_env(self.base_env, self.log_root)[1] if cfg.hang_timeout > 0 else ""
-        stacks = cfg.stacks_on_failure and sampler_path() is not None
-        return Watchdog(cfg.hang_timeout, records, stacks, report, note, several)
+        return Watchdog(cfg.hang_timeout, records, cfg.stacks_on_failure, report, note, several)
 
     def _next_round(self, rdzv: Rendezvous, cause: Cause, rnd: int, restarts: int) -> int:
         """After round ``rnd`` stopped for ``cause``: return the restart count of the next
@@ -416,6 +358,8 @@ class NodeAgent:
         # --master-port is the program's port in single-node mode; in a per-node static
         # launch it is the store's, which serves torch's TCPStore clients too (torchrun);
         # otherwise the program gets a fresh free port.
+        if self._first is not None:
+            return self._first.master_port
         if self.opts.torch_store:
             return self.store_addr.port
         if self.cfg.master_port and rdzv.num_nodes == 1 and not self.opts.max_nodes:
@@ -457,9 +401,10 @@ class NodeAgent:
         group.stop_fd = wake_r
         group.stop_signal = lambda: signal.SIGTERM if why[0] == "lost" else self._signal_for(rdzv, rnd)
         try:
-            with relay.interruptible():  # a signal since joining: do not start workers
+            with self._interruptible(relay):  # a signal since joining: do not start workers
                 pass
             self._to(AgentEvent.STARTED)  # from here the group relays signals to the workers
+            self._first = None  # its group runs (and ends with its workers gone)
             try:
                 result = group.run()
             finally:  # every worker of the round is gone: so are their segments' users
@@ -536,85 +481,21 @@ class NodeAgent:
     def _specs(
         self, slots: list[WorkerSlot], rnd: int, master: tuple[str, int], restarts: int
     ) -> list[LaunchSpec]:
-        from .. import progress
-
-        specs = []
-        merged: dict[int, DedupConsole] = {}
-        if self.cfg.dedup_output:  # only then: the launch path does not import it
-            from .merged import DedupConsole
-
-            merged = {fd: DedupConsole(fd) for fd in (1, 2)}
-        # this node's own devices and CPUs (raises ConfigError: too few GPUs here)
-        bindings = rank_bindings(self.cfg, len(slots), self.base_env, os.sched_getaffinity(0))
-        for slot in slots:
-            attempt_dir = None
-            if self.log_root:  # torchrun's layout: attempt_<restart count>/<rank>
-                attempt_dir = os.path.join(self.log_root, f"attempt_{restarts}", str(slot.rank))
-                try:
-                    os.makedirs(attempt_dir, exist_ok=True)
-                except OSError as e:  # disk full, EIO ...: this worker runs without log files
-                    warn_once(
-                        "logs",
-                        f"cannot create {attempt_dir} ({e.strerror}); "
-                        f"worker logs there are dropped, the job goes on",
-                    )
-                    attempt_dir = None
-            assert self.scratch is not None  # made by run()
-            error_file = os.path.join(self.scratch, f"error_{rnd}_{slot.rank}.json")
-            path = os.path.join(self.scratch, f"progress_{rnd}_{slot.rank}")
-            try:
-                progress.create(path)
-                progress_file: str | None = path
-            except OSError:  # the scratch dir's disk is full: the rank is watched by its output
-                progress_file = None
-            env = worker_env(
-                self.cfg,
-                slot,
-                self.base_env,
-                restarts,
-                master,
-                self.store_addr,
-                error_file,
-                shm_prefix(self.cfg.run_id, os.getpid(), rnd),
-                self.opts.torch_store,
-                progress_file,
-            )
-            binding = bindings[slot.local_rank]
-            env.update(binding.env)  # its devices; LOCAL_RANK=0 under --virtual-local-rank
-            out, err = self._sinks(slot, attempt_dir)
-            for sink in (out, err):  # --dedup-output: the node's merger prints their lines
-                if sink.console_fd in merged:
-                    sink.dedup, sink.rank = merged[sink.console_fd], slot.rank
-            stdin = self.cfg.stdin == "all" or (self.cfg.stdin == "0" and slot.rank == 0)
-            specs.append(LaunchSpec(slot, self.argv, env, out, err, error_file, binding.cpus, stdin))
-        return specs
-
-    def _sinks(self, slot: WorkerSlot, attempt_dir: str | None) -> tuple[StreamSink, StreamSink]:
-        """Where each stream goes, per torchrun's --redirects/--tee and --log-dir."""
-        cfg, lr = self.cfg, slot.local_rank
-        redirected = cfg.redirects.for_rank(lr)
-        shown = cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter
-        label = f"{self.opts.host_label}:{slot.rank}" if self.opts.prefix_host else str(slot.rank)
-        template = lookup("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", self.base_env)
-        if template:  # torchrun's: string.Template over role_name, rank, local_rank, used as is
-            from string import Template
-
-            text = Template(template).safe_substitute(role_name=cfg.role, rank=slot.rank, local_rank=lr)
-        else:
-            text = f"[{label}]: "
-        prefix = text.encode() if cfg.prefix else b""
-        sinks = []
-        filters = {"stdout": cfg.duplicate_stdout_filters, "stderr": cfg.duplicate_stderr_filters}
-        for bit, fd, name in ((STD_OUT, 1, "stdout"), (STD_ERR, 2, "stderr")):
-            console = fd if shown and not redirected & bit else None
-            log = os.path.join(attempt_dir, f"{name}.log") if attempt_dir else None
-            dup = None
-            if filters[name] and attempt_dir:  # torchrun's filtered_<stream>.log of the attempt
-                dup = DuplicateLines(
-                    filters[name], os.path.join(os.path.dirname(attempt_dir), f"filtered_{name}.log")
-                )
-            sinks.append(StreamSink(prefix, console, log, keep_tail=fd == 2, duplicate=dup))
-        return sinks[0], sinks[1]
+        a, o = self.store_addr, self.opts
+        assert self.scratch is not None  # made by run()
+        return build_specs(
+            self.cfg,
+            slots,
+            rnd,
+            master,
+            restarts,
+            StoreFields(a.host, a.port, a.token),
+            self.base_env,
+            self.scratch,
+            host_label=o.host_label,
+            prefix_host=o.prefix_host,
+            agent_store=o.torch_store,
+        )
 
 
 def _quiet(_msg: str) -> None:

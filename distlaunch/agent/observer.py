@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING
 from ..devices import VISIBILITY_VARS
 from ..errors import StoreError, StoreTimeoutError
 from ..observe import registry
-from ..observe.records import Publisher, RankRecord, Sampler
 from .output import warn_once
 
 if TYPE_CHECKING:
+    from ..observe.records import Publisher, Sampler
     from ..store.client import StoreAddress, StoreClient
     from .group import WorkerGroup
 
@@ -53,7 +53,7 @@ class Observer:
         self.run_id, self.store_addr, self.node, self.group = run_id, store, node, group
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="distlaunch-observer", daemon=True)
-        self._sampler = Sampler()
+        self._sampler: Sampler | None = None  # at the first publish (psutil: not at start-up)
         self._client: StoreClient | None = None
         self._world = 0
         self._started = time.time()
@@ -98,7 +98,7 @@ class Observer:
                 self._client = client
                 if self._stop.is_set():
                     return
-                pub = Publisher(client, prefix(self.run_id), self.node)
+                pub: Publisher | None = None  # made at the first publish, a second in
                 seen = client.add(req, 0)  # requests before this agent started are not its own
                 due = time.monotonic() + INTERVAL
                 while not self._stop.is_set():
@@ -110,6 +110,10 @@ class Observer:
                         # a viewer that died between its add and its set would block the
                         # next requests: skip to the latest count
                         seen = max(seen, client.add(req, 0) - 1)
+                        if pub is None:
+                            from ..observe.records import Publisher
+
+                            pub = Publisher(client, prefix(self.run_id), self.node)
                         self._safely(self._publish, client, pub)
                         due = time.monotonic() + INTERVAL
                         continue
@@ -142,6 +146,10 @@ class Observer:
         client.set(f"{prefix(self.run_id)}/stacks/{self.node}/{n}", encode_stacks(stacks, ops))
 
     def _publish(self, client: StoreClient, pub: Publisher) -> None:
+        from ..observe.records import RankRecord, Sampler
+
+        if self._sampler is None:
+            self._sampler = Sampler()
         group, restarts = self.group()
         if group is None:
             return

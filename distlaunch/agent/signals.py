@@ -93,7 +93,9 @@ class SignalRelay:
         # passed to the workers
         extra = frozenset(also_stop) - frozenset(FORWARDED)
         self._stopping = STOPPING | extra
-        self._old = {s: signal.signal(s, self._handle) for s in (*FORWARDED, *sorted(extra))}
+        self._old: dict[int, signal._HANDLER] | None = {
+            s: signal.signal(s, self._handle) for s in (*FORWARDED, *sorted(extra))
+        }
 
     @property
     def kill_now(self) -> bool:
@@ -144,8 +146,12 @@ class SignalRelay:
             pass
 
     def restore(self) -> None:
+        """Put back the handlers found at construction. Idempotent."""
+        if self._old is None:
+            return
         for s, old in self._old.items():
             signal.signal(s, old)
         signal.set_wakeup_fd(self._old_wakeup)
         os.close(self.wakeup_fd)
         os.close(self._w)
+        self._old = None

@@ -66,6 +66,16 @@ class Watchdog:
     _deferred: bool = False
     deferred_with: Explained | None = None  # the hang's explanation when it was deferred
     _moved: bool = False  # some rank has shown progress this round
+    _sampler: bool | None = None  # py-spy is there (looked up at the first failure)
+
+    def reads_stacks(self) -> bool:
+        """--stacks-on-failure is on and py-spy is installed (looked up once, when a
+        worker fails: not on the start-up path)."""
+        if self._sampler is None:
+            from ..observe.stacks import sampler_path
+
+            self._sampler = sampler_path() is not None
+        return self.stacks_on_failure and self._sampler
 
     def start(self) -> None:
         """The workers are started: progress is counted from now."""

@@ -239,9 +239,12 @@ class StoreServer:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> StoreServer:
+    def start(self, listener: socket.socket | None = None) -> StoreServer:
         """Bind, listen and start the event-loop thread. Returns self. Raises StoreError
-        when already started or when the address cannot be bound."""
+        when already started or when the address cannot be bound. ``listener``: a socket
+        already listening on the server's address, which the server takes over (bound
+        early, so that clients told of its port queue in its backlog until the loop
+        runs)."""
         if self._thread is not None or self._stopped:
             raise StoreError("StoreServer.start(): already started (a server runs once)")
         limit = _raise_nofile_limit()
@@ -249,7 +252,7 @@ class StoreServer:
             self.torch_connection_limit = min(self.max_torch_connections, max(1, limit - fd_reserve(limit)))
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         try:
-            lsock = socket.create_server(
+            lsock = listener or socket.create_server(
                 (self.host, self._requested_port), family=family, backlog=self._backlog
             )
         except OSError as e:
