@@ -97,13 +97,23 @@ def main() -> None:
         help="the interpreter of every timed command (e.g. a fresh venv's; this script needs pytest)",
     )
     ap.add_argument("--only", default="ours,srun,torchrun", help="commands to time, comma-separated")
+    ap.add_argument(
+        "--before",
+        metavar="CHECKOUT",
+        help="also time `ours` with the distlaunch of this checkout (e.g. a worktree of an older commit)",
+    )
     args = ap.parse_args()
     if slurm.skip_reason():
         raise SystemExit(slurm.skip_reason())
     # Byte-compile the package as pip does at install: under PYTHONDONTWRITEBYTECODE (set
     # in some sandboxes) an editable install recompiles ~40 modules in every interpreter.
-    pkg = Path(__file__).resolve().parent.parent / "distlaunch"
-    subprocess.run([args.python, "-m", "compileall", "-q", str(pkg)], check=True, stdout=subprocess.DEVNULL)
+    here = Path(__file__).resolve().parent.parent
+    for root in (here, *([Path(args.before)] if args.before else [])):
+        subprocess.run(
+            [args.python, "-m", "compileall", "-q", str(root / "distlaunch")],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     with tempfile.TemporaryDirectory(prefix="bench_slurm_") as tmp:
         noop = Path(tmp) / "noop.py"
         noop.write_text("pass\n")
@@ -113,10 +123,16 @@ def main() -> None:
             times: dict[str, list[float]] = {}
             for rep in range(args.reps + 1):  # the first round warms caches and is dropped
                 port = slurm.free_ports(1)[0]
-                for name, cmd in commands(noop, port, args.python).items():
-                    if name not in args.only.split(","):
+                runs = [(name, cmd, None) for name, cmd in commands(noop, port, args.python).items()]
+                if args.before:
+                    env = cluster.env(
+                        PYTHONPATH=os.pathsep.join([args.before, os.environ.get("PYTHONPATH", "")])
+                    )
+                    runs.insert(1, ("before", runs[0][1], env))
+                for name, cmd, env in runs:
+                    if name not in args.only.split(",") and name != "before":
                         continue
-                    t = timed(cluster, cmd)
+                    t = timed(cluster, cmd, env)
                     if rep:
                         times.setdefault(name, []).append(t)
             load1 = os.getloadavg()
@@ -128,6 +144,8 @@ def main() -> None:
             for k, v in times.items():
                 print(f"{k:10} {med[k]:9.3f} {min(v):7.3f} {max(v):7.3f}")
             print(f"ours/srun      {med['ours'] / med['srun']:.2f}  (target <= 1.3)")
+            if "before" in med:
+                print(f"before/srun    {med['before'] / med['srun']:.2f}")
             if "torchrun" in med:
                 print(f"ours/torchrun  {med['ours'] / med['torchrun']:.2f}  (target <= 0.3)")
         finally:
