@@ -142,8 +142,9 @@ def broadcast_line(specs: Mapping[str, dict[str, Any]]) -> bytes:
 
 class SlurmEngine:
     """Agents on the Slurm nodes ``nodes`` (node id -> node name) of the current
-    allocation, run as ``python`` in ``cwd`` with ``cmd_env`` on the command line
-    (nothing secret: see remote.command). See ``engine.AgentEngine`` for the methods.
+    allocation, run as ``python`` in ``cwd`` with ``cmd_env`` in srun's environment,
+    which ``--export=ALL`` passes on (nothing secret: see remote.command). See
+    ``engine.AgentEngine`` for the methods.
     ``agent_argv``: the agent program's arguments after ``python`` (tests start a stand-in).
     ``start_timeout``: how long ``start`` waits for the agents' hellos, in seconds."""
 
@@ -212,7 +213,9 @@ class SlurmEngine:
     def srun_argv(self, node_ids: Sequence[int]) -> list[str]:
         """The agent step's command line (``--dry-run`` shows it). Pure."""
         names = [self.nodes[k] for k in node_ids]
-        cmd = checked_command(self.python, self.cwd, self.agent_argv, self.cmd_env)
+        # cmd_env reaches the agents through srun's environment (--export=ALL, _launch):
+        # no `env` process between the shell and the agent
+        cmd = checked_command(self.python, self.cwd, self.agent_argv, {})
         n = len(names)
         return [
             "srun",
@@ -240,6 +243,7 @@ class SlurmEngine:
         say hello and wait for their spec (``start``). Raises ConfigError when srun cannot
         be run."""
         env = _srun_env()
+        env.update(self.cmd_env)
         self.started = list(node_ids)
         try:
             self.proc = subprocess.Popen(
