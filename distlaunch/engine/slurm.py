@@ -165,6 +165,9 @@ class SlurmEngine:
         self.python, self.cwd, self.cmd_env, self.version = python, cwd, dict(cmd_env), version
         self.agent_argv = list(agent_argv)
         self.proc: subprocess.Popen[bytes] | None = None
+        # readable once srun exited (its output may close a little before: that wait
+        # must not be a sleep); None where the kernel gives none (before Linux 5.3)
+        self._exit_fd: int | None = None
         self.started: list[int] = []
         self.task_node: dict[int, int] = {}  # srun task id -> node id
         self.status: dict[int, int | None] = {}  # node id -> exit status, once ended
@@ -256,6 +259,10 @@ class SlurmEngine:
             )
         except OSError as e:
             raise ConfigError(f"cannot run srun: {e}") from None
+        try:
+            self._exit_fd = os.pidfd_open(self.proc.pid)
+        except OSError:
+            pass  # a short poll of srun's status instead (_pump_once)
         for f in (self.proc.stdout, self.proc.stderr):
             assert f is not None
             os.set_blocking(f.fileno(), False)
@@ -384,7 +391,10 @@ class SlurmEngine:
             poller.register(fd, select.POLLIN)
         wait = timeout
         if not fds and self.proc.poll() is None:  # output closed, srun still exiting
-            wait = 0.05 if timeout is None else min(timeout, 0.05)
+            if self._exit_fd is not None:
+                poller.register(self._exit_fd, select.POLLIN)
+            else:
+                wait = 0.05 if timeout is None else min(timeout, 0.05)
         ready = {fd for fd, _ in poller.poll(None if wait is None else wait * 1000)}
         for stream, f in ((1, self.proc.stdout), (2, self.proc.stderr)):
             if f is None or f.closed or f.fileno() not in ready:
@@ -517,6 +527,9 @@ class SlurmEngine:
         for f in (self.proc.stdout, self.proc.stderr):
             if f is not None and not f.closed:
                 f.close()
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+            self._exit_fd = None
 
     def _cancel_step(self) -> None:
         """End the step at once: ``scancel`` it (Slurm signals every process of the step,
