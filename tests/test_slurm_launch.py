@@ -155,3 +155,14 @@ def test_hang_timeout_inside_an_allocation_names_the_stuck_rank(slurm_cluster): 
     root = cp.stderr[cp.stderr.index("root cause") :]
     assert "hang: 2 of 3 ranks in wait_here (plain.py:" in root, root
     assert f"rank 2 in stuck_here at plain.py:{stuck}" in root, root
+
+
+def test_agent_step_starts_before_the_cli_imports(slurm_cluster, tmp_path):  # noqa: F811
+    """`python -m distlaunch run --nproc-per-node 2 SCRIPT` in an allocation starts the
+    agent step before importing its CLI (engine/slurm_step.py): with a stand-in click
+    that waits for the step (tests/slurm_programs/click_gate), the job still runs."""
+    gate = ROOT / "tests" / "slurm_programs" / "click_gate"
+    path = os.pathsep.join([str(gate), os.environ.get("PYTHONPATH", "")])
+    cp = run(slurm_cluster, tmp_path, "salloc", "-N2", env={"PYTHONPATH": path})
+    assert cp.returncode == 0, cp.stderr
+    assert len(ranks(cp)) == 4, cp.stdout

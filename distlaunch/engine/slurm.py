@@ -38,6 +38,10 @@ One step, one task per node::
 - ``--cpu-bind=none``: Slurm's task binding would pin each agent, and so every worker of
   its node, to the CPUs of one task; distlaunch binds workers itself (``--bind-to``).
 
+- The step may be running already: ``python -m distlaunch run`` starts it before its
+  CLI's imports when the command line alone decides it (``engine/slurm_step.py``), and
+  ``_launch`` takes it over when it is exactly this one (else ends it, starts its own).
+
 A kill of an unresponsive agent's recorded processes is one more small step on that node
 (``srun --overlap --nodelist=NODE --ntasks=1 python -m distlaunch.agent.kill ...``).
 """
@@ -58,9 +62,10 @@ from ..agent.output import write_all
 from ..env import in_slurm_step, lookup, route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
-from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, checked_command, version_mismatch
+from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, version_mismatch
 from ..report import progress, say
 from . import AgentLaunch, EnginePlugin, OnEnd, Placement
+from .slurm_step import AGENT_ARGV, popen, srun_argv, srun_env, take_early
 
 if TYPE_CHECKING:
     from ..config import RunOptions
@@ -68,25 +73,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PLUGIN", "SlurmEngine", "SlurmPlugin", "select_spec", "SPECS_KEY"]
 
-AGENT_ARGV = ["-m", "distlaunch", "agent"]
 SPECS_KEY = "slurm_nodes"  # the broadcast spec line holds this key (see select_spec)
-
-# srun reads these from the environment as defaults for options the agent step must not
-# inherit from the user's allocation or batch script (srun(1), INPUT ENVIRONMENT VARIABLES).
-_SRUN_INHERITED = (
-    "SLURM_EXACT",
-    "SLURM_STDINMODE",
-    "SLURM_STDOUTMODE",
-    "SLURM_STDERRMODE",
-    "SLURM_ARBITRARY",
-    "SLURM_HOSTFILE",
-    "SLURM_EXCLUSIVE",
-)
-
-
-def _srun_env() -> dict[str, str]:
-    """This process's environment less _SRUN_INHERITED (srun would take them as defaults)."""
-    return {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
 
 
 _LABEL = re.compile(rb"^ *(\d+): ?")
@@ -215,50 +202,22 @@ class SlurmEngine:
 
     def srun_argv(self, node_ids: Sequence[int]) -> list[str]:
         """The agent step's command line (``--dry-run`` shows it). Pure."""
-        names = [self.nodes[k] for k in node_ids]
-        # cmd_env reaches the agents through srun's environment (--export=ALL, _launch):
-        # no `env` process between the shell and the agent
-        cmd = checked_command(self.python, self.cwd, self.agent_argv, {})
-        n = len(names)
-        return [
-            "srun",
-            "--overlap",
-            f"--nodes={n}",
-            f"--ntasks={n}",
-            "--ntasks-per-node=1",
-            f"--nodelist={','.join(names)}",
-            "--kill-on-bad-exit=0",
-            "--wait=0",
-            "--input=all",
-            "--label",
-            "--verbose",
-            "--mpi=none",
-            "--cpu-bind=none",
-            "--export=ALL",
-            "--job-name=distlaunch-agents",
-            "sh",
-            "-c",
-            cmd,
-        ]
+        return srun_argv([self.nodes[k] for k in node_ids], self.python, self.cwd, self.agent_argv)
 
     def _launch(self, node_ids: Sequence[int]) -> None:
         """Run the agent step on ``node_ids`` (``srun_argv``) without waiting: the agents
         say hello and wait for their spec (``start``). Raises ConfigError when srun cannot
         be run."""
-        env = _srun_env()
-        env.update(self.cmd_env)
+        argv, env = self.srun_argv(node_ids), srun_env(self.cmd_env)
         self.started = list(node_ids)
-        try:
-            self.proc = subprocess.Popen(
-                self.srun_argv(self.started),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,  # the head handles Ctrl-C; srun must not see it
-            )
-        except OSError as e:
-            raise ConfigError(f"cannot run srun: {e}") from None
+        # the step `python -m distlaunch run` started before its CLI's imports, if it is
+        # this one (engine/slurm_step.py)
+        self.proc = take_early(argv, env)
+        if self.proc is None:
+            try:
+                self.proc = popen(argv, env)
+            except OSError as e:
+                raise ConfigError(f"cannot run srun: {e}") from None
         try:
             self._exit_fd = os.pidfd_open(self.proc.pid)
         except OSError:
@@ -501,8 +460,7 @@ class SlurmEngine:
             "distlaunch.agent.kill",
             *(f"{p}:{t}" for p, t in records),
         ]
-        env = _srun_env()
-        env.update(self.cmd_env)
+        env = srun_env(self.cmd_env)
         try:
             subprocess.run(argv, env=env, capture_output=True, timeout=10, start_new_session=True)
         except (OSError, subprocess.TimeoutExpired):
@@ -538,7 +496,7 @@ class SlurmEngine:
         reports of the cancel (srun's and slurmstepd's: aborted, killed) are not shown."""
         self._cancelled = True
         if self.step is not None:
-            env = _srun_env()
+            env = srun_env({})
             try:
                 subprocess.run(["scancel", "--quiet", self.step], env=env, capture_output=True, timeout=5)
             except (OSError, subprocess.TimeoutExpired):
