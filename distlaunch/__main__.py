@@ -8,7 +8,7 @@ if sys.argv[1:] == ["agent"]:  # an engine's agent: none of the CLI's imports (c
 else:
     if sys.argv[1:2] == ["run"] and "SLURM_JOB_ID" in os.environ:
         # inside a Slurm allocation: the agent step may start before the CLI's imports
-        from .engine.slurm_step import start_early
+        from .remote.srun import start_early
 
         start_early(sys.argv[2:])
     from .cli import main

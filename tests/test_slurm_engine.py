@@ -13,9 +13,9 @@ import time
 import pytest
 from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
 
-from distlaunch.engine import slurm_step
 from distlaunch.engine.slurm import broadcast_line, select_spec
 from distlaunch.errors import ConfigError
+from distlaunch.remote import srun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "slurm_programs", "engine_driver.py")
@@ -128,7 +128,7 @@ def test_early_start_only_for_a_launch_the_command_line_decides(tmp_path):
     alloc = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
     s = str(script)
     for args in ([s, "--lr", "1"], ["--nproc-per-node", "2", s], ["--nproc_per_node=4", s, "-x"]):
-        assert slurm_step.early_script(args, alloc) == s, args
+        assert srun.early_script(args, alloc) == s, args
     for args, env in [
         ([s], {}),  # not in an allocation
         ([s], {**alloc, "SLURM_STEP_ID": "0", "SLURM_PROCID": "1"}),  # under srun: a node's launcher
@@ -141,7 +141,7 @@ def test_early_start_only_for_a_launch_the_command_line_decides(tmp_path):
         ([str(tmp_path / "missing.py")], alloc),
         ([], alloc),
     ]:
-        assert slurm_step.early_script(args, env) is None, (args, env)
+        assert srun.early_script(args, env) is None, (args, env)
 
 
 FAKE_SRUN = """#!/bin/sh
@@ -165,21 +165,21 @@ def test_an_early_step_that_differs_is_ended(tmp_path, monkeypatch):
     for env in [k for k in os.environ if k.startswith("PET_")]:
         monkeypatch.delenv(env)
     cmd_env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
-    argv = slurm_step.srun_argv(["n1", "n2"], sys.executable, os.getcwd())
-    env = slurm_step.srun_env(cmd_env)
+    argv = srun.srun_argv(["n1", "n2"], sys.executable, os.getcwd())
+    env = srun.srun_env(cmd_env)
 
-    slurm_step.start_early([str(script)])
-    proc = slurm_step.take_early(argv, env)  # the one the engine would start
+    srun.start_early([str(script)])
+    proc = srun.take_early(argv, env)  # the one the engine would start
     assert proc is not None and proc.poll() is None
     proc.kill()
     proc.wait()
-    assert slurm_step.take_early(argv, env) is None  # handed over once
+    assert srun.take_early(argv, env) is None  # handed over once
 
-    slurm_step.start_early([str(script)])
+    srun.start_early([str(script)])
     deadline = time.monotonic() + 30
     while not (tmp_path / "srun.pid").exists() and time.monotonic() < deadline:
         time.sleep(0.01)
     pid = int((tmp_path / "srun.pid").read_text())  # the stand-in runs (sleep)
-    assert slurm_step.take_early(argv[:-1] + ["other"], env) is None
+    assert srun.take_early(argv[:-1] + ["other"], env) is None
     with pytest.raises(ProcessLookupError):  # ended and reaped
         os.kill(pid, 0)

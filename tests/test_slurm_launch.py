@@ -178,7 +178,7 @@ def test_hang_timeout_inside_an_allocation_names_the_stuck_rank(slurm_cluster): 
 
 def test_agent_step_starts_before_the_cli_imports(slurm_cluster, tmp_path):  # noqa: F811
     """`python -m distlaunch run --nproc-per-node 2 SCRIPT` in an allocation starts the
-    agent step before importing its CLI (engine/slurm_step.py): with a stand-in click
+    agent step before importing its CLI (remote/srun.py): with a stand-in click
     that waits for the step (tests/slurm_programs/click_gate), the job still runs."""
     gate = ROOT / "tests" / "slurm_programs" / "click_gate"
     path = os.pathsep.join([str(gate), os.environ.get("PYTHONPATH", "")])

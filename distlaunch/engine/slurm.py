@@ -39,7 +39,7 @@ One step, one task per node::
   its node, to the CPUs of one task; distlaunch binds workers itself (``--bind-to``).
 
 - The step may be running already: ``python -m distlaunch run`` starts it before its
-  CLI's imports when the command line alone decides it (``engine/slurm_step.py``), and
+  CLI's imports when the command line alone decides it (``remote/srun.py``), and
   ``_launch`` takes it over when it is exactly this one (else ends it, starts its own).
 
 A kill of an unresponsive agent's recorded processes is one more small step on that node
@@ -63,9 +63,9 @@ from ..env import in_slurm_step, lookup, route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
 from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, version_mismatch
+from ..remote.srun import AGENT_ARGV, popen, srun_argv, srun_env, take_early
 from ..report import progress, say
 from . import AgentLaunch, EnginePlugin, OnEnd, Placement
-from .slurm_step import AGENT_ARGV, popen, srun_argv, srun_env, take_early
 
 if TYPE_CHECKING:
     from ..config import RunOptions
@@ -211,7 +211,7 @@ class SlurmEngine:
         argv, env = self.srun_argv(node_ids), srun_env(self.cmd_env)
         self.started = list(node_ids)
         # the step `python -m distlaunch run` started before its CLI's imports, if it is
-        # this one (engine/slurm_step.py)
+        # this one (remote/srun.py)
         self.proc = take_early(argv, env)
         if self.proc is None:
             try:

@@ -1,6 +1,7 @@
 """The Slurm agent step's command line and environment, and its early start.
 
-Light on purpose (the standard library, ``remote.command`` and ``hostlist``): ``python -m
+Light on purpose (the standard library, ``remote.command`` and ``hostlist``; outside the
+``engine`` package, whose registry costs more to import): ``python -m
 distlaunch run`` inside an allocation starts the agent step from here before the CLI's
 own imports (``start_early``), so the step's launch (slurmctld, each node's slurmd and
 slurmstepd, the agents' interpreters) overlaps the head's start-up instead of following
@@ -24,7 +25,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from ..hostlist import expand_hostlist
-from ..remote.command import checked_command
+from .command import checked_command
 
 AGENT_ARGV = ["-m", "distlaunch", "agent"]
 
