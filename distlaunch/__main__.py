@@ -1,3 +1,4 @@
+import os
 import sys
 
 if sys.argv[1:] == ["agent"]:  # an engine's agent: none of the CLI's imports (click)
@@ -5,6 +6,11 @@ if sys.argv[1:] == ["agent"]:  # an engine's agent: none of the CLI's imports (c
 
     agent_main()
 else:
+    if sys.argv[1:2] == ["run"] and "SLURM_JOB_ID" in os.environ:
+        # inside a Slurm allocation: the agent step may start before the CLI's imports
+        from .remote.srun import start_early
+
+        start_early(sys.argv[2:])
     from .cli import main
 
     main()

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .agent.signals import SignalRelay
 from .config import LaunchConfig
@@ -70,11 +70,10 @@ def run_hosts(
     try:
         env, launch = agent_launch(head)
         engine = chosen.engine().connect({k: hosts[k] for k in remote}, launch)
+        # Only what the agents' specs need before they are sent: an agent waits for its
+        # spec, and CPU the head spends meanwhile (the controller, the node agent's
+        # modules) is CPU the starting agents lack where they share cores with the head.
         from .agent.entry import JobSpec
-        from .agent.node import NodeAgent, NodeOptions
-        from .events import EventLog
-        from .head_controller import HeadController
-        from .policy import error_for
         from .rendezvous import Rendezvous
         from .store import StoreServer
         from .store.client import StoreAddress
@@ -93,8 +92,10 @@ def run_hosts(
         client = StoreAddress(store_addr, server.port, token, server.connect_local).connect(30)
         rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
 
-        def node_options(k: int) -> NodeOptions:
-            return NodeOptions(
+        def node_options(k: int) -> dict[str, Any]:
+            """Host ``k``'s NodeOptions as keyword arguments (the agent's spec carries
+            them; the agent's defaults fill in the rest)."""
+            return dict(
                 node_id=k,
                 slots=hosts[k].slots,
                 host_label=hosts[k].name,
@@ -108,6 +109,14 @@ def run_hosts(
                 assert controller is not None  # called by the controller, once it exists
                 engine.kill(k, controller.pgids(rdzv, k))
 
+        engine.start(
+            {k: JobSpec(cfg, store, node_options(k), env, engine.master_address(k)).to_dict() for k in remote}
+        )
+        # The agents wait for plan 0 (rendezvous.follow_plan), which the controller
+        # publishes first thing.
+        from .events import EventLog
+        from .head_controller import HeadController
+
         controller = HeadController(
             client.clone(),
             cfg,
@@ -115,9 +124,6 @@ def run_hosts(
             head.min_nodes or len(hosts),
             EventLog(cfg.log_dir, cfg.run_id),
             kill,
-        )
-        engine.start(
-            {k: JobSpec(cfg, store, node_options(k), env, engine.master_address(k)).to_dict() for k in remote}
         )
         say(f"started agents on {len(hosts)} host(s): " + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
         startup.close()
@@ -131,10 +137,13 @@ def run_hosts(
         if guard is not None:  # an agent runs here (local)
             import threading
 
+            from .agent.node import NodeAgent, NodeOptions
+
             pump = threading.Thread(target=lambda: _pump_until_done(engine, ended), daemon=True)
             pump.start()
             try:
-                NodeAgent(cfg, store, node_options(local[0]), guard, master_addr=store_addr).run()
+                node = NodeOptions(**node_options(local[0]))
+                NodeAgent(cfg, store, node, guard, master_addr=store_addr).run()
             finally:
                 pump.join(cfg.stop_timeout + 15)
         else:
@@ -142,6 +151,8 @@ def run_hosts(
         controller.thread.join(5.0)  # it reports the last round's end
         restarts, cause = rdzv.outcome()
         if cause is not None:
+            from .policy import error_for
+
             raise error_for(cause)
         return restarts
     except LaunchInterrupted as e:

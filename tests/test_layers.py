@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "standard-library helpers: environment contract, secrets, config, hosts, store framing, "
-        "the remote command line, GPUs and NUMA",
+        "the remote command line and Slurm's agent step, GPUs and NUMA",
         [
             "distlaunch.env",
             "distlaunch.devices",
@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.store.torch_protocol",
             "distlaunch.remote",
             "distlaunch.remote.command",
+            "distlaunch.remote.srun",
         ],
     ),
     (

@@ -8,12 +8,14 @@ import json
 import os
 import secrets
 import sys
+import time
 
 import pytest
 from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
 
 from distlaunch.engine.slurm import broadcast_line, select_spec
 from distlaunch.errors import ConfigError
+from distlaunch.remote import srun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "slurm_programs", "engine_driver.py")
@@ -118,3 +120,66 @@ def test_broadcast_line_round_trip():
         select_spec(message, {"SLURMD_NODENAME": "n3"})
     with pytest.raises(ConfigError, match="SLURMD_NODENAME is not set"):
         select_spec(message, {})
+
+
+def test_early_start_only_for_a_launch_the_command_line_decides(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    alloc = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"}
+    s = str(script)
+    for args in ([s, "--lr", "1"], ["--nproc-per-node", "2", s], ["--nproc_per_node=4", s, "-x"]):
+        assert srun.early_script(args, alloc) == s, args
+    for args, env in [
+        ([s], {}),  # not in an allocation
+        ([s], {**alloc, "SLURM_STEP_ID": "0", "SLURM_PROCID": "1"}),  # under srun: a node's launcher
+        ([s], {**alloc, "PET_NNODES": "2"}),  # options from the environment
+        (["--dry-run", s], alloc),
+        (["-H", "a,b", s], alloc),
+        (["--nproc-per-node", "0", s], alloc),
+        (["--nproc-per-node", "gpu", s], alloc),
+        (["--nproc-per-node", s], alloc),
+        ([str(tmp_path / "missing.py")], alloc),
+        ([], alloc),
+    ]:
+        assert srun.early_script(args, env) is None, (args, env)
+
+
+FAKE_SRUN = """#!/bin/sh
+echo $$ > {pid}
+exec sleep 60
+"""
+
+
+def test_an_early_step_that_differs_is_ended(tmp_path, monkeypatch):
+    """take_early hands over the early srun only when it runs the command line and
+    environment the engine asks for; any other is terminated and reaped (a stand-in srun
+    that would run 60 s)."""
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    (tmp_path / "srun").write_text(FAKE_SRUN.format(pid=tmp_path / "srun.pid"))
+    (tmp_path / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    monkeypatch.delenv("SLURM_STEP_ID", raising=False)
+    for env in [k for k in os.environ if k.startswith("PET_")]:
+        monkeypatch.delenv(env)
+    cmd_env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}
+    argv = srun.srun_argv(["n1", "n2"], sys.executable, os.getcwd())
+    env = srun.srun_env(cmd_env)
+
+    srun.start_early([str(script)])
+    proc = srun.take_early(argv, env)  # the one the engine would start
+    assert proc is not None and proc.poll() is None
+    proc.kill()
+    proc.wait()
+    assert srun.take_early(argv, env) is None  # handed over once
+
+    srun.start_early([str(script)])
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "srun.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pid = int((tmp_path / "srun.pid").read_text())  # the stand-in runs (sleep)
+    assert srun.take_early(argv[:-1] + ["other"], env) is None
+    with pytest.raises(ProcessLookupError):  # ended and reaped
+        os.kill(pid, 0)

@@ -12,6 +12,7 @@ import sys
 import time
 
 import psutil
+import pytest
 from conftest import ROOT, line_of
 from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
 
@@ -103,24 +104,42 @@ exec {python} "$@"
 """
 
 
-def test_stop_while_agent_step_starts(slurm_cluster, tmp_path):  # noqa: F811
+SLOW_AGENT = """\
+# sitecustomize of the agents: each says hello {delay} s after srun started it
+import os, sys, time
+if sys.argv[1:] == ["agent"] or sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
+    open("{marks}/agent." + os.environ["SLURMD_NODENAME"], "w").write(str(os.getpid()))
+    time.sleep({delay})
+"""
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["remote-python", "early-step"])
+def test_stop_while_agent_step_starts(slurm_cluster, tmp_path, early):  # noqa: F811
     """SIGTERM to the head while the agent step is still starting (the agents have not
     said hello, so none has its spec): the head exits 143 within a few seconds (it waited
     --stop-timeout + 5 s = 35 s for agents that never got a spec), the step is cancelled
-    (no agent process is left) and no agent's hello line reaches the console."""
+    (no agent process is left) and no agent's hello line reaches the console. The step
+    started by the engine (--remote-python: an interpreter slow to start) or before the
+    CLI's imports (early-step: agents slow to start through a sitecustomize)."""
     marks = tmp_path / "marks"
     marks.mkdir()
-    slow = tmp_path / "slow-python"
-    slow.write_text(SLOW_PYTHON.format(delay=3, marks=marks, python=sys.executable))
-    slow.chmod(0o755)
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
     head_pid = tmp_path / "head.pid"
-    cmd = (
-        f"echo $$ > {head_pid}; exec {sys.executable} -m distlaunch run --nproc-per-node 2 "
-        f"--remote-python {slow} {script}"
-    )
-    env = slurm_cluster.env(PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+    path = os.environ.get("PYTHONPATH", "")
+    if early:
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SLOW_AGENT.format(delay=3, marks=marks))
+        path = os.pathsep.join([str(site), path])
+        opts = ""
+    else:
+        slow = tmp_path / "slow-python"
+        slow.write_text(SLOW_PYTHON.format(delay=3, marks=marks, python=sys.executable))
+        slow.chmod(0o755)
+        opts = f"--remote-python {slow} "
+    cmd = f"echo $$ > {head_pid}; exec {sys.executable} -m distlaunch run --nproc-per-node 2 {opts}{script}"
+    env = slurm_cluster.env(PYTHONPATH=path)
     proc = slurm_cluster.popen("salloc", "-N2", "sh", "-c", cmd, env=env)
     try:
         deadline = time.monotonic() + 60
@@ -155,3 +174,14 @@ def test_hang_timeout_inside_an_allocation_names_the_stuck_rank(slurm_cluster): 
     root = cp.stderr[cp.stderr.index("root cause") :]
     assert "hang: 2 of 3 ranks in wait_here (plain.py:" in root, root
     assert f"rank 2 in stuck_here at plain.py:{stuck}" in root, root
+
+
+def test_agent_step_starts_before_the_cli_imports(slurm_cluster, tmp_path):  # noqa: F811
+    """`python -m distlaunch run --nproc-per-node 2 SCRIPT` in an allocation starts the
+    agent step before importing its CLI (remote/srun.py): with a stand-in click
+    that waits for the step (tests/slurm_programs/click_gate), the job still runs."""
+    gate = ROOT / "tests" / "slurm_programs" / "click_gate"
+    path = os.pathsep.join([str(gate), os.environ.get("PYTHONPATH", "")])
+    cp = run(slurm_cluster, tmp_path, "salloc", "-N2", env={"PYTHONPATH": path})
+    assert cp.returncode == 0, cp.stderr
+    assert len(ranks(cp)) == 4, cp.stdout

@@ -25,29 +25,28 @@ from .. import AGENT_HELLO, __version__
 if TYPE_CHECKING:
     from ..config import LaunchConfig
     from ..store.client import StoreAddress
-    from .node import NodeOptions
 
 
 class JobSpec(NamedTuple):
     """What the head sends one node's agent (it holds the store's secret: stdin only).
     As JSON (``to_dict``): ``{"config": LaunchConfig.to_dict(), "store": [host, port],
-    "token": secret, "node": NodeOptions as a dict (node_id set), "env": {variables for
-    the agent and its workers}, "master_addr": the address to announce as MASTER_ADDR}``."""
+    "token": secret, "node": NodeOptions' keyword arguments (node_id set; the others
+    default), "env": {variables for the agent and its workers}, "master_addr": the
+    address to announce as MASTER_ADDR}``. ``node`` is kept as keyword arguments so that
+    the head need not import the node agent's module to build a spec."""
 
     config: LaunchConfig
     store: StoreAddress
-    node: NodeOptions
+    node: dict[str, Any]  # NodeOptions(**node)
     env: dict[str, str]  # --env-all: set in the agent, which its workers inherit
     master_addr: str
 
     def to_dict(self) -> dict[str, Any]:
-        import dataclasses
-
         return {
             "config": self.config.to_dict(),
             "store": [self.store.host, self.store.port],
             "token": self.store.token,
-            "node": dataclasses.asdict(self.node),
+            "node": dict(self.node),
             "env": self.env,
             "master_addr": self.master_addr,
         }
@@ -56,13 +55,12 @@ class JobSpec(NamedTuple):
     def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
         from ..config import LaunchConfig
         from ..store.client import StoreAddress
-        from .node import NodeOptions
 
         host, port = spec["store"]
         return cls(
             LaunchConfig.from_dict(spec["config"]),
             StoreAddress(host, port, spec["token"]),
-            NodeOptions(**spec["node"]),
+            dict(spec["node"]),
             spec.get("env", {}),
             spec["master_addr"],
         )
@@ -74,21 +72,21 @@ def run_agent(spec: dict[str, Any]) -> int:
     store so the head can tell a finished agent from a lost one."""
     from ..rendezvous import Rendezvous
     from .guard import OrphanGuard
-    from .node import NodeAgent
+    from .node import NodeAgent, NodeOptions
 
     job = JobSpec.from_dict(spec)
-    cfg, store = job.config, job.store
+    cfg, store, node = job.config, job.store, NodeOptions(**job.node)
     os.environ.update(job.env)  # --env-all: the agent and its workers inherit them
     guard = OrphanGuard()
     try:
-        return NodeAgent(cfg, store, job.node, guard, master_addr=job.master_addr).run()
+        return NodeAgent(cfg, store, node, guard, master_addr=job.master_addr).run()
     finally:
         guard.close()
         try:
-            assert job.node.node_id is not None  # the head sets it for every agent
+            assert node.node_id is not None  # the head sets it for every agent
             # short: when the head (and its store) is gone, nobody is left to tell
             with store.connect(5, connect_timeout=0.5) as c:
-                Rendezvous(c, cfg.run_id, 0, 1).record_agent_exit(job.node.node_id)
+                Rendezvous(c, cfg.run_id, 0, 1).record_agent_exit(node.node_id)
         except Exception:  # the store is gone; the head (if alive) sees the channel close
             pass
 

@@ -38,6 +38,10 @@ One step, one task per node::
 - ``--cpu-bind=none``: Slurm's task binding would pin each agent, and so every worker of
   its node, to the CPUs of one task; distlaunch binds workers itself (``--bind-to``).
 
+- The step may be running already: ``python -m distlaunch run`` starts it before its
+  CLI's imports when the command line alone decides it (``remote/srun.py``), and
+  ``_launch`` takes it over when it is exactly this one (else ends it, starts its own).
+
 A kill of an unresponsive agent's recorded processes is one more small step on that node
 (``srun --overlap --nodelist=NODE --ntasks=1 python -m distlaunch.agent.kill ...``).
 """
@@ -58,7 +62,8 @@ from ..agent.output import write_all
 from ..env import in_slurm_step, lookup, route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
-from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, checked_command, version_mismatch
+from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, version_mismatch
+from ..remote.srun import AGENT_ARGV, popen, srun_argv, srun_env, take_early
 from ..report import progress, say
 from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 
@@ -68,25 +73,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PLUGIN", "SlurmEngine", "SlurmPlugin", "select_spec", "SPECS_KEY"]
 
-AGENT_ARGV = ["-m", "distlaunch", "agent"]
 SPECS_KEY = "slurm_nodes"  # the broadcast spec line holds this key (see select_spec)
-
-# srun reads these from the environment as defaults for options the agent step must not
-# inherit from the user's allocation or batch script (srun(1), INPUT ENVIRONMENT VARIABLES).
-_SRUN_INHERITED = (
-    "SLURM_EXACT",
-    "SLURM_STDINMODE",
-    "SLURM_STDOUTMODE",
-    "SLURM_STDERRMODE",
-    "SLURM_ARBITRARY",
-    "SLURM_HOSTFILE",
-    "SLURM_EXCLUSIVE",
-)
-
-
-def _srun_env() -> dict[str, str]:
-    """This process's environment less _SRUN_INHERITED (srun would take them as defaults)."""
-    return {k: v for k, v in os.environ.items() if k not in _SRUN_INHERITED}
 
 
 _LABEL = re.compile(rb"^ *(\d+): ?")
@@ -142,8 +129,9 @@ def broadcast_line(specs: Mapping[str, dict[str, Any]]) -> bytes:
 
 class SlurmEngine:
     """Agents on the Slurm nodes ``nodes`` (node id -> node name) of the current
-    allocation, run as ``python`` in ``cwd`` with ``cmd_env`` on the command line
-    (nothing secret: see remote.command). See ``engine.AgentEngine`` for the methods.
+    allocation, run as ``python`` in ``cwd`` with ``cmd_env`` in srun's environment,
+    which ``--export=ALL`` passes on (nothing secret: see remote.command). See
+    ``engine.AgentEngine`` for the methods.
     ``agent_argv``: the agent program's arguments after ``python`` (tests start a stand-in).
     ``start_timeout``: how long ``start`` waits for the agents' hellos, in seconds."""
 
@@ -164,6 +152,9 @@ class SlurmEngine:
         self.python, self.cwd, self.cmd_env, self.version = python, cwd, dict(cmd_env), version
         self.agent_argv = list(agent_argv)
         self.proc: subprocess.Popen[bytes] | None = None
+        # readable once srun exited (its output may close a little before: that wait
+        # must not be a sleep); None where the kernel gives none (before Linux 5.3)
+        self._exit_fd: int | None = None
         self.started: list[int] = []
         self.task_node: dict[int, int] = {}  # srun task id -> node id
         self.status: dict[int, int | None] = {}  # node id -> exit status, once ended
@@ -211,47 +202,26 @@ class SlurmEngine:
 
     def srun_argv(self, node_ids: Sequence[int]) -> list[str]:
         """The agent step's command line (``--dry-run`` shows it). Pure."""
-        names = [self.nodes[k] for k in node_ids]
-        cmd = checked_command(self.python, self.cwd, self.agent_argv, self.cmd_env)
-        n = len(names)
-        return [
-            "srun",
-            "--overlap",
-            f"--nodes={n}",
-            f"--ntasks={n}",
-            "--ntasks-per-node=1",
-            f"--nodelist={','.join(names)}",
-            "--kill-on-bad-exit=0",
-            "--wait=0",
-            "--input=all",
-            "--label",
-            "--verbose",
-            "--mpi=none",
-            "--cpu-bind=none",
-            "--export=ALL",
-            "--job-name=distlaunch-agents",
-            "sh",
-            "-c",
-            cmd,
-        ]
+        return srun_argv([self.nodes[k] for k in node_ids], self.python, self.cwd, self.agent_argv)
 
     def _launch(self, node_ids: Sequence[int]) -> None:
         """Run the agent step on ``node_ids`` (``srun_argv``) without waiting: the agents
         say hello and wait for their spec (``start``). Raises ConfigError when srun cannot
         be run."""
-        env = _srun_env()
+        argv, env = self.srun_argv(node_ids), srun_env(self.cmd_env)
         self.started = list(node_ids)
+        # the step `python -m distlaunch run` started before its CLI's imports, if it is
+        # this one (remote/srun.py)
+        self.proc = take_early(argv, env)
+        if self.proc is None:
+            try:
+                self.proc = popen(argv, env)
+            except OSError as e:
+                raise ConfigError(f"cannot run srun: {e}") from None
         try:
-            self.proc = subprocess.Popen(
-                self.srun_argv(self.started),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                start_new_session=True,  # the head handles Ctrl-C; srun must not see it
-            )
-        except OSError as e:
-            raise ConfigError(f"cannot run srun: {e}") from None
+            self._exit_fd = os.pidfd_open(self.proc.pid)
+        except OSError:
+            pass  # a short poll of srun's status instead (_pump_once)
         for f in (self.proc.stdout, self.proc.stderr):
             assert f is not None
             os.set_blocking(f.fileno(), False)
@@ -380,7 +350,10 @@ class SlurmEngine:
             poller.register(fd, select.POLLIN)
         wait = timeout
         if not fds and self.proc.poll() is None:  # output closed, srun still exiting
-            wait = 0.05 if timeout is None else min(timeout, 0.05)
+            if self._exit_fd is not None:
+                poller.register(self._exit_fd, select.POLLIN)
+            else:
+                wait = 0.05 if timeout is None else min(timeout, 0.05)
         ready = {fd for fd, _ in poller.poll(None if wait is None else wait * 1000)}
         for stream, f in ((1, self.proc.stdout), (2, self.proc.stderr)):
             if f is None or f.closed or f.fileno() not in ready:
@@ -487,8 +460,7 @@ class SlurmEngine:
             "distlaunch.agent.kill",
             *(f"{p}:{t}" for p, t in records),
         ]
-        env = _srun_env()
-        env.update(self.cmd_env)
+        env = srun_env(self.cmd_env)
         try:
             subprocess.run(argv, env=env, capture_output=True, timeout=10, start_new_session=True)
         except (OSError, subprocess.TimeoutExpired):
@@ -513,6 +485,9 @@ class SlurmEngine:
         for f in (self.proc.stdout, self.proc.stderr):
             if f is not None and not f.closed:
                 f.close()
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+            self._exit_fd = None
 
     def _cancel_step(self) -> None:
         """End the step at once: ``scancel`` it (Slurm signals every process of the step,
@@ -521,7 +496,7 @@ class SlurmEngine:
         reports of the cancel (srun's and slurmstepd's: aborted, killed) are not shown."""
         self._cancelled = True
         if self.step is not None:
-            env = _srun_env()
+            env = srun_env({})
             try:
                 subprocess.run(["scancel", "--quiet", self.step], env=env, capture_output=True, timeout=5)
             except (OSError, subprocess.TimeoutExpired):

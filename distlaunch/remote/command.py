@@ -253,4 +253,5 @@ def _check(python: str, cwd: str, env: Mapping[str, str]) -> None:
 
 def _exec(python: str, argv: list[str], env: Mapping[str, str]) -> str:
     assignments = [shlex.quote(f"{k}={v}") for k, v in env.items()]
-    return " ".join(["exec", "env", *assignments, python, *(shlex.quote(a) for a in argv)])
+    run_env = ["env", *assignments] if assignments else []  # no variables: no env process
+    return " ".join(["exec", *run_env, python, *(shlex.quote(a) for a in argv)])

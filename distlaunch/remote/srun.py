@@ -1,0 +1,170 @@
+"""The Slurm agent step's command line and environment, and its early start.
+
+Light on purpose (the standard library, ``remote.command`` and ``hostlist``; outside the
+``engine`` package, whose registry costs more to import): ``python -m
+distlaunch run`` inside an allocation starts the agent step from here before the CLI's
+own imports (``start_early``), so the step's launch (slurmctld, each node's slurmd and
+slurmstepd, the agents' interpreters) overlaps the head's start-up instead of following
+it. The Slurm engine (``engine/slurm.py``) builds the same command line and takes that
+step over (``take_early``) when it is exactly the one it would start; otherwise it ends
+it and starts its own.
+
+Only a launch whose outcome the command line alone decides starts early: ``run`` with at
+most ``--nproc-per-node N`` before an existing script, in an allocation (``SLURM_JOB_ID``
+set, not inside a step), no ``PET_*`` variable (they set options). Anything else waits
+for the CLI as before. The agents of an early step only say hello and wait for their
+spec on stdin: a head that ends without sending one (an error found later) closes it,
+and they end having started nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+from ..hostlist import expand_hostlist
+from .command import checked_command
+
+AGENT_ARGV = ["-m", "distlaunch", "agent"]
+
+# srun reads these from the environment as defaults for options the agent step must not
+# inherit from the user's allocation or batch script (srun(1), INPUT ENVIRONMENT VARIABLES).
+_SRUN_INHERITED = (
+    "SLURM_EXACT",
+    "SLURM_STDINMODE",
+    "SLURM_STDOUTMODE",
+    "SLURM_STDERRMODE",
+    "SLURM_ARBITRARY",
+    "SLURM_HOSTFILE",
+    "SLURM_EXCLUSIVE",
+)
+
+_NPROC = ("--nproc-per-node", "--nproc_per_node")
+
+
+def srun_env(cmd_env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """srun's environment: ``environ`` (default this process's) less _SRUN_INHERITED (srun
+    would take them as defaults), plus ``cmd_env``, which ``--export=ALL`` passes on to
+    the agents. Pure."""
+    env = {k: v for k, v in (os.environ if environ is None else environ).items() if k not in _SRUN_INHERITED}
+    env.update(cmd_env)
+    return env
+
+
+def srun_argv(
+    names: Sequence[str], python: str, cwd: str, agent_argv: Sequence[str] = AGENT_ARGV
+) -> list[str]:
+    """The agent step's command line: one task per node of ``names`` (see engine/slurm.py
+    for each option), running the host checks and then ``python agent_argv`` in ``cwd``.
+    Pure. Raises ConfigError as ``remote.command.checked_command``."""
+    # cmd_env reaches the agents through srun's environment (srun_env): no `env` process
+    # between the shell and the agent
+    cmd = checked_command(python, cwd, list(agent_argv), {})
+    n = len(names)
+    return [
+        "srun",
+        "--overlap",
+        f"--nodes={n}",
+        f"--ntasks={n}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(names)}",
+        "--kill-on-bad-exit=0",
+        "--wait=0",
+        "--input=all",
+        "--label",
+        "--verbose",
+        "--mpi=none",
+        "--cpu-bind=none",
+        "--export=ALL",
+        "--job-name=distlaunch-agents",
+        "sh",
+        "-c",
+        cmd,
+    ]
+
+
+def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start srun with pipes for stdin, stdout and stderr, in a session of its own (the
+    head handles Ctrl-C; srun must not see it). Raises OSError."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+
+
+_early: tuple[list[str], dict[str, str], subprocess.Popen[bytes]] | None = None
+
+
+def early_script(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The script of ``distlaunch run ARGS`` when ``environ`` and ``args`` alone say the
+    launch is the Slurm head's over the whole allocation, with this interpreter in this
+    directory: inside an allocation but not a step, no ``PET_*`` variable, and ``args``
+    at most ``--nproc-per-node N`` (N a positive integer) before an existing file. None
+    otherwise. Pure but for the file check."""
+    if "SLURM_JOB_ID" not in environ or ("SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ):
+        return None
+    if any(k.startswith("PET_") for k in environ):
+        return None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in _NPROC and i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        elif a.startswith(tuple(f"{o}=" for o in _NPROC)):
+            value, i = a.partition("=")[2], i + 1
+        else:
+            break
+        if not (value.isdigit() and int(value) > 0):
+            return None
+    if i >= len(args) or args[i].startswith("-") or not os.path.isfile(args[i]):
+        return None
+    return args[i]
+
+
+def start_early(args: Sequence[str]) -> None:
+    """Start the agent step now when ``distlaunch run ARGS`` is sure to start it
+    (``early_script``), as the Slurm engine will: this interpreter, this directory,
+    PYTHONPATH passed on, every node of ``SLURM_JOB_NODELIST``. Never raises: anything
+    unexpected leaves the start to the engine."""
+    global _early
+    environ = os.environ
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if _early is not None or not nodelist or early_script(args, environ) is None:
+        return
+    try:
+        cmd_env = {"PYTHONPATH": environ["PYTHONPATH"]} if "PYTHONPATH" in environ else {}
+        argv = srun_argv(expand_hostlist(nodelist), sys.executable, os.getcwd())
+        env = srun_env(cmd_env)
+        _early = (argv, env, popen(argv, env))
+    except Exception:  # a malformed node list, no srun: the engine says what is wrong
+        return
+
+
+def take_early(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+    """The early step's srun when it runs exactly ``argv`` with ``env`` (then it is the
+    caller's to supervise), else None; an early step that differs is ended first (stdin
+    closed: its agents end without starting anything; srun terminated, which cancels the
+    step) and reaped. Called once, by the engine that starts the step."""
+    global _early
+    early, _early = _early, None
+    if early is None:
+        return None
+    early_argv, early_env, proc = early
+    if early_argv == list(argv) and early_env == dict(env):
+        return proc
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
+    proc.terminate()
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return None
