@@ -1,16 +1,30 @@
+"""``python -m distlaunch`` and the ``distlaunch`` console script (pyproject's entry point).
+
+Light on purpose: an engine's agent (``distlaunch agent``) needs none of the CLI's imports
+(click), and inside a Slurm allocation ``run`` may start the agent step before them
+(``remote.srun.start_early``), so both commands reach this module before ``cli``.
+"""
+
 import os
 import sys
 
-if sys.argv[1:] == ["agent"]:  # an engine's agent: none of the CLI's imports (click)
-    from .agent.entry import main as agent_main
 
-    agent_main()
-else:
+def main() -> None:
+    """Dispatch: the agent's entry, or the click CLI (``cli.main``; exits the process)."""
+    if sys.argv[1:] == ["agent"]:
+        from .agent.entry import main as agent_main
+
+        agent_main()
+        return
     if sys.argv[1:2] == ["run"] and "SLURM_JOB_ID" in os.environ:
         # inside a Slurm allocation: the agent step may start before the CLI's imports
         from .remote.srun import start_early
 
         start_early(sys.argv[2:])
-    from .cli import main
+    from .cli import main as cli_main
 
+    cli_main()
+
+
+if __name__ == "__main__":
     main()
