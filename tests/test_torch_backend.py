@@ -46,6 +46,14 @@ def test_async_work_and_futures(world):
     assert sorted(lines(res, "futures ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_large_all_reduce_has_the_bits_of_the_rank_order_sum(world):
+    # multi-chunk float32 with NaN payloads: every rank's result is x0 + x1 + ... bit for
+    # bit, blocking and async (two ranks: the one-phase pair algorithm; more: two-phase)
+    res = matrix(world)
+    assert sorted(lines(res, "large ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_ddp_ends_with_identical_parameters(world):
     # every rank checks its parameters against all others' and against DDP over gloo
