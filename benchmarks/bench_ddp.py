@@ -1,14 +1,17 @@
 """The distlaunch torch backend next to gloo, in the same processes, one node.
 
-    python benchmarks/bench_ddp.py [--worlds 2,4] [--steps 5] [--rounds 2]
+    python benchmarks/bench_ddp.py [--worlds 2,4] [--steps 20] [--buckets]
         [--sizes 8,1KiB,64KiB,1MiB,16MiB,64MiB] [--skip-ddp] [--skip-allreduce]
 
 1. DDP training step (forward, backward with DDP's bucketed all_reduce, SGD step) of a
    ~25M-parameter MLP (1024 -> 4096 -> 4096 -> 1024, batch 16 per rank, one thread per
-   rank), DDP over gloo and over distlaunch in the same job (a gloo group and the
-   distlaunch default group), alternating round by round so background load hits both
-   alike; a step time is the slowest rank's mean over ``--steps`` steps after 2 warm-up
-   steps, the median over rounds. World 1 (no DDP) gives the pure compute time.
+   rank), DDP over gloo, over distlaunch and over the no-op backend (3.) in the same job,
+   one model each, step by step with the order rotating so background load hits every
+   backend alike; a step time is the slowest rank's, the median over ``--steps`` steps
+   (after 2 warm-up steps); also each backend's process CPU per step and rank. World 1
+   (no DDP) gives the pure compute time. ``--buckets``: per rank, when DDP called each
+   bucket's all_reduce on distlaunch, when it started and ended (the backend's helper
+   thread) and that thread's CPU time meanwhile, medians over the steps.
 2. ``dist.all_reduce`` through the backend next to ``distlaunch.collectives.all_reduce``
    on the same float32 buffer (the runtime's own API, initialised in the same
    processes): per-call time, slowest rank, median of 5 repetitions.
@@ -21,8 +24,9 @@
    with more ranks than cores, each core runs k ranks' torch layers one after another
    in every collective.
 
-Targets (issue 14): DDP step <= 0.7x gloo's at world 2, <= 0.5x at world 4; the backend's
-all_reduce within 1.3x of the runtime's. Ratios < 1: distlaunch is faster.
+Targets: DDP step <= 1.1x the no-op backend's at world 2 and 4 (issue 27; issue 14: <= 0.7x
+gloo's at world 2, <= 0.5x at world 4); the backend's all_reduce within 1.3x of the
+runtime's. Ratios < 1: distlaunch is faster.
 """
 
 import argparse
@@ -123,19 +127,10 @@ def _register_noop():
     )
 
 
-def _slowest(seconds, group=None):
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return seconds
-    t = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.item()
-
-
-def _ddp_step_time(group, steps):
-    """Mean seconds per DDP step on ``group`` (None: no DDP, world 1), slowest rank."""
+def _stepper(group):
+    """A DDP training step over ``group`` (None: no DDP, world 1) after 2 warm-up steps:
+    a function returning (forward end, backward end, step end) in seconds from its start
+    and the process CPU seconds it used."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -147,17 +142,48 @@ def _ddp_step_time(group, steps):
 
     def step():
         opt.zero_grad()
-        torch.nn.functional.mse_loss(net(x), y).backward()
+        c0, t0 = time.process_time(), time.perf_counter()
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
         opt.step()
+        t3 = time.perf_counter()
+        return t1 - t0, t2 - t0, t3 - t0, time.process_time() - c0
 
     for _ in range(2):
         step()
-    if dist.is_initialized():
-        dist.barrier(group=group)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return _slowest((time.perf_counter() - t0) / steps, group)
+    return step
+
+
+class _BucketTrace:
+    """Times every all_reduce the distlaunch backend runs while ``records`` is a list:
+    when DDP called it, when the operation started and ended (on the backend's helper
+    thread or inline), the CPU seconds of that thread meanwhile, and its bytes."""
+
+    def __init__(self):
+        from distlaunch.torch.group import DistlaunchProcessGroup
+
+        self.records = None  # the current step's records while tracing
+        run = DistlaunchProcessGroup._run
+        trace = self
+
+        def traced(pg, fn, name, outputs, inline):
+            if trace.records is None or name != "all_reduce":
+                return run(pg, fn, name, outputs, inline)
+            rec = {"call": time.perf_counter(), "bytes": outputs[0].numel() * outputs[0].element_size()}
+            trace.records.append(rec)
+
+            def timed():
+                rec["start"], c0 = time.perf_counter(), time.thread_time()
+                try:
+                    return fn()
+                finally:
+                    rec["end"], rec["cpu"] = time.perf_counter(), time.thread_time() - c0
+
+            return run(pg, timed, name, outputs, inline)
+
+        DistlaunchProcessGroup._run = traced
 
 
 def worker_ddp(args):
@@ -170,19 +196,61 @@ def worker_ddp(args):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     res: dict = {"world": world}
     if world == 1:
-        res["compute"] = statistics.median(_ddp_step_time(None, args.steps) for _ in range(args.rounds))
-    else:
-        _register_noop()
-        dist.init_process_group("distlaunch")
-        groups = {"gloo": dist.new_group(backend="gloo"), "distlaunch": None}
-        groups["noop"] = dist.new_group(backend="noop")
-        times: dict = {k: [] for k in groups}
-        for r in range(args.rounds):  # the order alternates: no backend always follows another
-            for k in list(groups) if r % 2 == 0 else list(groups)[::-1]:
-                times[k].append(_ddp_step_time(groups[k], args.steps))
-        res.update({k: statistics.median(v) for k, v in times.items()})
-        time.sleep(0.2)  # let gloo's thread release its last op before exit (torch 2.13)
-        dist.destroy_process_group()
+        step = _stepper(None)
+        res["compute"] = statistics.median(step()[2] for _ in range(args.steps))
+        print("RESULT " + json.dumps(res), flush=True)
+        return
+    _register_noop()
+    dist.init_process_group("distlaunch")
+    gloo = dist.new_group(backend="gloo")
+    groups = {"gloo": gloo, "distlaunch": None, "noop": dist.new_group(backend="noop")}
+    steps = {k: _stepper(g) for k, g in groups.items()}
+    trace = _BucketTrace() if args.buckets else None
+    names = list(groups)
+    runs: dict = {k: [] for k in names}
+    traced: list = []  # per distlaunch step: its all_reduce records
+    starts: dict = {k: [] for k in names}
+    for i in range(args.steps):
+        # step by step, the order rotating: background load hits every backend alike
+        for k in names[i % len(names) :] + names[: i % len(names)]:
+            dist.barrier(group=gloo)
+            if trace is not None and k == "distlaunch":
+                traced.append([])
+                trace.records = traced[-1]
+            starts[k].append(time.perf_counter())
+            runs[k].append(steps[k]())
+            if trace is not None:
+                trace.records = None
+    # the slowest rank's time of every step, then the median over steps
+    walls = torch.tensor([[r[2] for r in runs[k]] for k in names], dtype=torch.float64)
+    dist.all_reduce(walls, op=dist.ReduceOp.MAX, group=gloo)
+    med = statistics.median
+    for i, k in enumerate(names):
+        res[k] = med(walls[i].tolist())
+        res[k + "_cpu"] = med(r[3] for r in runs[k])  # this rank's process CPU per step
+    cpus = [None] * world
+    dist.all_gather_object(cpus, {k: res[k + "_cpu"] for k in names}, group=gloo)
+    for k in names:
+        res[k + "_cpu"] = statistics.mean(c[k] for c in cpus)
+    if trace is not None:
+        mine = {"buckets": [], "phases": {}}
+        for k in ("distlaunch", "noop"):
+            mine["phases"][k] = [med(r[j] for r in runs[k]) for j in range(3)]
+        per_step = list(zip(traced, starts["distlaunch"]))
+        for b in range(min(len(recs) for recs, _ in per_step)):
+            rows = [(recs[b], t0) for recs, t0 in per_step]
+            mine["buckets"].append(
+                {
+                    "bytes": rows[0][0]["bytes"],
+                    **{f: med(r[f] - t0 for r, t0 in rows) for f in ("call", "start", "end")},
+                    "cpu": med(r["cpu"] for r, _ in rows),
+                }
+            )
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine, group=gloo)
+        res["trace"] = everyone
+    time.sleep(0.2)  # let gloo's thread release its last op before exit (torch 2.13)
+    dist.destroy_process_group()
     if int(os.environ.get("RANK", "0")) == 0:
         print("RESULT " + json.dumps(res), flush=True)
 
@@ -235,12 +303,28 @@ def worker_allreduce(args):
 def run(world, what, args):
     cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(world), __file__]
     cmd += ["--worker", what]
-    cmd += ["--steps", str(args.steps), "--rounds", str(args.rounds), "--sizes", args.sizes]
+    cmd += ["--steps", str(args.steps), "--sizes", args.sizes] + (["--buckets"] if args.buckets else [])
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
     for line in out.stdout.splitlines():
         if "RESULT " in line:
             return json.loads(line.split("RESULT ", 1)[1])
     raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
+
+
+def _print_trace(rank, t):
+    """One rank's median DDP step over distlaunch, ms from the step's start."""
+    ms = lambda x: f"{x * 1e3:6.1f}"  # noqa: E731
+    fwd, bwd, end = t["phases"]["distlaunch"]
+    nfwd, nbwd, nend = t["phases"]["noop"]
+    print(
+        f"  rank {rank}: forward {ms(fwd)}, backward to {ms(bwd)}, step {ms(end)} ms "
+        f"(noop: {ms(nfwd)}, {ms(nbwd)}, {ms(nend)})"
+    )
+    for i, b in enumerate(t["buckets"]):
+        print(
+            f"    bucket {i} {b['bytes'] / 2**20:5.1f} MiB: called {ms(b['call'])} started {ms(b['start'])} "
+            f"ended {ms(b['end'])} ({ms(b['end'] - b['start'])} ms, cpu {ms(b['cpu'])} ms)"
+        )
 
 
 def _fmt(seconds):
@@ -250,8 +334,8 @@ def _fmt(seconds):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--worlds", default="2,4")
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--buckets", action="store_true")
     p.add_argument("--sizes", default="8,1KiB,64KiB,1MiB,16MiB,64MiB")
     p.add_argument("--skip-ddp", action="store_true")
     p.add_argument("--skip-allreduce", action="store_true")
@@ -270,11 +354,18 @@ def main():
         print(f"\nDDP step, MLP {mlp} ({params / 1e6:.1f}M params), batch {BATCH}/rank")
         print(f"world 1 (compute only, no DDP): {compute:.3f} s/step")
         print("noop: DDP over a backend that communicates nothing (compute floor at that world)")
-        print(f"{'world':>5} {'gloo s/step':>12} {'distlaunch s/step':>18} {'ratio':>6} {'noop s/step':>12}")
+        print("cpu: process CPU seconds per step and rank (the helper thread's included)")
+        cols = ("world", "gloo s/step", "distlaunch s/step", "/gloo", "noop s/step", "/noop")
+        print(" ".join(f"{c:>{len(c) + 1}}" for c in cols) + "   cpu: gloo distlaunch noop")
         for w in worlds:
             r = run(w, "ddp", args)
-            ratio = r["distlaunch"] / r["gloo"]
-            print(f"{w:>5} {r['gloo']:>12.3f} {r['distlaunch']:>18.3f} {ratio:>6.2f} {r['noop']:>12.3f}")
+            dl = r["distlaunch"]
+            print(
+                f"{w:>6} {r['gloo']:>12.3f} {dl:>18.3f} {dl / r['gloo']:>6.2f} {r['noop']:>12.3f} "
+                f"{dl / r['noop']:>6.2f}   {r['gloo_cpu']:.3f} {r['distlaunch_cpu']:.3f} {r['noop_cpu']:.3f}"
+            )
+            for rank, t in enumerate(r.get("trace", [])):
+                _print_trace(rank, t)
     if not args.skip_allreduce:
         print("\ndist.all_reduce through the backend vs distlaunch.collectives.all_reduce (float32)")
         print("noop: dist.all_reduce on a backend that communicates nothing (torch's own cost);")

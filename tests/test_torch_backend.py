@@ -46,6 +46,14 @@ def test_async_work_and_futures(world):
     assert sorted(lines(res, "futures ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_large_all_reduce_has_the_bits_of_the_rank_order_sum(world):
+    # multi-chunk float32 with NaN payloads: every rank's result is x0 + x1 + ... bit for
+    # bit, blocking and async (two ranks: the one-phase pair algorithm; more: two-phase)
+    res = matrix(world)
+    assert sorted(lines(res, "large ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_ddp_ends_with_identical_parameters(world):
     # every rank checks its parameters against all others' and against DDP over gloo
@@ -163,11 +171,13 @@ def test_timeout_aborts_every_rank():
     assert got["2"][1] < 2  # the group was already broken when rank 2 called
 
 
-def test_killed_peer_raises_on_every_survivor():
-    # started by hand (a launcher would stop the survivors itself): tcp:// on torch's store
-    out = spawn("failures.py", "killed", f"tcp://127.0.0.1:{free_port()}", world=3)
-    assert out[2][1] == -9  # the victim
-    for _r, rc, so, se in out[:2]:
+@pytest.mark.parametrize("mode,world", [("killed", 3), ("killed-mid", 2)])
+def test_killed_peer_raises_on_every_survivor(mode, world):
+    # started by hand (a launcher would stop the survivors itself): tcp:// on torch's store;
+    # killed-mid: the victim dies inside two ranks' chunked all_reduces (one phase per chunk)
+    out = spawn("failures.py", mode, f"tcp://127.0.0.1:{free_port()}", world=world)
+    assert out[-1][1] == -9  # the victim
+    for _r, rc, so, se in out[:-1]:
         got = raised(so)
         assert rc == 0 and len(got) == 1, so + se[-3000:]
         cls, took, is_backend_error = got[0]

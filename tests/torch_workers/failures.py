@@ -7,6 +7,9 @@
   the last rank raise at its call (``seconds`` is measured from each rank's call).
 - ``killed``: the last rank SIGKILLs itself instead of calling all_reduce: every
   surviving rank raises (long before the 60 s timeout).
+- ``killed-mid``: every rank loops on 16 MiB all_reduces as DDP runs them (async_op=True,
+  then wait: the chunked shared-memory algorithm on the backend's helper thread); the
+  last rank SIGKILLs itself 0.3 s in: every surviving rank raises.
 
 Each rank prints ``raised <class> <seconds> isDistBackendError=<bool>`` (or ``no error``)
 and exits 0, so a launcher does not stop the job at the first rank's exit.
@@ -16,6 +19,7 @@ import datetime
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -24,7 +28,7 @@ import torch.distributed as dist
 import distlaunch.torch  # noqa: F401  (registers the backend)
 
 mode = sys.argv[1]
-timeout = {"timeout": 3, "killed": 60, "mismatch": 60}[mode]
+timeout = {"timeout": 3, "killed": 60, "killed-mid": 60, "mismatch": 60}[mode]
 if len(sys.argv) > 2:  # started by hand: init method, rank, world size
     dist.init_process_group(
         "distlaunch",
@@ -44,6 +48,12 @@ try:
         dist.broadcast(t, src=0)
     elif mode == "killed" and rank == n - 1:
         os.kill(os.getpid(), signal.SIGKILL)
+    elif mode == "killed-mid":
+        big = torch.ones(4 << 20)
+        if rank == n - 1:
+            threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+        while time.monotonic() - start < 20:  # "no error" if the peer's death goes unseen
+            dist.all_reduce(big, async_op=True).wait()
     else:
         if mode == "timeout" and rank:
             time.sleep(2 if rank < n - 1 else timeout + 3)

@@ -9,7 +9,7 @@ world <= 2, where a sum of two values has one rounding). Where gloo does not sup
 operation/dtype pair (e.g. AVG), the reference is torch computing the result from every
 rank's inputs (each rank can regenerate all inputs from their seeds).
 
-Prints "ops ok <checks>", "ddp ok", "futures ok" (one line per check group) and exits 0;
+Prints "ops ok <checks>", "futures ok", "large ok", "ddp ok" (one line per check group) and exits 0;
 any difference raises.
 """
 
@@ -18,6 +18,7 @@ import sys
 import time
 import zlib
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -302,6 +303,40 @@ def check_futures():
     print("futures ok", flush=True)
 
 
+def check_large_bits():
+    """all_reduce / reduce of a multi-chunk float32 tensor (5 MiB + 3 elements: the
+    shared-memory chunked algorithms, a ragged last chunk) with random values and NaNs
+    of a different payload on every rank: every rank's result has the bits of the sum in
+    rank order (x0 + x1 + ...; for two NaNs x86 keeps the first operand's payload, so a
+    rank adding in another order differs), blocking and async_op=True (DDP's path)."""
+    size = (5 << 20) // 4 + 3
+
+    def inp(r):
+        x = torch.randn(size, generator=torch.Generator().manual_seed(100 + r))
+        nan = torch.tensor([0x7FC00001 + r], dtype=torch.int32).view(torch.float32)
+        x[r :: 1 << 16] = nan  # some positions: every rank's NaN; some: one rank's
+        x[N :: 1 << 16] = nan
+        return x
+
+    ins = [inp(r).numpy() for r in range(N)]
+    want = ins[0].copy()
+    for x in ins[1:]:
+        np.add(want, x, out=want)
+    want_t = torch.from_numpy(want)
+    for async_op in (False, True):
+        t = inp(RANK)
+        w = dist.all_reduce(t, async_op=async_op)
+        if async_op:
+            w.wait()
+        same([t], [want_t], f"all_reduce {size} float32 bits async_op={async_op}")
+        t = inp(RANK)
+        w = dist.reduce(t, dst=N - 1, async_op=async_op)
+        if async_op:
+            w.wait()
+        same([t], [want_t if RANK == N - 1 else inp(RANK)], f"reduce to {N - 1} bits async_op={async_op}")
+    print("large ok", flush=True)
+
+
 def check_ddp():
     """The same model trained with DDP over distlaunch and over gloo: identical parameters
     on every rank, and equal to each other."""
@@ -343,6 +378,8 @@ if __name__ == "__main__":
     check_p2p_and_groups()
     print(f"ops ok {checks}", flush=True)
     check_futures()
+    if N > 1:
+        check_large_bits()
     if N in (2, 4):
         check_ddp()
     time.sleep(0.2)  # let gloo's worker thread release its last op first (as init_methods.py)
