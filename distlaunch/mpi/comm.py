@@ -120,6 +120,7 @@ class Handle:
         self.name = name
         self.attrs: dict[int, Any] = {}
         self.freed = False
+        self.plans: dict[tuple, Any] = {}  # repeated buffer collectives (see intracomm._Plan)
 
     def global_rank(self, rank: int, what: str = "rank") -> int:
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
@@ -569,6 +570,7 @@ class Comm:
         if h.pg is None or h is STATE.world or h is STATE.self_:
             raise MPIException(ERR_COMM, "COMM_WORLD and COMM_SELF cannot be freed")
         h.freed = True
+        h.plans.clear()
         dist.destroy_process_group(h.pg)
         self._handle = None
 

@@ -35,7 +35,7 @@ from ..ops import ReduceOp, finalize, ufunc
 from ..optable import implements
 from ..transport.shm import PHASE_HALF as _H
 from ..transport.shm import PHASE_MASK as _M
-from ..transport.shm import ShmChannel, SmallAllReduce
+from ..transport.shm import ShmChannel, SmallAllReduce, call_record
 from .tcp import block_bounds
 
 
@@ -135,15 +135,37 @@ def all_reduce(
         finalize(arr, op, n)
 
 
+def _record(ctx: OpContext) -> bytes:
+    """The packed call record of ``ctx`` (cached on it by the group's fast path)."""
+    rec = ctx.record
+    if rec is None:
+        rec = ctx.record = call_record(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
+    return rec
+
+
 def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
-    """``u8``: the buffer as flat uint8 (written on non-roots)."""
+    """``u8``: the buffer as flat uint8 (written on non-roots). Up to one slot: one
+    eager phase (the root writes and leaves, every other rank copies; the next
+    operation compares the root's call with the others')."""
     s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     r = s.r
     nb = len(u8)
     slot = s.slot
-    starts = range(0, max(nb, 1), slot)
-    for i, a in enumerate(starts):
+    if nb <= slot:
+        p = s.phase + 1
+        if r == root:
+            s.settle(ctx, p)
+            if nb:
+                s.bufs[r][p & 1][:nb] = u8
+            s.publish(ctx, p, _record(ctx), False)
+        else:
+            s.publish(ctx, p, _record(ctx), s.n <= 2)  # (n = 2: we compare with every rank)
+            s.take(ctx, p, root)
+            if nb:
+                u8[:] = s.bufs[root][p & 1][:nb]
+        return
+    for i, a in enumerate(range(0, nb, slot)):
         b = min(a + slot, nb)
         if i == 0:
             p = s.begin(ctx, u8[a:b] if r == root else None)
@@ -161,13 +183,29 @@ def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
 
 
 def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
-    """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input."""
+    """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input.
+    Up to one slot: one phase (every rank writes, then copies each rank's as soon as
+    it is there)."""
     s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
-    n = s.n
+    n, r = s.n, s.r
     nb = len(inp)
     slot = s.slot
-    for i, a in enumerate(range(0, max(nb, 1), slot)):
+    if nb <= slot:
+        p = s.phase + 1
+        k = p & 1
+        s.settle(ctx, p)
+        bufs = s.bufs
+        if nb:
+            bufs[r][k][:nb] = inp
+        s.publish(ctx, p, _record(ctx))
+        for j in range(n):
+            if j != r:
+                s.take(ctx, p, j)
+            if nb:
+                outs[j][:] = bufs[j][k][:nb]
+        return
+    for i, a in enumerate(range(0, nb, slot)):
         b = min(a + slot, nb)
         if i == 0:
             p = s.begin(ctx, inp[a:b])
@@ -242,10 +280,22 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
                     piece = blk[a : a + L]
                     buf[head + i * L : head + i * L + len(piece)] = piece
 
-        if a == 0:
-            p = s.begin(ctx, fill if ins is not None else None)
+        if a == 0 and (total is None or total <= L):
+            # one eager phase (all_to_all: unless a block is longer): write, publish,
+            # take each rank read from (a rank that reads from every other compared
+            # every call; else the next operation compares them)
+            p = s.phase + 1
+            s.settle(ctx, p)
+            if ins is not None:
+                fill(s.bufs[r][p & 1])
+            sources = [j for j, o in enumerate(outs) if o is not None]
+            s.publish(ctx, p, _record(ctx), len(sources) >= s.n - 1)
+            for j in sources:
+                s.take(ctx, p, j)
             if total is None:
                 end = max(s.heads(p))
+        elif a == 0:
+            p = s.begin(ctx, fill if ins is not None else None)
         else:
             p = s.step(ctx, fill if ins is not None else (lambda buf: None), first=False)
         for j, o in enumerate(outs):

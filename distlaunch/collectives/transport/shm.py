@@ -300,14 +300,12 @@ class ShmChannel:
         self._fence = threading.Lock()
         self._views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
         self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
-        # byte offsets of every rank's two meta records
+        # byte offsets of every rank's two meta records (phase parity)
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
-        self._peer_meta_offs = [
-            [(j, o) for j, o in enumerate(offs) if j != self.r] for offs in self._meta_offs
-        ]
+        self._peers = [j for j in range(self.n) if j != self.r]
+        self.unchecked = 0  # a one-phase operation whose calls the next one compares
         self.phase = 0  # last phase this rank published
         self.all_at = 0  # every rank is known to have reached this phase
-        self.ops = 0  # operations run (selects the meta record)
         self.quads[self._ctl(self.r) // 8 + 1] = os.getpid()
         self._next_check = 0.0
         self.spin = config.spin
@@ -404,6 +402,10 @@ class ShmChannel:
             if j != self.r:
                 self.need(j, p, ctx)
         self.all_at = p
+        if not self._unlinked:
+            self._unlinked = True  # every member has mapped the segment
+            if self.r == 0:
+                _unlink(self.path)
 
     def _check(self, j: int, ctx: OpContext) -> float:
         """Raise if the operation cannot complete; else the seconds left."""
@@ -485,38 +487,80 @@ class ShmChannel:
                 data(self.bufs[self.r][p & 1])
             elif len(data):
                 self.bufs[self.r][p & 1][: len(data)] = data
-        self.exchange_calls(ctx, p, _CALL.pack(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop))
+        rec = ctx.record
+        if rec is None:
+            rec = ctx.record = _CALL.pack(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
+        self.exchange_calls(ctx, p, rec)
         return p
 
     def exchange_calls(self, ctx: OpContext, p: int, call: bytes) -> None:
         """Publish this rank's call record (``ctx.seq`` + ``call``, the packed op, dtype,
         count, root, redop) and phase ``p``, wait for every rank, and compare records:
         CollectiveMismatchError names the first rank whose call differs."""
-        k = self.ops & 1
-        self.ops += 1
-        offs = self._meta_offs[k]
-        off = offs[self.r]
-        mm = self.mm
-        self.quads[off >> 3] = ctx.seq
-        mm[off + 8 : off + 48] = call
-        self.signal(p)
+        self.publish(ctx, p, call)
         self.need_all(p, ctx)
+        self.compare(ctx, p, self._peers)
+
+    # -- one-phase (eager) operations: settle, write the data, publish, take
+
+    def settle(self, ctx: OpContext, p: int) -> None:
+        """Before this rank writes anything of phase ``p`` (data or call record): wait
+        until every rank reached ``p - 1`` (so nobody still reads what we wrote for
+        ``p - 2``, the same buffers), then compare the calls of an earlier one-phase
+        operation that this rank did not compare with every rank's (``unchecked``)."""
+        if (self.all_at - p + 1) & _M >= _H:
+            self.need_all(p - 1, ctx)
+        if self.unchecked:
+            q, self.unchecked = self.unchecked, 0
+            if q == p - 1:  # (an operation that failed half way left an older one)
+                self.compare(ctx, q, self._peers)
+
+    def publish(self, ctx: OpContext, p: int, call: bytes, checked: bool = True) -> None:
+        """Write this rank's call record of phase ``p`` (``ctx.seq`` + ``call``) and
+        publish ``p`` (this rank's data of ``p`` must be in place). ``checked``: the
+        operation compares this rank's call with every other rank's (else the next
+        operation does, in :meth:`settle`)."""
+        self.settle(ctx, p)
+        off = self._meta_offs[p & 1][self.r]
+        self.quads[off >> 3] = ctx.seq
+        self.mm[off + 8 : off + 48] = call
+        self.signal(p)
+        if not checked:
+            self.unchecked = p
+
+    def take(self, ctx: OpContext, p: int, j: int) -> None:
+        """Wait until rank ``j`` published phase ``p`` (its data is then readable until
+        this rank publishes ``p + 1``) and compare its call with ours (as ``need``
+        and :meth:`compare` raise)."""
+        self.need(j, p, ctx)
+        k = p & 1
+        offs = self._meta_offs[k]
+        mm, oj, off = self.mm, offs[j], offs[self.r]
+        if mm[oj : oj + 48] != mm[off : off + 48]:
+            raise self._mismatch(ctx, j, oj, off)
+
+    def compare(self, ctx: OpContext, p: int, ranks: list[int]) -> None:
+        """Compare the call records of phase ``p`` of ``ranks`` (who reached it) with
+        ours: CollectiveMismatchError names the first rank whose call differs."""
+        offs = self._meta_offs[p & 1]
+        mm, off = self.mm, offs[self.r]
         mine = mm[off : off + 48]
-        for j, oj in self._peer_meta_offs[k]:
+        for j in ranks:
+            oj = offs[j]
             if mm[oj : oj + 48] != mine:
-                theirs = ctx.describe(*_META.unpack_from(mm, oj)[1:6])
-                mine_text = ctx.describe_mine()
-                if theirs == mine_text:  # same call, different position in the sequence
-                    theirs += f" as call #{_META.unpack_from(mm, oj)[0]}"
-                    mine_text += f" as call #{ctx.seq}"
-                raise CollectiveMismatchError(
-                    f"rank {self.group.ranks[j]} called {theirs} but rank "
-                    f"{self.group.runtime.rank} called {mine_text}"
-                )
-        if not self._unlinked:
-            self._unlinked = True  # every member has mapped the segment
-            if self.r == 0:
-                _unlink(self.path)
+                raise self._mismatch(ctx, j, oj, off)
+
+    def _mismatch(self, ctx: OpContext, j: int, oj: int, off: int) -> CollectiveMismatchError:
+        theirs_seq, *theirs = _META.unpack_from(self.mm, oj)
+        mine_seq, *mine = _META.unpack_from(self.mm, off)
+        theirs_text, mine_text = ctx.describe(*theirs), ctx.describe(*mine)
+        if theirs_text == mine_text:  # same call, different position in the sequence
+            theirs_text += f" as call #{theirs_seq}"
+            mine_text += f" as call #{mine_seq}"
+        return CollectiveMismatchError(
+            f"rank {self.group.ranks[j]} called {theirs_text} but rank "
+            f"{self.group.runtime.rank} called {mine_text}"
+        )
 
     def small_all_reduce_plan(self, arr: np.ndarray, op: ReduceOp) -> SmallAllReduce:
         """The cached SmallAllReduce for ``arr``'s dtype and size and ``op`` (raises
@@ -543,6 +587,7 @@ class ShmChannel:
 
 _META = struct.Struct("<6q")  # op seq, op, dtype, count, root, redop
 _CALL = struct.Struct("<5q")  # the same without the sequence number
+call_record = _CALL.pack  # (op, dtype, count, root, redop) -> the packed call record
 _Q = struct.Struct("<q")
 
 
