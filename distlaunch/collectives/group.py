@@ -345,15 +345,12 @@ class ProcessGroup(Members):
             name, code, dtype, count, root, NO_REDOP, call_record(code, dtype, count, root, NO_REDOP)
         )
 
-    def run_small(self, call: SmallCall, *args: Any) -> bool:
-        """Run ``call`` (from :meth:`small_call`) with its operation's shared-memory
-        algorithm on ``args`` as :meth:`collective` does for a blocking call (same
-        sequence, checks and errors); False, having run nothing, when this group has no
-        shared-memory fast path (not chosen yet, or TCP)."""
-        if self._fast is None:
-            return False
-        self._run_small(call, _SHM[call.name], *args)
-        return True
+    def small_path(self, name: str) -> tuple[Callable[..., None], Callable[..., None]] | None:
+        """``(run, fn)``: ``run(call, fn, *args)`` runs a blocking ``name`` (``call`` from
+        :meth:`small_call`) with its shared-memory algorithm ``fn`` on ``args`` as
+        :meth:`collective` would (same sequence, checks and errors); None when this
+        group has no shared-memory fast path (not chosen yet, or TCP)."""
+        return None if self._fast is None else (self._run_small, _SHM[name])
 
     def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for an operation native on a shared-memory group

@@ -105,7 +105,7 @@ class _Buf:
     is viewed anew per call (a kept view would stop the program from closing its mmap
     or resizing its bytearray)."""
 
-    __slots__ = ("obj", "rest", "fixed", "off", "nb")
+    __slots__ = ("obj", "rest", "fixed", "off", "nb", "length")
 
     def __init__(self, spec: Any, s: Spec, blocks: int) -> None:
         listed = type(spec) is list
@@ -114,13 +114,19 @@ class _Buf:
         self.off = s.displ * s.datatype.extent
         self.nb = s.nbytes * blocks
         self.fixed = s.view(s.count * blocks) if type(self.obj) is np.ndarray else None
+        # a count taken from the buffer's length changes with it (a bytearray or an
+        # mmap can be resized; an array cannot while its view is kept here)
+        self.length = -1 if self.fixed is not None else len(self.obj)
 
     def same(self, spec: Any) -> bool:
         """``spec`` is the specification this was made from (same buffer object, same
         count and type)."""
         if type(spec) is list:
-            return self.rest is not None and spec[0] is self.obj and spec[1:] == self.rest
-        return spec is self.obj and self.rest is None
+            if self.rest is None or spec[0] is not self.obj or spec[1:] != self.rest:
+                return False
+        elif spec is not self.obj or self.rest is not None:
+            return False
+        return self.length < 0 or len(self.obj) == self.length
 
     def u8(self) -> np.ndarray:
         """The bytes (ValueError when the buffer no longer holds them: closed, shrunk)."""
@@ -160,16 +166,12 @@ class _Plan:
     the send side, ``b`` the receive side; None: IN_PLACE or not used on this rank),
     each cut into ``n`` blocks where the operation takes blocks."""
 
-    __slots__ = ("eng", "pg", "call", "a", "b", "n")
+    __slots__ = ("eng", "run", "fn", "call", "a", "b", "n", "rank")
 
-    def __init__(self, eng: Any, pg: Any, call: Any, a: Any, b: Any, n: int) -> None:
-        self.eng, self.pg, self.call, self.a, self.b, self.n = eng, pg, call, a, b, n
-
-    def ready(self, a: Any, b: Any) -> bool:
-        """The same buffers as when made, and the same MPI engine (not finalized or
-        re-initialised)."""
-        pa, pb = self.a, self.b
-        return (pa is None or pa.same(a)) and (pb is None or pb.same(b)) and STATE.live() is self.eng
+    def __init__(self, eng: Any, pg: Any, name: str, count: int, root: int, a: Any, b: Any) -> None:
+        self.eng, self.a, self.b, self.n, self.rank = eng, a, b, pg.size, pg.rank
+        self.run, self.fn = pg.small_path(name)
+        self.call = pg.small_call(name, _empty(0), count, root)
 
 
 def _blocks_of(u8: np.ndarray, n: int) -> list[np.ndarray]:
@@ -300,12 +302,25 @@ class Intracomm(Comm):
     # -- buffer collectives
 
     def _planned(self, op: str, a: Any, b: Any, root: int) -> _Plan | None:
-        """The plan of this call when an earlier one made it and it still applies."""
+        """The plan of this call when an earlier one made it and it still applies (the
+        same buffers, the same MPI engine: not finalized or re-initialised)."""
         h = self._handle
         if h is None:
             return None
-        plan = h.plans.get(_key(op, a, b, root))
-        return plan if plan is not None and plan.ready(a, b) else None
+        plan = h.plans.get(
+            (
+                op,
+                id(a[0]) if type(a) is list and a else id(a),
+                id(b[0]) if type(b) is list and b else id(b),
+                root,
+            )
+        )
+        if plan is None:
+            return None
+        pa, pb = plan.a, plan.b
+        if (pa is None or pa.same(a)) and (pb is None or pb.same(b)) and STATE.live() is plan.eng:
+            return plan
+        return None
 
     def _plan(self, h: Handle, op: str, a: Any, b: Any, root: int, pa: Any, pb: Any, count: int) -> None:
         """Keep a plan for repeating this call (it just ran through the general path,
@@ -315,9 +330,8 @@ class Intracomm(Comm):
         ignored buffer; the key holds the object's identity; _NO: no plan)."""
         if h.size > 1 and pa is not _NO and pb is not _NO:
             pg = _pg(h)
-            if pg._fast is not None:
-                call = pg.small_call(op, _empty(0), count, root)
-                _keep(h, _key(op, a, b, root), _Plan(STATE.engine, pg, call, pa, pb, h.size))
+            if pg.small_path(op) is not None:
+                _keep(h, _key(op, a, b, root), _Plan(STATE.engine, pg, op, count, root, pa, pb))
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         plan = self._planned("broadcast", buf, None, root)
@@ -327,7 +341,7 @@ class Intracomm(Comm):
             except ValueError:
                 pass  # the general path says what is wrong
             else:
-                plan.pg.run_small(plan.call, u8, root)
+                plan.run(plan.call, plan.fn, u8, root)
                 return
         h = self._h()
         self._eng()
@@ -355,10 +369,10 @@ class Intracomm(Comm):
                 pass
             else:
                 if whole is None:
-                    plan.pg.run_small(plan.call, inp, None, root)
+                    plan.run(plan.call, plan.fn, inp, None, root)
                     return
                 got = _blocks_of(whole, plan.n)
-                plan.pg.run_small(plan.call, got[root] if inp is None else inp, got, root)
+                plan.run(plan.call, plan.fn, got[root] if inp is None else inp, got, root)
                 return
         h = self._h()
         self._eng()
@@ -392,10 +406,10 @@ class Intracomm(Comm):
                 pass
             else:
                 if whole is None:
-                    plan.pg.run_small(plan.call, out, None, root)
+                    plan.run(plan.call, plan.fn, out, None, root)
                     return
                 blocks = _blocks_of(whole, plan.n)
-                plan.pg.run_small(plan.call, blocks[root] if out is None else out, blocks, root)
+                plan.run(plan.call, plan.fn, blocks[root] if out is None else out, blocks, root)
                 return
         h = self._h()
         self._eng()
@@ -426,7 +440,7 @@ class Intracomm(Comm):
             except ValueError:
                 pass
             else:
-                plan.pg.run_small(plan.call, outs, outs[plan.pg.rank] if inp is None else inp)
+                plan.run(plan.call, plan.fn, outs, outs[plan.rank] if inp is None else inp)
                 return
         h = self._h()
         self._eng()
@@ -457,7 +471,7 @@ class Intracomm(Comm):
             except ValueError:
                 pass
             else:
-                plan.pg.run_small(plan.call, outs, ins)
+                plan.run(plan.call, plan.fn, outs, ins)
                 return
         h = self._h()
         self._eng()

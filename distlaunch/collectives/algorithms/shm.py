@@ -153,14 +153,13 @@ def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
     nb = len(u8)
     slot = s.slot
     if nb <= slot:
-        p = s.phase + 1
+        p = s.open(ctx)
         if r == root:
-            s.settle(ctx, p)
             if nb:
-                s.bufs[r][p & 1][:nb] = u8
-            s.publish(ctx, p, _record(ctx), False)
+                s.mine[p & 1][:nb] = u8
+            s.publish(ctx, p, ctx.record or _record(ctx), False)
         else:
-            s.publish(ctx, p, _record(ctx), s.n <= 2)  # (n = 2: we compare with every rank)
+            s.publish(ctx, p, ctx.record or _record(ctx), s.n <= 2)  # (n = 2: compared with all)
             s.take(ctx, p, root)
             if nb:
                 u8[:] = s.bufs[root][p & 1][:nb]
@@ -192,13 +191,12 @@ def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
     nb = len(inp)
     slot = s.slot
     if nb <= slot:
-        p = s.phase + 1
+        p = s.open(ctx)
         k = p & 1
-        s.settle(ctx, p)
         bufs = s.bufs
         if nb:
             bufs[r][k][:nb] = inp
-        s.publish(ctx, p, _record(ctx))
+        s.publish(ctx, p, ctx.record or _record(ctx))
         for j in range(n):
             if j != r:
                 s.take(ctx, p, j)
@@ -251,6 +249,12 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
 _TOTAL = 64  # all_to_all: a phase buffer's head holds its rank's largest block (int64)
 
 
+def _width(s: ShmChannel, width: int, head: int) -> int:
+    """Bytes of each of ``width`` blocks side by side in one phase buffer after a
+    ``head``: a multiple of 64 (cache lines), at least 64."""
+    return max(64, (s.slot - head) // width // 64 * 64)
+
+
 def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int | None) -> None:
     """Move blocks through the publishers' phase buffers. ``ins``: this rank's
     ``width`` flat uint8 blocks (None entries are not published; None: this rank
@@ -264,7 +268,7 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
     assert s is not None  # (only run on a shared-memory channel)
     r = s.r
     head = _TOTAL if total is None else 0
-    L = max(64, (s.slot - head) // width // 64 * 64)
+    L = _width(s, width, head)
     k = r if width > 1 else 0
     p = a = 0
     end = total or 0
@@ -284,10 +288,9 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
             # one eager phase (all_to_all: unless a block is longer): write, publish,
             # take each rank read from (a rank that reads from every other compared
             # every call; else the next operation compares them)
-            p = s.phase + 1
-            s.settle(ctx, p)
+            p = s.open(ctx)
             if ins is not None:
-                fill(s.bufs[r][p & 1])
+                fill(s.mine[p & 1])
             sources = [j for j, o in enumerate(outs) if o is not None]
             s.publish(ctx, p, _record(ctx), len(sources) >= s.n - 1)
             for j in sources:
@@ -337,8 +340,28 @@ def _reduce_scatter_op(ctx: OpContext, out: np.ndarray, blocks: np.ndarray | lis
 
 @implements("gather", "shm")
 def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) -> None:
-    """``outs[i]`` on ``root`` receives rank i's ``inp`` (``outs``: None elsewhere)."""
+    """``outs[i]`` on ``root`` receives rank i's ``inp`` (``outs``: None elsewhere).
+    Up to one slot: one eager phase (non-roots write and leave)."""
     u8 = inp.view(np.uint8)
+    s: ShmChannel = ctx.shm
+    nb = len(u8)
+    if nb <= s.slot:
+        p = s.open(ctx)
+        if outs is None:
+            if nb:
+                s.mine[p & 1][:nb] = u8
+            s.publish(ctx, p, ctx.record or _record(ctx), False)
+            return
+        s.publish(ctx, p, ctx.record or _record(ctx))
+        bufs, k = s.bufs, p & 1
+        for j, o in enumerate(outs):
+            if j == root:
+                o.view(np.uint8)[:] = u8
+                continue
+            s.take(ctx, p, j)
+            if nb:
+                o.view(np.uint8)[:] = bufs[j][k][:nb]
+        return
     if outs is None:
         route(ctx, [u8], [], 1, len(u8))
         return
@@ -350,9 +373,28 @@ def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) ->
 
 @implements("scatter", "shm")
 def _scatter_op(ctx: OpContext, out: np.ndarray, ins: list | None, root: int) -> None:
-    """``out`` on rank i receives ``ins[i]`` of ``root`` (``ins``: None elsewhere)."""
+    """``out`` on rank i receives ``ins[i]`` of ``root`` (``ins``: None elsewhere).
+    Blocks up to ``L`` (a slot's n-th): one eager phase (the root writes and leaves)."""
     u8 = out.view(np.uint8)
-    n = ctx.shm.n
+    s: ShmChannel = ctx.shm
+    n, r, nb = s.n, s.r, len(u8)
+    L = _width(s, n, 0)
+    if nb <= L:
+        p = s.open(ctx)
+        if ins is None:
+            s.publish(ctx, p, ctx.record or _record(ctx), n <= 2)
+            s.take(ctx, p, root)
+            if nb:
+                u8[:] = s.bufs[root][p & 1][r * L : r * L + nb]
+            return
+        if nb:
+            buf = s.mine[p & 1]
+            for i, b in enumerate(ins):
+                if i != r:
+                    buf[i * L : i * L + nb] = b.view(np.uint8)
+        s.publish(ctx, p, ctx.record or _record(ctx), False)
+        u8[:] = ins[r].view(np.uint8)
+        return
     if ins is None:
         route(ctx, None, [u8 if j == root else None for j in range(n)], n, len(u8))
         return

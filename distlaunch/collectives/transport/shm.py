@@ -302,7 +302,10 @@ class ShmChannel:
         self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
         # byte offsets of every rank's two meta records (phase parity)
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
+        self._rec_off = [offs[self.r] for offs in self._meta_offs]
         self._peers = [j for j in range(self.n) if j != self.r]
+        self._cidx = [self._ctl(j) // 4 for j in range(self.n)]  # every rank's counter (word index)
+        self.mine = self.bufs[self.r]  # this rank's two data buffers
         self.unchecked = 0  # a one-phase operation whose calls the next one compares
         self.phase = 0  # last phase this rank published
         self.all_at = 0  # every rank is known to have reached this phase
@@ -369,7 +372,7 @@ class ShmChannel:
         CollectiveError), PeerLostError when j's process is gone, and the internal
         OpTimeout (turned into CollectiveTimeoutError naming the missing ranks by the
         group) past ``ctx.deadline``."""
-        idx = self._ctl(j) // 4
+        idx = self._cidx[j]
         w = self.words
         if (w[idx] - p) & _M < _H:
             return
@@ -398,8 +401,9 @@ class ShmChannel:
         """``need`` on every other rank."""
         if (self.all_at - p) & _M < _H:
             return
-        for j in range(self.n):
-            if j != self.r:
+        w, cidx = self.words, self._cidx
+        for j in self._peers:
+            if (w[cidx[j]] - p) & _M >= _H:
                 self.need(j, p, ctx)
         self.all_at = p
         if not self._unlinked:
@@ -497,11 +501,20 @@ class ShmChannel:
         """Publish this rank's call record (``ctx.seq`` + ``call``, the packed op, dtype,
         count, root, redop) and phase ``p``, wait for every rank, and compare records:
         CollectiveMismatchError names the first rank whose call differs."""
+        self.settle(ctx, p)
         self.publish(ctx, p, call)
         self.need_all(p, ctx)
         self.compare(ctx, p, self._peers)
 
-    # -- one-phase (eager) operations: settle, write the data, publish, take
+    # -- one-phase (eager) operations: open, write the data, publish, take
+
+    def open(self, ctx: OpContext) -> int:
+        """Start a one-phase operation: :meth:`settle` the next phase and return it
+        (this rank's buffer of it, ``mine[p & 1]``, is then free to write)."""
+        p = self.phase + 1
+        if (self.all_at - p + 1) & _M >= _H or self.unchecked:
+            self.settle(ctx, p)
+        return p
 
     def settle(self, ctx: OpContext, p: int) -> None:
         """Before this rank writes anything of phase ``p`` (data or call record): wait
@@ -513,15 +526,14 @@ class ShmChannel:
         if self.unchecked:
             q, self.unchecked = self.unchecked, 0
             if q == p - 1:  # (an operation that failed half way left an older one)
-                self.compare(ctx, q, self._peers)
+                self.compare(ctx, q, self._peers, earlier=True)
 
     def publish(self, ctx: OpContext, p: int, call: bytes, checked: bool = True) -> None:
         """Write this rank's call record of phase ``p`` (``ctx.seq`` + ``call``) and
-        publish ``p`` (this rank's data of ``p`` must be in place). ``checked``: the
-        operation compares this rank's call with every other rank's (else the next
-        operation does, in :meth:`settle`)."""
-        self.settle(ctx, p)
-        off = self._meta_offs[p & 1][self.r]
+        publish ``p`` (after :meth:`settle`, with this rank's data of ``p`` in place).
+        ``checked``: this operation compares this rank's call with every other rank's
+        (else the next operation does, in :meth:`settle`)."""
+        off = self._rec_off[p & 1]
         self.quads[off >> 3] = ctx.seq
         self.mm[off + 8 : off + 48] = call
         self.signal(p)
@@ -532,25 +544,28 @@ class ShmChannel:
         """Wait until rank ``j`` published phase ``p`` (its data is then readable until
         this rank publishes ``p + 1``) and compare its call with ours (as ``need``
         and :meth:`compare` raise)."""
-        self.need(j, p, ctx)
-        k = p & 1
-        offs = self._meta_offs[k]
+        if (self.words[self._cidx[j]] - p) & _M >= _H:
+            self.need(j, p, ctx)
+        offs = self._meta_offs[p & 1]
         mm, oj, off = self.mm, offs[j], offs[self.r]
         if mm[oj : oj + 48] != mm[off : off + 48]:
             raise self._mismatch(ctx, j, oj, off)
 
-    def compare(self, ctx: OpContext, p: int, ranks: list[int]) -> None:
+    def compare(self, ctx: OpContext, p: int, ranks: list[int], earlier: bool = False) -> None:
         """Compare the call records of phase ``p`` of ``ranks`` (who reached it) with
-        ours: CollectiveMismatchError names the first rank whose call differs."""
+        ours: CollectiveMismatchError names the first rank whose call differs
+        (``earlier``: the calls are the one before the running operation)."""
         offs = self._meta_offs[p & 1]
         mm, off = self.mm, offs[self.r]
         mine = mm[off : off + 48]
         for j in ranks:
             oj = offs[j]
             if mm[oj : oj + 48] != mine:
-                raise self._mismatch(ctx, j, oj, off)
+                raise self._mismatch(ctx, j, oj, off, earlier)
 
-    def _mismatch(self, ctx: OpContext, j: int, oj: int, off: int) -> CollectiveMismatchError:
+    def _mismatch(
+        self, ctx: OpContext, j: int, oj: int, off: int, earlier: bool = False
+    ) -> CollectiveMismatchError:
         theirs_seq, *theirs = _META.unpack_from(self.mm, oj)
         mine_seq, *mine = _META.unpack_from(self.mm, off)
         theirs_text, mine_text = ctx.describe(*theirs), ctx.describe(*mine)
@@ -560,6 +575,7 @@ class ShmChannel:
         return CollectiveMismatchError(
             f"rank {self.group.ranks[j]} called {theirs_text} but rank "
             f"{self.group.runtime.rank} called {mine_text}"
+            + (" (the call before this one, which left without comparing every rank's)" if earlier else "")
         )
 
     def small_all_reduce_plan(self, arr: np.ndarray, op: ReduceOp) -> SmallAllReduce:
@@ -578,7 +594,7 @@ class ShmChannel:
         _unlink(self.path)
         try:
             # drop every export of the mapping; a closed channel has none of these
-            del self.bufs, self._views, self._plans, self.raw, self.words, self.quads
+            del self.bufs, self.mine, self._views, self._plans, self.raw, self.words, self.quads
             del self._anchor
             self.mm.close()
         except (BufferError, AttributeError):  # AttributeError: closed before
