@@ -21,6 +21,11 @@ rank gets bit-identical results):
   reader copies its piece of every publisher straight into its output (no TCP, no
   intermediate copy): one phase per ``L`` bytes of the largest block;
 - barrier: the first phase alone.
+
+Every operation whose data fits one phase is eager: its writers (the root of broadcast
+and scatter, the non-roots of gather, every rank otherwise) write, publish and go on;
+readers wait only for the ranks they read (see :mod:`..transport.shm` for how the calls
+are still compared).
 """
 
 from __future__ import annotations

@@ -7,18 +7,23 @@ mapped it (so nothing is left behind even if a rank dies later). Layout::
 
     [0, 4096)           header: abort word (reason), aborting rank
     [4096, +n*256)      per rank: u32 phase counter (the futex word), u32 sleep flag
-                        (1 + the rank it sleeps on), pid, 2 meta records (op seq,
-                        op, dtype, count, root, redop)
+                        (1 + the rank it sleeps on), pid, 2 call records (op seq,
+                        op, dtype, count, root, redop) for even and odd phases
     DATA + j*2*SLOT     rank j's two data buffers of SLOT bytes (double buffering)
 
 Synchronisation is one monotonically increasing *phase* counter per rank, written only
 by that rank. Invariant: when rank j publishes phase p it has written every datum of
 phases <= p and finished reading every datum of phases <= p - 1; data of phase p lives
-in buffer ``p % 2``, so a rank writes its buffer for phase p only after every rank
-reached p - 1. Every rank runs the same sequence of phases, so phases agree across ranks
-(the first phase of every operation is a full barrier that compares every rank's
-(op, dtype, count, root, redop): ranks that disagree all raise CollectiveMismatchError
-before any data-dependent phase).
+in buffer ``p % 2`` (and the call record of an operation starting at phase p in record
+``p % 2``), so a rank writes its buffer or record for phase p only after every rank
+reached p - 1 (:meth:`ShmChannel.settle`). Every rank runs the same sequence of phases,
+so phases agree across ranks. Calls are compared on the records: an operation of several
+phases starts with a full barrier that compares every rank's (:meth:`ShmChannel.begin`:
+ranks that disagree all raise CollectiveMismatchError before any data-dependent phase);
+a one-phase (eager) operation has each rank compare the records of the ranks it reads
+from (:meth:`ShmChannel.take`), and a rank that did not compare every rank's compares
+them at the start of its next operation (``unchecked``; those records stay until every
+rank has passed that start).
 
 Waiting: spin briefly on the counter (each check after a ``sched_yield``, so a waiter
 hands its core to any runnable process, e.g. the peer it waits for), then set the sleep
