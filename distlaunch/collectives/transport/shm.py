@@ -410,6 +410,10 @@ class ShmChannel:
         for j in self._peers:
             if (w[cidx[j]] - p) & _M >= _H:
                 self.need(j, p, ctx)
+        self._all_reached(p)
+
+    def _all_reached(self, p: int) -> None:
+        """Every rank is known to have published phase ``p``."""
         self.all_at = p
         if not self._unlinked:
             self._unlinked = True  # every member has mapped the segment
@@ -551,6 +555,8 @@ class ShmChannel:
         and :meth:`compare` raise)."""
         if (self.words[self._cidx[j]] - p) & _M >= _H:
             self.need(j, p, ctx)
+        if self.n == 2:  # (we published p: the next settle has nothing to wait for)
+            self._all_reached(p)
         offs = self._meta_offs[p & 1]
         mm, oj, off = self.mm, offs[j], offs[self.r]
         if mm[oj : oj + 48] != mm[off : off + 48]:
