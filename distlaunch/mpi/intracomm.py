@@ -2,9 +2,11 @@
 how each collective is carried out). Buffers are mpi4py buffer specifications (see
 :mod:`.datatypes`); ``IN_PLACE`` is accepted where MPI accepts it. Blocking: every call
 returns when this rank's part is done, waiting at most the group timeout
-(CollectiveTimeoutError); ranks calling different collectives raise
-CollectiveMismatchError where the collectives detect it; malformed arguments raise
-MPIException.
+(CollectiveTimeoutError); small Bcast/Scatter roots and Gather non-roots return without
+waiting for the others on shared memory (as MPICH's eager messages); ranks calling
+different collectives raise CollectiveMismatchError where the collectives detect it (in
+that call, or for a rank that compared nobody's call, in its next one); malformed
+arguments raise MPIException.
 """
 
 from __future__ import annotations
