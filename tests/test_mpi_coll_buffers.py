@@ -37,3 +37,20 @@ def test_wrong_collectives(tmp_path):
     assert "rank 0: gathered [0, 1, 2, 3, 10, 11, 12, 13]" in text, text
     assert "rank 0: mismatch CollectiveMismatchError" in text, text + err[-2000:]
     assert "rank 1: mismatch CollectiveMismatchError" in text, text + err[-2000:]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_small_collectives_are_eager(tmp_path, n):
+    """On shared memory the root of a small Bcast or Scatter and the non-roots of a
+    small Gather leave without waiting for the others: a program whose root sends to
+    the others after the call, while they receive before making it, completes for
+    every root (it deadlocked when every call was a rendezvous). Ranks that disagree on
+    the root, so that nobody reads anybody, get CollectiveMismatchError from the next
+    call, naming both calls."""
+    rc, lines, err = run("coll_eager", n, tmp_path, True, timeout=120)
+    assert rc == 0, f"rc={rc}\n{err[-4000:]}"
+    for r in range(n):
+        assert f"{r} eager {2 * n - 1}" in lines, lines
+        [roots] = [ln for ln in lines if ln.startswith(f"{r} roots:")]
+        assert "CollectiveMismatchError in the next call" in roots, roots
+        assert "root=0)" in roots and "root=1)" in roots and "the call before this one" in roots, roots

@@ -26,6 +26,8 @@ CASES = [
     ("datatypes", 3),
     ("persistent", 1),
     ("persistent", 3),
+    ("coll_rounds", 2),  # small collectives back to back: the eager path and repeated-call plans
+    ("coll_rounds", 4),
 ]
 
 
@@ -49,6 +51,12 @@ def independent(name: str, n: int) -> list[str]:
         ]
     if name == "p2p_modes":
         return [f"{r} count 4 {(np.arange(4.0) + (r - 1) % n).tolist() + [-1.0] * 6}" for r in range(n)]
+    if name == "coll_rounds":
+        full = list(range(50, 58))
+        first = [50, 51, 52, 53, 0, 0, 0, 0]
+        return [f"{r} rounds ok" for r in range(n)] + [
+            f"{r} reused {first if r else full} {full} abcd" for r in range(n)
+        ]
     if name == "persistent":
         ring = [[[100 * ((r - 1) % n) + k + j for j in range(4)] for k in range(5)] for r in range(n)]
         return [f"{r} ring {ring[r]} [True, True] [False, False]" for r in range(n)]

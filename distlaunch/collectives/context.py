@@ -110,6 +110,7 @@ class SmallCall(NamedTuple):
     count: int  # type: ignore[assignment]  # shadows tuple.count on purpose: OpContext's name
     root: int = -1
     redop: int = NO_REDOP
+    record: bytes | None = None  # the packed call record, when made once for many calls
 
 
 def describe(op: int, dtype: int, count: int, root: int, redop: int, ranks: list[int]) -> str:
@@ -151,6 +152,7 @@ class OpContext:
         self.count = count
         self.root = root
         self.redop = NO_REDOP if redop is None else int(redop)
+        self.record: bytes | None = None  # the packed call record (shared memory), once made
         self.timeout = group.timeout if timeout is None else timeout
         self.deadline = time.monotonic() + self.timeout
         self._posted: list[Request] = []

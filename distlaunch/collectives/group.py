@@ -51,7 +51,7 @@ from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutE
 from .ops import ReduceOp, check_op
 from .optable import OPS, algorithm
 from .transport import Request
-from .transport.shm import ShmChannel, ShmFullError, SmallAllReduce, warn_full
+from .transport.shm import ShmChannel, ShmFullError, SmallAllReduce, call_record, warn_full
 from .transport.shm_p2p import links_for
 from .wire import (
     ABORT,
@@ -97,6 +97,7 @@ def _shm_algorithm(name: str) -> Callable[..., None]:
 # the blocking small-operation fast path's algorithms
 _SHM_BARRIER = _shm_algorithm("barrier")
 _SHM_BROADCAST = _shm_algorithm("broadcast")
+_SHM = {n: _shm_algorithm(n) for n in ("broadcast", "gather", "scatter", "all_gather", "all_to_all")}
 
 _SEND = OP_CODES["send"]
 
@@ -335,6 +336,22 @@ class ProcessGroup(Members):
                 return None
         return self.run(name, lambda b, ctx: b.run(op, ctx, *args), async_op, timeout=timeout, **meta)
 
+    def small_call(self, name: str, arr: np.ndarray, count: int, root: int = -1) -> SmallCall:
+        """The call record of a blocking operation ``name`` on ``arr``'s dtype (``count``
+        elements, ``root`` a group rank or -1) for :meth:`run_small`, packed once: the
+        fields :meth:`collective` would compare for the same call."""
+        code, dtype = OP_CODES[name], DTYPE_CODES[arr.dtype]
+        return SmallCall(
+            name, code, dtype, count, root, NO_REDOP, call_record(code, dtype, count, root, NO_REDOP)
+        )
+
+    def small_path(self, name: str) -> tuple[Callable[..., None], Callable[..., None]] | None:
+        """``(run, fn)``: ``run(call, fn, *args)`` runs a blocking ``name`` (``call`` from
+        :meth:`small_call`) with its shared-memory algorithm ``fn`` on ``args`` as
+        :meth:`collective` would (same sequence, checks and errors); None when this
+        group has no shared-memory fast path (not chosen yet, or TCP)."""
+        return None if self._fast is None else (self._run_small, _SHM[name])
+
     def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for an operation native on a shared-memory group
         (the caller checked ``self._fast``): ``fn(ctx, *args)`` with a reused context, no
@@ -360,6 +377,7 @@ class ProcessGroup(Members):
             self._fast_call = call
             ctx.name, ctx.op, ctx.dtype, ctx.count = call.name, call.op, call.dtype, call.count
             ctx.root, ctx.redop = call.root, call.redop
+            ctx.record = call.record
         ctx.seq = seq
         ctx.deadline = time.monotonic() + ctx.timeout
         progress.begin(call.name, seq)

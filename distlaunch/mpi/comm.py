@@ -12,7 +12,9 @@ member never share an id, and they are also the new ProcessGroup's id.
 Collectives: Bcast, Gather, Scatter, Allgather, Alltoall, Barrier and the predefined
 reductions on contiguous predefined types run as the collectives' native operations
 (shared memory on one node) on views of the caller's buffers (a contiguous datatype's
-count is honoured without a copy; other types are packed); the v-variants run as the
+count is honoured without a copy; other types are packed; a call repeated with the same
+buffer specification objects reuses a plan kept on the communicator, see
+``intracomm._Plan``); the v-variants run as the
 runtime's all_to_all with the blocks they move (empty blocks elsewhere); lowercase
 alltoall and internal exchanges go over point-to-point in the communicator's
 collective context; reductions the
@@ -123,6 +125,7 @@ class Handle:
         self.name = name
         self.attrs: dict[int, Any] = {}
         self.freed = False
+        self.plans: dict[tuple, Any] = {}  # repeated buffer collectives (see intracomm._Plan)
 
     def global_rank(self, rank: int, what: str = "rank") -> int:
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
@@ -585,6 +588,7 @@ class Comm:
         if h.pg is None or h is STATE.world or h is STATE.self_:
             raise MPIException(ERR_COMM, "COMM_WORLD and COMM_SELF cannot be freed")
         h.freed = True
+        h.plans.clear()
         dist.destroy_process_group(h.pg)
         self._handle = None
 

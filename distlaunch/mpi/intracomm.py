@@ -2,14 +2,17 @@
 how each collective is carried out). Buffers are mpi4py buffer specifications (see
 :mod:`.datatypes`); ``IN_PLACE`` is accepted where MPI accepts it. Blocking: every call
 returns when this rank's part is done, waiting at most the group timeout
-(CollectiveTimeoutError); ranks calling different collectives raise
-CollectiveMismatchError where the collectives detect it; malformed arguments raise
-MPIException.
+(CollectiveTimeoutError); small Bcast/Scatter roots and Gather non-roots return without
+waiting for the others on shared memory (as MPICH's eager messages); ranks calling
+different collectives raise CollectiveMismatchError where the collectives detect it (in
+that call, or for a rank that compared nobody's call, in its next one); malformed
+arguments raise MPIException.
 """
 
 from __future__ import annotations
 
 import functools
+import mmap
 from typing import Any
 
 import numpy as np
@@ -87,6 +90,102 @@ def _unblock(r: Spec, outs: list | None, n: int) -> None:
     if outs is not None and r.view() is None:
         for i, o in enumerate(outs):
             r.unpack(o, r.displ + i * r.count)
+
+
+# -- repeated buffer collectives (mpi4py programs call one operation with the same
+# buffers in a loop): the first call resolves and checks everything through the general
+# path and keeps a _Plan on the communicator's handle; a later call whose buffer
+# specifications are the same objects runs the group's shared-memory fast path at once
+
+_MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
+_REMADE = (bytearray, mmap.mmap, bytes)  # viewed anew per call: see _Buf
+
+
+class _Buf:
+    """The data bytes of one buffer specification of a repeated call: ``blocks`` equal
+    blocks from the spec's displacement. A numpy array's view is kept; any other buffer
+    is viewed anew per call (a kept view would stop the program from closing its mmap
+    or resizing its bytearray)."""
+
+    __slots__ = ("obj", "rest", "fixed", "off", "nb", "length")
+
+    def __init__(self, spec: Any, s: Spec, blocks: int) -> None:
+        listed = type(spec) is list
+        self.obj = spec[0] if listed else spec
+        self.rest = spec[1:] if listed else None  # compared by value: the count, the type
+        self.off = s.displ * s.datatype.extent
+        self.nb = s.nbytes * blocks
+        self.fixed = s.view(s.count * blocks) if type(self.obj) is np.ndarray else None
+        # a count taken from the buffer's length changes with it (a bytearray or an
+        # mmap can be resized; an array cannot while its view is kept here)
+        self.length = -1 if self.fixed is not None else len(self.obj)
+
+    def same(self, spec: Any) -> bool:
+        """``spec`` is the specification this was made from (same buffer object, same
+        count and type)."""
+        if type(spec) is list:
+            if self.rest is None or spec[0] is not self.obj or spec[1:] != self.rest:
+                return False
+        elif spec is not self.obj or self.rest is not None:
+            return False
+        return self.length < 0 or len(self.obj) == self.length
+
+    def u8(self) -> np.ndarray:
+        """The bytes (ValueError when the buffer no longer holds them: closed, shrunk)."""
+        f = self.fixed
+        return f if f is not None else np.frombuffer(self.obj, _U8, self.nb, self.off)
+
+
+def _buf(spec: Any, s: Spec | None, blocks: int = 1) -> Any:
+    """A _Buf of ``spec`` (parsed as ``s``; None: not used on this rank, so None) when
+    it can have one: a contiguous type on a numpy array or a plain buffer object that
+    holds ``blocks`` blocks; else _NO."""
+    if s is None:
+        return None
+    obj = spec[0] if type(spec) is list else spec
+    if not s.datatype.contiguous or (type(obj) is not np.ndarray and type(obj) not in _REMADE):
+        return _NO
+    b = _Buf(spec, s, blocks)
+    v = s.view(s.count * blocks)
+    return b if v is not None and len(v) == b.nb else _NO
+
+
+_NO: Any = object()  # a used buffer that cannot have a _Buf
+
+
+def _key(op: str, a: Any, b: Any, root: int) -> tuple:
+    """A plan's key: the operation, the buffer objects, the root."""
+    return (
+        op,
+        id(a[0]) if type(a) is list and a else id(a),
+        id(b[0]) if type(b) is list and b else id(b),
+        root,
+    )
+
+
+class _Plan:
+    """A repeated buffer collective: the group, its call record, and the buffers (``a``
+    the send side, ``b`` the receive side; None: IN_PLACE or not used on this rank),
+    each cut into ``n`` blocks where the operation takes blocks."""
+
+    __slots__ = ("eng", "run", "fn", "call", "a", "b", "n", "rank")
+
+    def __init__(self, eng: Any, pg: Any, name: str, count: int, root: int, a: Any, b: Any) -> None:
+        self.eng, self.a, self.b, self.n, self.rank = eng, a, b, pg.size, pg.rank
+        self.run, self.fn = pg.small_path(name)
+        self.call = pg.small_call(name, _empty(0), count, root)
+
+
+def _blocks_of(u8: np.ndarray, n: int) -> list[np.ndarray]:
+    m = len(u8) // n
+    return [u8[i * m : (i + 1) * m] for i in range(n)]
+
+
+def _keep(h: Handle, key: tuple, plan: _Plan) -> None:
+    plans = h.plans
+    if len(plans) >= _MAX_PLANS:
+        plans.clear()
+    plans[key] = plan
 
 
 class Intracomm(Comm):
@@ -204,7 +303,48 @@ class Intracomm(Comm):
 
     # -- buffer collectives
 
+    def _planned(self, op: str, a: Any, b: Any, root: int) -> _Plan | None:
+        """The plan of this call when an earlier one made it and it still applies (the
+        same buffers, the same MPI engine: not finalized or re-initialised)."""
+        h = self._handle
+        if h is None:
+            return None
+        plan = h.plans.get(
+            (
+                op,
+                id(a[0]) if type(a) is list and a else id(a),
+                id(b[0]) if type(b) is list and b else id(b),
+                root,
+            )
+        )
+        if plan is None:
+            return None
+        pa, pb = plan.a, plan.b
+        if (pa is None or pa.same(a)) and (pb is None or pb.same(b)) and STATE.live() is plan.eng:
+            return plan
+        return None
+
+    def _plan(self, h: Handle, op: str, a: Any, b: Any, root: int, pa: Any, pb: Any, count: int) -> None:
+        """Keep a plan for repeating this call (it just ran through the general path,
+        which checked everything) when its group has the shared-memory fast path. ``a``,
+        ``b``: the call's send and receive specifications; ``pa``, ``pb``: their
+        :func:`_buf` (None where this rank does not use one: IN_PLACE, a non-root's
+        ignored buffer; the key holds the object's identity; _NO: no plan)."""
+        if h.size > 1 and pa is not _NO and pb is not _NO:
+            pg = _pg(h)
+            if pg.small_path(op) is not None:
+                _keep(h, _key(op, a, b, root), _Plan(STATE.engine, pg, op, count, root, pa, pb))
+
     def Bcast(self, buf: Any, root: int = 0) -> None:
+        plan = self._planned("broadcast", buf, None, root)
+        if plan is not None:
+            try:
+                u8 = plan.a.u8()
+            except ValueError:
+                pass  # the general path says what is wrong
+            else:
+                plan.run(plan.call, plan.fn, u8, root)
+                return
         h = self._h()
         self._eng()
         h.global_rank(root, "root")
@@ -214,6 +354,7 @@ class Intracomm(Comm):
         v = s.view()
         if v is not None:
             _pg(h).broadcast(v, root)
+            self._plan(h, "broadcast", buf, None, root, _buf(buf, s), None, len(v))
             return
         tmp = s.pack() if h.rank == root else _empty(s.nbytes)
         _pg(h).broadcast(tmp, root)
@@ -221,6 +362,20 @@ class Intracomm(Comm):
             s.unpack(tmp)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        plan = self._planned("gather", sendbuf, recvbuf, root)
+        if plan is not None:
+            try:
+                inp = plan.a.u8() if plan.a is not None else None
+                whole = plan.b.u8() if plan.b is not None else None
+            except ValueError:
+                pass
+            else:
+                if whole is None:
+                    plan.run(plan.call, plan.fn, inp, None, root)
+                    return
+                got = _blocks_of(whole, plan.n)
+                plan.run(plan.call, plan.fn, got[root] if inp is None else inp, got, root)
+                return
         h = self._h()
         self._eng()
         h.global_rank(root, "root")
@@ -229,8 +384,10 @@ class Intracomm(Comm):
             if r is None:
                 raise MPIException(ERR_BUFFER, "IN_PLACE is the root's sendbuf only")
             data = r.pack(r.count, r.displ + h.rank * r.count)
+            s = None
         else:
-            data = _bytes(parse(sendbuf, False))
+            s = parse(sendbuf, False)
+            data = _bytes(s)
         if h.size == 1:
             if r is not None and sendbuf is not IN_PLACE:
                 r.unpack(data)
@@ -239,8 +396,23 @@ class Intracomm(Comm):
         _pg(h).gather(data, outs, root)
         if r is not None:
             _unblock(r, outs, h.size)
+        self._plan(h, "gather", sendbuf, recvbuf, root, _buf(sendbuf, s), _buf(recvbuf, r, h.size), len(data))
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
+        plan = self._planned("scatter", sendbuf, recvbuf, root)
+        if plan is not None:
+            try:
+                whole = plan.a.u8() if plan.a is not None else None
+                out = plan.b.u8() if plan.b is not None else None
+            except ValueError:
+                pass
+            else:
+                if whole is None:
+                    plan.run(plan.call, plan.fn, out, None, root)
+                    return
+                blocks = _blocks_of(whole, plan.n)
+                plan.run(plan.call, plan.fn, blocks[root] if out is None else out, blocks, root)
+                return
         h = self._h()
         self._eng()
         h.global_rank(root, "root")
@@ -259,25 +431,50 @@ class Intracomm(Comm):
             _pg(h).scatter(out, ins, root)
         if r is not None and r.view() is None:
             r.unpack(out)
+        self._plan(h, "scatter", sendbuf, recvbuf, root, _buf(sendbuf, s, h.size), _buf(recvbuf, r), len(out))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
+        plan = self._planned("all_gather", sendbuf, recvbuf, -1)
+        if plan is not None:
+            try:
+                inp = plan.a.u8() if plan.a is not None else None
+                outs = _blocks_of(plan.b.u8(), plan.n)
+            except ValueError:
+                pass
+            else:
+                plan.run(plan.call, plan.fn, outs, outs[plan.rank] if inp is None else inp)
+                return
         h = self._h()
         self._eng()
         r = parse(recvbuf, True, blocks=h.size)
+        s = None
         if sendbuf is IN_PLACE:
             data = r.pack(r.count, r.displ + h.rank * r.count)
             if r.view() is None:
                 data = data.copy()
         else:
-            data = _bytes(parse(sendbuf, False))
+            s = parse(sendbuf, False)
+            data = _bytes(s)
         outs = _blocks(r, h.size, len(data), "recvbuf")
         if h.size == 1:
             outs[0][:] = data
         else:
             _pg(h).all_gather(outs, data)
         _unblock(r, outs, h.size)
+        self._plan(
+            h, "all_gather", sendbuf, recvbuf, -1, _buf(sendbuf, s), _buf(recvbuf, r, h.size), len(data)
+        )
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
+        plan = self._planned("all_to_all", sendbuf, recvbuf, -1)
+        if plan is not None and plan.a is not None:
+            try:
+                ins, outs = _blocks_of(plan.a.u8(), plan.n), _blocks_of(plan.b.u8(), plan.n)
+            except ValueError:
+                pass
+            else:
+                plan.run(plan.call, plan.fn, outs, ins)
+                return
         h = self._h()
         self._eng()
         r = parse(recvbuf, True, blocks=h.size)
@@ -287,6 +484,8 @@ class Intracomm(Comm):
         if sendbuf is IN_PLACE:  # the outputs overwrite the inputs: send a copy
             ins = [b.copy() for b in ins]
         self._alltoall(h, ins, r, [r.count] * n, [r.displ + i * r.count for i in range(n)])
+        if sendbuf is not IN_PLACE and s.nbytes == r.nbytes:
+            self._plan(h, "all_to_all", sendbuf, recvbuf, -1, _buf(sendbuf, s, n), _buf(recvbuf, r, n), 0)
 
     def _alltoall(self, h: Handle, ins: list, r: Spec, counts: list[int], displs: list[int]) -> None:
         """Block i of ``ins`` (bytes) to rank i; what rank i sends into ``counts[i]``

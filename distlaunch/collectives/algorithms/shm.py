@@ -24,6 +24,11 @@ rank gets bit-identical results):
   reader copies its piece of every publisher straight into its output (no TCP, no
   intermediate copy): one phase per ``L`` bytes of the largest block;
 - barrier: the first phase alone.
+
+Every operation whose data fits one phase is eager: its writers (the root of broadcast
+and scatter, the non-roots of gather, every rank otherwise) write, publish and go on;
+readers wait only for the ranks they read (see :mod:`..transport.shm` for how the calls
+are still compared).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from ..ops import ReduceOp, finalize, ufunc
 from ..optable import implements
 from ..transport.shm import PHASE_HALF as _H
 from ..transport.shm import PHASE_MASK as _M
-from ..transport.shm import ShmChannel, SmallAllReduce
+from ..transport.shm import ShmChannel, SmallAllReduce, call_record
 from .tcp import block_bounds
 
 
@@ -168,15 +173,36 @@ def all_reduce(
         finalize(arr, op, n)
 
 
+def _record(ctx: OpContext) -> bytes:
+    """The packed call record of ``ctx`` (cached on it by the group's fast path)."""
+    rec = ctx.record
+    if rec is None:
+        rec = ctx.record = call_record(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
+    return rec
+
+
 def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
-    """``u8``: the buffer as flat uint8 (written on non-roots)."""
+    """``u8``: the buffer as flat uint8 (written on non-roots). Up to one slot: one
+    eager phase (the root writes and leaves, every other rank copies; the next
+    operation compares the root's call with the others')."""
     s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     r = s.r
     nb = len(u8)
     slot = s.slot
-    starts = range(0, max(nb, 1), slot)
-    for i, a in enumerate(starts):
+    if nb <= slot:
+        p = s.open(ctx)
+        if r == root:
+            if nb:
+                s.mine[p & 1][:nb] = u8
+            s.publish(ctx, p, ctx.record or _record(ctx), False)
+        else:
+            s.publish(ctx, p, ctx.record or _record(ctx), s.n <= 2)  # (n = 2: compared with all)
+            s.take(ctx, p, root)
+            if nb:
+                u8[:] = s.bufs[root][p & 1][:nb]
+        return
+    for i, a in enumerate(range(0, nb, slot)):
         b = min(a + slot, nb)
         if i == 0:
             p = s.begin(ctx, u8[a:b] if r == root else None)
@@ -194,13 +220,28 @@ def broadcast(ctx: OpContext, u8: np.ndarray, root: int) -> None:
 
 
 def all_gather(ctx: OpContext, outs: list, inp: np.ndarray) -> None:
-    """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input."""
+    """``outs``: n flat uint8 arrays (equal sizes); ``inp``: this rank's uint8 input.
+    Up to one slot: one phase (every rank writes, then copies each rank's as soon as
+    it is there)."""
     s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
-    n = s.n
+    n, r = s.n, s.r
     nb = len(inp)
     slot = s.slot
-    for i, a in enumerate(range(0, max(nb, 1), slot)):
+    if nb <= slot:
+        p = s.open(ctx)
+        k = p & 1
+        bufs = s.bufs
+        if nb:
+            bufs[r][k][:nb] = inp
+        s.publish(ctx, p, ctx.record or _record(ctx))
+        for j in range(n):
+            if j != r:
+                s.take(ctx, p, j)
+            if nb:
+                outs[j][:] = bufs[j][k][:nb]
+        return
+    for i, a in enumerate(range(0, nb, slot)):
         b = min(a + slot, nb)
         if i == 0:
             p = s.begin(ctx, inp[a:b])
@@ -246,6 +287,12 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
 _TOTAL = 64  # all_to_all: a phase buffer's head holds its rank's largest block (int64)
 
 
+def _width(s: ShmChannel, width: int, head: int) -> int:
+    """Bytes of each of ``width`` blocks side by side in one phase buffer after a
+    ``head``: a multiple of 64 (cache lines), at least 64."""
+    return max(64, (s.slot - head) // width // 64 * 64)
+
+
 def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int | None) -> None:
     """Move blocks through the publishers' phase buffers. ``ins``: this rank's
     ``width`` flat uint8 blocks (None entries are not published; None: this rank
@@ -259,7 +306,7 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
     assert s is not None  # (only run on a shared-memory channel)
     r = s.r
     head = _TOTAL if total is None else 0
-    L = max(64, (s.slot - head) // width // 64 * 64)
+    L = _width(s, width, head)
     k = r if width > 1 else 0
     p = a = 0
     end = total or 0
@@ -275,10 +322,21 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
                     piece = blk[a : a + L]
                     buf[head + i * L : head + i * L + len(piece)] = piece
 
-        if a == 0:
-            p = s.begin(ctx, fill if ins is not None else None)
+        if a == 0 and (total is None or total <= L):
+            # one eager phase (all_to_all: unless a block is longer): write, publish,
+            # take each rank read from (a rank that reads from every other compared
+            # every call; else the next operation compares them)
+            p = s.open(ctx)
+            if ins is not None:
+                fill(s.mine[p & 1])
+            sources = [j for j, o in enumerate(outs) if o is not None]
+            s.publish(ctx, p, _record(ctx), len(sources) >= s.n - 1)
+            for j in sources:
+                s.take(ctx, p, j)
             if total is None:
                 end = max(s.heads(p))
+        elif a == 0:
+            p = s.begin(ctx, fill if ins is not None else None)
         else:
             p = s.step(ctx, fill if ins is not None else (lambda buf: None), first=False)
         for j, o in enumerate(outs):
@@ -320,8 +378,28 @@ def _reduce_scatter_op(ctx: OpContext, out: np.ndarray, blocks: np.ndarray | lis
 
 @implements("gather", "shm")
 def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) -> None:
-    """``outs[i]`` on ``root`` receives rank i's ``inp`` (``outs``: None elsewhere)."""
+    """``outs[i]`` on ``root`` receives rank i's ``inp`` (``outs``: None elsewhere).
+    Up to one slot: one eager phase (non-roots write and leave)."""
     u8 = inp.view(np.uint8)
+    s: ShmChannel = ctx.shm
+    nb = len(u8)
+    if nb <= s.slot:
+        p = s.open(ctx)
+        if outs is None:
+            if nb:
+                s.mine[p & 1][:nb] = u8
+            s.publish(ctx, p, ctx.record or _record(ctx), False)
+            return
+        s.publish(ctx, p, ctx.record or _record(ctx))
+        bufs, k = s.bufs, p & 1
+        for j, o in enumerate(outs):
+            if j == root:
+                o.view(np.uint8)[:] = u8
+                continue
+            s.take(ctx, p, j)
+            if nb:
+                o.view(np.uint8)[:] = bufs[j][k][:nb]
+        return
     if outs is None:
         route(ctx, [u8], [], 1, len(u8))
         return
@@ -333,9 +411,28 @@ def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) ->
 
 @implements("scatter", "shm")
 def _scatter_op(ctx: OpContext, out: np.ndarray, ins: list | None, root: int) -> None:
-    """``out`` on rank i receives ``ins[i]`` of ``root`` (``ins``: None elsewhere)."""
+    """``out`` on rank i receives ``ins[i]`` of ``root`` (``ins``: None elsewhere).
+    Blocks up to ``L`` (a slot's n-th): one eager phase (the root writes and leaves)."""
     u8 = out.view(np.uint8)
-    n = ctx.shm.n
+    s: ShmChannel = ctx.shm
+    n, r, nb = s.n, s.r, len(u8)
+    L = _width(s, n, 0)
+    if nb <= L:
+        p = s.open(ctx)
+        if ins is None:
+            s.publish(ctx, p, ctx.record or _record(ctx), n <= 2)
+            s.take(ctx, p, root)
+            if nb:
+                u8[:] = s.bufs[root][p & 1][r * L : r * L + nb]
+            return
+        if nb:
+            buf = s.mine[p & 1]
+            for i, b in enumerate(ins):
+                if i != r:
+                    buf[i * L : i * L + nb] = b.view(np.uint8)
+        s.publish(ctx, p, ctx.record or _record(ctx), False)
+        u8[:] = ins[r].view(np.uint8)
+        return
     if ins is None:
         route(ctx, None, [u8 if j == root else None for j in range(n)], n, len(u8))
         return

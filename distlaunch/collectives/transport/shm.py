@@ -7,18 +7,23 @@ mapped it (so nothing is left behind even if a rank dies later). Layout::
 
     [0, 4096)           header: abort word (reason), aborting rank
     [4096, +n*256)      per rank: u32 phase counter (the futex word), u32 sleep flag
-                        (1 + the rank it sleeps on), pid, 2 meta records (op seq,
-                        op, dtype, count, root, redop)
+                        (1 + the rank it sleeps on), pid, 2 call records (op seq,
+                        op, dtype, count, root, redop) for even and odd phases
     DATA + j*2*SLOT     rank j's two data buffers of SLOT bytes (double buffering)
 
 Synchronisation is one monotonically increasing *phase* counter per rank, written only
 by that rank. Invariant: when rank j publishes phase p it has written every datum of
 phases <= p and finished reading every datum of phases <= p - 1; data of phase p lives
-in buffer ``p % 2``, so a rank writes its buffer for phase p only after every rank
-reached p - 1. Every rank runs the same sequence of phases, so phases agree across ranks
-(the first phase of every operation is a full barrier that compares every rank's
-(op, dtype, count, root, redop): ranks that disagree all raise CollectiveMismatchError
-before any data-dependent phase).
+in buffer ``p % 2`` (and the call record of an operation starting at phase p in record
+``p % 2``), so a rank writes its buffer or record for phase p only after every rank
+reached p - 1 (:meth:`ShmChannel.settle`). Every rank runs the same sequence of phases,
+so phases agree across ranks. Calls are compared on the records: an operation of several
+phases starts with a full barrier that compares every rank's (:meth:`ShmChannel.begin`:
+ranks that disagree all raise CollectiveMismatchError before any data-dependent phase);
+a one-phase (eager) operation has each rank compare the records of the ranks it reads
+from (:meth:`ShmChannel.take`), and a rank that did not compare every rank's compares
+them at the start of its next operation (``unchecked``; those records stay until every
+rank has passed that start).
 
 Waiting: spin briefly on the counter (each check after a ``sched_yield``, so a waiter
 hands its core to any runnable process, e.g. the peer it waits for), then set the sleep
@@ -300,14 +305,15 @@ class ShmChannel:
         self._fence = threading.Lock()
         self._views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
         self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
-        # byte offsets of every rank's two meta records
+        # byte offsets of every rank's two meta records (phase parity)
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
-        self._peer_meta_offs = [
-            [(j, o) for j, o in enumerate(offs) if j != self.r] for offs in self._meta_offs
-        ]
+        self._rec_off = [offs[self.r] for offs in self._meta_offs]
+        self._peers = [j for j in range(self.n) if j != self.r]
+        self._cidx = [self._ctl(j) // 4 for j in range(self.n)]  # every rank's counter (word index)
+        self.mine = self.bufs[self.r]  # this rank's two data buffers
+        self.unchecked = 0  # a one-phase operation whose calls the next one compares
         self.phase = 0  # last phase this rank published
         self.all_at = 0  # every rank is known to have reached this phase
-        self.ops = 0  # operations run (selects the meta record)
         self.quads[self._ctl(self.r) // 8 + 1] = os.getpid()
         self._next_check = 0.0
         self.spin = config.spin
@@ -371,7 +377,7 @@ class ShmChannel:
         CollectiveError), PeerLostError when j's process is gone, and the internal
         OpTimeout (turned into CollectiveTimeoutError naming the missing ranks by the
         group) past ``ctx.deadline``."""
-        idx = self._ctl(j) // 4
+        idx = self._cidx[j]
         w = self.words
         if (w[idx] - p) & _M < _H:
             return
@@ -400,10 +406,19 @@ class ShmChannel:
         """``need`` on every other rank."""
         if (self.all_at - p) & _M < _H:
             return
-        for j in range(self.n):
-            if j != self.r:
+        w, cidx = self.words, self._cidx
+        for j in self._peers:
+            if (w[cidx[j]] - p) & _M >= _H:
                 self.need(j, p, ctx)
+        self._all_reached(p)
+
+    def _all_reached(self, p: int) -> None:
+        """Every rank is known to have published phase ``p``."""
         self.all_at = p
+        if not self._unlinked:
+            self._unlinked = True  # every member has mapped the segment
+            if self.r == 0:
+                _unlink(self.path)
 
     def _check(self, j: int, ctx: OpContext) -> float:
         """Raise if the operation cannot complete; else the seconds left."""
@@ -485,38 +500,94 @@ class ShmChannel:
                 data(self.bufs[self.r][p & 1])
             elif len(data):
                 self.bufs[self.r][p & 1][: len(data)] = data
-        self.exchange_calls(ctx, p, _CALL.pack(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop))
+        rec = ctx.record
+        if rec is None:
+            rec = ctx.record = _CALL.pack(ctx.op, ctx.dtype, ctx.count, ctx.root, ctx.redop)
+        self.exchange_calls(ctx, p, rec)
         return p
 
     def exchange_calls(self, ctx: OpContext, p: int, call: bytes) -> None:
         """Publish this rank's call record (``ctx.seq`` + ``call``, the packed op, dtype,
         count, root, redop) and phase ``p``, wait for every rank, and compare records:
         CollectiveMismatchError names the first rank whose call differs."""
-        k = self.ops & 1
-        self.ops += 1
-        offs = self._meta_offs[k]
-        off = offs[self.r]
-        mm = self.mm
-        self.quads[off >> 3] = ctx.seq
-        mm[off + 8 : off + 48] = call
-        self.signal(p)
+        self.settle(ctx, p)
+        self.publish(ctx, p, call)
         self.need_all(p, ctx)
+        self.compare(ctx, p, self._peers)
+
+    # -- one-phase (eager) operations: open, write the data, publish, take
+
+    def open(self, ctx: OpContext) -> int:
+        """Start a one-phase operation: :meth:`settle` the next phase and return it
+        (this rank's buffer of it, ``mine[p & 1]``, is then free to write)."""
+        p = self.phase + 1
+        if (self.all_at - p + 1) & _M >= _H or self.unchecked:
+            self.settle(ctx, p)
+        return p
+
+    def settle(self, ctx: OpContext, p: int) -> None:
+        """Before this rank writes anything of phase ``p`` (data or call record): wait
+        until every rank reached ``p - 1`` (so nobody still reads what we wrote for
+        ``p - 2``, the same buffers), then compare the calls of an earlier one-phase
+        operation that this rank did not compare with every rank's (``unchecked``)."""
+        if (self.all_at - p + 1) & _M >= _H:
+            self.need_all(p - 1, ctx)
+        if self.unchecked:
+            q, self.unchecked = self.unchecked, 0
+            if q == p - 1:  # (an operation that failed half way left an older one)
+                self.compare(ctx, q, self._peers, earlier=True)
+
+    def publish(self, ctx: OpContext, p: int, call: bytes, checked: bool = True) -> None:
+        """Write this rank's call record of phase ``p`` (``ctx.seq`` + ``call``) and
+        publish ``p`` (after :meth:`settle`, with this rank's data of ``p`` in place).
+        ``checked``: this operation compares this rank's call with every other rank's
+        (else the next operation does, in :meth:`settle`)."""
+        off = self._rec_off[p & 1]
+        self.quads[off >> 3] = ctx.seq
+        self.mm[off + 8 : off + 48] = call
+        self.signal(p)
+        if not checked:
+            self.unchecked = p
+
+    def take(self, ctx: OpContext, p: int, j: int) -> None:
+        """Wait until rank ``j`` published phase ``p`` (its data is then readable until
+        this rank publishes ``p + 1``) and compare its call with ours (as ``need``
+        and :meth:`compare` raise)."""
+        if (self.words[self._cidx[j]] - p) & _M >= _H:
+            self.need(j, p, ctx)
+        if self.n == 2:  # (we published p: the next settle has nothing to wait for)
+            self._all_reached(p)
+        offs = self._meta_offs[p & 1]
+        mm, oj, off = self.mm, offs[j], offs[self.r]
+        if mm[oj : oj + 48] != mm[off : off + 48]:
+            raise self._mismatch(ctx, j, oj, off)
+
+    def compare(self, ctx: OpContext, p: int, ranks: list[int], earlier: bool = False) -> None:
+        """Compare the call records of phase ``p`` of ``ranks`` (who reached it) with
+        ours: CollectiveMismatchError names the first rank whose call differs
+        (``earlier``: the calls are the one before the running operation)."""
+        offs = self._meta_offs[p & 1]
+        mm, off = self.mm, offs[self.r]
         mine = mm[off : off + 48]
-        for j, oj in self._peer_meta_offs[k]:
+        for j in ranks:
+            oj = offs[j]
             if mm[oj : oj + 48] != mine:
-                theirs = ctx.describe(*_META.unpack_from(mm, oj)[1:6])
-                mine_text = ctx.describe_mine()
-                if theirs == mine_text:  # same call, different position in the sequence
-                    theirs += f" as call #{_META.unpack_from(mm, oj)[0]}"
-                    mine_text += f" as call #{ctx.seq}"
-                raise CollectiveMismatchError(
-                    f"rank {self.group.ranks[j]} called {theirs} but rank "
-                    f"{self.group.runtime.rank} called {mine_text}"
-                )
-        if not self._unlinked:
-            self._unlinked = True  # every member has mapped the segment
-            if self.r == 0:
-                _unlink(self.path)
+                raise self._mismatch(ctx, j, oj, off, earlier)
+
+    def _mismatch(
+        self, ctx: OpContext, j: int, oj: int, off: int, earlier: bool = False
+    ) -> CollectiveMismatchError:
+        theirs_seq, *theirs = _META.unpack_from(self.mm, oj)
+        mine_seq, *mine = _META.unpack_from(self.mm, off)
+        theirs_text, mine_text = ctx.describe(*theirs), ctx.describe(*mine)
+        if theirs_text == mine_text:  # same call, different position in the sequence
+            theirs_text += f" as call #{theirs_seq}"
+            mine_text += f" as call #{mine_seq}"
+        return CollectiveMismatchError(
+            f"rank {self.group.ranks[j]} called {theirs_text} but rank "
+            f"{self.group.runtime.rank} called {mine_text}"
+            + (" (the call before this one, which left without comparing every rank's)" if earlier else "")
+        )
 
     def small_all_reduce_plan(self, arr: np.ndarray, op: ReduceOp) -> SmallAllReduce:
         """The cached SmallAllReduce for ``arr``'s dtype and size and ``op`` (raises
@@ -534,7 +605,7 @@ class ShmChannel:
         _unlink(self.path)
         try:
             # drop every export of the mapping; a closed channel has none of these
-            del self.bufs, self._views, self._plans, self.raw, self.words, self.quads
+            del self.bufs, self.mine, self._views, self._plans, self.raw, self.words, self.quads
             del self._anchor
             self.mm.close()
         except (BufferError, AttributeError):  # AttributeError: closed before
@@ -543,6 +614,7 @@ class ShmChannel:
 
 _META = struct.Struct("<6q")  # op seq, op, dtype, count, root, redop
 _CALL = struct.Struct("<5q")  # the same without the sequence number
+call_record = _CALL.pack  # (op, dtype, count, root, redop) -> the packed call record
 _Q = struct.Struct("<q")
 
 

@@ -1,0 +1,83 @@
+"""Small buffer collectives back to back: 1000 rounds of Bcast, Gather, Scatter,
+Allgather and Alltoall with the roots moving and the values changing every round,
+every result checked (the same `[buf, count, MPI.BYTE]` lists on `mmap` buffers
+reused, as mpi4py's demos do, and fresh numpy arrays); then a reused list whose count
+changes, and a bytearray that stays resizable after a Bcast. Prints one line per rank."""
+
+import mmap
+
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+me, n = comm.Get_rank(), comm.Get_size()
+
+# -- 1000 mixed rounds
+size = 64
+sbuf, rbuf = mmap.mmap(-1, size * n), mmap.mmap(-1, size * n)
+sview, rview = np.frombuffer(sbuf, np.uint8), np.frombuffer(rbuf, np.uint8)
+specs = {m: ([sbuf, m, MPI.BYTE], [rbuf, m, MPI.BYTE]) for m in (1, 8, size)}
+bad = []
+for i in range(1000):
+    m = (1, 8, size)[i % 3]
+    s_msg, r_msg = specs[m]
+    root = i % n
+
+    def val(src, dst=0):
+        return (np.arange(m) * 7 + i * 13 + src * 31 + dst * 5) % 251
+
+    # Bcast from a moving root
+    sview[:m] = val(root) if me == root else 0
+    comm.Bcast(s_msg, root)
+    if (sview[:m] != val(root)).any():
+        bad.append(f"bcast {i}")
+    # Gather to the next root
+    g = (i + 1) % n
+    sview[:m] = val(me)
+    rview[:] = 0
+    comm.Gather(s_msg, r_msg if me == g else [None, m, MPI.BYTE], g)
+    if me == g and any((rview[j * m : (j + 1) * m] != val(j)).any() for j in range(n)):
+        bad.append(f"gather {i}")
+    # Scatter from another root
+    sc = (i + 2) % n
+    if me == sc:
+        for j in range(n):
+            sview[j * m : (j + 1) * m] = val(me, j)
+    rview[:m] = 0
+    comm.Scatter(s_msg if me == sc else None, r_msg, sc)
+    if (rview[:m] != val(sc, me)).any():
+        bad.append(f"scatter {i}")
+    # Allgather and Alltoall
+    sview[:m] = val(me)
+    comm.Allgather(s_msg, r_msg)
+    if any((rview[j * m : (j + 1) * m] != val(j)).any() for j in range(n)):
+        bad.append(f"allgather {i}")
+    for j in range(n):
+        sview[j * m : (j + 1) * m] = val(me, j)
+    comm.Alltoall(s_msg, r_msg)
+    if any((rview[j * m : (j + 1) * m] != val(j, me)).any() for j in range(n)):
+        bad.append(f"alltoall {i}")
+    # fresh numpy buffers every round
+    a = np.full(3, i + me, np.float64)
+    out = np.zeros(3 * n, np.float64)
+    comm.Allgather(a, out)
+    if out.tolist() != [float(i + j) for j in range(n) for _ in range(3)]:
+        bad.append(f"numpy allgather {i}")
+print(f"{me} rounds {'ok' if not bad else bad[:5]}")
+
+# -- the count of a reused list changes; a bytearray stays resizable
+s_msg = [sbuf, 4, MPI.BYTE]
+sview[:8] = np.arange(8) + 50 if me == 0 else 0
+comm.Bcast(s_msg, 0)
+first = sview[:8].tolist()
+s_msg[1] = 8
+comm.Bcast(s_msg, 0)
+ba = bytearray(b"ab" if me == 0 else b"..")
+comm.Bcast(ba, 0)
+ba.extend(b"cd" if me == 0 else b"..")
+comm.Bcast(ba, 0)
+print(f"{me} reused {first} {sview[:8].tolist()} {ba.decode()}")
+comm.Barrier()
+del sview, rview  # our own views: the buffers were not kept by MPI, so they close
+sbuf.close()
+rbuf.close()
