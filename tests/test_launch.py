@@ -415,3 +415,24 @@ def test_workers_started_early_are_stopped_when_the_launcher_fails_before_superv
         except ProcessLookupError:
             continue
         raise AssertionError(f"worker {pid} still runs after the launcher exited")
+
+
+def test_a_python_without_pidfd_open_supervises_by_polling(tmp_path):
+    """Some CPython builds have no os.pidfd_open (AttributeError, not OSError): the
+    launcher and its guard fall back to polling; a clean run and a failing rank are both
+    reported as with pidfds (review finding: the launch died with a traceback)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\ndel os.pidfd_open\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", str(ROOT))]))
+    hello = tmp_path / "hello.py"
+    hello.write_text("import os\nprint('hi', os.environ['RANK'])\n")
+    ok = dl("run", "--nproc-per-node", "2", hello, env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(ok.stdout.splitlines()) == ["[0]: hi 0", "[1]: hi 1"]
+    assert "Traceback" not in ok.stderr
+    bad = tmp_path / "bad.py"
+    bad.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    res = dl("run", "--nproc-per-node", "2", bad, env=env)
+    assert res.returncode == 3, res.stderr
+    assert "Traceback" not in res.stderr and "rank 1" in res.stderr, res.stderr

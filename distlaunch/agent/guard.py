@@ -197,7 +197,7 @@ class OrphanGuard:
         self._w = w
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
-        except OSError:  # before Linux 5.3, or out of descriptors
+        except (OSError, AttributeError):  # before Linux 5.3, out of descriptors, a Python without it
             self._pidfd = None
 
     def _watch(self) -> None:

@@ -102,7 +102,7 @@ class WorkerProcess:
             _restore_nofile(self.pid)
             try:
                 self.pidfd = os.pidfd_open(self.pid)
-            except OSError:
+            except (OSError, AttributeError):  # AttributeError: a Python built without pidfd_open
                 pass  # poll() instead
         except BaseException:  # never leave a started worker nobody supervises
             self.signal_group(signal.SIGKILL)

@@ -220,7 +220,7 @@ class SlurmEngine:
                 raise ConfigError(f"cannot run srun: {e}") from None
         try:
             self._exit_fd = os.pidfd_open(self.proc.pid)
-        except OSError:
+        except (OSError, AttributeError):  # AttributeError: a Python built without pidfd_open
             pass  # a short poll of srun's status instead (_pump_once)
         for f in (self.proc.stdout, self.proc.stderr):
             assert f is not None
