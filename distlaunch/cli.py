@@ -1086,6 +1086,9 @@ def _leave(code: int) -> NoReturn:
     # By now every process the command started has ended and been reaped, and the
     # output threads have drained; what is left of the interpreter's own teardown
     # (freeing every module's objects, no atexit work of ours) costs ~12 ms per run.
+    srun = sys.modules.get("distlaunch.remote.srun")
+    if srun is not None:  # a Slurm agent step started early and never taken over
+        srun.end_early()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import sys
 import time
 
@@ -137,6 +138,7 @@ def test_early_start_only_for_a_launch_the_command_line_decides(tmp_path):
         (["-H", "a,b", s], alloc),
         (["--nproc-per-node", "0", s], alloc),
         (["--nproc-per-node", "gpu", s], alloc),
+        (["--nproc-per-node", "\u00b2", s], alloc),  # a digit to str.isdigit, not to int()
         (["--nproc-per-node", s], alloc),
         ([str(tmp_path / "missing.py")], alloc),
         ([], alloc),
@@ -175,11 +177,50 @@ def test_an_early_step_that_differs_is_ended(tmp_path, monkeypatch):
     proc.wait()
     assert srun.take_early(argv, env) is None  # handed over once
 
+    (tmp_path / "srun.pid").unlink(missing_ok=True)  # the first stand-in's, if it got to write it
     srun.start_early([str(script)])
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "srun.pid").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    pid = int((tmp_path / "srun.pid").read_text())  # the stand-in runs (sleep)
+    pid = _stand_in_pid(tmp_path / "srun.pid")
     assert srun.take_early(argv[:-1] + ["other"], env) is None
     with pytest.raises(ProcessLookupError):  # ended and reaped
         os.kill(pid, 0)
+
+
+def _stand_in_pid(path, timeout=30.0):
+    """The pid the stand-in srun wrote to ``path`` once it runs."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return int(path.read_text())
+
+
+def test_an_early_step_is_ended_when_the_cli_leaves_without_it(tmp_path):
+    """Every way out of the CLI goes through ``cli._leave`` (usage and configuration
+    errors, Ctrl-C): an early step nobody took over must not outlive it (review finding:
+    the stand-in srun ran on after the launcher exited)."""
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    (tmp_path / "srun").write_text(FAKE_SRUN.format(pid=tmp_path / "srun.pid"))
+    (tmp_path / "srun").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "SLURM_"))}
+    env.update(
+        PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_ID="7", SLURM_JOB_NODELIST="n[1-2]"
+    )
+    leave = (
+        "import sys\n"
+        "from distlaunch.remote import srun\n"
+        "srun.start_early(sys.argv[1:])\n"
+        "from distlaunch import cli\n"
+        "cli._leave(2)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", leave, str(script)], env=env, capture_output=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    pid = _stand_in_pid(tmp_path / "srun.pid")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    raise AssertionError(f"the early step (stand-in pid {pid}) outlived the CLI")

@@ -120,7 +120,9 @@ def early_script(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
             value, i = a.partition("=")[2], i + 1
         else:
             break
-        if not (value.isdigit() and int(value) > 0):
+        if not (
+            value.isascii() and value.isdigit() and int(value) > 0
+        ):  # isdigit alone takes '²', which int() refuses
             return None
     if i >= len(args) or args[i].startswith("-") or not os.path.isfile(args[i]):
         return None
@@ -158,6 +160,25 @@ def take_early(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[
     early_argv, early_env, proc = early
     if early_argv == list(argv) and early_env == dict(env):
         return proc
+    _end(proc)
+    return None
+
+
+def end_early() -> None:
+    """End the early step if nobody took it over (the CLI is leaving: a usage error, a
+    configuration error, Ctrl-C before the engine started). Never raises."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        try:
+            _end(early[2])
+        except Exception:  # leaving anyway: srun ends with its stdin closed
+            pass
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """Close the step's pipes (its agents end having started nothing), terminate srun
+    (which cancels the step) and reap it."""
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if f is not None:
             f.close()
@@ -167,4 +188,3 @@ def take_early(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-    return None
