@@ -157,8 +157,11 @@ def run_hosts(
         return restarts
     except LaunchInterrupted as e:
         if relay is not None and engine is not None and engine.running and rdzv is not None:
-            # stopped while starting agents: stop those started
+            # stopped while starting agents: stop those started (before the controller
+            # published plan 0 they wait for it: the plan says the job ended)
             rdzv.request_stop(0, Signal(e.signum))
+            if controller is None:
+                rdzv.publish_plan(0, None)
             end = time.monotonic() + cfg.stop_timeout + 5
             while engine.running and time.monotonic() < end:
                 engine.pump(0.5)

@@ -481,4 +481,39 @@ def test_signal_while_the_head_connects_to_its_hosts(launchers, sshd_hosts, sign
         assert_stopped_by(la, signum)
 
 
+SLOW_CONTROLLER = """import pathlib, sys, time
+class Slow:  # the head's import of its controller takes 5 s (a window for the signal)
+    def find_spec(self, name, path=None, target=None):
+        if name == "distlaunch.head_controller":
+            pathlib.Path({mark!r}).write_text("importing")
+            time.sleep(5)
+        return None
+sys.meta_path.insert(0, Slow())
+"""
+
+
+def test_signal_after_the_agents_got_their_specs_before_plan_zero(sshd_hosts, tmp_path):
+    """The head sends the agents their specs, then imports its controller (which
+    publishes plan 0, what the agents wait for): a SIGTERM in between stops the job
+    promptly (review finding: the agents waited for plan 0 and the head for them, up to
+    --stop-timeout + 5 s)."""
+    site, mark = tmp_path / "site", tmp_path / "mark"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_CONTROLLER.format(mark=str(mark)))
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    args = ("run", "--ssh-config", sshd_hosts.ssh_config, "-H", "node1:1", "--ssh-port", sshd_hosts.port)
+    proc = dl_popen(*args, WORKERS / "actor.py", env=env)
+    try:
+        assert wait_for(mark.exists, 60), proc.stderr.read() if proc.poll() is not None else "no mark"
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(15)  # was --stop-timeout (30 s) + 5 s
+        err = proc.stderr.read()
+        assert rc == 128 + signal.SIGTERM, err
+        assert "stopped by signal 15" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 from sshd import sshd_hosts  # noqa: E402,F401  (session fixture)
