@@ -315,6 +315,11 @@ class ShmChannel:
         self.phase = 0  # last phase this rank published
         self.all_at = 0  # every rank is known to have reached this phase
         self.quads[self._ctl(self.r) // 8 + 1] = os.getpid()
+        self._fence.acquire()  # (a full barrier: our pid before reading the others')
+        self._fence.release()
+        if self._mapped_all():  # the last member to map it unlinks it
+            self._unlinked = True
+            _unlink(self.path)
         self._next_check = 0.0
         self.spin = config.spin
         self.yield_spin = config.yield_spin
@@ -419,6 +424,12 @@ class ShmChannel:
             self._unlinked = True  # every member has mapped the segment
             if self.r == 0:
                 _unlink(self.path)
+
+    def _mapped_all(self) -> bool:
+        """Every member has mapped the segment (each writes its pid when it maps it; a
+        closed member's stays)."""
+        q = self.quads
+        return all(q[self._ctl(j) // 8 + 1] for j in range(self.n))
 
     def _check(self, j: int, ctx: OpContext) -> float:
         """Raise if the operation cannot complete; else the seconds left."""
@@ -601,8 +612,16 @@ class ShmChannel:
         return plan
 
     def close(self) -> None:
-        """Unlink the segment and unmap it (unless a user-visible view still holds it)."""
-        _unlink(self.path)
+        """Unlink the segment once every member has mapped it, and unmap it (unless a
+        user-visible view still holds it). A member that has not mapped it yet (an eager
+        operation let this rank leave first) maps it later, finds it complete, and
+        unlinks it; unlinking it now would leave that member a fresh, empty segment to
+        wait in until the timeout."""
+        try:
+            if self._unlinked or self._mapped_all():
+                _unlink(self.path)
+        except (ValueError, AttributeError):  # closed before
+            pass
         try:
             # drop every export of the mapping; a closed channel has none of these
             del self.bufs, self.mine, self._views, self._plans, self.raw, self.words, self.quads
