@@ -376,6 +376,11 @@ class ProcessGroup(Members):
         group has no shared-memory fast path (not chosen yet, or TCP)."""
         return None if self._fast is None else (self._run_small, _SHM[name])
 
+    def shm_slot(self) -> int:
+        """Bytes of one shared-memory data buffer (what one eager phase holds); 0 when
+        the group has no shared-memory fast path."""
+        return 0 if self._fast is None else self._fast.channel.slot
+
     def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for an operation native on a shared-memory group
         (the caller checked ``self._fast``): ``fn(ctx, *args)`` with a reused context, no

@@ -2,9 +2,13 @@
 Allgather and Alltoall with the roots moving and the values changing every round,
 every result checked (the same `[buf, count, MPI.BYTE]` lists on `mmap` buffers
 reused, as mpi4py's demos do, and fresh numpy arrays); then a reused list whose count
-changes, and a bytearray that stays resizable after a Bcast. Prints one line per rank."""
+changes, and a bytearray that stays resizable after a Bcast; last, buffers used by
+repeated calls are not kept by MPI: a numpy array is freed once the program drops it,
+an mmap viewed by an array closes, an array resizes. Prints one line per rank."""
 
+import gc
 import mmap
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -81,3 +85,35 @@ comm.Barrier()
 del sview, rview  # our own views: the buffers were not kept by MPI, so they close
 sbuf.close()
 rbuf.close()
+
+# -- repeated calls keep no buffer (nor an export of it) after they return (the last
+# array of each kind is remembered by distlaunch's buffer parsing, datatypes._LAST:
+# a call with another array, a size not seen before, replaces it)
+arr = np.full(8, me, np.int64)
+for _ in range(3):
+    comm.Bcast(arr, 0)
+comm.Bcast(np.zeros(1), 0)
+gone = weakref.ref(arr)
+del arr
+gc.collect()
+mm = mmap.mmap(-1, 64)
+a = np.frombuffer(mm, np.uint8)
+for _ in range(3):
+    comm.Bcast(a, 0)
+comm.Bcast(np.zeros(2), 0)
+del a
+try:
+    mm.close()
+    closed = "closed"
+except BufferError as e:
+    closed = f"BufferError {str(e).splitlines()[0]}"
+grow = np.zeros(4)
+for _ in range(3):
+    comm.Bcast(grow, 0)
+comm.Bcast(np.zeros(3), 0)
+try:
+    grow.resize(8)
+    resized = "resized"
+except ValueError as e:
+    resized = f"ValueError {str(e).splitlines()[0]}"
+print(f"{me} kept {'nothing' if gone() is None else 'the array'} {closed} {resized}")
