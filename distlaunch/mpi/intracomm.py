@@ -5,7 +5,8 @@ returns when this rank's part is done, waiting at most the group timeout
 (CollectiveTimeoutError); small Bcast/Scatter roots and Gather non-roots return without
 waiting for the others on shared memory (as MPICH's eager messages); ranks calling
 different collectives raise CollectiveMismatchError where the collectives detect it (in
-that call, or for a rank that compared nobody's call, in its next one); malformed
+that call, or for a rank that compared nobody's call, in its next one or when the
+communicator is freed / MPI finalized); malformed
 arguments raise MPIException.
 """
 
