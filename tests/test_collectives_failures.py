@@ -63,3 +63,21 @@ def test_killed_peer_makes_survivors_raise(transport):
 def test_recv_without_sender_times_out():
     rc, out, err = launch.launch("failures.py", 3, args=["recv-timeout"], timeout=60)
     _check(rc, out, err, range(3))
+
+
+def test_destroy_right_after_an_eager_first_call():
+    """A new group's first call is a small broadcast, destroyed at once, rank 1 0.5 s
+    late: the root must not unlink the segment before rank 1 mapped it (rank 1 then
+    waited in a fresh, empty one until the timeout)."""
+    rc, out, err = launch.launch("failures.py", 2, args=["destroy-early"], timeout=60)
+    _check(rc, out, err, range(2))
+
+
+def test_mismatch_in_the_last_call_is_raised_by_destroy(transport):
+    """The ranks disagree on the root of a group's last (small) broadcast, which reads
+    nothing on either: destroy_process_group raises CollectiveMismatchError on both
+    (shared memory; over TCP such a mismatch is found by a next call only)."""
+    if transport == "tcp":
+        pytest.skip("shared memory only")
+    rc, out, err = launch.launch("failures.py", 2, args=["destroy-last"], timeout=60)
+    _check(rc, out, err, range(2))

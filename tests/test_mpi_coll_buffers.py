@@ -54,3 +54,29 @@ def test_small_collectives_are_eager(tmp_path, n):
         [roots] = [ln for ln in lines if ln.startswith(f"{r} roots:")]
         assert "CollectiveMismatchError in the next call" in roots, roots
         assert "root=0)" in roots and "root=1)" in roots and "the call before this one" in roots, roots
+
+
+def test_free_right_after_an_eager_first_call(tmp_path):
+    """A communicator's first (small) Bcast, Scatter or Gather and then Free, with the
+    last rank to arrive 0.5 s late: the ranks that could leave first must not unlink
+    the segment before the late one mapped it (it hung until the group timeout)."""
+    rc, lines, err = run("coll_free_early", 2, tmp_path, True, timeout=20)
+    assert rc == 0, f"rc={rc}\n{err[-4000:]}"
+    assert "0 freed early [28, [0, 1], [10, 11], 32, [0, 1], [10, 11]]" in lines, lines
+    assert "1 freed early [28, [2, 3], 32, [2, 3]]" in lines, lines
+
+
+def test_a_mismatch_in_the_last_call_is_reported_on_free(tmp_path):
+    """Ranks disagree on the root of a communicator's last (small, eager) Bcast, so no
+    rank reads another's and the call cannot see it; Free (and Finalize for the world)
+    compares the calls: CollectiveMismatchError on every rank, naming both calls and
+    the Bcast's own sequence number (it went unreported when no call followed)."""
+    rc, lines, err = run("coll_last_mismatch", 2, tmp_path, True, timeout=60)
+    assert rc == 0, f"rc={rc}\n{err[-4000:]}"
+    for r in range(2):
+        for how, end in (("dup", "Free"), ("split", "Free"), ("world", "Finalize")):
+            [line] = [ln for ln in lines if ln.startswith(f"{r} {how}:")]
+            assert f"CollectiveMismatchError in {end}" in line, line
+            assert "root=0)" in line and "root=1)" in line, line
+            if end == "Free":
+                assert "broadcast #2 on" in line and "last call" in line and "on destroy" in line, line

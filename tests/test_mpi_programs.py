@@ -54,9 +54,11 @@ def independent(name: str, n: int) -> list[str]:
     if name == "coll_rounds":
         full = list(range(50, 58))
         first = [50, 51, 52, 53, 0, 0, 0, 0]
-        return [f"{r} rounds ok" for r in range(n)] + [
-            f"{r} reused {first if r else full} {full} abcd" for r in range(n)
-        ]
+        return (
+            [f"{r} rounds ok" for r in range(n)]
+            + [f"{r} reused {first if r else full} {full} abcd" for r in range(n)]
+            + [f"{r} kept nothing closed resized" for r in range(n)]
+        )
     if name == "persistent":
         ring = [[[100 * ((r - 1) % n) + k + j for j in range(4)] for k in range(5)] for r in range(n)]
         return [f"{r} ring {ring[r]} [True, True] [False, False]" for r in range(n)]

@@ -225,14 +225,38 @@ class ProcessGroup(Members):
 
     def shutdown(self) -> None:
         """Stop the group's async executor thread and unmap/unlink its shared memory
-        (on destroy)."""
+        (on destroy). Raises CollectiveMismatchError (or what a wait raises, within the
+        group timeout) when the group's last operation was eager and the ranks' calls of
+        it differ (:meth:`check_last`); the group is shut down all the same."""
         self._executor.stop()
+        err = self.check_last()
         self._fast_ctx = self._fast_call = None  # the cached call may hold views of the segment
         self._fast = None
         if self._backend is not None:
             self._backend.close()
             if self._backend.channel is not None:
                 self._backend = TCP
+        if err is not None:
+            raise err
+
+    def check_last(self) -> BaseException | None:
+        """On destroy: the error to raise when the group's last operation was eager on
+        shared memory, this rank did not compare every rank's call of it (the next
+        operation would have), and they differ -- waits (at most the group timeout) for
+        every rank to have made that call. None when they agree or nothing is left to
+        compare (also when called again)."""
+        backend = self._backend
+        ch = backend.channel if backend is not None else None
+        last = ch.last_unchecked() if ch is not None else None
+        if last is None:
+            return None
+        assert ch is not None
+        ctx = OpContext(self, last[0], last[1])
+        try:
+            ch.check_unchecked(ctx)
+        except BaseException as e:
+            return self._failed(ctx, e)
+        return None
 
     def _choose_backend(self) -> Backend:
         """Decided by the first collective, alike on every member (from the node ids all
@@ -351,6 +375,11 @@ class ProcessGroup(Members):
         :meth:`collective` would (same sequence, checks and errors); None when this
         group has no shared-memory fast path (not chosen yet, or TCP)."""
         return None if self._fast is None else (self._run_small, _SHM[name])
+
+    def shm_slot(self) -> int:
+        """Bytes of one shared-memory data buffer (what one eager phase holds); 0 when
+        the group has no shared-memory fast path."""
+        return 0 if self._fast is None else self._fast.channel.slot
 
     def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for an operation native on a shared-memory group
@@ -696,7 +725,11 @@ class ProcessGroup(Members):
     def _failed(self, ctx: OpContext, e: BaseException) -> BaseException:
         """Turn a failure inside an operation into the exception to raise, mark the group
         broken, and tell the other members when they could otherwise hang."""
-        what = f"{ctx.name} #{ctx.seq} on {self.name} (rank {self.runtime.rank})"
+        # a mismatch of an earlier (eager) operation's calls: name that operation
+        name, seq = getattr(e, "call", None) or (ctx.name, ctx.seq)
+        if ctx.shm is not None:
+            ctx.shm.unchecked = 0  # reported now: destroy does not compare it again
+        what = f"{name} #{seq} on {self.name} (rank {self.runtime.rank})"
         if isinstance(e, PeerLostError) and self.broken is None:
             # a peer that found a mismatch sends ABORT and may exit right away; its
             # ABORT can arrive just after we saw its connection close: report the cause
@@ -709,19 +742,19 @@ class ProcessGroup(Members):
             b = self.broken
             err = (
                 b
-                if getattr(b, "seq", None) == ctx.seq
+                if b is e or getattr(b, "seq", None) == seq
                 else _reraise(b, f"{what}: {self.name} is unusable after an earlier failure")
             )
         elif isinstance(e, OpTimeout):
             err = self._diagnose_timeout(ctx, what, e.peers)
             ranks = ";".join(",".join(map(str, rs)) for rs in (err.missing_ranks, err.unreachable_ranks))
-            self._abort_members(ctx.seq, ABORT_TIMEOUT, f"{ranks}\n{err}")
+            self._abort_members(seq, ABORT_TIMEOUT, f"{ranks}\n{err}")
         elif isinstance(e, CollectiveError) and getattr(e, "_from_abort", False):
             err = e
         elif isinstance(e, (CollectiveMismatchError, PeerLostError)):
             err = type(e)(f"{what}: {e}")
             reason = ABORT_MISMATCH if isinstance(e, CollectiveMismatchError) else ABORT_PEER_LOST
-            self._abort_members(ctx.seq, reason, str(err))
+            self._abort_members(seq, reason, str(err))
         elif isinstance(e, CollectiveError):
             err = e
         else:
@@ -729,7 +762,7 @@ class ProcessGroup(Members):
         if self.broken is None:
             self.broken = err
             # any exception, a KeyboardInterrupt too, records the operation it broke
-            setattr(err, "seq", ctx.seq)  # noqa: B010  (BaseException declares no seq)
+            setattr(err, "seq", seq)  # noqa: B010  (BaseException declares no seq)
         return err
 
     def _abort_members(self, seq: int, reason: int, text: str) -> None:

@@ -309,7 +309,11 @@ class Runtime:
         return f"{prefix}coll-{tag}-{group.gid}"
 
     def close(self) -> None:
-        """Close the transport, every group (threads, shared memory) and owned stores."""
+        """Close the transport, every group (threads, shared memory) and owned stores.
+        Raises the first group's error of :meth:`ProcessGroup.check_last` (a last eager
+        operation whose calls differ), after closing everything; checked first, while
+        the transport can still tell the other members."""
+        errors = [e for g in self.groups.values() if (e := g.check_last()) is not None]
         self.transport.close()
         for g in self.groups.values():
             g.shutdown()
@@ -318,6 +322,8 @@ class Runtime:
                 obj.close()
             except Exception:
                 pass
+        if errors:
+            raise errors[0]
 
 
 _runtime: Runtime | None = None

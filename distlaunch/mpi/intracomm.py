@@ -5,7 +5,8 @@ returns when this rank's part is done, waiting at most the group timeout
 (CollectiveTimeoutError); small Bcast/Scatter roots and Gather non-roots return without
 waiting for the others on shared memory (as MPICH's eager messages); ranks calling
 different collectives raise CollectiveMismatchError where the collectives detect it (in
-that call, or for a rank that compared nobody's call, in its next one); malformed
+that call, or for a rank that compared nobody's call, in its next one or when the
+communicator is freed / MPI finalized); malformed
 arguments raise MPIException.
 """
 
@@ -102,38 +103,47 @@ _REMADE = (bytearray, mmap.mmap, bytes)  # viewed anew per call: see _Buf
 
 
 class _Buf:
-    """The data bytes of one buffer specification of a repeated call: ``blocks`` equal
-    blocks from the spec's displacement. A numpy array's view is kept; any other buffer
-    is viewed anew per call (a kept view would stop the program from closing its mmap
-    or resizing its bytearray)."""
+    """The data bytes of one buffer specification of a repeated (small) call: ``blocks``
+    equal blocks from the spec's displacement. Holds no reference to the buffer (a plan
+    must not keep a dead buffer alive, nor stop the program from closing its mmap or
+    resizing its array): a call whose buffer object has the plan's key (its id), type,
+    length, count and datatype has its bytes viewed anew from the object it passes."""
 
-    __slots__ = ("obj", "rest", "fixed", "off", "nb", "length")
+    __slots__ = ("tp", "rest", "off", "nb", "length", "writable")
 
     def __init__(self, spec: Any, s: Spec, blocks: int) -> None:
         listed = type(spec) is list
-        self.obj = spec[0] if listed else spec
+        obj = spec[0] if listed else spec
+        self.tp = type(obj)
         self.rest = spec[1:] if listed else None  # compared by value: the count, the type
         self.off = s.displ * s.datatype.extent
         self.nb = s.nbytes * blocks
-        self.fixed = s.view(s.count * blocks) if type(self.obj) is np.ndarray else None
-        # a count taken from the buffer's length changes with it (a bytearray or an
-        # mmap can be resized; an array cannot while its view is kept here)
-        self.length = -1 if self.fixed is not None else len(self.obj)
+        # a count taken from the buffer's length changes with it (resized)
+        self.length = _length(obj)
+        self.writable = np.frombuffer(obj, _U8, 0).flags.writeable
 
     def same(self, spec: Any) -> bool:
-        """``spec`` is the specification this was made from (same buffer object, same
-        count and type)."""
+        """``spec`` is like the specification this was made from (same buffer type,
+        count, datatype and length; the caller matched the object's id)."""
         if type(spec) is list:
-            if self.rest is None or spec[0] is not self.obj or spec[1:] != self.rest:
+            if self.rest is None or spec[1:] != self.rest:
                 return False
-        elif spec is not self.obj or self.rest is not None:
+            spec = spec[0]
+        elif self.rest is not None:
             return False
-        return self.length < 0 or len(self.obj) == self.length
+        return type(spec) is self.tp and _length(spec) == self.length
 
-    def u8(self) -> np.ndarray:
-        """The bytes (ValueError when the buffer no longer holds them: closed, shrunk)."""
-        f = self.fixed
-        return f if f is not None else np.frombuffer(self.obj, _U8, self.nb, self.off)
+    def u8(self, spec: Any) -> np.ndarray:
+        """The bytes of ``spec`` (ValueError when the buffer does not hold them: closed,
+        not contiguous, read-only where the plan's was writable)."""
+        a = np.frombuffer(spec[0] if type(spec) is list else spec, _U8, self.nb, self.off)
+        if self.writable and not a.flags.writeable:
+            raise ValueError("read-only")
+        return a
+
+
+def _length(obj: Any) -> int:
+    return obj.nbytes if type(obj) is np.ndarray else len(obj)
 
 
 def _buf(spec: Any, s: Spec | None, blocks: int = 1) -> Any:
@@ -332,14 +342,16 @@ class Intracomm(Comm):
         ignored buffer; the key holds the object's identity; _NO: no plan)."""
         if h.size > 1 and pa is not _NO and pb is not _NO:
             pg = _pg(h)
-            if pg.small_path(op) is not None:
+            fast = pg.small_path(op)
+            # small calls only (one eager phase): what plans save is per-call overhead
+            if fast is not None and max(pa.nb if pa else 0, pb.nb if pb else 0) <= pg.shm_slot():
                 _keep(h, _key(op, a, b, root), _Plan(STATE.engine, pg, op, count, root, pa, pb))
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
         plan = self._planned("broadcast", buf, None, root)
         if plan is not None:
             try:
-                u8 = plan.a.u8()
+                u8 = plan.a.u8(buf)
             except ValueError:
                 pass  # the general path says what is wrong
             else:
@@ -365,8 +377,8 @@ class Intracomm(Comm):
         plan = self._planned("gather", sendbuf, recvbuf, root)
         if plan is not None:
             try:
-                inp = plan.a.u8() if plan.a is not None else None
-                whole = plan.b.u8() if plan.b is not None else None
+                inp = plan.a.u8(sendbuf) if plan.a is not None else None
+                whole = plan.b.u8(recvbuf) if plan.b is not None else None
             except ValueError:
                 pass
             else:
@@ -402,8 +414,8 @@ class Intracomm(Comm):
         plan = self._planned("scatter", sendbuf, recvbuf, root)
         if plan is not None:
             try:
-                whole = plan.a.u8() if plan.a is not None else None
-                out = plan.b.u8() if plan.b is not None else None
+                whole = plan.a.u8(sendbuf) if plan.a is not None else None
+                out = plan.b.u8(recvbuf) if plan.b is not None else None
             except ValueError:
                 pass
             else:
@@ -437,8 +449,8 @@ class Intracomm(Comm):
         plan = self._planned("all_gather", sendbuf, recvbuf, -1)
         if plan is not None:
             try:
-                inp = plan.a.u8() if plan.a is not None else None
-                outs = _blocks_of(plan.b.u8(), plan.n)
+                inp = plan.a.u8(sendbuf) if plan.a is not None else None
+                outs = _blocks_of(plan.b.u8(recvbuf), plan.n)
             except ValueError:
                 pass
             else:
@@ -469,7 +481,7 @@ class Intracomm(Comm):
         plan = self._planned("all_to_all", sendbuf, recvbuf, -1)
         if plan is not None and plan.a is not None:
             try:
-                ins, outs = _blocks_of(plan.a.u8(), plan.n), _blocks_of(plan.b.u8(), plan.n)
+                ins, outs = _blocks_of(plan.a.u8(sendbuf), plan.n), _blocks_of(plan.b.u8(recvbuf), plan.n)
             except ValueError:
                 pass
             else:

@@ -9,6 +9,10 @@ mismatch-{shape,dtype,op,root,kind}
 kill      rank 2 kills itself (SIGKILL) during large all_reduces: the survivors raise
           PeerLostError well within the timeout (20 s)
 recv-timeout  rank 0 receives from rank 1, which never sends: CollectiveTimeoutError
+destroy-early  a new group's first call is a small broadcast, rank 1 makes it 0.5 s
+          late, then the group is destroyed: rank 1 gets the data at once
+destroy-last  the last call on a new group is a broadcast whose root the ranks disagree
+          on, then the group is destroyed: CollectiveMismatchError from destroy
 """
 
 import os
@@ -101,5 +105,25 @@ elif mode == "recv-timeout":
             took = time.monotonic() - t0
             result(timeout <= took < timeout + 2, f"CollectiveTimeoutError after {took:.2f}s: {e}")
     result(True, "bystander")
+elif mode == "destroy-early":
+    for i in range(2):
+        g = dist.new_group([0, 1])
+        if rank == 1:
+            time.sleep(0.5)
+        x = np.full(4, 7 + i if rank == 0 else 0, np.int32)
+        dist.broadcast(x, src=0, group=g)
+        dist.destroy_process_group(g)
+    took = time.monotonic() - t0
+    result(x.tolist() == [8] * 4 and took < 10, f"{x.tolist()} after {took:.2f}s")
+
+elif mode == "destroy-last":
+    g = dist.new_group([0, 1])
+    dist.broadcast(np.zeros(2, np.uint8), src=0, group=g)
+    dist.broadcast(np.zeros(2, np.uint8), src=rank % 2, group=g)
+    try:
+        dist.destroy_process_group(g)
+        result(False, "destroy_process_group raised nothing")
+    except dist.CollectiveMismatchError as e:
+        result("broadcast #2 on" in str(e) and "on destroy" in str(e), f"in destroy: {e}")
 else:
     raise SystemExit(f"unknown mode {mode}")

@@ -1,10 +1,15 @@
 """Small buffer collectives back to back: 1000 rounds of Bcast, Gather, Scatter,
-Allgather and Alltoall with the roots moving and the values changing every round,
+Allgather and Alltoall with the values changing every round and the size and roots
+every third (so that each call repeats: distlaunch's plans of repeated calls run),
 every result checked (the same `[buf, count, MPI.BYTE]` lists on `mmap` buffers
 reused, as mpi4py's demos do, and fresh numpy arrays); then a reused list whose count
-changes, and a bytearray that stays resizable after a Bcast. Prints one line per rank."""
+changes, and a bytearray that stays resizable after a Bcast; last, buffers used by
+repeated calls are not kept by MPI: a numpy array is freed once the program drops it,
+an mmap viewed by an array closes, an array resizes. Prints one line per rank."""
 
+import gc
 import mmap
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -19,9 +24,9 @@ sview, rview = np.frombuffer(sbuf, np.uint8), np.frombuffer(rbuf, np.uint8)
 specs = {m: ([sbuf, m, MPI.BYTE], [rbuf, m, MPI.BYTE]) for m in (1, 8, size)}
 bad = []
 for i in range(1000):
-    m = (1, 8, size)[i % 3]
+    m = (1, 8, size)[(i // 3) % 3]
     s_msg, r_msg = specs[m]
-    root = i % n
+    root = (i // 3) % n
 
     def val(src, dst=0):
         return (np.arange(m) * 7 + i * 13 + src * 31 + dst * 5) % 251
@@ -32,14 +37,14 @@ for i in range(1000):
     if (sview[:m] != val(root)).any():
         bad.append(f"bcast {i}")
     # Gather to the next root
-    g = (i + 1) % n
+    g = (root + 1) % n
     sview[:m] = val(me)
     rview[:] = 0
     comm.Gather(s_msg, r_msg if me == g else [None, m, MPI.BYTE], g)
     if me == g and any((rview[j * m : (j + 1) * m] != val(j)).any() for j in range(n)):
         bad.append(f"gather {i}")
     # Scatter from another root
-    sc = (i + 2) % n
+    sc = (root + 2) % n
     if me == sc:
         for j in range(n):
             sview[j * m : (j + 1) * m] = val(me, j)
@@ -81,3 +86,35 @@ comm.Barrier()
 del sview, rview  # our own views: the buffers were not kept by MPI, so they close
 sbuf.close()
 rbuf.close()
+
+# -- repeated calls keep no buffer (nor an export of it) after they return (the last
+# array of each kind is remembered by distlaunch's buffer parsing, datatypes._LAST:
+# a call with another array, a size not seen before, replaces it)
+arr = np.full(8, me, np.int64)
+for _ in range(3):
+    comm.Bcast(arr, 0)
+comm.Bcast(np.zeros(1), 0)
+gone = weakref.ref(arr)
+del arr
+gc.collect()
+mm = mmap.mmap(-1, 64)
+a = np.frombuffer(mm, np.uint8)
+for _ in range(3):
+    comm.Bcast(a, 0)
+comm.Bcast(np.zeros(2), 0)
+del a
+try:
+    mm.close()
+    closed = "closed"
+except BufferError as e:
+    closed = f"BufferError {str(e).splitlines()[0]}"
+grow = np.zeros(4)
+for _ in range(3):
+    comm.Bcast(grow, 0)
+comm.Bcast(np.zeros(3), 0)
+try:
+    grow.resize(8)
+    resized = "resized"
+except ValueError as e:
+    resized = f"ValueError {str(e).splitlines()[0]}"
+print(f"{me} kept {'nothing' if gone() is None else 'the array'} {closed} {resized}")

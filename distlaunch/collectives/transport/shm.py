@@ -69,7 +69,7 @@ import numpy as np
 from ..context import OpContext, OpTimeout
 from ..errors import CollectiveError, CollectiveMismatchError, PeerLostError
 from ..ops import ReduceOp, check_op, ufunc
-from ..wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, OP_CODES
+from ..wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, OP_CODES, OP_NAMES
 
 SLOT = 4 << 20  # default bytes per data buffer
 CHUNK = 2 << 20  # default all_reduce bytes per chunk
@@ -315,6 +315,11 @@ class ShmChannel:
         self.phase = 0  # last phase this rank published
         self.all_at = 0  # every rank is known to have reached this phase
         self.quads[self._ctl(self.r) // 8 + 1] = os.getpid()
+        self._fence.acquire()  # (a full barrier: our pid before reading the others')
+        self._fence.release()
+        if self._mapped_all():  # the last member to map it unlinks it
+            self._unlinked = True
+            _unlink(self.path)
         self._next_check = 0.0
         self.spin = config.spin
         self.yield_spin = config.yield_spin
@@ -419,6 +424,12 @@ class ShmChannel:
             self._unlinked = True  # every member has mapped the segment
             if self.r == 0:
                 _unlink(self.path)
+
+    def _mapped_all(self) -> bool:
+        """Every member has mapped the segment (each writes its pid when it maps it; a
+        closed member's stays)."""
+        q = self.quads
+        return all(q[self._ctl(j) // 8 + 1] for j in range(self.n))
 
     def _check(self, j: int, ctx: OpContext) -> float:
         """Raise if the operation cannot complete; else the seconds left."""
@@ -535,7 +546,7 @@ class ShmChannel:
         if self.unchecked:
             q, self.unchecked = self.unchecked, 0
             if q == p - 1:  # (an operation that failed half way left an older one)
-                self.compare(ctx, q, self._peers, earlier=True)
+                self.compare(ctx, q, self._peers, _BEFORE)
 
     def publish(self, ctx: OpContext, p: int, call: bytes, checked: bool = True) -> None:
         """Write this rank's call record of phase ``p`` (``ctx.seq`` + ``call``) and
@@ -562,10 +573,12 @@ class ShmChannel:
         if mm[oj : oj + 48] != mm[off : off + 48]:
             raise self._mismatch(ctx, j, oj, off)
 
-    def compare(self, ctx: OpContext, p: int, ranks: list[int], earlier: bool = False) -> None:
+    def compare(self, ctx: OpContext, p: int, ranks: list[int], earlier: str = "") -> None:
         """Compare the call records of phase ``p`` of ``ranks`` (who reached it) with
         ours: CollectiveMismatchError names the first rank whose call differs
-        (``earlier``: the calls are the one before the running operation)."""
+        (``earlier``: the calls are of an operation that has returned, the text that
+        says which; the error's ``call`` is then that operation's (name, sequence
+        number), which the group reports instead of the running one's)."""
         offs = self._meta_offs[p & 1]
         mm, off = self.mm, offs[self.r]
         mine = mm[off : off + 48]
@@ -575,7 +588,7 @@ class ShmChannel:
                 raise self._mismatch(ctx, j, oj, off, earlier)
 
     def _mismatch(
-        self, ctx: OpContext, j: int, oj: int, off: int, earlier: bool = False
+        self, ctx: OpContext, j: int, oj: int, off: int, earlier: str = ""
     ) -> CollectiveMismatchError:
         theirs_seq, *theirs = _META.unpack_from(self.mm, oj)
         mine_seq, *mine = _META.unpack_from(self.mm, off)
@@ -583,11 +596,33 @@ class ShmChannel:
         if theirs_text == mine_text:  # same call, different position in the sequence
             theirs_text += f" as call #{theirs_seq}"
             mine_text += f" as call #{mine_seq}"
-        return CollectiveMismatchError(
+        err = CollectiveMismatchError(
             f"rank {self.group.ranks[j]} called {theirs_text} but rank "
-            f"{self.group.runtime.rank} called {mine_text}"
-            + (" (the call before this one, which left without comparing every rank's)" if earlier else "")
+            f"{self.group.runtime.rank} called {mine_text}{earlier}"
         )
+        if earlier:
+            name = OP_NAMES[mine[0]] if 0 <= mine[0] < len(OP_NAMES) else ctx.name
+            setattr(err, "call", (name, mine_seq))  # noqa: B010  (read by ProcessGroup._failed)
+        return err
+
+    def last_unchecked(self) -> tuple[str, int] | None:
+        """(name, sequence number) of this rank's call of the eager operation whose
+        calls no rank of ours compared yet (``unchecked``), or None."""
+        q = self.unchecked
+        if not q:
+            return None
+        seq, op = _META.unpack_from(self.mm, self._rec_off[q & 1])[:2]
+        return OP_NAMES[op], seq
+
+    def check_unchecked(self, ctx: OpContext) -> None:
+        """Compare the calls of the ``unchecked`` eager operation now (the group is
+        destroyed: no next operation will): wait, until ``ctx.deadline``, for every
+        rank to have published it, then compare (raises as ``need`` and
+        :meth:`compare`)."""
+        q, self.unchecked = self.unchecked, 0
+        if q:
+            self.need_all(q, ctx)
+            self.compare(ctx, q, self._peers, _LAST)
 
     def small_all_reduce_plan(self, arr: np.ndarray, op: ReduceOp) -> SmallAllReduce:
         """The cached SmallAllReduce for ``arr``'s dtype and size and ``op`` (raises
@@ -601,8 +636,16 @@ class ShmChannel:
         return plan
 
     def close(self) -> None:
-        """Unlink the segment and unmap it (unless a user-visible view still holds it)."""
-        _unlink(self.path)
+        """Unlink the segment once every member has mapped it, and unmap it (unless a
+        user-visible view still holds it). A member that has not mapped it yet (an eager
+        operation let this rank leave first) maps it later, finds it complete, and
+        unlinks it; unlinking it now would leave that member a fresh, empty segment to
+        wait in until the timeout."""
+        try:
+            if self._unlinked or self._mapped_all():
+                _unlink(self.path)
+        except (ValueError, AttributeError):  # closed before
+            pass
         try:
             # drop every export of the mapping; a closed channel has none of these
             del self.bufs, self.mine, self._views, self._plans, self.raw, self.words, self.quads
@@ -612,6 +655,9 @@ class ShmChannel:
             pass  # a user-visible view still exists: the mapping goes with it
 
 
+# what a mismatch of calls compared after their operation returned adds (``earlier``)
+_BEFORE = " (the call before this one, which left without comparing every rank's)"
+_LAST = " (the group's last call, which left without comparing every rank's; compared on destroy)"
 _META = struct.Struct("<6q")  # op seq, op, dtype, count, root, redop
 _CALL = struct.Struct("<5q")  # the same without the sequence number
 call_record = _CALL.pack  # (op, dtype, count, root, redop) -> the packed call record
