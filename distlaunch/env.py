@@ -120,8 +120,8 @@ SCHEDULER_VARS = {
     "OMPI_COMM_WORLD_LOCAL_SIZE": "Open MPI: ranks on this host",
     "MASTER_ADDR": "overrides where the store is (srun: the first node of the step; mpiexec: "
     "127.0.0.1 when every rank is on this host, else required)",
-    "MASTER_PORT": "overrides the store's port (srun: 20000 + (16 * job id + step id) mod 12000; "
-    "mpiexec: 20000 + the parent process id (hydra's proxy, Open MPI's daemon) mod 12000)",
+    "MASTER_PORT": "overrides the store's port (srun: 20000 + (16 * job id + step id) mod 6000; "
+    "mpiexec: 26000 + the parent process id (hydra's proxy, Open MPI's daemon) mod 6000)",
 }
 
 # Read by the launcher and its engines (never set by distlaunch for workers).
@@ -364,7 +364,10 @@ class SchedulerIdentity:
 
 
 T = TypeVar("T")
-PORT_BASE, PORT_SPAN = 20000, 12000  # below Linux's ephemeral ports (32768-60999)
+# Store ports derived when nothing names one, below Linux's ephemeral ports (32768-60999);
+# srun's and mpiexec's halves are disjoint, so a Slurm step and an mpiexec job that share
+# a node never derive the same port.
+SLURM_PORTS, MPI_PORTS = range(20000, 26000), range(26000, 32000)
 
 
 def lookup(name: str, environ: Mapping[str, str] | None = None) -> str | None:
@@ -432,7 +435,7 @@ def scheduler_identity(environ: Mapping[str, str] | None = None) -> SchedulerIde
             node_id=f"slurm:{e.get('SLURMD_NODENAME') or nodes[node_index]}",
             store_host=e.get("MASTER_ADDR") or None,
             store_node=nodes[0],
-            store_port=port or PORT_BASE + (16 * job + step) % PORT_SPAN,
+            store_port=port or SLURM_PORTS[(16 * job + step) % len(SLURM_PORTS)],
             context=f"slurm:{job}.{step}",
         )
     for rank_var, size_var, local, local_size in (
@@ -453,7 +456,7 @@ def scheduler_identity(environ: Mapping[str, str] | None = None) -> SchedulerIde
                     f"mpiexec started ranks on several hosts ({size_var}={world}, {local_world} here): "
                     f"set MASTER_ADDR (and MASTER_PORT) to rank 0's host for the store"
                 )
-            port = port or PORT_BASE + os.getppid() % PORT_SPAN
+            port = port or MPI_PORTS[os.getppid() % len(MPI_PORTS)]
             return SchedulerIdentity(
                 source="mpi",
                 rank=rank,

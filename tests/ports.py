@@ -5,8 +5,8 @@ in between. Under pytest-xdist (``-n N``) that something is most often a test in
 worker. There each worker takes its ports from a block of its own below Linux's ephemeral
 range (32768-60999 by default, /proc/sys/net/ipv4/ip_local_port_range), where neither a
 connect() nor a bind to port 0 ever lands, and below the ports distlaunch derives itself
-(env.PORT_BASE, 20000-31999, under srun): only a test of the same worker could take one,
-and those run one at a time. Without xdist the kernel picks, as before.
+(env.SLURM_PORTS and MPI_PORTS, 20000-31999, under srun and mpiexec): only a test of the
+same worker could take one, and those run one at a time. Without xdist the kernel picks, as before.
 """
 
 from __future__ import annotations

@@ -137,3 +137,23 @@ def test_read_worker_env_errors():
         read_worker_env({"RANK": "0", "WORLD_SIZE": "x"})
     with pytest.raises(ConfigError, match="outside"):
         read_worker_env({"RANK": "4", "WORLD_SIZE": "4"})
+
+
+def test_srun_and_mpiexec_derive_disjoint_store_ports():
+    """A Slurm step and an mpiexec job on one node, neither given MASTER_PORT, never
+    derive the same store port (they shared 20000-31999: a Slurm step's rank 0 found its
+    port held by an mpiexec job's store in a parallel test run)."""
+    from distlaunch.env import scheduler_identity
+
+    def slurm_port(job, step):
+        env = {"SLURM_JOB_ID": str(job), "SLURM_STEP_ID": str(step), "SLURM_PROCID": "0"}
+        env.update(SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_STEP_NODELIST="n1")
+        env.update(SLURM_STEP_TASKS_PER_NODE="1", SLURM_NTASKS="1")
+        ident = scheduler_identity(env)
+        assert ident is not None and ident.source == "slurm"
+        return ident.store_port
+
+    slurm = {slurm_port(job, step) for job in range(0, 1200, 7) for step in range(16)}
+    mpi = scheduler_identity({"PMI_RANK": "0", "PMI_SIZE": "1"})
+    assert mpi is not None and mpi.source == "mpi"
+    assert max(slurm) < mpi.store_port < 32768 and min(slurm) >= 20000
