@@ -269,7 +269,8 @@ def datatype_of(spec: Any) -> Datatype:
 # the last numpy array used for sending / receiving (index: writable), its bytes as a
 # flat uint8 array and a memoryview, and its dtype: programs pass the same buffers
 # again and again, and these views cost more than the rest of a small message's send
-# (the views keep that one array of each kind alive)
+# (the views keep that one array of each kind alive; arrays over other objects' memory
+# are not kept: see _array_bytes)
 _LAST: list[tuple[np.ndarray, np.ndarray, memoryview, np.dtype] | None] = [None, None]
 
 
@@ -287,7 +288,9 @@ def _array_bytes(
         return None
     raw = arr.reshape(-1).view(np.uint8)
     mv = raw.data
-    if keep:
+    if keep and arr.base is None:
+        # only an array that owns its memory: a kept view of an mmap's or a bytearray's
+        # memory would make the program's mm.close() or resize fail (BufferError)
         _LAST[writable] = (arr, raw, mv, arr.dtype)
     return raw, mv, arr.dtype
 

@@ -115,3 +115,21 @@ else:
     p.Wait(st)
     show("persistent", st.Get_count(MPI.BYTE), m[:].hex())
     p.Free()
+
+# numpy arrays over mmaps (np.frombuffer): after a Send and a Recv the program can close
+# its mmaps (nothing of ours keeps a view of them)
+comm.Barrier()
+mm = mmap.mmap(-1, 64)
+arr = np.frombuffer(mm, np.uint8)
+if rank == 0:
+    arr[:] = np.arange(64, dtype=np.uint8)
+    comm.Send(arr, dest=1, tag=30)
+else:
+    comm.Recv(arr, source=0, tag=30)
+    show("frombuffer", int(arr.sum()))
+del arr
+try:
+    mm.close()
+    show("mmap closed")
+except BufferError as e:
+    show("mmap not closed:", e)
