@@ -186,6 +186,26 @@ class _Plan:
         self.call = pg.small_call(name, _empty(0), count, root)
 
 
+def _run_rooted(
+    plan: _Plan, mine_spec: _Buf | None, mine: Any, whole_spec: _Buf | None, whole: Any, root: int
+) -> bool:
+    """Run a planned Gather or Scatter: ``mine`` is this rank's block buffer (None spec:
+    IN_PLACE or none), ``whole`` the root's buffer of every rank's block (None spec off the
+    root). False when a buffer can no longer be viewed (closed, resized): the caller then
+    takes the general path."""
+    try:
+        own = mine_spec.u8(mine) if mine_spec is not None else None
+        every = whole_spec.u8(whole) if whole_spec is not None else None
+    except ValueError:
+        return False
+    if every is None:
+        plan.run(plan.call, plan.fn, own, None, root)
+    else:
+        blocks = _blocks_of(every, plan.n)
+        plan.run(plan.call, plan.fn, blocks[root] if own is None else own, blocks, root)
+    return True
+
+
 def _blocks_of(u8: np.ndarray, n: int) -> list[np.ndarray]:
     m = len(u8) // n
     return [u8[i * m : (i + 1) * m] for i in range(n)]
@@ -375,19 +395,8 @@ class Intracomm(Comm):
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         plan = self._planned("gather", sendbuf, recvbuf, root)
-        if plan is not None:
-            try:
-                inp = plan.a.u8(sendbuf) if plan.a is not None else None
-                whole = plan.b.u8(recvbuf) if plan.b is not None else None
-            except ValueError:
-                pass
-            else:
-                if whole is None:
-                    plan.run(plan.call, plan.fn, inp, None, root)
-                    return
-                got = _blocks_of(whole, plan.n)
-                plan.run(plan.call, plan.fn, got[root] if inp is None else inp, got, root)
-                return
+        if plan is not None and _run_rooted(plan, plan.a, sendbuf, plan.b, recvbuf, root):
+            return
         h = self._h()
         self._eng()
         h.global_rank(root, "root")
@@ -412,19 +421,8 @@ class Intracomm(Comm):
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
         plan = self._planned("scatter", sendbuf, recvbuf, root)
-        if plan is not None:
-            try:
-                whole = plan.a.u8(sendbuf) if plan.a is not None else None
-                out = plan.b.u8(recvbuf) if plan.b is not None else None
-            except ValueError:
-                pass
-            else:
-                if whole is None:
-                    plan.run(plan.call, plan.fn, out, None, root)
-                    return
-                blocks = _blocks_of(whole, plan.n)
-                plan.run(plan.call, plan.fn, blocks[root] if out is None else out, blocks, root)
-                return
+        if plan is not None and _run_rooted(plan, plan.b, recvbuf, plan.a, sendbuf, root):
+            return
         h = self._h()
         self._eng()
         h.global_rank(root, "root")
