@@ -461,8 +461,22 @@ def test_interrupted_store_call_does_not_answer_the_next_one():
 # --- (e) the head while it connects to its hosts ------------------------------------------
 
 
+def signal_a_thread(pid: int, signum: int) -> None:
+    """Send ``signum`` to one thread of process ``pid`` other than its main thread (as
+    the kernel may deliver a process-directed signal under load), with tgkill(2)."""
+    import ctypes
+
+    tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert tids, "the process has no thread but its main one"
+    if ctypes.CDLL(None, use_errno=True).tgkill(pid, tids[0], signum) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+@pytest.mark.parametrize("to_a_thread", [False, True], ids=["process", "thread"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
-def test_signal_while_the_head_connects_to_its_hosts(launchers, sshd_hosts, signum):
+def test_signal_while_the_head_connects_to_its_hosts(launchers, sshd_hosts, signum, to_a_thread):
+    """Also when the signal lands on a connecting thread, not the main one (found under
+    load: the main thread slept in the thread pool's join until the banner timeout)."""
     # an "sshd" that accepts and never speaks: the head waits for its banner
     with socket.create_server(("127.0.0.5", 0)) as silent:
         la = launchers(
@@ -475,10 +489,17 @@ def test_signal_while_the_head_connects_to_its_hosts(launchers, sshd_hosts, sign
             silent.getsockname()[1],
             WORKERS / "actor.py",
         )
-        time.sleep(1.0)
-        assert la.proc.poll() is None, la.lines
-        la.signal(signum)
-        assert_stopped_by(la, signum)
+        # signal once the head is connected and waiting for the banner (not after a
+        # fixed sleep: under load the head may still be importing then)
+        silent.settimeout(60)
+        conn, _ = silent.accept()
+        with conn:
+            assert la.proc.poll() is None, la.lines
+            if to_a_thread:
+                signal_a_thread(la.proc.pid, signum)
+            else:
+                la.signal(signum)
+            assert_stopped_by(la, signum)
 
 
 SLOW_CONTROLLER = """import pathlib, sys, time

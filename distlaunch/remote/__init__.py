@@ -7,9 +7,17 @@ do, so single-node launches and :mod:`.command` stay light.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
 from ..errors import DistlaunchError
 
-__all__ = ["RemoteError"]
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+__all__ = ["RemoteError", "in_threads"]
+
+T = TypeVar("T")
 
 
 class RemoteError(DistlaunchError):
@@ -25,3 +33,23 @@ class RemoteError(DistlaunchError):
         super().__init__(message)
         self.host = host
         self.transient = transient
+
+
+def in_threads(fn: Callable[[T], Any], items: Sequence[T], max_workers: int, name: str) -> list[Future]:
+    """``fn(item)`` for every item on up to ``max_workers`` threads (named ``name``_N);
+    blocks until all have ended and returns their futures in ``items`` order (an
+    exception stays in its future). The wait is timed so that a stop signal the kernel
+    delivers to one of these threads still interrupts the caller at once: Python runs
+    signal handlers in the main thread only when it runs Python code again, so an untimed
+    wait would sleep until every call ended (an SSH banner timeout). When the caller is
+    interrupted (LaunchInterrupted raised by the handler), the threads end on their own."""
+    from concurrent.futures import ThreadPoolExecutor, wait  # not for a light import of this package
+
+    pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(items))), thread_name_prefix=name)
+    try:
+        futures = [pool.submit(fn, item) for item in items]
+        while wait(futures, timeout=0.1).not_done:
+            pass
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return futures

@@ -17,11 +17,10 @@ import select
 import shlex
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..hosts import Host
-from . import RemoteError
+from . import RemoteError, in_threads
 from .command import AGENT_HELLO, CHECK_MARK, check_problem, host_checks, version_mismatch
 from .ssh import RemoteProcess, SSHConnection
 
@@ -91,10 +90,10 @@ def preflight(
     """
     if not conns:
         return []
-    with ThreadPoolExecutor(
-        max_workers=min(64, len(conns)), thread_name_prefix="distlaunch-preflight"
-    ) as pool:
-        return list(pool.map(lambda c: _check(c, python, cwd, version, timeout), conns))
+    futures = in_threads(
+        lambda c: _check(c, python, cwd, version, timeout), conns, 64, "distlaunch-preflight"
+    )
+    return [f.result() for f in futures]
 
 
 def start_checked(

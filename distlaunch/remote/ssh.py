@@ -42,13 +42,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from ..agent.output import warn_once
 from ..hosts import Host
-from . import RemoteError
+from . import RemoteError, in_threads
 
 # paramiko imports invoke (~35 ms, a tenth of a 2-host head launch) only so that its own
 # ssh_config parser can run `Match exec` commands; our settings come from `ssh -G`, which
@@ -690,10 +689,7 @@ def connect_all(
             time.sleep(0.5 * 2**attempt * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
-    with ThreadPoolExecutor(
-        max_workers=max(1, min(max_concurrent, len(hosts))), thread_name_prefix="distlaunch-ssh"
-    ) as pool:
-        futures = [pool.submit(one, h) for h in hosts]
+    futures = in_threads(one, hosts, max_concurrent, "distlaunch-ssh")
     conns, failures = [], []
     for host, fut in zip(hosts, futures):
         try:
