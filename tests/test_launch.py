@@ -374,15 +374,28 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path):
 FAILING_STORE = """
 import os, sys, time
 from distlaunch.cli import main
-from distlaunch.errors import StoreError
+from distlaunch.errors import RendezvousError, StoreError
 from distlaunch.store import server
 
-def start(self, listener=None):  # the store fails once both workers run
+def both_run():  # script + 2 pid files
     end = time.monotonic() + 20
-    while len(os.listdir(sys.argv[-1])) < 3 and time.monotonic() < end:  # script + 2 pids
+    while len(os.listdir(sys.argv[-1])) < 3 and time.monotonic() < end:
         time.sleep(0.01)
+
+def start(self, listener=None):  # the store fails once both workers run
+    both_run()
     raise StoreError("injected: the store cannot start")
-server.StoreServer.start = start
+
+class Rendezvous:  # the agent fails before it runs the early group
+    def __init__(self, *a, **k):
+        both_run()
+        raise RendezvousError("injected: the agent cannot join")
+
+if os.environ.get("FAIL_IN") == "agent":
+    from distlaunch.agent import node
+    node.Rendezvous = Rendezvous
+else:
+    server.StoreServer.start = start
 main(sys.argv[1:])
 """
 
@@ -415,6 +428,47 @@ def test_workers_started_early_are_stopped_when_the_launcher_fails_before_superv
         except ProcessLookupError:
             continue
         raise AssertionError(f"worker {pid} still runs after the launcher exited")
+
+
+@pytest.mark.parametrize("fail_in", ["store", "agent"])
+def test_workers_started_early_get_the_stop_grace_when_the_store_or_agent_fails(tmp_path, fail_in):
+    """When the store or the agent fails after a single node's early spawn, its workers
+    are stopped as
+    the agent stops a group, not killed: SIGTERM to their process groups (rank 0 traps
+    it, says so and exits), --stop-timeout's grace, then SIGKILL (rank 1 ignores
+    SIGTERM); what they printed, before and during the stop, is read and printed with
+    their prefixes (review finding: SIGKILL at once, unread output dropped)."""
+    script = tmp_path / "trap.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "rank = os.environ['RANK']\n"
+        "def bye(*_):\n"
+        "    print('rank', rank, 'got SIGTERM', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye if rank == '0' else signal.SIG_IGN)\n"
+        "print('rank', rank, 'ready', flush=True)\n"
+        "open(os.path.join(sys.argv[1], rank), 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", FAILING_STORE, "run", "--nproc-per-node", "2", "--stop-timeout", "1"]
+        + [str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=dict(os.environ, FAIL_IN=fail_in),
+    )
+    assert res.returncode == 1, res.stderr
+    assert f"distlaunch: error: injected: the {fail_in} cannot" in res.stderr, res.stderr
+    assert sorted(res.stdout.splitlines()) == [
+        "[0]: rank 0 got SIGTERM",
+        "[0]: rank 0 ready",
+        "[1]: rank 1 ready",
+    ], res.stdout
+    for pid in [int((tmp_path / r).read_text()) for r in "01"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_a_python_without_pidfd_open_supervises_by_polling(tmp_path):

@@ -99,6 +99,7 @@ class WorkerGroup:
             {id(m): m for s in specs for m in (s.stdout.dedup, s.stderr.dedup) if m}.values()
         )
         self._sel: selectors.BaseSelector | None = None
+        self._ran = False  # run() or stop() took the started workers over
         self._closed = False
 
     def live(self) -> list[WorkerProcess]:
@@ -130,6 +131,7 @@ class WorkerGroup:
         """Start the workers (unless ``start()`` did) and block until all have exited.
         Raises SpawnError if one cannot be started (the ones already started are stopped
         first)."""
+        self._ran = True
         try:
             if self._sel is None:
                 self.start()
@@ -142,9 +144,36 @@ class WorkerGroup:
         finally:
             self.close()
 
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop a group that was started but never run (round 0 started early, whose
+        store or agent then failed) as ``run()`` stops one from outside: ``sig`` to each
+        worker's process group, up to ``stop_timeout`` seconds of grace (a second Ctrl-C
+        cuts it short), then SIGKILL; their output is read to its end and printed. Blocks
+        until every worker has exited; then ``close()``. A group not started, or already
+        run, is only closed."""
+        if self._sel is None or self._ran or self._closed:
+            self.close()
+            return
+        self._ran = True
+        stop_r, stop_w = os.pipe()
+        os.write(stop_w, b"x")  # the loop reads it as an outside stop at once
+        self.stop_fd, self.stop_signal = stop_r, lambda: sig
+        try:
+            self._sel.register(stop_r, selectors.EVENT_READ, "stop")
+            self._loop(self._sel)
+        finally:
+            self.close()
+            os.close(stop_r)
+            os.close(stop_w)
+
     def close(self) -> None:
         """Kill (SIGKILL) and reap the workers still running, with what they left behind,
-        and close their output. Idempotent; ``run()`` ends with it."""
+        and close their output. Idempotent; ``run()`` and ``stop()`` end with it. A group
+        started but never run is stopped first, with the grace of ``stop()``: its workers
+        have run unsupervised, and may be mid-work with output not yet read."""
+        if self._sel is not None and not self._ran and not self._closed:
+            self.stop()
+            return
         if self._closed:
             return
         self._closed = True
