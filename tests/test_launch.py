@@ -377,9 +377,15 @@ from distlaunch.cli import main
 from distlaunch.errors import RendezvousError, StoreError
 from distlaunch.store import server
 
-def both_run():  # script + 2 pid files
+def written(rank):
+    try:
+        return open(os.path.join(sys.argv[-1], rank)).read()
+    except OSError:
+        return ""
+
+def both_run():  # both workers wrote their pid files
     end = time.monotonic() + 20
-    while len(os.listdir(sys.argv[-1])) < 3 and time.monotonic() < end:
+    while not (written("0") and written("1")) and time.monotonic() < end:
         time.sleep(0.01)
 
 def start(self, listener=None):  # the store fails once both workers run
