@@ -373,6 +373,10 @@ def _check_free_port(endpoint: str, port: int, nodes: int) -> None:
 def worker_env(names: Sequence[str], files: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
     """--env-file FILE (dotenv) and -x NAME / NAME=VALUE / GLOB (mpirun): variables set
     for every worker on every node; -x wins over a file, a later file over an earlier."""
+    if not names and not files:  # the common case, without remote.command's imports:
+        # what shipped_env ships for no names (PYTHONPATH, always)
+        path = os.environ.get("PYTHONPATH")
+        return () if path is None else (("PYTHONPATH", path),)
     from .remote.command import env_file, shipped_env  # no paramiko: remote/__init__ is light
 
     out: dict[str, str] = {}

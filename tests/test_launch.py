@@ -324,9 +324,19 @@ AFTER_SPAWN = {
     "distlaunch.store.server",
 }
 NEVER_IN_SHORT_JOB = {"psutil", "distlaunch.observe.stacks", "distlaunch.observe.records"}
+# What the narrow form of `run` (preparse.py) does not load before its first spawn: click
+# and the CLI, a worker failure's records, GPU discovery, -x/--env-file shipping.
+NOT_BEFORE_SPAWN_NARROW = {
+    "click",
+    "distlaunch.cli",
+    "distlaunch.rounds",
+    "distlaunch.devices",
+    "distlaunch.remote.command",
+    "json",
+    "yaml",
+}
 IMPORT_PROBE = """
-import json, os, subprocess, sys
-from distlaunch.cli import main
+import os, subprocess, sys
 
 me, seen = os.getpid(), {}
 spawn = subprocess.Popen._execute_child
@@ -338,26 +348,39 @@ leave = os._exit
 def exit_(code):
     if os.getpid() == me:  # not the forked guard
         seen["exit"] = sorted(sys.modules)
+        import json  # not before: it is one of the modules checked
         print("MODULES " + json.dumps(seen), flush=True)
     leave(code)
 os._exit = exit_
-main(sys.argv[1:])
+if sys.argv[1] == "cli":  # click's path
+    from distlaunch.cli import main
+    main(sys.argv[2:])
+else:  # python -m distlaunch / the console script: the pre-parser first
+    from distlaunch.__main__ import main
+    sys.argv[1:] = sys.argv[2:]
+    main()
 """
 
 
-def test_single_node_spawns_before_the_agent_is_imported(tmp_path):
+@pytest.mark.parametrize("entry", ["cli", "main"])
+def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     """The first worker of a single node is spawned before the agent's rendezvous,
     observer, events and the store's loop are imported (they load while the workers'
     interpreters start), with its output prefixed from its first line; psutil and
-    py-spy's lookup are never loaded by a short job that succeeds."""
+    py-spy's lookup are never loaded by a short job that succeeds. Through the entry
+    point, the narrow form of `run` spawns before click (and the rest of
+    NOT_BEFORE_SPAWN_NARROW) is imported, and never imports click."""
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # variables that send `run` to click
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
     res = subprocess.run(
-        [sys.executable, "-c", IMPORT_PROBE, "run", "--nproc-per-node", "2", str(script)],
+        [sys.executable, "-c", IMPORT_PROBE, entry, "run", "--nproc-per-node", "2", str(script)],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
+        env=env,
     )
     assert res.returncode == 0, res.stderr
     assert sorted(ln for ln in res.stdout.splitlines() if "hello" in ln) == [
@@ -369,6 +392,9 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path):
     assert not AFTER_SPAWN & seen["spawn"], sorted(AFTER_SPAWN & seen["spawn"])
     assert AFTER_SPAWN <= seen["exit"]  # the agent did run the job
     assert not NEVER_IN_SHORT_JOB & seen["exit"], sorted(NEVER_IN_SHORT_JOB & seen["exit"])
+    if entry == "main":
+        assert not NOT_BEFORE_SPAWN_NARROW & seen["spawn"], sorted(NOT_BEFORE_SPAWN_NARROW & seen["spawn"])
+        assert "click" not in seen["exit"] and "distlaunch.preparse" in seen["exit"]
 
 
 FAILING_STORE = """

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, cast
 
 from ..report import say
-from ..rounds import WorkerFailure
 from ..topology import WorkerSlot
 from .guard import OrphanGuard
 from .output import StreamSink
@@ -34,6 +33,7 @@ from .process import WorkerProcess
 from .signals import SignalRelay
 
 if TYPE_CHECKING:  # made by the node agent (watch.py sits above this module: it reads stacks)
+    from ..rounds import WorkerFailure  # only at a failure: not on the launch path
     from .merged import DedupConsole
     from .watch import Watchdog
 
@@ -329,6 +329,8 @@ class WorkerGroup:
         if ex is not None and ex.alike and watch.defer(now):
             watch.deferred_with = ex  # read and shown once
             return None
+        from ..rounds import WorkerFailure
+
         odd = ex.odd if ex is not None and ex.odd is not None else min(pids)
         w, spec = next((w, s) for w, s in zip(self.workers, self.specs) if w.slot.rank == odd)
         return WorkerFailure(
