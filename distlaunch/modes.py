@@ -453,11 +453,10 @@ def _head(o: RunOptions, hosts: Sequence[Host], ssh: SSHOptions | None, engine: 
 # Where each RunOptions field goes: a LaunchConfig or HeadOptions field of the same name,
 # an SSHOptions field (_SSH_FIELDS), or read by resolve itself. Checked on import: a
 # field nothing reads would be an option silently dropped.
-_LAUNCH_FIELDS = tuple(
-    f.name for f in fields(LaunchConfig) if f.name in RunOptions.names() and f.name != "run_id"
-)
+_RUN_NAMES = RunOptions.names()
+_LAUNCH_FIELDS = tuple(f.name for f in fields(LaunchConfig) if f.name in _RUN_NAMES and f.name != "run_id")
 _HEAD_FIELDS = tuple(
-    f.name for f in fields(HeadOptions) if f.name in RunOptions.names() and f.name not in ("hosts", "ssh")
+    f.name for f in fields(HeadOptions) if f.name in _RUN_NAMES and f.name not in ("hosts", "ssh")
 )
 _READ_BY_RESOLVE = frozenset(
     {
@@ -488,9 +487,7 @@ _NO_EFFECT = frozenset({"start_method", "event_log_handler", "logs_specs"})
 
 
 def _check_every_option_used() -> None:
-    unused = (
-        RunOptions.names() - {*_LAUNCH_FIELDS, *_HEAD_FIELDS, *_SSH_FIELDS} - _READ_BY_RESOLVE - _NO_EFFECT
-    )
+    unused = _RUN_NAMES - {*_LAUNCH_FIELDS, *_HEAD_FIELDS, *_SSH_FIELDS} - _READ_BY_RESOLVE - _NO_EFFECT
     if unused:
         raise TypeError(f"RunOptions fields that no mode uses: {', '.join(sorted(unused))}")
 

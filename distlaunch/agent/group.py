@@ -63,6 +63,8 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class AttemptResult:
+    """How one attempt of the group ended."""
+
     failure: WorkerFailure | None  # the first worker of this group that failed, if any
     stop_signal: int | None  # the launcher was told to stop by this signal
 
