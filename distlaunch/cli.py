@@ -629,7 +629,7 @@ def _env_entries(value: object, where: str) -> list[str]:
 @option(
     "--dry-run", is_flag=True, help="Print the plan (ranks, command lines, environment) and start nothing."
 )
-@option("--root-cause-file", hidden=True, default=None, help="Internal: see _root_cause_to.")
+@option("--root-cause-file", hidden=True, default=None, help="Internal: see command.root_cause_to.")
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -671,11 +671,16 @@ _RUN_ONLY = frozenset({"script", "script_args", "print_config", "dry_run", "root
 
 def _check_run_options(command: click.Command) -> None:
     from .config import RunOptions
+    from .preparse import DEFAULTS
 
     names = {p.name for p in command.params if p.expose_value and p.name} - _RUN_ONLY
     if names - RunOptions.names():
         raise TypeError(
             f"`run` options without a RunOptions field: {', '.join(sorted(names - RunOptions.names()))}"
+        )
+    if names ^ set(DEFAULTS):  # the pre-parser passes every option, defaulted as click does
+        raise TypeError(
+            f"preparse.DEFAULTS differs from `run`'s options in: {', '.join(sorted(names ^ set(DEFAULTS)))}"
         )
 
 

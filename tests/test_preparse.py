@@ -6,6 +6,7 @@ import os
 from unittest import mock
 
 import click
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -177,3 +178,11 @@ def test_its_defaults_are_clicks():
     assert got[0] == "run"
     assert got[3] == preparse.DEFAULTS and got[4] == frozenset()
     assert set(preparse.DEFAULTS) == {p.name for p in cli.run.params if p.expose_value} - RUN_ONLY
+
+
+def test_cli_refuses_to_load_when_the_defaults_miss_an_option():
+    """cli's import-time check: an option of `run` that preparse.DEFAULTS lacks (or one
+    it has that `run` lost) would make the pre-parsed path pass other options than click."""
+    fewer = click.Command("run", params=[p for p in cli.run.params if p.name != "role"])
+    with pytest.raises(TypeError, match="preparse.DEFAULTS differs .* role"):
+        cli._check_run_options(fewer)
