@@ -17,9 +17,10 @@ the launcher adds to one interpreter's start and exit), interleaved likewise.
 ``--before DIR``: also run the distlaunch of another checkout (a worktree of an older
 commit, put first on PYTHONPATH) as "distlaunch (before)", in both cases.
 ``--stages``: what the launcher's start-up imports cost, stage by stage in the order a
-single-node `run` loads them (fastest of --reps fresh interpreters, ms): the
-interpreter, `re` (the console script's), click, our modules before the first spawn, and
-what loads after it, beside the workers.
+single-node `run` of the narrow form (``preparse.py``) loads them (fastest of --reps
+fresh interpreters, ms): the interpreter, `re` (the console script's), our modules
+before the first spawn, what loads after it, beside the workers, and what a command line
+that goes to click adds.
 """
 
 from __future__ import annotations
@@ -157,21 +158,17 @@ def one_worker(reps: int, noop: str, before: dict[str, str] | None) -> None:
 
 
 # (stage, modules imported in it), in the order `distlaunch run` on one node loads them
+# (the narrow form that preparse.py takes: click is not loaded; see "click (declined
+# forms)" for what a command line that goes to click adds)
 STAGES = [
     ("re (console script)", "re"),
-    ("click", "click"),
-    (
-        "config, engine, report, errors",
-        "distlaunch.config, distlaunch.engine, distlaunch.report, distlaunch.errors",
-    ),
-    ("cli (its click options)", "distlaunch.cli"),
-    (
-        "modes and what resolve loads",
-        "distlaunch.modes, distlaunch.remote.command, distlaunch.numa, distlaunch.agent.signals",
-    ),
-    ("launcher, specs, group, guard", "distlaunch.launcher"),
+    ("pre-parser, command, report, errors", "distlaunch.preparse, distlaunch.command"),
+    ("config, modes, engine, env", "distlaunch.config, distlaunch.modes"),
+    ("launcher, specs, group, guard, numa", "distlaunch.launcher, distlaunch.agent.specs"),
     ("after the spawn: store server", "distlaunch.store.server"),
     ("after the spawn: agent", "distlaunch.agent.node"),
+    ("click (declined forms)", "click"),
+    ("cli (declined forms: its click options)", "distlaunch.cli"),
 ]
 STAGE_PROBE = """
 import time

@@ -6,22 +6,19 @@ mode (``modes.py``) and hands it to ``launcher`` or ``head``."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from . import __version__
+from .command import leave, one_line, report_error, run_parsed
 from .engine import NAMES as ENGINE_NAMES
-from .errors import ConfigError, DistlaunchError, LaunchInterrupted, WorkerFailedError
+from .errors import ConfigError, DistlaunchError
 from .report import Reporter, install, say
 
 if TYPE_CHECKING:
-    from .agent.process import WorkerFailure
     from .launcher import Plan
     from .modes import HeadNodes
     from .store import StoreServer
@@ -632,7 +629,7 @@ def _env_entries(value: object, where: str) -> list[str]:
 @option(
     "--dry-run", is_flag=True, help="Print the plan (ranks, command lines, environment) and start nothing."
 )
-@option("--root-cause-file", hidden=True, default=None, help="Internal: see _root_cause_to.")
+@option("--root-cause-file", hidden=True, default=None, help="Internal: see command.root_cause_to.")
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -640,8 +637,6 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     """Start SCRIPT on every worker and supervise it. Everything after SCRIPT goes to the
     script untouched. Each option may also come from PET_<NAME> (e.g. PET_NNODES), as
     torchrun reads them (Kubeflow's PyTorchJob sets them); the command line wins."""
-    from .modes import HeadNodes, resolve
-
     job = ctx.meta.get("job_file", {})
     script_from_job = script is None
     if script_from_job:  # a command-line script replaces the job file's script and args
@@ -656,28 +651,16 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     from click.core import ParameterSource
 
     given = frozenset(n for n in o if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None))
-    mode = resolve(script, script_args, o, given)
-    if isinstance(mode, HeadNodes):
-        if dry_run:
-            _print_head_plan(mode)
-            return
-        from .head import run_hosts
-
-        with _root_cause_to(root_cause_file):
-            restarts = run_hosts(mode.job, mode.head)
-        if restarts:
-            say(f"all workers succeeded after {restarts} restart(s)")
-        return
-    from . import launcher
-
-    plan = launcher.make_plan(mode)
-    if dry_run:
-        _print_plan(plan)
-        return
-    with _root_cause_to(root_cause_file):
-        restarts = launcher.run(mode, plan)
-    if restarts:
-        say(f"all {len(plan.slots)} workers succeeded after {restarts} restart(s)")
+    run_parsed(
+        script,
+        script_args,
+        o,
+        given,
+        dry_run=dry_run,
+        root_cause_file=root_cause_file,
+        show_head_plan=_print_head_plan,
+        show_plan=_print_plan,
+    )
 
 
 # `run`'s parameters that the command consumes itself; every other one is a field of
@@ -688,34 +671,20 @@ _RUN_ONLY = frozenset({"script", "script_args", "print_config", "dry_run", "root
 
 def _check_run_options(command: click.Command) -> None:
     from .config import RunOptions
+    from .preparse import DEFAULTS
 
     names = {p.name for p in command.params if p.expose_value and p.name} - _RUN_ONLY
     if names - RunOptions.names():
         raise TypeError(
             f"`run` options without a RunOptions field: {', '.join(sorted(names - RunOptions.names()))}"
         )
+    if names ^ set(DEFAULTS):  # the pre-parser passes every option, defaulted as click does
+        raise TypeError(
+            f"preparse.DEFAULTS differs from `run`'s options in: {', '.join(sorted(names ^ set(DEFAULTS)))}"
+        )
 
 
 _check_run_options(run)
-
-
-@contextlib.contextmanager
-def _root_cause_to(path: str | None) -> Iterator[None]:
-    """For ``distlaunch.launch()`` (``--root-cause-file PATH``, hidden): the first failed
-    worker goes to PATH as JSON (``{"rank": R, "exit_code": C}``), so that its exception
-    names the rank the summary names, and the summary leaves out the worker's stderr:
-    its traceback was in the worker's output, and launch() raises it (one report)."""
-    try:
-        yield
-    except WorkerFailedError as e:
-        if path is not None and e.failure is not None:
-            import dataclasses
-            import json
-
-            with open(path, "w") as f:
-                json.dump({"rank": e.failure.rank, "exit_code": e.exit_code}, f)
-            e.failure = dataclasses.replace(e.failure, stderr_tail="", error_file_text=None)
-        raise
 
 
 def _print_config(
@@ -1011,57 +980,6 @@ def _print_plan(plan: Plan) -> None:
         click.echo(f"rank {slot.rank} ({where}): {own}")
 
 
-def _report(e: DistlaunchError) -> None:
-    """The user's view of the error that ends the launcher: a worker failure's root
-    cause, a stop signal, or one line."""
-    if isinstance(e, WorkerFailedError) and e.failure is not None:
-        _print_root_cause(e, e.failure)
-    elif isinstance(e, LaunchInterrupted):
-        say(f"stopped by signal {e.signum}; workers stopped")
-    else:
-        say(f"error: {_one_line(str(e))}")
-
-
-def _one_line(text: str) -> str:
-    """A multi-line message (e.g. one line per unreachable host) as one line."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return " ".join(ln if ln.endswith(":") or i == len(lines) - 1 else ln + ";" for i, ln in enumerate(lines))
-
-
-def _print_root_cause(e: DistlaunchError, f: WorkerFailure) -> None:
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(f.timestamp))
-    say("=" * 24 + " root cause (first failed worker) " + "=" * 24)
-    say(
-        f"rank {f.rank} (local rank {f.local_rank}) on node {f.node_rank} ({f.host}), "
-        f"pid {f.pid}: {f.how} at {when}"
-    )
-    if f.cause:
-        say(f.cause)
-    trace = _error_file_trace(f.error_file_text) or f.stderr_tail
-    if trace and not f.hang:
-        say("last lines of its stderr:" if trace is f.stderr_tail else "its recorded error:")
-        for line in trace.splitlines():
-            sys.stderr.write(f"    {line}\n")
-    if f.stacks:
-        say("where the ranks of its node were:" if f.hang else "where the other ranks of its node were:")
-        for line in f.stacks.splitlines():
-            sys.stderr.write(f"    {line}\n")
-    say(f"exiting with code {e.exit_code}")
-
-
-def _error_file_trace(text: str | None) -> str | None:
-    """The traceback torch.distributed.elastic's @record wrote, if any."""
-    if not text:
-        return None
-    import json
-
-    try:
-        msg = json.loads(text)["message"]
-        return msg["extraInfo"]["py_callstack"] if isinstance(msg, dict) else str(msg)
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console entry point: run the CLI and exit with the right code (``os._exit`` after
     flushing stdout and stderr: see ``_leave``)."""
@@ -1082,16 +1000,5 @@ def main(argv: list[str] | None = None) -> NoReturn:
     _leave(0)
 
 
-def _leave(code: int) -> NoReturn:
-    # By now every process the command started has ended and been reaped, and the
-    # output threads have drained; what is left of the interpreter's own teardown
-    # (freeing every module's objects, no atexit work of ours) costs ~12 ms per run.
-    srun = sys.modules.get("distlaunch.remote.srun")
-    if srun is not None:  # a Slurm agent step started early and never taken over
-        srun.end_early()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a reader that went away: nothing more to say
-            pass
-    os._exit(code)
+# the click-free exit helpers, under the names this module's callers know
+_report, _one_line, _leave = report_error, one_line, leave

@@ -410,7 +410,7 @@ _RUN_PARSERS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # parsed once, never compared: no __eq__/__hash__ to build
 class RunOptions:
     """`distlaunch run`'s options by their parameter names, built once (``parse``) from
     the command line, the job file (--config) and PET_* variables (click merges those

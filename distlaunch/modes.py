@@ -373,6 +373,10 @@ def _check_free_port(endpoint: str, port: int, nodes: int) -> None:
 def worker_env(names: Sequence[str], files: Sequence[str] = ()) -> tuple[tuple[str, str], ...]:
     """--env-file FILE (dotenv) and -x NAME / NAME=VALUE / GLOB (mpirun): variables set
     for every worker on every node; -x wins over a file, a later file over an earlier."""
+    if not names and not files:  # the common case, without remote.command's imports:
+        # what shipped_env ships for no names (PYTHONPATH, always)
+        path = os.environ.get("PYTHONPATH")
+        return () if path is None else (("PYTHONPATH", path),)
     from .remote.command import env_file, shipped_env  # no paramiko: remote/__init__ is light
 
     out: dict[str, str] = {}
@@ -449,11 +453,10 @@ def _head(o: RunOptions, hosts: Sequence[Host], ssh: SSHOptions | None, engine: 
 # Where each RunOptions field goes: a LaunchConfig or HeadOptions field of the same name,
 # an SSHOptions field (_SSH_FIELDS), or read by resolve itself. Checked on import: a
 # field nothing reads would be an option silently dropped.
-_LAUNCH_FIELDS = tuple(
-    f.name for f in fields(LaunchConfig) if f.name in RunOptions.names() and f.name != "run_id"
-)
+_RUN_NAMES = RunOptions.names()
+_LAUNCH_FIELDS = tuple(f.name for f in fields(LaunchConfig) if f.name in _RUN_NAMES and f.name != "run_id")
 _HEAD_FIELDS = tuple(
-    f.name for f in fields(HeadOptions) if f.name in RunOptions.names() and f.name not in ("hosts", "ssh")
+    f.name for f in fields(HeadOptions) if f.name in _RUN_NAMES and f.name not in ("hosts", "ssh")
 )
 _READ_BY_RESOLVE = frozenset(
     {
@@ -484,9 +487,7 @@ _NO_EFFECT = frozenset({"start_method", "event_log_handler", "logs_specs"})
 
 
 def _check_every_option_used() -> None:
-    unused = (
-        RunOptions.names() - {*_LAUNCH_FIELDS, *_HEAD_FIELDS, *_SSH_FIELDS} - _READ_BY_RESOLVE - _NO_EFFECT
-    )
+    unused = _RUN_NAMES - {*_LAUNCH_FIELDS, *_HEAD_FIELDS, *_SSH_FIELDS} - _READ_BY_RESOLVE - _NO_EFFECT
     if unused:
         raise TypeError(f"RunOptions fields that no mode uses: {', '.join(sorted(unused))}")
 

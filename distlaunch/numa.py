@@ -28,19 +28,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .devices import (
-    Device,
-    VisibleDevices,
-    discovery_root,
-    node_gpus,
-    normalize_bus_id,
-    place_gpus,
-    torchrun_gpus,
-)
 from .errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # devices: only where GPUs are placed (not on a plain launch's path)
     from .config import LaunchConfig
+    from .devices import Device, VisibleDevices
 
 NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
 
@@ -91,6 +83,8 @@ def gpu_numa_node(bus_id: str | None, root: str = "/") -> int | None:
     without NUMA information)."""
     if bus_id is None:
         return None
+    from .devices import normalize_bus_id
+
     text = _read(os.path.join(root, _PCI, normalize_bus_id(bus_id), "numa_node"))
     try:
         node = int(text) if text is not None else -1
@@ -309,6 +303,8 @@ def rank_bindings(
     placed = places_gpus(cfg)
     if not placed and cfg.numa_binding is None:
         return [RankBinding(c) for c in cpu_sets(cfg.bind_to, n, allowed)]
+    from .devices import discovery_root, node_gpus, place_gpus, torchrun_gpus
+
     visible, root = node_gpus(environ), discovery_root(environ)
     if placed:
         ranks = place_gpus(visible, n, cfg.gpus_per_rank or 1, cfg.virtual_local_rank)

@@ -17,6 +17,9 @@ MAX_NODES = 65536  # nodes in one job (--nnodes, host lists)
 
 @dataclass(frozen=True)
 class WorkerSlot:
+    """One worker's place in the job: its global and local rank and the sizes around it."""
+
+    # (a docstring of its own also spares dataclass the signature it would make one from)
     rank: int
     local_rank: int
     node_rank: int

@@ -324,9 +324,19 @@ AFTER_SPAWN = {
     "distlaunch.store.server",
 }
 NEVER_IN_SHORT_JOB = {"psutil", "distlaunch.observe.stacks", "distlaunch.observe.records"}
+# What the narrow form of `run` (preparse.py) does not load before its first spawn: click
+# and the CLI, a worker failure's records, GPU discovery, -x/--env-file shipping.
+NOT_BEFORE_SPAWN_NARROW = {
+    "click",
+    "distlaunch.cli",
+    "distlaunch.rounds",
+    "distlaunch.devices",
+    "distlaunch.remote.command",
+    "json",
+    "yaml",
+}
 IMPORT_PROBE = """
-import json, os, subprocess, sys
-from distlaunch.cli import main
+import os, subprocess, sys
 
 me, seen = os.getpid(), {}
 spawn = subprocess.Popen._execute_child
@@ -338,26 +348,39 @@ leave = os._exit
 def exit_(code):
     if os.getpid() == me:  # not the forked guard
         seen["exit"] = sorted(sys.modules)
+        import json  # not before: it is one of the modules checked
         print("MODULES " + json.dumps(seen), flush=True)
     leave(code)
 os._exit = exit_
-main(sys.argv[1:])
+if sys.argv[1] == "cli":  # click's path
+    from distlaunch.cli import main
+    main(sys.argv[2:])
+else:  # python -m distlaunch / the console script: the pre-parser first
+    from distlaunch.__main__ import main
+    sys.argv[1:] = sys.argv[2:]
+    main()
 """
 
 
-def test_single_node_spawns_before_the_agent_is_imported(tmp_path):
+@pytest.mark.parametrize("entry", ["cli", "main"])
+def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     """The first worker of a single node is spawned before the agent's rendezvous,
     observer, events and the store's loop are imported (they load while the workers'
     interpreters start), with its output prefixed from its first line; psutil and
-    py-spy's lookup are never loaded by a short job that succeeds."""
+    py-spy's lookup are never loaded by a short job that succeeds. Through the entry
+    point, the narrow form of `run` spawns before click (and the rest of
+    NOT_BEFORE_SPAWN_NARROW) is imported, and never imports click."""
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # variables that send `run` to click
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
     res = subprocess.run(
-        [sys.executable, "-c", IMPORT_PROBE, "run", "--nproc-per-node", "2", str(script)],
+        [sys.executable, "-c", IMPORT_PROBE, entry, "run", "--nproc-per-node", "2", str(script)],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=ROOT,
+        env=env,
     )
     assert res.returncode == 0, res.stderr
     assert sorted(ln for ln in res.stdout.splitlines() if "hello" in ln) == [
@@ -369,20 +392,42 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path):
     assert not AFTER_SPAWN & seen["spawn"], sorted(AFTER_SPAWN & seen["spawn"])
     assert AFTER_SPAWN <= seen["exit"]  # the agent did run the job
     assert not NEVER_IN_SHORT_JOB & seen["exit"], sorted(NEVER_IN_SHORT_JOB & seen["exit"])
+    if entry == "main":
+        assert not NOT_BEFORE_SPAWN_NARROW & seen["spawn"], sorted(NOT_BEFORE_SPAWN_NARROW & seen["spawn"])
+        assert "click" not in seen["exit"] and "distlaunch.preparse" in seen["exit"]
 
 
 FAILING_STORE = """
 import os, sys, time
 from distlaunch.cli import main
-from distlaunch.errors import StoreError
+from distlaunch.errors import RendezvousError, StoreError
 from distlaunch.store import server
 
-def start(self, listener=None):  # the store fails once both workers run
+def written(rank):
+    try:
+        return open(os.path.join(sys.argv[-1], rank)).read()
+    except OSError:
+        return ""
+
+def both_run():  # both workers wrote their pid files
     end = time.monotonic() + 20
-    while len(os.listdir(sys.argv[-1])) < 3 and time.monotonic() < end:  # script + 2 pids
+    while not (written("0") and written("1")) and time.monotonic() < end:
         time.sleep(0.01)
+
+def start(self, listener=None):  # the store fails once both workers run
+    both_run()
     raise StoreError("injected: the store cannot start")
-server.StoreServer.start = start
+
+class Rendezvous:  # the agent fails before it runs the early group
+    def __init__(self, *a, **k):
+        both_run()
+        raise RendezvousError("injected: the agent cannot join")
+
+if os.environ.get("FAIL_IN") == "agent":
+    from distlaunch.agent import node
+    node.Rendezvous = Rendezvous
+else:
+    server.StoreServer.start = start
 main(sys.argv[1:])
 """
 
@@ -415,6 +460,47 @@ def test_workers_started_early_are_stopped_when_the_launcher_fails_before_superv
         except ProcessLookupError:
             continue
         raise AssertionError(f"worker {pid} still runs after the launcher exited")
+
+
+@pytest.mark.parametrize("fail_in", ["store", "agent"])
+def test_workers_started_early_get_the_stop_grace_when_the_store_or_agent_fails(tmp_path, fail_in):
+    """When the store or the agent fails after a single node's early spawn, its workers
+    are stopped as
+    the agent stops a group, not killed: SIGTERM to their process groups (rank 0 traps
+    it, says so and exits), --stop-timeout's grace, then SIGKILL (rank 1 ignores
+    SIGTERM); what they printed, before and during the stop, is read and printed with
+    their prefixes (review finding: SIGKILL at once, unread output dropped)."""
+    script = tmp_path / "trap.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "rank = os.environ['RANK']\n"
+        "def bye(*_):\n"
+        "    print('rank', rank, 'got SIGTERM', flush=True)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye if rank == '0' else signal.SIG_IGN)\n"
+        "print('rank', rank, 'ready', flush=True)\n"
+        "open(os.path.join(sys.argv[1], rank), 'w').write(str(os.getpid()))\n"
+        "time.sleep(60)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", FAILING_STORE, "run", "--nproc-per-node", "2", "--stop-timeout", "1"]
+        + [str(script), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=dict(os.environ, FAIL_IN=fail_in),
+    )
+    assert res.returncode == 1, res.stderr
+    assert f"distlaunch: error: injected: the {fail_in} cannot" in res.stderr, res.stderr
+    assert sorted(res.stdout.splitlines()) == [
+        "[0]: rank 0 got SIGTERM",
+        "[0]: rank 0 ready",
+        "[1]: rank 1 ready",
+    ], res.stdout
+    for pid in [int((tmp_path / r).read_text()) for r in "01"]:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
 
 
 def test_a_python_without_pidfd_open_supervises_by_polling(tmp_path):

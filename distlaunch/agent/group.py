@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, cast
 
 from ..report import say
-from ..rounds import WorkerFailure
 from ..topology import WorkerSlot
 from .guard import OrphanGuard
 from .output import StreamSink
@@ -34,6 +33,7 @@ from .process import WorkerProcess
 from .signals import SignalRelay
 
 if TYPE_CHECKING:  # made by the node agent (watch.py sits above this module: it reads stacks)
+    from ..rounds import WorkerFailure  # only at a failure: not on the launch path
     from .merged import DedupConsole
     from .watch import Watchdog
 
@@ -63,6 +63,8 @@ class LaunchSpec:
 
 @dataclass(frozen=True)
 class AttemptResult:
+    """How one attempt of the group ended."""
+
     failure: WorkerFailure | None  # the first worker of this group that failed, if any
     stop_signal: int | None  # the launcher was told to stop by this signal
 
@@ -99,6 +101,7 @@ class WorkerGroup:
             {id(m): m for s in specs for m in (s.stdout.dedup, s.stderr.dedup) if m}.values()
         )
         self._sel: selectors.BaseSelector | None = None
+        self._ran = False  # run() or stop() took the started workers over
         self._closed = False
 
     def live(self) -> list[WorkerProcess]:
@@ -130,6 +133,7 @@ class WorkerGroup:
         """Start the workers (unless ``start()`` did) and block until all have exited.
         Raises SpawnError if one cannot be started (the ones already started are stopped
         first)."""
+        self._ran = True
         try:
             if self._sel is None:
                 self.start()
@@ -142,9 +146,36 @@ class WorkerGroup:
         finally:
             self.close()
 
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop a group that was started but never run (round 0 started early, whose
+        store or agent then failed) as ``run()`` stops one from outside: ``sig`` to each
+        worker's process group, up to ``stop_timeout`` seconds of grace (a second Ctrl-C
+        cuts it short), then SIGKILL; their output is read to its end and printed. Blocks
+        until every worker has exited; then ``close()``. A group not started, or already
+        run, is only closed."""
+        if self._sel is None or self._ran or self._closed:
+            self.close()
+            return
+        self._ran = True
+        stop_r, stop_w = os.pipe()
+        os.write(stop_w, b"x")  # the loop reads it as an outside stop at once
+        self.stop_fd, self.stop_signal = stop_r, lambda: sig
+        try:
+            self._sel.register(stop_r, selectors.EVENT_READ, "stop")
+            self._loop(self._sel)
+        finally:
+            self.close()
+            os.close(stop_r)
+            os.close(stop_w)
+
     def close(self) -> None:
         """Kill (SIGKILL) and reap the workers still running, with what they left behind,
-        and close their output. Idempotent; ``run()`` ends with it."""
+        and close their output. Idempotent; ``run()`` and ``stop()`` end with it. A group
+        started but never run is stopped first, with the grace of ``stop()``: its workers
+        have run unsupervised, and may be mid-work with output not yet read."""
+        if self._sel is not None and not self._ran and not self._closed:
+            self.stop()
+            return
         if self._closed:
             return
         self._closed = True
@@ -300,6 +331,8 @@ class WorkerGroup:
         if ex is not None and ex.alike and watch.defer(now):
             watch.deferred_with = ex  # read and shown once
             return None
+        from ..rounds import WorkerFailure
+
         odd = ex.odd if ex is not None and ex.odd is not None else min(pids)
         w, spec = next((w, s) for w, s in zip(self.workers, self.specs) if w.slot.rank == odd)
         return WorkerFailure(

@@ -19,11 +19,13 @@ import signal
 import socket
 import subprocess
 import time
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from ..errors import SpawnError
-from ..rounds import WorkerFailure
 from ..topology import WorkerSlot
+
+if TYPE_CHECKING:
+    from ..rounds import WorkerFailure  # only at a failure: not on the launch path
 
 # (soft, hard) RLIMIT_NOFILE before any store in this process raised the soft limit.
 USER_NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -135,6 +137,8 @@ class WorkerProcess:
         return self.returncode
 
     def failure(self, stderr_tail: str, error_file: str | None) -> WorkerFailure:
+        from ..rounds import WorkerFailure
+
         text = None
         if error_file:
             try:

@@ -1,0 +1,162 @@
+"""A narrow pre-parser for the common single-node form of `distlaunch run`, tried before
+click is imported (click and `run`'s ~60 options cost ~20 ms of a ~100 ms launch):
+
+    distlaunch run [--nproc-per-node N | --nproc-per-node=N] [--standalone] [--] SCRIPT.py [ARGS...]
+
+N is decimal digits; each option at most once; SCRIPT ends in ``.py`` and does not start
+with ``-``; everything after it is the script's, untouched (as click passes it). It
+yields exactly what click's parsing of the same command line gives ``run``
+(tests/test_preparse.py compares the two on generated command lines and environments)
+and declines (None) anything else: other options, abbreviations, --help, a value it
+does not know click would read the same way, an environment variable click would read
+as an option's value (``PET_*``, ``TORCH_ELASTIC_*``; to be safe also ``TORCHELASTIC_*``,
+``DISTLAUNCH_*``), click's completion variable, or a Slurm allocation (``__main__``
+starts the agent step early there). Declined command lines go to click unchanged, so
+usage errors, --help and exit codes stay click's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+# `run`'s parameters as click passes them when none is given (cli.run's defaults;
+# tests/test_preparse.py checks them against click's).
+DEFAULTS: dict[str, Any] = {
+    "nproc_per_node": "1",
+    "nnodes": "1",
+    "node_rank": 0,
+    "master_addr": None,
+    "master_port": None,
+    "max_restarts": 0,
+    "monitor_interval": 0.1,
+    "module": False,
+    "no_python": False,
+    "role": "default",
+    "run_id": None,
+    "log_dir": None,
+    "redirects": "0",
+    "tee": "0",
+    "dedup_output": False,
+    "local_ranks_filter": None,
+    "standalone": False,
+    "stop_timeout": 30.0,
+    "hang_timeout": 0.0,
+    "stacks_on_failure": True,
+    "start_method": "spawn",
+    "event_log_handler": None,
+    "hosts": None,
+    "hostfile": None,
+    "include": None,
+    "exclude": None,
+    "launcher": "auto",
+    "store_addr": None,
+    "remote_python": None,
+    "remote_cwd": None,
+    "ssh_port": None,
+    "ssh_user": None,
+    "ssh_key": None,
+    "ssh_config": None,
+    "ssh_accept_new_host_keys": False,
+    "env_names": (),
+    "env_file": (),
+    "env_all": False,
+    "prefix_host": False,
+    "min_nodes": None,
+    "rdzv_endpoint": None,
+    "rdzv_id": None,
+    "rdzv_backend": "c10d",
+    "rdzv_conf": None,
+    "local_addr": None,
+    "store_token_file": None,
+    "bind_to": "auto",
+    "gpus_per_rank": None,
+    "virtual_local_rank": False,
+    "numa_binding": None,
+    "no_prefix": False,
+    "logs_specs": None,
+    "duplicate_stdout_filters": None,
+    "duplicate_stderr_filters": None,
+    "stdin": "0",
+    "run_path": False,
+    "signals_to_handle": None,
+}
+# Variables whose presence sends the command line to click: those click reads as option
+# values (PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT), click's completion switch, and, to be
+# safe, the rest of the families the launcher reads.
+DECLINE_PREFIXES = ("PET_", "TORCH_ELASTIC_", "TORCHELASTIC_", "DISTLAUNCH_", "_DISTLAUNCH_")
+DECLINE_VARS = frozenset({"SLURM_JOB_ID"})
+
+Parsed = tuple[str, tuple[str, ...], dict[str, Any], frozenset[str]]
+
+
+def parse(argv: list[str], environ: Mapping[str, str]) -> Parsed | None:
+    """``argv`` (after the program name) as (script, script_args, options, given), as
+    click would give `run` (``command.run_parsed``'s arguments), or None: not the narrow
+    form, or an environment that click would read."""
+    if argv[:1] != ["run"] or any(k.startswith(DECLINE_PREFIXES) or k in DECLINE_VARS for k in environ):
+        return None
+    options = dict(DEFAULTS)
+    given: set[str] = set()
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-"):
+            break
+        name, eq, value = arg.partition("=")
+        if name == "--standalone" and not eq and "standalone" not in given:
+            options["standalone"] = True
+            given.add("standalone")
+            i += 1
+        elif name == "--nproc-per-node" and "nproc_per_node" not in given:
+            if not eq:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            if not (value.isascii() and value.isdigit()):  # a count; click passes it as text
+                return None
+            options["nproc_per_node"] = value
+            given.add("nproc_per_node")
+            i += 1
+        else:
+            return None
+    if i >= len(argv) or argv[i].startswith("-") or not argv[i].endswith(".py"):
+        return None
+    return argv[i], tuple(argv[i + 1 :]), options, frozenset(given)
+
+
+def main(argv: list[str]) -> None:
+    """Run `distlaunch ARGV` through the pre-parser and exit (as ``cli.main`` would);
+    return without doing anything when it declines (the caller goes on to click)."""
+    parsed = parse(argv, os.environ)
+    if parsed is None:
+        return
+    run(parsed)
+
+
+def run(parsed: Parsed) -> NoReturn:
+    """Run a pre-parsed `run` to its end and exit with ``cli.main``'s code and report."""
+    import errno
+
+    from .command import leave, report_error, run_parsed
+    from .errors import DistlaunchError
+    from .report import Reporter, install
+
+    install(Reporter(live=sys.stderr.isatty()))  # as cli.main
+    try:
+        run_parsed(*parsed)
+    except (EOFError, KeyboardInterrupt):  # click's Abort: a blank line, exit 130
+        sys.stderr.write("\n")
+        leave(130)
+    except DistlaunchError as e:
+        report_error(e)
+        leave(e.exit_code)
+    except OSError as e:  # click's main ends a broken pipe with exit code 1
+        if e.errno != errno.EPIPE:
+            raise
+        leave(1)
+    leave(0)
