@@ -153,11 +153,16 @@ class NodeAgent:
             while True:
                 if o.node_id is not None:  # head mode: the head decides each round
                     try:
-                        with relay.interruptible():
+                        with self._interruptible(relay):
                             restarts = rdzv.follow_plan(rnd, o.node_id)
                     except PlanEnded:
-                        # only after a round that stopped: plan 0 always has members
-                        assert cause is not None
+                        # after a round that stopped, or before round 0: the head was
+                        # stopped while starting the agents (it recorded the signal)
+                        cause = cause or rdzv.stop_cause(rnd)
+                        if cause is None:
+                            raise
+                        if self._first is not None:  # head-planned round 0: stop its workers
+                            self._stop_first(cause)
                         raise _error_for(cause) from None
                     except Dropped:
                         return restarts
@@ -198,6 +203,22 @@ class NodeAgent:
             if client is not None:
                 client.close()
             remove_matching(self.scratch)
+
+    def _stop_first(self, cause: Cause) -> None:
+        """Round 0's early workers when the job ended before that round ran (the head
+        was stopped): stop them as a round is stopped from outside (``cause``'s signal,
+        else SIGTERM; SIGKILL after --stop-timeout) and reap them."""
+        assert self._first is not None
+        group, self._first = self._first.group, None
+        r, w = os.pipe()
+        os.write(w, b"x")  # already readable: the group stops at once
+        group.stop_fd = r
+        group.stop_signal = lambda: cause.signum if isinstance(cause, Signal) else signal.SIGTERM
+        try:
+            group.run()
+        finally:
+            os.close(r)
+            os.close(w)
 
     def _interruptible(self, relay: SignalRelay) -> contextlib.AbstractContextManager[None]:
         """``relay.interruptible()``, except while round 0's early workers wait for their
@@ -292,9 +313,19 @@ class NodeAgent:
         def failed(f: WorkerFailure) -> None:
             rdzv.request_stop(rnd, Failure(self._labelled(f)))
 
-        if self._first is not None:  # started before: the seat a single node gets
+        if self._first is not None:  # started before: the seat planned for this node
             group = self._first.group
-            assert [s.slot for s in group.specs] == slots and port == self._first.master_port
+            env = group.specs[0].env
+            if [s.slot for s in group.specs] != slots or (env["MASTER_ADDR"], int(env["MASTER_PORT"])) != (
+                addr,
+                port,
+            ):  # the head's plan and the rendezvous agree by construction: a bug if not
+                raise RendezvousError(
+                    f"round {rnd}: this node's workers were started as ranks "
+                    f"{[s.slot.rank for s in group.specs]} with MASTER_ADDR {env['MASTER_ADDR']}:"
+                    f"{env['MASTER_PORT']}, but the rendezvous seats it as ranks "
+                    f"{[s.rank for s in slots]} with {addr}:{port}"
+                )
             group.on_failure = failed
             started([w.pid for w in group.workers])
         else:
