@@ -17,6 +17,7 @@ import sys
 import time
 
 import psutil
+import pytest
 from slurm import slurm_cluster  # noqa: F401  (session-scoped fixture)
 
 # what an agent imports only once its round-0 workers are spawned
@@ -55,6 +56,18 @@ if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
             return None
 
     sys.meta_path.insert(0, SlowNode())
+elif sys.orig_argv[-5:-3] == ["run", "--nproc-per-node"] and os.environ.get("SLOW_HEAD"):
+
+    class SlowController:
+        # the head's import of its controller (after the specs went out, before plan 0)
+        def find_spec(self, name, path=None, target=None):
+            if name == "distlaunch.head_controller":
+                sys.meta_path.remove(self)
+                open(os.path.join({marks!r}, "head.slow"), "w").close()
+                time.sleep({delay} * 4)
+            return None
+
+    sys.meta_path.insert(0, SlowController())
 """
 
 # rank, pid to a file; FAIL_RANK exits 3 at once; with a mark dir, waits for SIGTERM and
@@ -158,13 +171,16 @@ def _signal_in_window(cluster, tmp_path, target):
     marks, script, path = _setup(cluster, tmp_path)
     head_pid = tmp_path / "head.pid"
     cmd = f"echo $$ > {head_pid}; exec {' '.join(_launch(script, str(marks)))}"
-    proc = cluster.popen("salloc", "-N2", "sh", "-c", cmd, env=cluster.env(PYTHONPATH=path))
+    env = cluster.env(PYTHONPATH=path, **({"SLOW_HEAD": "1"} if target == "head-before-plan" else {}))
+    proc = cluster.popen("salloc", "-N2", "sh", "-c", cmd, env=env)
     try:
         pids = [int(p.read_text()) for p in _wait_for(marks, "pid.*", 4)]
         assert len(pids) == 4, "the workers did not start"
         nodes = _node_marks(marks)
         assert len(nodes) == 2 and all(m["spawned_before"] for m in nodes.values()), nodes
-        pid = int(head_pid.read_text()) if target == "head" else nodes["n2"]["pid"]
+        if target == "head-before-plan":  # the head still imports its controller
+            assert (marks / "head.slow").exists()
+        pid = nodes["n2"]["pid"] if target == "agent" else int(head_pid.read_text())
         os.kill(pid, signal.SIGTERM)  # within DELAY s of the agents' start: in the window
         out, err = proc.communicate(timeout=90)
     finally:
@@ -180,11 +196,13 @@ def _gone(pids, timeout=15.0):
     return [p for p in pids if psutil.pid_exists(p)]
 
 
-def test_stop_signal_to_the_head_in_the_window(slurm_cluster, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("target", ["head", "head-before-plan"])
+def test_stop_signal_to_the_head_in_the_window(slurm_cluster, tmp_path, target):  # noqa: F811
     """SIGTERM to the head while the agents' early workers run and the agents still
-    import the node agent: every worker gets SIGTERM (its handler runs: stopped with
-    grace), the job exits 143, and no worker survives."""
-    code, out, err, pids, marks = _signal_in_window(slurm_cluster, tmp_path, "head")
+    import the node agent (head-before-plan: and before the head published plan 0, so
+    the agents learn that the job ended instead of a plan): every worker gets SIGTERM
+    (its handler runs: stopped with grace), the job exits 143, no worker survives."""
+    code, out, err, pids, marks = _signal_in_window(slurm_cluster, tmp_path, target)
     assert code == 143, err
     assert not _gone(pids)
     assert sorted(p.name for p in marks.glob("term.*")) == ["term.0", "term.1", "term.2", "term.3"], err
