@@ -110,7 +110,7 @@ def run_hosts(
                 assert controller is not None  # called by the controller, once it exists
                 engine.kill(k, controller.pgids(rdzv, k))
 
-        first = _first_round(hosts, engine) if not local else {}
+        first = _first_round(cfg, hosts, engine) if not local else {}
         engine.start(
             {
                 k: JobSpec(cfg, store, node_options(k), env, engine.master_address(k), first.get(k)).to_dict()
@@ -185,11 +185,12 @@ def run_hosts(
             guard.close()
 
 
-def _first_round(hosts: list[Host], engine: AgentEngine) -> dict[int, PlannedSeat]:
+def _first_round(cfg: LaunchConfig, hosts: list[Host], engine: AgentEngine) -> dict[int, PlannedSeat]:
     """Round 0 planned by the head (host id -> seat), so that each agent starts its
     workers on receiving its spec, before its rendezvous: plan 0 has every host in host
-    order, so the ranks are known here; MASTER_PORT is a port free on node 0's machine,
-    which only a head on that machine can choose (as node 0's agent would: free now,
+    order, so the ranks are known here; MASTER_PORT is the one node 0's agent would
+    choose (``NodeAgent._master_port``: --master-port for a single host, else a port
+    free on node 0's machine, which only a head on that machine can choose: free now,
     bound later by rank 0's program). Empty (each agent waits for the rendezvous, as
     before) when node 0's address is not one of this machine's."""
     import errno
@@ -203,9 +204,11 @@ def _first_round(hosts: list[Host], engine: AgentEngine) -> dict[int, PlannedSea
         family = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][0]
         with socket.socket(family) as s:
             s.bind((addr, 0))  # fails unless the address is this machine's
-        with socket.socket() as s:
-            s.bind(("", 0))  # free on every interface, as NodeAgent's free_port
-            port = s.getsockname()[1]
+        port = cfg.master_port if cfg.master_port and len(hosts) == 1 else 0
+        if not port:
+            with socket.socket() as s:
+                s.bind(("", 0))  # free on every interface, as NodeAgent's free_port
+                port = s.getsockname()[1]
     except OSError as e:
         if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
             return {}
