@@ -37,6 +37,8 @@ if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
     execute = subprocess.Popen._execute_child
 
     def execute_child(self, *a, **k):
+        if os.environ.get("FAIL_SPAWN_ON") == node:  # this node cannot start its workers
+            raise PermissionError(13, "Permission denied (test)")
         if not spawned:
             with open(os.path.join(marks, "spawn." + node), "w") as f:
                 json.dump(sorted(sys.modules), f)
@@ -216,3 +218,20 @@ def test_stop_signal_to_an_agent_in_the_window(slurm_cluster, tmp_path):  # noqa
     assert code == 143, err
     assert not _gone(pids)
     assert {"term.2", "term.3"} <= {p.name for p in marks.glob("term.*")}, err
+
+
+def test_agent_that_cannot_start_its_planned_workers(slurm_cluster, tmp_path):  # noqa: F811
+    """n2's agent cannot spawn its planned workers: it says why and ends without joining
+    round 0; the head takes it for an agent lost before the job and stops n1's workers
+    at once (not after the rendezvous' join timeout), and the job fails."""
+    marks, script, path = _setup(slurm_cluster, tmp_path)
+    env = slurm_cluster.env(PYTHONPATH=path, FAIL_SPAWN_ON="n2")
+    t0 = time.monotonic()
+    cp = slurm_cluster.run("salloc", "-N2", *_launch(script, str(marks)), timeout=120, env=env)
+    took = time.monotonic() - t0
+    assert cp.returncode == 1, cp.stderr
+    assert "cannot start rank 2" in cp.stderr and "Permission denied (test)" in cp.stderr, cp.stderr
+    assert "node 1 was lost (agent on n2 ended with status 1)" in cp.stderr, cp.stderr
+    assert took < 30, f"took {took:.0f} s\n{cp.stderr}"
+    pids = [int(p.read_text()) for p in marks.glob("pid.*")]
+    assert not _gone(pids)

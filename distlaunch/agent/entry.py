@@ -123,7 +123,9 @@ def run_agent(spec: dict[str, Any]) -> int:
     secret). Returns the restarts taken; raises as NodeAgent.run (and ConfigError,
     SpawnError, LaunchInterrupted as ``specs.start_planned_round`` when round 0 was
     planned by the head). Records its end in the store so the head can tell a finished
-    agent from a lost one."""
+    agent from a lost one; not when its planned workers could not start: it never
+    joined round 0, and the head, seeing it end unrecorded, stops the round for the
+    others (``HeadController.agent_gone``) instead of their waiting out the rendezvous."""
     from .guard import OrphanGuard, remove_matching
     from .signals import SignalRelay, parse_signals
 
@@ -136,6 +138,7 @@ def run_agent(spec: dict[str, Any]) -> int:
         base_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     guard = OrphanGuard()  # before any thread
     relay = first = None
+    ran = False
     try:
         if job.first is not None:  # the head planned round 0: its workers start now
             relay = SignalRelay(lambda: (), also_stop=parse_signals(cfg.signals_to_handle))
@@ -143,7 +146,7 @@ def run_agent(spec: dict[str, Any]) -> int:
         from .node import NodeAgent, NodeOptions
 
         agent = NodeAgent(cfg, store, NodeOptions(**job.node), guard, base_env, job.master_addr, first=first)
-        first = None  # the agent's now: its run() ends them
+        first, ran = None, True  # the agent's now: its run() ends them
         return agent.run()
     finally:
         if first is not None:  # the agent never got to run them: stop them now
@@ -152,7 +155,8 @@ def run_agent(spec: dict[str, Any]) -> int:
         if relay is not None:
             relay.restore()
         guard.close()
-        _record_exit(cfg.run_id, store, job.node["node_id"])
+        if ran:
+            _record_exit(cfg.run_id, store, job.node["node_id"])
 
 
 def _start_planned(
