@@ -166,7 +166,7 @@ def _wait_for(marks, pattern, count, timeout=60.0):
     return sorted(marks.glob(pattern))
 
 
-def _signal_in_window(cluster, tmp_path, target):
+def _signal_in_window(cluster, tmp_path, target, sig=signal.SIGTERM):
     """Start a job whose workers wait, send SIGTERM to ``target`` ("head" or "agent",
     n2's) once every worker runs and while the agents still import the node agent;
     returns (salloc's result, worker pids, marks)."""
@@ -183,7 +183,7 @@ def _signal_in_window(cluster, tmp_path, target):
         if target == "head-before-plan":  # the head still imports its controller
             assert (marks / "head.slow").exists()
         pid = nodes["n2"]["pid"] if target == "agent" else int(head_pid.read_text())
-        os.kill(pid, signal.SIGTERM)  # within DELAY s of the agents' start: in the window
+        os.kill(pid, sig)  # within DELAY s of the agents' start: in the window
         out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
@@ -234,4 +234,14 @@ def test_agent_that_cannot_start_its_planned_workers(slurm_cluster, tmp_path):  
     assert "node 1 was lost (agent on n2 ended with status 1)" in cp.stderr, cp.stderr
     assert took < 30, f"took {took:.0f} s\n{cp.stderr}"
     pids = [int(p.read_text()) for p in marks.glob("pid.*")]
+    assert not _gone(pids)
+
+
+def test_agent_killed_in_the_window(slurm_cluster, tmp_path):  # noqa: F811
+    """SIGKILL to n2's agent while its early workers run and it still imports the node
+    agent: its orphan guard, forked before the first spawn, kills them; the head finds
+    the agent lost, the job fails, and no worker survives on either node."""
+    code, out, err, pids, marks = _signal_in_window(slurm_cluster, tmp_path, "agent", signal.SIGKILL)
+    assert code not in (0, 143), err
+    assert "agent on n2 ended" in err, err
     assert not _gone(pids)
