@@ -80,10 +80,11 @@ class NodeAgent:
     A stop signal ends every phase: while workers run, they are stopped first (up to
     ``stop_timeout``); while connecting, in rendezvous or at the exit barrier the agent
     stops at once, recording the signal as the round's stop cause so the other nodes
-    stop too (the store's host waits briefly for them to read it). Round 0 of a single
-    node started early (``first``) has its workers running from the start: a stop signal
-    before their group runs reaches them through the relay, and the group then stops
-    them as in any round (the grace of ``stop_timeout``).
+    stop too (the store's host waits briefly for them to read it). Round 0 started early
+    (``first``: a single node's, or the head's plan in head mode) has its workers running
+    from the start: a stop signal before their group runs reaches them through the relay,
+    and the group then stops them as in any round (the grace of ``stop_timeout``); so
+    does a head that ends the job before plan 0.
     """
 
     def __init__(
@@ -98,7 +99,9 @@ class NodeAgent:
         first: FirstRound | None = None,
     ) -> None:
         """``first``: round 0's workers, already started (``specs.start_first_round``, a
-        single node); the agent supervises them as its first round's."""
+        single node; ``specs.start_planned_round``, head mode); the agent supervises them
+        as its first round's, once the rendezvous seated it as they were started (else
+        RendezvousError)."""
         self.cfg, self.store_addr, self.opts = cfg, store, opts
         self.events = events  # events.EventLog, or None (a remote agent: the head reports)
         self.guard = guard
