@@ -76,12 +76,12 @@ def wait_idle(cluster: slurm.SlurmCluster) -> None:
         time.sleep(0.02)
 
 
-def timed(cluster: slurm.SlurmCluster, cmd: list[str], env: dict[str, str] | None = None) -> float:
-    """Wall seconds of ``cmd`` to its end, once the cluster is idle; exits the benchmark
-    when it fails."""
+def timed(cluster: slurm.SlurmCluster, cmd: list[str], env: dict[str, str], cwd: str) -> float:
+    """Wall seconds of ``cmd`` (run in ``cwd``) to its end, once the cluster is idle;
+    exits the benchmark when it fails."""
     wait_idle(cluster)
     t0 = time.perf_counter()
-    cp = subprocess.run(cmd, env=env or cluster.env(), capture_output=True, text=True, timeout=300)
+    cp = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
     wall = time.perf_counter() - t0
     if cp.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {cp.returncode}:\n{cp.stderr[-3000:]}")
@@ -123,7 +123,11 @@ def main() -> None:
             times: dict[str, list[float]] = {}
             for rep in range(args.reps + 1):  # the first round warms caches and is dropped
                 port = slurm.free_ports(1)[0]
-                runs = [(name, cmd, None) for name, cmd in commands(noop, port, args.python).items()]
+                # PYTHONPATH picks the checkout; the commands run in the temporary
+                # directory (``python -m`` puts the working directory first on sys.path:
+                # run from a checkout, that checkout's distlaunch would win)
+                ours = cluster.env(PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
+                runs = [(name, cmd, ours) for name, cmd in commands(noop, port, args.python).items()]
                 if args.before:
                     env = cluster.env(
                         PYTHONPATH=os.pathsep.join([args.before, os.environ.get("PYTHONPATH", "")])
@@ -132,7 +136,16 @@ def main() -> None:
                 for name, cmd, env in runs:
                     if name not in args.only.split(",") and name != "before":
                         continue
-                    t = timed(cluster, cmd, env)
+                    if not rep and name in ("ours", "before"):  # which checkout it times
+                        where = subprocess.run(
+                            [args.python, "-c", "import distlaunch; print(distlaunch.__file__)"],
+                            env=env,
+                            cwd=tmp,
+                            capture_output=True,
+                            text=True,
+                        ).stdout.strip()
+                        print(f"{name}: {where}")
+                    t = timed(cluster, cmd, env, tmp)
                     if rep:
                         times.setdefault(name, []).append(t)
             load1 = os.getloadavg()

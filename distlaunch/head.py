@@ -23,6 +23,7 @@ from .modes import STORE_HOST, HeadOptions
 from .report import say
 
 if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this module
+    from .agent.entry import PlannedSeat
     from .engine import AgentEngine, AgentLaunch, OnEnd
     from .head_controller import HeadController
     from .hosts import Host
@@ -109,8 +110,12 @@ def run_hosts(
                 assert controller is not None  # called by the controller, once it exists
                 engine.kill(k, controller.pgids(rdzv, k))
 
+        first = _first_round(cfg, hosts, engine) if not local else {}
         engine.start(
-            {k: JobSpec(cfg, store, node_options(k), env, engine.master_address(k)).to_dict() for k in remote}
+            {
+                k: JobSpec(cfg, store, node_options(k), env, engine.master_address(k), first.get(k)).to_dict()
+                for k in remote
+            }
         )
         # The agents wait for plan 0 (rendezvous.follow_plan), which the controller
         # publishes first thing.
@@ -178,6 +183,37 @@ def run_hosts(
             server.stop()
         if guard:
             guard.close()
+
+
+def _first_round(cfg: LaunchConfig, hosts: list[Host], engine: AgentEngine) -> dict[int, PlannedSeat]:
+    """Round 0 planned by the head (host id -> seat), so that each agent starts its
+    workers on receiving its spec, before its rendezvous: plan 0 has every host in host
+    order, so the ranks are known here; MASTER_PORT is the one node 0's agent would
+    choose (``NodeAgent._master_port``: --master-port for a single host, else a port
+    free on node 0's machine, which only a head on that machine can choose: free now,
+    bound later by rank 0's program). Empty (each agent waits for the rendezvous, as
+    before) when node 0's address is not one of this machine's."""
+    import errno
+    import socket
+
+    from .agent.entry import plan_first_round
+    from .hosts import slots_of
+
+    addr = engine.master_address(0)
+    try:
+        family = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family) as s:
+            s.bind((addr, 0))  # fails unless the address is this machine's
+        port = cfg.master_port if cfg.master_port and len(hosts) == 1 else 0
+        if not port:
+            with socket.socket() as s:
+                s.bind(("", 0))  # free on every interface, as NodeAgent's free_port
+                port = s.getsockname()[1]
+    except OSError as e:
+        if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+            return {}
+        raise
+    return plan_first_round([slots_of(h) for h in hosts], addr, port)
 
 
 def agent_launch(head: HeadOptions) -> tuple[dict[str, str], AgentLaunch]:

@@ -11,6 +11,13 @@ CLI's imports (``__main__``).
 The line is one node's :class:`JobSpec` (``JobSpec.to_dict``), or a message of the
 engine that started the agent, naming it (``{"engine": NAME, ...}``: Slurm's one line
 for every node), from which the engine's plug-in picks this node's spec.
+
+Before the spec, only what starting workers needs is imported (``agent/specs.py``). A
+spec with the head's plan of round 0 (``first``: this node's seat and MASTER_PORT) has
+its workers started at once, with the orphan guard watching them and the signal relay
+in place from the first spawn; the store client, the rendezvous, the observer and the
+node agent load while their interpreters start, and the agent joins round 0 with them
+(as the single-node launcher's first round, ``launcher._run_single``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,43 @@ from .. import AGENT_HELLO, __version__
 if TYPE_CHECKING:
     from ..config import LaunchConfig
     from ..store.client import StoreAddress
+    from ..topology import WorkerSlot
+    from .guard import OrphanGuard
+    from .signals import SignalRelay
+    from .specs import FirstRound
+
+
+class PlannedSeat(NamedTuple):
+    """Round 0's seat of one node as the head plans it (head mode: plan 0 has every host,
+    in host order, so ranks follow from the hosts' slots), with node 0's address and the
+    MASTER_PORT the head chose (free on node 0's machine, which the head found it runs
+    on): the agent starts its round-0 workers from it before it meets the rendezvous
+    (``specs.start_planned_round``), which then seats it the same (the node agent checks).
+    Here, not in ``specs``: the head builds it without importing what starts workers."""
+
+    node_rank: int
+    num_nodes: int
+    first_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+    def slots(self, count: int) -> list[WorkerSlot]:
+        """This node's ``count`` worker slots in the planned seat."""
+        from ..topology import seat_slots
+
+        return seat_slots(self.first_rank, count, self.node_rank, self.world_size, self.num_nodes)
+
+
+def plan_first_round(slots: list[int], master_addr: str, master_port: int) -> dict[int, PlannedSeat]:
+    """Round 0 as the head plans it for hosts with ``slots`` workers each (host order =
+    node rank, as plan 0 lists every host), MASTER_ADDR:PORT ``master_addr``:``master_port``
+    for all. Pure."""
+    from itertools import accumulate
+
+    firsts = [0, *accumulate(slots)]
+    world = firsts.pop()
+    return {k: PlannedSeat(k, len(slots), f, world, master_addr, master_port) for k, f in enumerate(firsts)}
 
 
 class JobSpec(NamedTuple):
@@ -32,17 +76,20 @@ class JobSpec(NamedTuple):
     As JSON (``to_dict``): ``{"config": LaunchConfig.to_dict(), "store": [host, port],
     "token": secret, "node": NodeOptions' keyword arguments (node_id set; the others
     default), "env": {variables for the agent and its workers}, "master_addr": the
-    address to announce as MASTER_ADDR}``. ``node`` is kept as keyword arguments so that
-    the head need not import the node agent's module to build a spec."""
+    address to announce as MASTER_ADDR, "first": PlannedSeat's fields, or absent}``.
+    ``node`` is kept as keyword arguments so that the head need not import the node
+    agent's module to build a spec. ``first`` (head mode): round 0 as the head planned
+    it; the agent starts its workers from it at once."""
 
     config: LaunchConfig
     store: StoreAddress
     node: dict[str, Any]  # NodeOptions(**node)
     env: dict[str, str]  # --env-all: set in the agent, which its workers inherit
     master_addr: str
+    first: PlannedSeat | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "config": self.config.to_dict(),
             "store": [self.store.host, self.store.port],
             "token": self.store.token,
@@ -50,6 +97,9 @@ class JobSpec(NamedTuple):
             "env": self.env,
             "master_addr": self.master_addr,
         }
+        if self.first is not None:
+            d["first"] = self.first._asdict()
+        return d
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
@@ -57,38 +107,91 @@ class JobSpec(NamedTuple):
         from ..store.client import StoreAddress
 
         host, port = spec["store"]
+        first = spec.get("first")
         return cls(
             LaunchConfig.from_dict(spec["config"]),
             StoreAddress(host, port, spec["token"]),
             dict(spec["node"]),
             spec.get("env", {}),
             spec["master_addr"],
+            PlannedSeat(**first) if first is not None else None,
         )
 
 
 def run_agent(spec: dict[str, Any]) -> int:
     """Run one node's agent for ``spec`` (a JobSpec as a dict; it holds the store's
-    secret). Returns the restarts taken; raises as NodeAgent.run. Records its end in the
-    store so the head can tell a finished agent from a lost one."""
-    from ..rendezvous import Rendezvous
-    from .guard import OrphanGuard
-    from .node import NodeAgent, NodeOptions
+    secret). Returns the restarts taken; raises as NodeAgent.run (and ConfigError,
+    SpawnError, LaunchInterrupted as ``specs.start_planned_round`` when round 0 was
+    planned by the head). Records its end in the store so the head can tell a finished
+    agent from a lost one; not when its planned workers could not start: it never
+    joined round 0, and the head, seeing it end unrecorded, stops the round for the
+    others (``HeadController.agent_gone``) instead of their waiting out the rendezvous."""
+    from .guard import OrphanGuard, remove_matching
+    from .signals import SignalRelay, parse_signals
 
     job = JobSpec.from_dict(spec)
-    cfg, store, node = job.config, job.store, NodeOptions(**job.node)
+    cfg, store = job.config, job.store
     os.environ.update(job.env)  # --env-all: the agent and its workers inherit them
-    guard = OrphanGuard()
+    base_env = dict(os.environ)
+    devices = job.node.get("devices")
+    if devices is not None:  # as NodeAgent sets it for its rounds
+        base_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    guard = OrphanGuard()  # before any thread
+    relay = first = None
+    ran = False
     try:
-        return NodeAgent(cfg, store, node, guard, master_addr=job.master_addr).run()
+        if job.first is not None:  # the head planned round 0: its workers start now
+            relay = SignalRelay(lambda: (), also_stop=parse_signals(cfg.signals_to_handle))
+            first = _start_planned(job, base_env, guard, relay)
+        from .node import NodeAgent, NodeOptions
+
+        agent = NodeAgent(cfg, store, NodeOptions(**job.node), guard, base_env, job.master_addr, first=first)
+        first, ran = None, True  # the agent's now: its run() ends them
+        return agent.run()
     finally:
+        if first is not None:  # the agent never got to run them: stop them now
+            first.group.close()
+            remove_matching(first.scratch)
+        if relay is not None:
+            relay.restore()
         guard.close()
-        try:
-            assert node.node_id is not None  # the head sets it for every agent
-            # short: when the head (and its store) is gone, nobody is left to tell
-            with store.connect(5, connect_timeout=0.5) as c:
-                Rendezvous(c, cfg.run_id, 0, 1).record_agent_exit(node.node_id)
-        except Exception:  # the store is gone; the head (if alive) sees the channel close
-            pass
+        if ran:
+            _record_exit(cfg.run_id, store, job.node["node_id"])
+
+
+def _start_planned(
+    job: JobSpec, base_env: dict[str, str], guard: OrphanGuard, relay: SignalRelay
+) -> FirstRound:
+    """Round 0's workers of ``job`` from the head's plan (``specs.start_planned_round``)."""
+    from .specs import StoreFields, start_planned_round
+
+    assert job.first is not None
+    node, store = job.node, job.store
+    count = node.get("slots") or job.config.nproc_per_node  # as NodeAgent counts them
+    return start_planned_round(
+        job.config,
+        job.first,
+        count,
+        StoreFields(store.host, store.port, store.token),
+        guard,
+        relay,
+        base_env,
+        host_label=node.get("host_label", ""),
+        prefix_host=node.get("prefix_host", False),
+    )
+
+
+def _record_exit(run_id: str, store: StoreAddress, node_id: int) -> None:
+    """Record this agent's end in the store (the head tells a finished agent from a lost
+    one by it). Short and best effort: when the head (and its store) is gone, nobody is
+    left to tell; the head, if alive, sees the channel close."""
+    try:
+        from ..rendezvous import Rendezvous
+
+        with store.connect(5, connect_timeout=0.5) as c:
+            Rendezvous(c, run_id, 0, 1).record_agent_exit(node_id)
+    except Exception:
+        pass
 
 
 def main() -> NoReturn:
@@ -97,11 +200,13 @@ def main() -> NoReturn:
     code (said here), or 0 when stdin ends before a spec (the head started nothing)."""
     print(AGENT_HELLO, __version__, flush=True)
     # the imports run while the head waits for the other hosts' hellos; the version in
-    # the hello matched, so only a broken install fails here
+    # the hello matched, so only a broken install fails here. Only what starting workers
+    # needs (specs): the rest loads once a head-planned round 0's workers are starting.
     try:
         from ..errors import DistlaunchError, LaunchInterrupted, WorkerFailedError
         from ..report import say
-        from .node import NodeAgent  # noqa: F401  (loads the rest before the spec arrives)
+        from ..store.client import StoreAddress  # noqa: F401  (the spec's store)
+        from . import specs  # noqa: F401
     except ImportError as e:
         print(f"distlaunch agent: cannot start here: {e} (reinstall distlaunch)", file=sys.stderr)
         os._exit(1)

@@ -80,10 +80,11 @@ class NodeAgent:
     A stop signal ends every phase: while workers run, they are stopped first (up to
     ``stop_timeout``); while connecting, in rendezvous or at the exit barrier the agent
     stops at once, recording the signal as the round's stop cause so the other nodes
-    stop too (the store's host waits briefly for them to read it). Round 0 of a single
-    node started early (``first``) has its workers running from the start: a stop signal
-    before their group runs reaches them through the relay, and the group then stops
-    them as in any round (the grace of ``stop_timeout``).
+    stop too (the store's host waits briefly for them to read it). Round 0 started early
+    (``first``: a single node's, or the head's plan in head mode) has its workers running
+    from the start: a stop signal before their group runs reaches them through the relay,
+    and the group then stops them as in any round (the grace of ``stop_timeout``); so
+    does a head that ends the job before plan 0.
     """
 
     def __init__(
@@ -98,7 +99,9 @@ class NodeAgent:
         first: FirstRound | None = None,
     ) -> None:
         """``first``: round 0's workers, already started (``specs.start_first_round``, a
-        single node); the agent supervises them as its first round's."""
+        single node; ``specs.start_planned_round``, head mode); the agent supervises them
+        as its first round's, once the rendezvous seated it as they were started (else
+        RendezvousError)."""
         self.cfg, self.store_addr, self.opts = cfg, store, opts
         self.events = events  # events.EventLog, or None (a remote agent: the head reports)
         self.guard = guard
@@ -153,11 +156,16 @@ class NodeAgent:
             while True:
                 if o.node_id is not None:  # head mode: the head decides each round
                     try:
-                        with relay.interruptible():
+                        with self._interruptible(relay):
                             restarts = rdzv.follow_plan(rnd, o.node_id)
                     except PlanEnded:
-                        # only after a round that stopped: plan 0 always has members
-                        assert cause is not None
+                        # after a round that stopped, or before round 0: the head was
+                        # stopped while starting the agents (it recorded the signal)
+                        cause = cause or rdzv.stop_cause(rnd)
+                        if cause is None:
+                            raise
+                        if self._first is not None:  # head-planned round 0: stop its workers
+                            self._stop_first(cause)
                         raise _error_for(cause) from None
                     except Dropped:
                         return restarts
@@ -198,6 +206,22 @@ class NodeAgent:
             if client is not None:
                 client.close()
             remove_matching(self.scratch)
+
+    def _stop_first(self, cause: Cause) -> None:
+        """Round 0's early workers when the job ended before that round ran (the head
+        was stopped): stop them as a round is stopped from outside (``cause``'s signal,
+        else SIGTERM; SIGKILL after --stop-timeout) and reap them."""
+        assert self._first is not None
+        group, self._first = self._first.group, None
+        r, w = os.pipe()
+        os.write(w, b"x")  # already readable: the group stops at once
+        group.stop_fd = r
+        group.stop_signal = lambda: cause.signum if isinstance(cause, Signal) else signal.SIGTERM
+        try:
+            group.run()
+        finally:
+            os.close(r)
+            os.close(w)
 
     def _interruptible(self, relay: SignalRelay) -> contextlib.AbstractContextManager[None]:
         """``relay.interruptible()``, except while round 0's early workers wait for their
@@ -292,9 +316,19 @@ class NodeAgent:
         def failed(f: WorkerFailure) -> None:
             rdzv.request_stop(rnd, Failure(self._labelled(f)))
 
-        if self._first is not None:  # started before: the seat a single node gets
+        if self._first is not None:  # started before: the seat planned for this node
             group = self._first.group
-            assert [s.slot for s in group.specs] == slots and port == self._first.master_port
+            env = group.specs[0].env
+            if [s.slot for s in group.specs] != slots or (env["MASTER_ADDR"], int(env["MASTER_PORT"])) != (
+                addr,
+                port,
+            ):  # the head's plan and the rendezvous agree by construction: a bug if not
+                raise RendezvousError(
+                    f"round {rnd}: this node's workers were started as ranks "
+                    f"{[s.slot.rank for s in group.specs]} with MASTER_ADDR {env['MASTER_ADDR']}:"
+                    f"{env['MASTER_PORT']}, but the rendezvous seats it as ranks "
+                    f"{[s.rank for s in slots]} with {addr}:{port}"
+                )
             group.on_failure = failed
             started([w.pid for w in group.workers])
         else:

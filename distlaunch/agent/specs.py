@@ -269,3 +269,58 @@ def start_first_round(
         remove_matching(scratch)
         raise
     return FirstRound(group, scratch, port)
+
+
+if TYPE_CHECKING:  # the head builds it without importing this module
+    from .entry import PlannedSeat
+
+
+def start_planned_round(
+    cfg: LaunchConfig,
+    seat: PlannedSeat,
+    count: int,
+    store: StoreFields,
+    guard: OrphanGuard,
+    relay: SignalRelay,
+    base_env: Mapping[str, str],
+    host_label: str = "",
+    prefix_host: bool = False,
+) -> FirstRound:
+    """A head-mode agent's round 0, started from the head's plan (``seat``; ``count``
+    workers here) before the agent imports its rendezvous, observer and node agent: as
+    ``start_first_round`` (the guard watches each worker from its spawn, ``relay``
+    forwards signals to them, the scratch directory and segments are the guard's to
+    clean up), with this node's environment (``base_env``: devices included) and host
+    prefixes. Raises ConfigError (this node's GPUs), SpawnError, or LaunchInterrupted (a
+    stop signal before the first spawn); nothing is left running then."""
+    import tempfile
+
+    if relay.stop_signal is not None:  # stopped before anything started: start nothing
+        raise LaunchInterrupted(relay.stop_signal)
+    scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
+    guard.clean_up(scratch)
+    guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
+    group = None
+    try:
+        master = (seat.master_addr, seat.master_port)
+        specs = build_specs(
+            cfg,
+            seat.slots(count),
+            0,
+            master,
+            0,
+            store,
+            base_env,
+            scratch,
+            host_label=host_label,
+            prefix_host=prefix_host,
+        )
+        group = WorkerGroup(specs, relay, guard, cfg.stop_timeout)
+        relay.targets = group.live
+        group.start()
+    except BaseException:
+        if group is not None:
+            group.close()
+        remove_matching(scratch)
+        raise
+    return FirstRound(group, scratch, seat.master_port)
