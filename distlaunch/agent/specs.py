@@ -249,17 +249,36 @@ def start_first_round(
     MASTER_PORT is --master-port, else a free port. Raises ConfigError (this node's
     GPUs do not fit the binding), SpawnError, or LaunchInterrupted (a stop signal came
     before the first spawn); nothing is left running then."""
+    master = (master_addr, cfg.master_port or free_port())
+    return _start_round_zero(cfg, slots, master, store, guard, relay, dict(os.environ))
+
+
+def _start_round_zero(
+    cfg: LaunchConfig,
+    slots: list[WorkerSlot],
+    master: tuple[str, int],
+    store: StoreFields,
+    guard: OrphanGuard,
+    relay: SignalRelay,
+    base_env: Mapping[str, str],
+    host_label: str = "",
+    prefix_host: bool = False,
+) -> FirstRound:
+    """Round 0's workers in ``slots``, started before the agent runs (both callers'
+    common part: scratch directory and segments handed to the guard, the group started
+    with ``relay`` forwarding to it; nothing left running when it raises)."""
     import tempfile
 
     if relay.stop_signal is not None:  # stopped before anything started: start nothing
         raise LaunchInterrupted(relay.stop_signal)
-    port = cfg.master_port or free_port()
     scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
     guard.clean_up(scratch)
     guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
     group = None
     try:
-        specs = build_specs(cfg, slots, 0, (master_addr, port), 0, store, dict(os.environ), scratch)
+        specs = build_specs(
+            cfg, slots, 0, master, 0, store, base_env, scratch, host_label=host_label, prefix_host=prefix_host
+        )
         group = WorkerGroup(specs, relay, guard, cfg.stop_timeout)
         relay.targets = group.live
         group.start()
@@ -268,7 +287,7 @@ def start_first_round(
             group.close()
         remove_matching(scratch)
         raise
-    return FirstRound(group, scratch, port)
+    return FirstRound(group, scratch, master[1])
 
 
 if TYPE_CHECKING:  # the head builds it without importing this module
@@ -293,34 +312,7 @@ def start_planned_round(
     clean up), with this node's environment (``base_env``: devices included) and host
     prefixes. Raises ConfigError (this node's GPUs), SpawnError, or LaunchInterrupted (a
     stop signal before the first spawn); nothing is left running then."""
-    import tempfile
-
-    if relay.stop_signal is not None:  # stopped before anything started: start nothing
-        raise LaunchInterrupted(relay.stop_signal)
-    scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
-    guard.clean_up(scratch)
-    guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
-    group = None
-    try:
-        master = (seat.master_addr, seat.master_port)
-        specs = build_specs(
-            cfg,
-            seat.slots(count),
-            0,
-            master,
-            0,
-            store,
-            base_env,
-            scratch,
-            host_label=host_label,
-            prefix_host=prefix_host,
-        )
-        group = WorkerGroup(specs, relay, guard, cfg.stop_timeout)
-        relay.targets = group.live
-        group.start()
-    except BaseException:
-        if group is not None:
-            group.close()
-        remove_matching(scratch)
-        raise
-    return FirstRound(group, scratch, seat.master_port)
+    master = (seat.master_addr, seat.master_port)
+    return _start_round_zero(
+        cfg, seat.slots(count), master, store, guard, relay, base_env, host_label, prefix_host
+    )
