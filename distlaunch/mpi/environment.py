@@ -3,7 +3,10 @@ timers, the processor name, Abort, and the features refused with NotImplementedE
 
 from __future__ import annotations
 
+import atexit
+import os
 import socket
+import sys
 import threading
 import time
 from typing import Any, NoReturn
@@ -43,6 +46,28 @@ def Finalize() -> None:
             dist.destroy_process_group()
         STATE.finalized = True
         STATE.engine = None
+
+
+def _finalize_at_exit() -> None:
+    """Finalize when the interpreter exits, as mpi4py does (``mpi4py.rc.finalize``): a
+    program that ends without MPI.Finalize still has its communicators' last calls
+    compared (an eager call nobody compared). A failure there is printed as one line
+    and the process exits with status 1 (MPICH's finalize aborts on an error). Skipped
+    when MPI was never used, and when an unhandled exception ends the program: the
+    process is failing already and its launcher ends the job, whereas Finalize's
+    barrier would wait for ranks that may be waiting for this one."""
+    if STATE.engine is None or STATE.finalized or getattr(sys, "last_value", None) is not None:
+        return
+    try:
+        Finalize()
+    except BaseException as e:  # noqa: BLE001  (any failure ends the process with status 1)
+        sys.stdout.flush()
+        sys.stderr.write(f"distlaunch.mpi: MPI.Finalize at exit failed: {type(e).__name__}: {e}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+atexit.register(_finalize_at_exit)
 
 
 def Is_initialized() -> bool:
