@@ -36,16 +36,21 @@ def Init_thread(required: int = THREAD_MULTIPLE) -> int:
 
 def Finalize() -> None:
     """Collective: a barrier on COMM_WORLD, then the process group is destroyed; no MPI
-    call may follow (MPIException)."""
+    call may follow (MPIException), also when it raised (a mismatch found by the barrier
+    or on destroy: the process group is gone then too)."""
     with STATE.lock:
         if STATE.finalized:
             return
-        if dist.is_initialized():
-            if dist.get_world_size() > 1:
-                dist.barrier()
-            dist.destroy_process_group()
-        STATE.finalized = True
-        STATE.engine = None
+        try:
+            if dist.is_initialized():
+                try:
+                    if dist.get_world_size() > 1:
+                        dist.barrier()
+                finally:
+                    dist.destroy_process_group()
+        finally:
+            STATE.finalized = True
+            STATE.engine = None
 
 
 def _finalize_at_exit() -> None:
