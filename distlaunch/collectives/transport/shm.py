@@ -290,6 +290,7 @@ class ShmChannel:
         self.words = memoryview(self.mm).cast("I")
         self.quads = memoryview(self.mm).cast("q")
         self.raw = np.frombuffer(self.mm, np.uint8)
+        self.mv = memoryview(self.mm)  # the segment as bytes (for callers copying from buffers)
         self._anchor = ctypes.c_char.from_buffer(self.mm)
         self.base = ctypes.addressof(self._anchor)
         self._futex = _futex_fn()
@@ -333,6 +334,10 @@ class ShmChannel:
         """Rank j's buffer of phase p as ``count`` elements of ``dtype`` from byte
         ``offset``."""
         return self.bufs[j][p & 1][offset : offset + count * dtype.itemsize].view(dtype)
+
+    def data_offset(self, j: int, p: int) -> int:
+        """Byte offset in the segment (``mv``) of rank j's data buffer of phase p."""
+        return self._buf_offs[j][p & 1]
 
     def views(self, p: int, dtype: np.dtype, count: int) -> list:
         """Every rank's buffer of phase p as ``count`` x ``dtype`` (cached: small
@@ -648,7 +653,7 @@ class ShmChannel:
             pass
         try:
             # drop every export of the mapping; a closed channel has none of these
-            del self.bufs, self.mine, self._views, self._plans, self.raw, self.words, self.quads
+            del self.bufs, self.mine, self._views, self._plans, self.raw, self.mv, self.words, self.quads
             del self._anchor
             self.mm.close()
         except (BufferError, AttributeError):  # AttributeError: closed before
