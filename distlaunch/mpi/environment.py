@@ -51,7 +51,9 @@ def _finalize(quiet: bool) -> None:
         try:
             if dist.is_initialized():
                 try:
-                    if dist.get_world_size() > 1 and not (quiet and resolve_group(None).broken):
+                    if dist.get_world_size() > 1 and not (
+                        quiet and getattr(resolve_group(None), "broken", None)
+                    ):
                         dist.barrier()
                 finally:
                     dist.destroy_process_group()
