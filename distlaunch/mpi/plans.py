@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 import mmap
+import os
 import struct
 from typing import Any
 
@@ -38,6 +39,11 @@ from .datatypes import Spec
 MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
 _TYPES = (np.ndarray, bytearray, mmap.mmap, bytes, array.array)  # viewed anew per call
 _HEAD = struct.Struct("<q")  # all_to_all: the head of a phase buffer, the longest block
+# busy-poll checks (about 50 ns each) before the channel's yielding wait, when every rank
+# can have a core: an eager peer on another core publishes within microseconds, and a
+# sched_yield hands this core to any other runnable process (under load: for a slice)
+SPIN = 2000
+_CORES = os.cpu_count() or 1
 
 
 class Buf:
@@ -114,7 +120,7 @@ class Plan:
     rank), ``nb`` bytes per block. ``run(a_spec, b_spec)`` runs the call and returns
     True, or returns False (nothing done) when the plan does not apply to them."""
 
-    __slots__ = ("eng", "pg", "ch", "ctx", "a", "b", "nb", "n", "r", "root", "mine", "offs")
+    __slots__ = ("eng", "pg", "ch", "ctx", "a", "b", "nb", "n", "r", "root", "mine", "offs", "peers", "spin")
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
         self.eng = STATE.engine
@@ -124,6 +130,8 @@ class Plan:
         # the segment offset of each rank's data buffer, per phase parity
         self.offs = [[self.ch.data_offset(j, k) for j in range(self.n)] for k in (0, 1)]
         self.mine = [offs[self.r] for offs in self.offs]
+        self.peers = [j for j in range(self.n) if j != self.r]
+        self.spin = SPIN if self.n <= _CORES else 0  # more ranks than cores: spinning steals the peer's
 
     def views(self, a: Any, b: Any) -> tuple | None:
         """The call's (send, receive) bytes (None for a side without a Buf), or None when
@@ -144,9 +152,20 @@ class Plan:
         """Open the operation's one phase (as ShmChannel.open; after the group's enter)."""
         ch = self.ch
         p = ch.phase + 1
-        if (ch.all_at - p + 1) & _M >= _H or ch.unchecked:
+        if (ch.all_at - p + 1) & _M >= _H:
+            if self.spin:
+                for j in self.peers:
+                    ch.poll(j, p - 1, self.spin)
+            ch.settle(self.ctx, p)
+        elif ch.unchecked:
             ch.settle(self.ctx, p)
         return p
+
+    def take(self, p: int, j: int) -> None:
+        """ShmChannel.take of rank j's phase p, after a short busy poll."""
+        if self.spin:
+            self.ch.poll(j, p, self.spin)
+        self.ch.take(self.ctx, p, j)
 
 
 class Bcast(Plan):
@@ -156,10 +175,13 @@ class Bcast(Plan):
     __slots__ = ()
 
     def run(self, a: Any, b: Any) -> bool:
-        got = self.views(a, b)
-        if got is None:
+        # (one buffer: the checks of views() written out, the most frequent call)
+        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
             return False
-        m, ch, ctx, nb = got[0], self.ch, self.ctx, self.nb
+        m = self.a.view(a)  # type: ignore[union-attr]
+        if m is None:
+            return False
+        ch, ctx, nb = self.ch, self.ctx, self.nb
         self.pg.enter(ctx)
         try:
             p = self.open()
@@ -169,7 +191,7 @@ class Bcast(Plan):
                 ch.publish(ctx, p, ctx.record, False)
             else:
                 ch.publish(ctx, p, ctx.record, self.n <= 2)  # (n = 2: compared with all)
-                ch.take(ctx, p, self.root)
+                self.take(p, self.root)
                 m[:] = ch.mv[o : o + nb]
         except BaseException as e:
             raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
@@ -201,7 +223,7 @@ class Gather(Plan):
                 offs, mv = self.offs[p & 1], ch.mv
                 for j in range(self.n):
                     if j != r:
-                        ch.take(ctx, p, j)
+                        self.take(p, j)
                         dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
                 if src is not None:
                     dst[r * nb : (r + 1) * nb] = src
@@ -240,7 +262,7 @@ class Scatter(Plan):
                     dst[:] = src[r * nb : (r + 1) * nb]
             else:
                 ch.publish(ctx, p, ctx.record, self.n <= 2)
-                ch.take(ctx, p, self.root)
+                self.take(p, self.root)
                 o = self.offs[p & 1][self.root] + r * L
                 dst[:] = ch.mv[o : o + nb]
         except BaseException as e:
@@ -270,7 +292,7 @@ class Allgather(Plan):
             ch.publish(ctx, p, ctx.record)
             for j in range(self.n):
                 if j != r:
-                    ch.take(ctx, p, j)
+                    self.take(p, j)
                     dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
             if src is not None:
                 own[:] = src
@@ -313,7 +335,7 @@ class Alltoall(Plan):
             at = _TOTAL + r * L
             for j in range(n):
                 if j != r:
-                    ch.take(ctx, p, j)
+                    self.take(p, j)
                     o = offs[j]
                     if mv[o : o + 8] != self.head:
                         raise CollectiveMismatchError(

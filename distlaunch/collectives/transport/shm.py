@@ -412,6 +412,17 @@ class ShmChannel:
         finally:
             w[flag] = 0
 
+    def poll(self, j: int, p: int, checks: int) -> bool:
+        """Busy-poll rank j's counter up to ``checks`` times without yielding the core
+        or sleeping; True once j published phase ``p``. The cheapest wait when j runs
+        on another core and is about to publish (a few microseconds); callers follow it
+        with :meth:`need` (or :meth:`take`), which yields, sleeps and checks failures."""
+        w, idx = self.words, self._cidx[j]
+        for _ in range(checks):
+            if (w[idx] - p) & _M < _H:
+                return True
+        return False
+
     def need_all(self, p: int, ctx: OpContext) -> None:
         """``need`` on every other rank."""
         if (self.all_at - p) & _M < _H:
