@@ -39,10 +39,13 @@ from .datatypes import Spec
 MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
 _TYPES = (np.ndarray, bytearray, mmap.mmap, bytes, array.array)  # viewed anew per call
 _HEAD = struct.Struct("<q")  # all_to_all: the head of a phase buffer, the longest block
-# busy-poll checks (about 50 ns each) before the channel's yielding wait, when every rank
-# can have a core: an eager peer on another core publishes within microseconds, and a
-# sched_yield hands this core to any other runnable process (under load: for a slice)
-SPIN = 2000
+# waiting for a peer: rounds of busy-polling its phase counter (SPIN checks, about 50
+# ns each), a sched_yield after each round (MPICH's MPIR_CVAR_POLLS_BEFORE_YIELD), then
+# the channel's own wait (a yield per check, futex sleeps, failure checks). A peer on
+# another core publishes within microseconds; a yield per check handed the core to any
+# runnable process, for a whole scheduler slice under load. Only when every rank can have
+# a core: with more ranks than cores, spinning keeps the awaited rank off this core
+SPIN, ROUNDS = 1000, 8
 _CORES = os.cpu_count() or 1
 
 
@@ -114,6 +117,15 @@ def key(op: str, a: Any, b: Any, root: int) -> tuple:
     )
 
 
+def _wait(ch: Any, j: int, p: int) -> None:
+    """Busy-poll rank j's counter for phase ``p`` in ROUNDS rounds of SPIN checks, with
+    a sched_yield between rounds (the caller then waits with the channel's checks)."""
+    for _ in range(ROUNDS):
+        if ch.poll(j, p, SPIN):
+            return
+        os.sched_yield()
+
+
 class Plan:
     """A repeated small call on ``pg``'s shared-memory channel ``ch``: ``a`` the send
     side's :class:`Buf`, ``b`` the receive side's (None: IN_PLACE, or not used on this
@@ -131,7 +143,7 @@ class Plan:
         self.offs = [[self.ch.data_offset(j, k) for j in range(self.n)] for k in (0, 1)]
         self.mine = [offs[self.r] for offs in self.offs]
         self.peers = [j for j in range(self.n) if j != self.r]
-        self.spin = SPIN if self.n <= _CORES else 0  # more ranks than cores: spinning steals the peer's
+        self.spin = self.n <= _CORES
 
     def views(self, a: Any, b: Any) -> tuple | None:
         """The call's (send, receive) bytes (None for a side without a Buf), or None when
@@ -155,16 +167,16 @@ class Plan:
         if (ch.all_at - p + 1) & _M >= _H:
             if self.spin:
                 for j in self.peers:
-                    ch.poll(j, p - 1, self.spin)
+                    _wait(ch, j, p - 1)
             ch.settle(self.ctx, p)
         elif ch.unchecked:
             ch.settle(self.ctx, p)
         return p
 
     def take(self, p: int, j: int) -> None:
-        """ShmChannel.take of rank j's phase p, after a short busy poll."""
+        """ShmChannel.take of rank j's phase p, after :func:`_wait`."""
         if self.spin:
-            self.ch.poll(j, p, self.spin)
+            _wait(self.ch, j, p)
         self.ch.take(self.ctx, p, j)
 
 
