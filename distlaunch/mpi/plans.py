@@ -33,20 +33,22 @@ from ..collectives.context import OpTimeout
 from ..collectives.errors import CollectiveMismatchError
 from ..collectives.transport.shm import PHASE_HALF as _H
 from ..collectives.transport.shm import PHASE_MASK as _M
+from ..collectives.transport.shm_p2p import BUSY, busy_seconds
 from .comm import STATE, Handle
 from .datatypes import Spec
 
 MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
 _TYPES = (np.ndarray, bytearray, mmap.mmap, bytes, array.array)  # viewed anew per call
 _HEAD = struct.Struct("<q")  # all_to_all: the head of a phase buffer, the longest block
-# waiting for a peer: rounds of busy-polling its phase counter (SPIN checks, about 50
-# ns each), a sched_yield after each round (MPICH's MPIR_CVAR_POLLS_BEFORE_YIELD), then
-# the channel's own wait (a yield per check, futex sleeps, failure checks). A peer on
-# another core publishes within microseconds; a yield per check handed the core to any
-# runnable process, for a whole scheduler slice under load. Only when every rank can have
-# a core: with more ranks than cores, spinning keeps the awaited rank off this core
-SPIN, ROUNDS = 1000, 8
-_CORES = os.cpu_count() or 1
+# waiting for a peer: rounds of busy-polling its phase counter (SPIN checks, about 50 µs;
+# a sched_yield after each, as MPICH's polls before a yield) for the point-to-point
+# waiters' busy time (shm_p2p.busy_seconds: DISTLAUNCH_SHM_P2P_BUSY_US, default 100 µs;
+# none when the node's ranks have fewer CPUs than they are: a spinner holds the CPU of
+# the peer it waits for), then the channel's own wait (a sched_yield per check, futex
+# sleeps, failure checks). A peer on another core publishes within microseconds; a
+# yield per check hands the core to any runnable process, a scheduler slice under load
+SPIN = 1000
+_SPIN_S = 50e-6
 
 
 class Buf:
@@ -117,10 +119,10 @@ def key(op: str, a: Any, b: Any, root: int) -> tuple:
     )
 
 
-def _wait(ch: Any, j: int, p: int) -> None:
-    """Busy-poll rank j's counter for phase ``p`` in ROUNDS rounds of SPIN checks, with
-    a sched_yield between rounds (the caller then waits with the channel's checks)."""
-    for _ in range(ROUNDS):
+def _wait(ch: Any, j: int, p: int, rounds: int) -> None:
+    """Busy-poll rank j's counter for phase ``p`` in ``rounds`` rounds of SPIN checks,
+    a sched_yield after each (the caller then waits with the channel's checks)."""
+    for _ in range(rounds):
         if ch.poll(j, p, SPIN):
             return
         os.sched_yield()
@@ -143,7 +145,9 @@ class Plan:
         self.offs = [[self.ch.data_offset(j, k) for j in range(self.n)] for k in (0, 1)]
         self.mine = [offs[self.r] for offs in self.offs]
         self.peers = [j for j in range(self.n) if j != self.r]
-        self.spin = self.n <= _CORES
+        pids = self.ch.pids()
+        busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
+        self.spin = int(busy / _SPIN_S + 0.999)  # rounds of SPIN checks
 
     def views(self, a: Any, b: Any) -> tuple | None:
         """The call's (send, receive) bytes (None for a side without a Buf), or None when
@@ -167,7 +171,7 @@ class Plan:
         if (ch.all_at - p + 1) & _M >= _H:
             if self.spin:
                 for j in self.peers:
-                    _wait(ch, j, p - 1)
+                    _wait(ch, j, p - 1, self.spin)
             ch.settle(self.ctx, p)
         elif ch.unchecked:
             ch.settle(self.ctx, p)
@@ -176,7 +180,7 @@ class Plan:
     def take(self, p: int, j: int) -> None:
         """ShmChannel.take of rank j's phase p, after :func:`_wait`."""
         if self.spin:
-            _wait(self.ch, j, p)
+            _wait(self.ch, j, p, self.spin)
         self.ch.take(self.ctx, p, j)
 
 

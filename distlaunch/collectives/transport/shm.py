@@ -441,6 +441,11 @@ class ShmChannel:
             if self.r == 0:
                 _unlink(self.path)
 
+    def pids(self) -> list[int]:
+        """Every member's pid (0: a member that has not mapped the segment yet)."""
+        q = self.quads
+        return [q[self._ctl(j) // 8 + 1] for j in range(self.n)]
+
     def _mapped_all(self) -> bool:
         """Every member has mapped the segment (each writes its pid when it maps it; a
         closed member's stays)."""
