@@ -236,13 +236,13 @@ class Gather(Plan):
                 ch.publish(ctx, p, ctx.record, False)
             else:
                 ch.publish(ctx, p, ctx.record)
+                if src is not None:  # (while the others write theirs)
+                    dst[r * nb : (r + 1) * nb] = src
                 offs, mv = self.offs[p & 1], ch.mv
                 for j in range(self.n):
                     if j != r:
                         self.take(p, j)
                         dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
-                if src is not None:
-                    dst[r * nb : (r + 1) * nb] = src
         except BaseException as e:
             raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
         self.pg.leave(ctx)
@@ -306,12 +306,12 @@ class Allgather(Plan):
             offs, mv = self.offs[p & 1], ch.mv
             mv[offs[r] : offs[r] + nb] = own if src is None else src
             ch.publish(ctx, p, ctx.record)
+            if src is not None:  # (while the others write theirs)
+                own[:] = src
             for j in range(self.n):
                 if j != r:
                     self.take(p, j)
                     dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
-            if src is not None:
-                own[:] = src
         except BaseException as e:
             raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
         self.pg.leave(ctx)
@@ -348,6 +348,7 @@ class Alltoall(Plan):
                 if i != r:
                     mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
             ch.publish(ctx, p, ctx.record)
+            dst[r * nb : (r + 1) * nb] = src[r * nb : (r + 1) * nb]  # (while the others write)
             at = _TOTAL + r * L
             for j in range(n):
                 if j != r:
@@ -360,7 +361,6 @@ class Alltoall(Plan):
                             f"sends and receives blocks of {nb}"
                         )
                     dst[j * nb : (j + 1) * nb] = mv[o + at : o + at + nb]
-            dst[r * nb : (r + 1) * nb] = src[r * nb : (r + 1) * nb]
         except BaseException as e:
             raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
         self.pg.leave(ctx)
