@@ -49,6 +49,7 @@ _HEAD = struct.Struct("<q")  # all_to_all: the head of a phase buffer, the longe
 # yield per check hands the core to any runnable process, a scheduler slice under load
 SPIN = 1000
 _SPIN_S = 50e-6
+SPIN_MAX = 64 << 10  # bytes per block: larger calls wait as the channel does
 
 
 class Buf:
@@ -147,7 +148,8 @@ class Plan:
         self.peers = [j for j in range(self.n) if j != self.r]
         pids = self.ch.pids()
         busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
-        self.spin = int(busy / _SPIN_S + 0.999)  # rounds of SPIN checks
+        # rounds of SPIN checks; none for large blocks: a peer copying them takes longer
+        self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
 
     def views(self, a: Any, b: Any) -> tuple | None:
         """The call's (send, receive) bytes (None for a side without a Buf), or None when
