@@ -127,7 +127,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("MPI-style API: point to point, communicators", ["distlaunch.mpi.p2p", "distlaunch.mpi.comm"]),
     (
         "MPI-style API: collectives, environment, package",
-        ["distlaunch.mpi.intracomm", "distlaunch.mpi.environment", "distlaunch.mpi"],
+        ["distlaunch.mpi.plans", "distlaunch.mpi.intracomm", "distlaunch.mpi.environment", "distlaunch.mpi"],
     ),
     (
         "torch.distributed backend on the collectives: errors, Work, tensors, bootstrap",

@@ -80,3 +80,19 @@ def test_a_mismatch_in_the_last_call_is_reported_on_free(tmp_path):
             assert "root=0)" in line and "root=1)" in line, line
             if end == "Free":
                 assert "broadcast #2 on" in line and "last call" in line and "on destroy" in line, line
+
+
+def test_a_mismatch_in_the_last_call_is_reported_at_exit_without_finalize(tmp_path):
+    """The same disagreement in a program that ends without MPI.Finalize: MPI is
+    finalized at exit (as mpi4py does), so every rank reports the mismatch and exits 1
+    (the program exited 0 with nothing reported: the facade registered nothing at exit).
+    A program ending normally without Finalize still exits 0."""
+    rc, lines, err = run("coll_exit_mismatch", 2, tmp_path, True, timeout=60)
+    assert rc == 1, f"rc={rc}\n{err[-4000:]}"
+    assert "0 left without Finalize" in lines and "1 left without Finalize" in lines, lines
+    what = "distlaunch.mpi: MPI.Finalize at exit failed: CollectiveMismatchError"
+    failed = [ln for ln in err.splitlines() if ln.startswith(("[0]: " + what, "[1]: " + what))]
+    assert {ln[:4] for ln in failed} == {"[0]:", "[1]:"}, err[-4000:]
+    assert all("root=0)" in ln and "root=1)" in ln for ln in failed), failed
+    rc, lines, err = run("hello", 2, tmp_path, True, timeout=60)
+    assert rc == 0 and len(lines) == 2, f"rc={rc} {lines}\n{err[-2000:]}"

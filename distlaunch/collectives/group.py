@@ -97,7 +97,6 @@ def _shm_algorithm(name: str) -> Callable[..., None]:
 # the blocking small-operation fast path's algorithms
 _SHM_BARRIER = _shm_algorithm("barrier")
 _SHM_BROADCAST = _shm_algorithm("broadcast")
-_SHM = {n: _shm_algorithm(n) for n in ("broadcast", "gather", "scatter", "all_gather", "all_to_all")}
 
 _SEND = OP_CODES["send"]
 
@@ -212,6 +211,7 @@ class ProcessGroup(Members):
         self.completed = 0  # sequence number of the last finished collective
         self._backend: Backend | None = None  # chosen by the first collective
         self._fast: ShmBackend | None = None  # the backend when it has a small-op fast path
+        self.fast_channel: ShmChannel | None = None  # its channel (None: none, or shut down)
         self._fast_ctx: OpContext | None = None  # reused by _run_small
         self._fast_call: SmallCall | SmallAllReduce | None = None  # the call _fast_ctx describes
         self._open: list[Request] = []  # receives posted on the transport, maybe unmatched
@@ -231,7 +231,7 @@ class ProcessGroup(Members):
         self._executor.stop()
         err = self.check_last()
         self._fast_ctx = self._fast_call = None  # the cached call may hold views of the segment
-        self._fast = None
+        self._fast = self.fast_channel = None
         if self._backend is not None:
             self._backend.close()
             if self._backend.channel is not None:
@@ -268,6 +268,7 @@ class ProcessGroup(Members):
         if name is not None:
             try:
                 backend = self._fast = ShmBackend(ShmChannel(self, name, rt.shm_config))
+                self.fast_channel = backend.channel
             except ShmFullError as e:  # every member gets it: all use TCP
                 if self.rank == 0:
                     warn_full(e)
@@ -360,26 +361,48 @@ class ProcessGroup(Members):
                 return None
         return self.run(name, lambda b, ctx: b.run(op, ctx, *args), async_op, timeout=timeout, **meta)
 
-    def small_call(self, name: str, arr: np.ndarray, count: int, root: int = -1) -> SmallCall:
-        """The call record of a blocking operation ``name`` on ``arr``'s dtype (``count``
-        elements, ``root`` a group rank or -1) for :meth:`run_small`, packed once: the
-        fields :meth:`collective` would compare for the same call."""
-        code, dtype = OP_CODES[name], DTYPE_CODES[arr.dtype]
-        return SmallCall(
-            name, code, dtype, count, root, NO_REDOP, call_record(code, dtype, count, root, NO_REDOP)
-        )
+    def small_context(self, name: str, count: int, root: int = -1) -> OpContext | None:
+        """A context of its own for a caller that runs blocking ``name`` calls on bytes
+        (``count`` of them, ``root`` a group rank or -1) itself on the group's
+        shared-memory channel (``ctx.shm``), between :meth:`enter` and :meth:`leave`,
+        raising :meth:`fail`'s error: the MPI facade's plans. Its call record is the one
+        :meth:`collective` compares for the same call. None when the group has no
+        shared-memory fast path (not chosen yet, or TCP)."""
+        fast = self._fast
+        if fast is None:
+            return None
+        code, dtype = OP_CODES[name], DTYPE_CODES[np.dtype(np.uint8)]
+        ctx = OpContext(self, name, 0, dtype, count, root)
+        ctx.record = call_record(code, dtype, count, root, NO_REDOP)
+        ctx.shm = fast.channel
+        return ctx
 
-    def small_path(self, name: str) -> tuple[Callable[..., None], Callable[..., None]] | None:
-        """``(run, fn)``: ``run(call, fn, *args)`` runs a blocking ``name`` (``call`` from
-        :meth:`small_call`) with its shared-memory algorithm ``fn`` on ``args`` as
-        :meth:`collective` would (same sequence, checks and errors); None when this
-        group has no shared-memory fast path (not chosen yet, or TCP)."""
-        return None if self._fast is None else (self._run_small, _SHM[name])
+    def enter(self, ctx: OpContext) -> None:
+        """Start ``ctx``'s operation as the group's next blocking one (the fast path of
+        :meth:`run`: its sequence number, deadline and progress record). Raises the
+        group's first failure when it is broken."""
+        if self.broken is not None:
+            self.check_usable()
+        lock = self._seq_lock
+        lock.acquire()
+        self.seq = seq = self.seq + 1
+        self._current_op = ctx.op
+        lock.release()
+        if self._executor.pending:
+            self._executor.drain()
+        ctx.seq = seq
+        ctx.deadline = time.monotonic() + ctx.timeout
+        progress.begin(ctx.name, seq)
 
-    def shm_slot(self) -> int:
-        """Bytes of one shared-memory data buffer (what one eager phase holds); 0 when
-        the group has no shared-memory fast path."""
-        return 0 if self._fast is None else self._fast.channel.slot
+    def leave(self, ctx: OpContext) -> None:
+        """``ctx``'s operation (started by :meth:`enter`) completed."""
+        self.completed = ctx.seq
+        progress.end()
+
+    def fail(self, ctx: OpContext, e: BaseException) -> BaseException:
+        """The exception to raise for ``e`` inside ``ctx``'s operation (as :meth:`run`
+        raises it; the group is then broken and the other members told)."""
+        return self._failed(ctx, e)
 
     def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for an operation native on a shared-memory group
@@ -388,18 +411,10 @@ class ProcessGroup(Members):
         plan, which has its fields) describing the call for mismatch checks; reusing the
         same object for repeated calls skips copying it. Same sequence numbers, deadline
         and failure handling as ``run``; returns None."""
-        if self.broken is not None:
-            self.check_usable()
-        with self._seq_lock:
-            self.seq += 1
-            seq = self.seq
-            self._current_op = call.op
-        if self._executor.pending:
-            self._executor.drain()
         ctx = self._fast_ctx
         if ctx is None:
             assert self._fast is not None  # the caller checked it
-            ctx = self._fast_ctx = OpContext(self, call.name, seq)
+            ctx = self._fast_ctx = OpContext(self, call.name, 0)
             ctx.shm = self._fast.channel
             self._fast_call = None
         if self._fast_call is not call:
@@ -407,15 +422,12 @@ class ProcessGroup(Members):
             ctx.name, ctx.op, ctx.dtype, ctx.count = call.name, call.op, call.dtype, call.count
             ctx.root, ctx.redop = call.root, call.redop
             ctx.record = call.record
-        ctx.seq = seq
-        ctx.deadline = time.monotonic() + ctx.timeout
-        progress.begin(call.name, seq)
+        self.enter(ctx)
         try:
             fn(ctx, *args)
         except BaseException as e:
             raise self._failed(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        self.completed = seq
-        progress.end()
+        self.leave(ctx)
 
     # -- collectives (one method each; arrays flat and checked, roots group ranks)
 

@@ -14,7 +14,7 @@ reductions on contiguous predefined types run as the collectives' native operati
 (shared memory on one node) on views of the caller's buffers (a contiguous datatype's
 count is honoured without a copy; other types are packed; a call repeated with the same
 buffer specification objects reuses a plan kept on the communicator, see
-``intracomm._Plan``); the v-variants run as the
+:mod:`.plans`); the v-variants run as the
 runtime's all_to_all with the blocks they move (empty blocks elsewhere); lowercase
 alltoall and internal exchanges go over point-to-point in the communicator's
 collective context; reductions the
@@ -125,7 +125,7 @@ class Handle:
         self.name = name
         self.attrs: dict[int, Any] = {}
         self.freed = False
-        self.plans: dict[tuple, Any] = {}  # repeated buffer collectives (see intracomm._Plan)
+        self.plans: dict[tuple, Any] = {}  # repeated buffer collectives (see .plans)
 
     def global_rank(self, rank: int, what: str = "rank") -> int:
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:

@@ -3,13 +3,17 @@ timers, the processor name, Abort, and the features refused with NotImplementedE
 
 from __future__ import annotations
 
+import atexit
+import os
 import socket
+import sys
 import threading
 import time
 from typing import Any, NoReturn
 
 from .. import __version__
 from .. import collectives as dist
+from ..collectives.api import resolve_group
 from .comm import STATE
 
 THREAD_SINGLE, THREAD_FUNNELED, THREAD_SERIALIZED, THREAD_MULTIPLE = 0, 1, 2, 3
@@ -33,16 +37,52 @@ def Init_thread(required: int = THREAD_MULTIPLE) -> int:
 
 def Finalize() -> None:
     """Collective: a barrier on COMM_WORLD, then the process group is destroyed; no MPI
-    call may follow (MPIException)."""
+    call may follow (MPIException), also when it raised (a mismatch found by the barrier
+    or on destroy: the process group is gone then too)."""
+    _finalize(False)
+
+
+def _finalize(quiet: bool) -> None:
+    """Finalize; ``quiet``: no barrier on a world group that failed already (the program
+    was given that error)."""
     with STATE.lock:
         if STATE.finalized:
             return
-        if dist.is_initialized():
-            if dist.get_world_size() > 1:
-                dist.barrier()
-            dist.destroy_process_group()
-        STATE.finalized = True
-        STATE.engine = None
+        try:
+            if dist.is_initialized():
+                try:
+                    if dist.get_world_size() > 1 and not (
+                        quiet and getattr(resolve_group(None), "broken", None)
+                    ):
+                        dist.barrier()
+                finally:
+                    dist.destroy_process_group()
+        finally:
+            STATE.finalized = True
+            STATE.engine = None
+
+
+def _finalize_at_exit() -> None:
+    """Finalize when the interpreter exits, as mpi4py does (``mpi4py.rc.finalize``): a
+    program that ends without MPI.Finalize still has its communicators' last calls
+    compared (an eager call nobody compared). A failure there is printed as one line
+    and the process exits with status 1 (MPICH's finalize aborts on an error); an error
+    the program was given already (its world group failed) is not raised again. Skipped
+    when MPI was never used, and when an unhandled exception ends the program: the
+    process is failing already and its launcher ends the job, whereas Finalize's
+    barrier would wait for ranks that may be waiting for this one."""
+    if STATE.engine is None or STATE.finalized or getattr(sys, "last_value", None) is not None:
+        return
+    try:
+        _finalize(True)
+    except BaseException as e:  # noqa: BLE001  (any failure ends the process with status 1)
+        sys.stdout.flush()
+        sys.stderr.write(f"distlaunch.mpi: MPI.Finalize at exit failed: {type(e).__name__}: {e}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+atexit.register(_finalize_at_exit)
 
 
 def Is_initialized() -> bool:

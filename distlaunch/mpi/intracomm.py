@@ -13,13 +13,13 @@ arguments raise MPIException.
 from __future__ import annotations
 
 import functools
-import mmap
 from typing import Any
 
 import numpy as np
 
 from .. import collectives as dist
 from ..collectives.api import resolve_group
+from . import plans
 from .comm import (
     COMM_TYPE_SHARED,
     IN_PLACE,
@@ -93,129 +93,18 @@ def _unblock(r: Spec, outs: list | None, n: int) -> None:
             r.unpack(o, r.displ + i * r.count)
 
 
-# -- repeated buffer collectives (mpi4py programs call one operation with the same
-# buffers in a loop): the first call resolves and checks everything through the general
-# path and keeps a _Plan on the communicator's handle; a later call whose buffer
-# specifications are the same objects runs the group's shared-memory fast path at once
-
-_MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
-_REMADE = (bytearray, mmap.mmap, bytes)  # viewed anew per call: see _Buf
-
-
-class _Buf:
-    """The data bytes of one buffer specification of a repeated (small) call: ``blocks``
-    equal blocks from the spec's displacement. Holds no reference to the buffer (a plan
-    must not keep a dead buffer alive, nor stop the program from closing its mmap or
-    resizing its array): a call whose buffer object has the plan's key (its id), type,
-    length, count and datatype has its bytes viewed anew from the object it passes."""
-
-    __slots__ = ("tp", "rest", "off", "nb", "length", "writable")
-
-    def __init__(self, spec: Any, s: Spec, blocks: int) -> None:
-        listed = type(spec) is list
-        obj = spec[0] if listed else spec
-        self.tp = type(obj)
-        self.rest = spec[1:] if listed else None  # compared by value: the count, the type
-        self.off = s.displ * s.datatype.extent
-        self.nb = s.nbytes * blocks
-        # a count taken from the buffer's length changes with it (resized)
-        self.length = _length(obj)
-        self.writable = np.frombuffer(obj, _U8, 0).flags.writeable
-
-    def same(self, spec: Any) -> bool:
-        """``spec`` is like the specification this was made from (same buffer type,
-        count, datatype and length; the caller matched the object's id)."""
-        if type(spec) is list:
-            if self.rest is None or spec[1:] != self.rest:
-                return False
-            spec = spec[0]
-        elif self.rest is not None:
-            return False
-        return type(spec) is self.tp and _length(spec) == self.length
-
-    def u8(self, spec: Any) -> np.ndarray:
-        """The bytes of ``spec`` (ValueError when the buffer does not hold them: closed,
-        not contiguous, read-only where the plan's was writable)."""
-        a = np.frombuffer(spec[0] if type(spec) is list else spec, _U8, self.nb, self.off)
-        if self.writable and not a.flags.writeable:
-            raise ValueError("read-only")
-        return a
-
-
-def _length(obj: Any) -> int:
-    return obj.nbytes if type(obj) is np.ndarray else len(obj)
-
-
-def _buf(spec: Any, s: Spec | None, blocks: int = 1) -> Any:
-    """A _Buf of ``spec`` (parsed as ``s``; None: not used on this rank, so None) when
-    it can have one: a contiguous type on a numpy array or a plain buffer object that
-    holds ``blocks`` blocks; else _NO."""
-    if s is None:
+def _planned(h: Handle | None, op: str, a: Any, b: Any, root: int) -> Any:
+    """The plan an earlier call with these buffer objects left (see :mod:`.plans`), or None."""
+    if h is None:
         return None
-    obj = spec[0] if type(spec) is list else spec
-    if not s.datatype.contiguous or (type(obj) is not np.ndarray and type(obj) not in _REMADE):
-        return _NO
-    b = _Buf(spec, s, blocks)
-    v = s.view(s.count * blocks)
-    return b if v is not None and len(v) == b.nb else _NO
-
-
-_NO: Any = object()  # a used buffer that cannot have a _Buf
-
-
-def _key(op: str, a: Any, b: Any, root: int) -> tuple:
-    """A plan's key: the operation, the buffer objects, the root."""
-    return (
-        op,
-        id(a[0]) if type(a) is list and a else id(a),
-        id(b[0]) if type(b) is list and b else id(b),
-        root,
+    return h.plans.get(
+        (
+            op,
+            id(a[0]) if type(a) is list and a else id(a),
+            id(b[0]) if type(b) is list and b else id(b),
+            root,
+        )
     )
-
-
-class _Plan:
-    """A repeated buffer collective: the group, its call record, and the buffers (``a``
-    the send side, ``b`` the receive side; None: IN_PLACE or not used on this rank),
-    each cut into ``n`` blocks where the operation takes blocks."""
-
-    __slots__ = ("eng", "run", "fn", "call", "a", "b", "n", "rank")
-
-    def __init__(self, eng: Any, pg: Any, name: str, count: int, root: int, a: Any, b: Any) -> None:
-        self.eng, self.a, self.b, self.n, self.rank = eng, a, b, pg.size, pg.rank
-        self.run, self.fn = pg.small_path(name)
-        self.call = pg.small_call(name, _empty(0), count, root)
-
-
-def _run_rooted(
-    plan: _Plan, mine_spec: _Buf | None, mine: Any, whole_spec: _Buf | None, whole: Any, root: int
-) -> bool:
-    """Run a planned Gather or Scatter: ``mine`` is this rank's block buffer (None spec:
-    IN_PLACE or none), ``whole`` the root's buffer of every rank's block (None spec off the
-    root). False when a buffer can no longer be viewed (closed, resized): the caller then
-    takes the general path."""
-    try:
-        own = mine_spec.u8(mine) if mine_spec is not None else None
-        every = whole_spec.u8(whole) if whole_spec is not None else None
-    except ValueError:
-        return False
-    if every is None:
-        plan.run(plan.call, plan.fn, own, None, root)
-    else:
-        blocks = _blocks_of(every, plan.n)
-        plan.run(plan.call, plan.fn, blocks[root] if own is None else own, blocks, root)
-    return True
-
-
-def _blocks_of(u8: np.ndarray, n: int) -> list[np.ndarray]:
-    m = len(u8) // n
-    return [u8[i * m : (i + 1) * m] for i in range(n)]
-
-
-def _keep(h: Handle, key: tuple, plan: _Plan) -> None:
-    plans = h.plans
-    if len(plans) >= _MAX_PLANS:
-        plans.clear()
-    plans[key] = plan
 
 
 class Intracomm(Comm):
@@ -333,50 +222,19 @@ class Intracomm(Comm):
 
     # -- buffer collectives
 
-    def _planned(self, op: str, a: Any, b: Any, root: int) -> _Plan | None:
-        """The plan of this call when an earlier one made it and it still applies (the
-        same buffers, the same MPI engine: not finalized or re-initialised)."""
-        h = self._handle
-        if h is None:
-            return None
-        plan = h.plans.get(
-            (
-                op,
-                id(a[0]) if type(a) is list and a else id(a),
-                id(b[0]) if type(b) is list and b else id(b),
-                root,
-            )
-        )
-        if plan is None:
-            return None
-        pa, pb = plan.a, plan.b
-        if (pa is None or pa.same(a)) and (pb is None or pb.same(b)) and STATE.live() is plan.eng:
-            return plan
-        return None
-
-    def _plan(self, h: Handle, op: str, a: Any, b: Any, root: int, pa: Any, pb: Any, count: int) -> None:
-        """Keep a plan for repeating this call (it just ran through the general path,
-        which checked everything) when its group has the shared-memory fast path. ``a``,
-        ``b``: the call's send and receive specifications; ``pa``, ``pb``: their
-        :func:`_buf` (None where this rank does not use one: IN_PLACE, a non-root's
-        ignored buffer; the key holds the object's identity; _NO: no plan)."""
-        if h.size > 1 and pa is not _NO and pb is not _NO:
-            pg = _pg(h)
-            fast = pg.small_path(op)
-            # small calls only (one eager phase): what plans save is per-call overhead
-            if fast is not None and max(pa.nb if pa else 0, pb.nb if pb else 0) <= pg.shm_slot():
-                _keep(h, _key(op, a, b, root), _Plan(STATE.engine, pg, op, count, root, pa, pb))
+    def _plan(
+        self, h: Handle, op: str, a: Any, b: Any, root: int, pa: Any, pb: Any, count: int, nb: int
+    ) -> None:
+        """Leave a plan for repeating this call (see :func:`.plans.keep`): ``a``, ``b``
+        the send and receive specifications, ``pa``, ``pb`` their :func:`.plans.buf_of`,
+        ``count`` the call record's count, ``nb`` bytes per block."""
+        if h.size > 1:
+            plans.keep(h, _pg(h), op, plans.key(op, a, b, root), count, root, pa, pb, nb)
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        plan = self._planned("broadcast", buf, None, root)
-        if plan is not None:
-            try:
-                u8 = plan.a.u8(buf)
-            except ValueError:
-                pass  # the general path says what is wrong
-            else:
-                plan.run(plan.call, plan.fn, u8, root)
-                return
+        plan = _planned(self._handle, "broadcast", buf, None, root)
+        if plan is not None and plan.run(buf, None):
+            return
         h = self._h()
         self._eng()
         h.global_rank(root, "root")
@@ -386,7 +244,8 @@ class Intracomm(Comm):
         v = s.view()
         if v is not None:
             _pg(h).broadcast(v, root)
-            self._plan(h, "broadcast", buf, None, root, _buf(buf, s), None, len(v))
+            pa = plans.buf_of(buf, s, write=h.rank != root)
+            self._plan(h, "broadcast", buf, None, root, pa, None, len(v), len(v))
             return
         tmp = s.pack() if h.rank == root else _empty(s.nbytes)
         _pg(h).broadcast(tmp, root)
@@ -394,8 +253,8 @@ class Intracomm(Comm):
             s.unpack(tmp)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        plan = self._planned("gather", sendbuf, recvbuf, root)
-        if plan is not None and _run_rooted(plan, plan.a, sendbuf, plan.b, recvbuf, root):
+        plan = _planned(self._handle, "gather", sendbuf, recvbuf, root)
+        if plan is not None and plan.run(sendbuf, recvbuf):
             return
         h = self._h()
         self._eng()
@@ -417,11 +276,12 @@ class Intracomm(Comm):
         _pg(h).gather(data, outs, root)
         if r is not None:
             _unblock(r, outs, h.size)
-        self._plan(h, "gather", sendbuf, recvbuf, root, _buf(sendbuf, s), _buf(recvbuf, r, h.size), len(data))
+        pa, pb = plans.buf_of(sendbuf, s), plans.buf_of(recvbuf, r, h.size, True)
+        self._plan(h, "gather", sendbuf, recvbuf, root, pa, pb, len(data), len(data))
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        plan = self._planned("scatter", sendbuf, recvbuf, root)
-        if plan is not None and _run_rooted(plan, plan.b, recvbuf, plan.a, sendbuf, root):
+        plan = _planned(self._handle, "scatter", sendbuf, recvbuf, root)
+        if plan is not None and plan.run(sendbuf, recvbuf):
             return
         h = self._h()
         self._eng()
@@ -441,19 +301,13 @@ class Intracomm(Comm):
             _pg(h).scatter(out, ins, root)
         if r is not None and r.view() is None:
             r.unpack(out)
-        self._plan(h, "scatter", sendbuf, recvbuf, root, _buf(sendbuf, s, h.size), _buf(recvbuf, r), len(out))
+        pa, pb = plans.buf_of(sendbuf, s, h.size), plans.buf_of(recvbuf, r, 1, True)
+        self._plan(h, "scatter", sendbuf, recvbuf, root, pa, pb, len(out), len(out))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        plan = self._planned("all_gather", sendbuf, recvbuf, -1)
-        if plan is not None:
-            try:
-                inp = plan.a.u8(sendbuf) if plan.a is not None else None
-                outs = _blocks_of(plan.b.u8(recvbuf), plan.n)
-            except ValueError:
-                pass
-            else:
-                plan.run(plan.call, plan.fn, outs, outs[plan.rank] if inp is None else inp)
-                return
+        plan = _planned(self._handle, "all_gather", sendbuf, recvbuf, -1)
+        if plan is not None and plan.run(sendbuf, recvbuf):
+            return
         h = self._h()
         self._eng()
         r = parse(recvbuf, True, blocks=h.size)
@@ -471,20 +325,13 @@ class Intracomm(Comm):
         else:
             _pg(h).all_gather(outs, data)
         _unblock(r, outs, h.size)
-        self._plan(
-            h, "all_gather", sendbuf, recvbuf, -1, _buf(sendbuf, s), _buf(recvbuf, r, h.size), len(data)
-        )
+        pa, pb = plans.buf_of(sendbuf, s), plans.buf_of(recvbuf, r, h.size, True)
+        self._plan(h, "all_gather", sendbuf, recvbuf, -1, pa, pb, len(data), len(data))
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        plan = self._planned("all_to_all", sendbuf, recvbuf, -1)
-        if plan is not None and plan.a is not None:
-            try:
-                ins, outs = _blocks_of(plan.a.u8(sendbuf), plan.n), _blocks_of(plan.b.u8(recvbuf), plan.n)
-            except ValueError:
-                pass
-            else:
-                plan.run(plan.call, plan.fn, outs, ins)
-                return
+        plan = _planned(self._handle, "all_to_all", sendbuf, recvbuf, -1)
+        if plan is not None and plan.run(sendbuf, recvbuf):
+            return
         h = self._h()
         self._eng()
         r = parse(recvbuf, True, blocks=h.size)
@@ -495,7 +342,8 @@ class Intracomm(Comm):
             ins = [b.copy() for b in ins]
         self._alltoall(h, ins, r, [r.count] * n, [r.displ + i * r.count for i in range(n)])
         if sendbuf is not IN_PLACE and s.nbytes == r.nbytes:
-            self._plan(h, "all_to_all", sendbuf, recvbuf, -1, _buf(sendbuf, s, n), _buf(recvbuf, r, n), 0)
+            pa, pb = plans.buf_of(sendbuf, s, n), plans.buf_of(recvbuf, r, n, True)
+            self._plan(h, "all_to_all", sendbuf, recvbuf, -1, pa, pb, 0, s.nbytes)
 
     def _alltoall(self, h: Handle, ins: list, r: Spec, counts: list[int], displs: list[int]) -> None:
         """Block i of ``ins`` (bytes) to rank i; what rank i sends into ``counts[i]``

@@ -290,6 +290,7 @@ class ShmChannel:
         self.words = memoryview(self.mm).cast("I")
         self.quads = memoryview(self.mm).cast("q")
         self.raw = np.frombuffer(self.mm, np.uint8)
+        self.mv = memoryview(self.mm)  # the segment as bytes (for callers copying from buffers)
         self._anchor = ctypes.c_char.from_buffer(self.mm)
         self.base = ctypes.addressof(self._anchor)
         self._futex = _futex_fn()
@@ -333,6 +334,10 @@ class ShmChannel:
         """Rank j's buffer of phase p as ``count`` elements of ``dtype`` from byte
         ``offset``."""
         return self.bufs[j][p & 1][offset : offset + count * dtype.itemsize].view(dtype)
+
+    def data_offset(self, j: int, p: int) -> int:
+        """Byte offset in the segment (``mv``) of rank j's data buffer of phase p."""
+        return self._buf_offs[j][p & 1]
 
     def views(self, p: int, dtype: np.dtype, count: int) -> list:
         """Every rank's buffer of phase p as ``count`` x ``dtype`` (cached: small
@@ -407,6 +412,17 @@ class ShmChannel:
         finally:
             w[flag] = 0
 
+    def poll(self, j: int, p: int, checks: int) -> bool:
+        """Busy-poll rank j's counter up to ``checks`` times without yielding the core
+        or sleeping; True once j published phase ``p``. The cheapest wait when j runs
+        on another core and is about to publish (a few microseconds); callers follow it
+        with :meth:`need` (or :meth:`take`), which yields, sleeps and checks failures."""
+        w, idx = self.words, self._cidx[j]
+        for _ in range(checks):
+            if (w[idx] - p) & _M < _H:
+                return True
+        return False
+
     def need_all(self, p: int, ctx: OpContext) -> None:
         """``need`` on every other rank."""
         if (self.all_at - p) & _M < _H:
@@ -424,6 +440,11 @@ class ShmChannel:
             self._unlinked = True  # every member has mapped the segment
             if self.r == 0:
                 _unlink(self.path)
+
+    def pids(self) -> list[int]:
+        """Every member's pid (0: a member that has not mapped the segment yet)."""
+        q = self.quads
+        return [q[self._ctl(j) // 8 + 1] for j in range(self.n)]
 
     def _mapped_all(self) -> bool:
         """Every member has mapped the segment (each writes its pid when it maps it; a
@@ -648,7 +669,7 @@ class ShmChannel:
             pass
         try:
             # drop every export of the mapping; a closed channel has none of these
-            del self.bufs, self.mine, self._views, self._plans, self.raw, self.words, self.quads
+            del self.bufs, self.mine, self._views, self._plans, self.raw, self.mv, self.words, self.quads
             del self._anchor
             self.mm.close()
         except (BufferError, AttributeError):  # AttributeError: closed before

@@ -1,0 +1,398 @@
+"""Plans of repeated small buffer collectives. mpi4py programs call one operation with
+the same buffers in a loop (the OSU benchmarks, halo exchanges): the first call goes
+through the general path of :mod:`.intracomm`, which resolves and checks everything,
+and, when the communicator's group runs on shared memory and the call fits one eager
+phase, leaves a plan on the communicator's handle. A later call with the same buffer
+objects, counts and datatypes runs the plan: the call record, the context, the segment
+offsets and this rank's part are computed once, and the call is the eager algorithm of
+:mod:`distlaunch.collectives.algorithms.shm` written out for bytes (same phases, same
+layout, same call records, so a planned rank and a rank on the general path run one
+operation together), between the group's :meth:`~.ProcessGroup.enter` and
+:meth:`~.ProcessGroup.leave`.
+
+A plan holds no reference to a buffer (it must not keep a dead buffer alive, nor stop
+the program from closing its mmap or resizing its array): it keys on the buffer object's
+id, and a call whose buffer has the plan's type, size, count and datatype has its bytes
+viewed anew (a memoryview) from the object it passes. A buffer that no longer fits (a
+closed mmap, a resized array, a read-only receive buffer) sends the call down the
+general path, which says what is wrong.
+"""
+
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+from ..collectives.algorithms.shm import _TOTAL, _width
+from ..collectives.context import OpTimeout
+from ..collectives.errors import CollectiveMismatchError
+from ..collectives.transport.shm import PHASE_HALF as _H
+from ..collectives.transport.shm import PHASE_MASK as _M
+from ..collectives.transport.shm_p2p import BUSY, busy_seconds
+from .comm import STATE, Handle
+from .datatypes import Spec
+
+MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
+_TYPES = (np.ndarray, bytearray, mmap.mmap, bytes, array.array)  # viewed anew per call
+_HEAD = struct.Struct("<q")  # all_to_all: the head of a phase buffer, the longest block
+# waiting for a peer: rounds of busy-polling its phase counter (SPIN checks, about 50 µs;
+# a sched_yield after each, as MPICH's polls before a yield) for the point-to-point
+# waiters' busy time (shm_p2p.busy_seconds: DISTLAUNCH_SHM_P2P_BUSY_US, default 100 µs;
+# none when the node's ranks have fewer CPUs than they are: a spinner holds the CPU of
+# the peer it waits for), then the channel's own wait (a sched_yield per check, futex
+# sleeps, failure checks). A peer on another core publishes within microseconds; a
+# yield per check hands the core to any runnable process, a scheduler slice under load
+SPIN = 1000
+_SPIN_S = 50e-6
+SPIN_MAX = 64 << 10  # bytes per block: larger calls wait as the channel does
+
+
+class Buf:
+    """How to view the data bytes of one buffer specification of a planned call:
+    ``nb`` bytes from byte ``off`` of an object of type ``tp`` holding ``nbytes``
+    bytes, given as ``[obj, *rest]`` (``rest`` compared by value: the count, the
+    datatype) or as the object (``rest`` None)."""
+
+    __slots__ = ("tp", "rest", "off", "nb", "nbytes", "cast", "write")
+
+    def __init__(self, spec: Any, obj: Any, s: Spec, blocks: int, write: bool) -> None:
+        self.tp = type(obj)
+        self.rest = spec[1:] if type(spec) is list else None
+        self.off = s.displ * s.datatype.extent
+        self.nb = s.nbytes * blocks
+        m = memoryview(obj)
+        self.nbytes = m.nbytes
+        self.cast = m.format != "B" or m.ndim != 1  # numpy arrays of other dtypes, array('d')
+        self.write = write  # this rank writes into it: it must still be writable
+
+    def view(self, spec: Any) -> memoryview | None:
+        """The plan's bytes of ``spec`` (a flat byte memoryview), or None when ``spec``
+        is not like the one the plan was made from or its buffer cannot give them."""
+        if self.rest is not None:
+            if type(spec) is not list or spec[1:] != self.rest:
+                return None
+            spec = spec[0]
+        if type(spec) is not self.tp:
+            return None
+        try:
+            m = memoryview(spec)
+            if self.cast:
+                m = m.cast("B")
+        except (ValueError, TypeError):  # a closed mmap; an array no longer contiguous
+            return None
+        if m.nbytes != self.nbytes or (self.write and m.readonly):
+            return None
+        return m[self.off : self.off + self.nb]
+
+
+def buf_of(spec: Any, s: Spec | None, blocks: int = 1, write: bool = False) -> Any:
+    """A :class:`Buf` of ``spec`` (parsed as ``s``; None: not used on this rank, so
+    None) when it can have one: a contiguous type on a numpy array or a plain buffer
+    object that holds ``blocks`` blocks from its displacement; else :data:`NO`."""
+    if s is None:
+        return None
+    obj = spec[0] if type(spec) is list else spec
+    if not s.datatype.contiguous or type(obj) not in _TYPES:
+        return NO
+    try:
+        b = Buf(spec, obj, s, blocks, write)
+    except (ValueError, TypeError):
+        return NO
+    v = s.view(s.count * blocks)
+    return b if v is not None and len(v) == b.nb and b.off + b.nb <= b.nbytes else NO
+
+
+NO: Any = object()  # a used buffer that cannot have a Buf
+
+
+def key(op: str, a: Any, b: Any, root: int) -> tuple:
+    """A plan's key: the operation, the buffer objects, the root."""
+    return (
+        op,
+        id(a[0]) if type(a) is list and a else id(a),
+        id(b[0]) if type(b) is list and b else id(b),
+        root,
+    )
+
+
+def _wait(ch: Any, j: int, p: int, rounds: int) -> None:
+    """Busy-poll rank j's counter for phase ``p`` in ``rounds`` rounds of SPIN checks,
+    a sched_yield after each (the caller then waits with the channel's checks)."""
+    for _ in range(rounds):
+        if ch.poll(j, p, SPIN):
+            return
+        os.sched_yield()
+
+
+class Plan:
+    """A repeated small call on ``pg``'s shared-memory channel ``ch``: ``a`` the send
+    side's :class:`Buf`, ``b`` the receive side's (None: IN_PLACE, or not used on this
+    rank), ``nb`` bytes per block. ``run(a_spec, b_spec)`` runs the call and returns
+    True, or returns False (nothing done) when the plan does not apply to them."""
+
+    __slots__ = ("eng", "pg", "ch", "ctx", "a", "b", "nb", "n", "r", "root", "mine", "offs", "peers", "spin")
+
+    def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
+        self.eng = STATE.engine
+        self.pg, self.ctx, self.ch = pg, ctx, ctx.shm
+        self.a, self.b, self.nb, self.root = a, b, nb, root
+        self.n, self.r = pg.size, pg.rank
+        # the segment offset of each rank's data buffer, per phase parity
+        self.offs = [[self.ch.data_offset(j, k) for j in range(self.n)] for k in (0, 1)]
+        self.mine = [offs[self.r] for offs in self.offs]
+        self.peers = [j for j in range(self.n) if j != self.r]
+        pids = self.ch.pids()
+        busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
+        # rounds of SPIN checks; none for large blocks: a peer copying them takes longer
+        self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
+
+    def views(self, a: Any, b: Any) -> tuple | None:
+        """The call's (send, receive) bytes (None for a side without a Buf), or None when
+        the plan does not apply (another MPI engine: finalized, re-initialised; the
+        group shut down; buffers unlike the plan's)."""
+        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
+            return None
+        pa, pb = self.a, self.b
+        sa = pa.view(a) if pa is not None else None
+        if sa is None and pa is not None:
+            return None
+        sb = pb.view(b) if pb is not None else None
+        if sb is None and pb is not None:
+            return None
+        return sa, sb
+
+    def open(self) -> int:
+        """Open the operation's one phase (as ShmChannel.open; after the group's enter)."""
+        ch = self.ch
+        p = ch.phase + 1
+        if (ch.all_at - p + 1) & _M >= _H:
+            if self.spin:
+                for j in self.peers:
+                    _wait(ch, j, p - 1, self.spin)
+            ch.settle(self.ctx, p)
+        elif ch.unchecked:
+            ch.settle(self.ctx, p)
+        return p
+
+    def take(self, p: int, j: int) -> None:
+        """ShmChannel.take of rank j's phase p, after :func:`_wait`."""
+        if self.spin:
+            _wait(self.ch, j, p, self.spin)
+        self.ch.take(self.ctx, p, j)
+
+
+class Bcast(Plan):
+    """algorithms.shm.broadcast's eager phase: the root writes and leaves; the others
+    take the root's buffer (and compare its call)."""
+
+    __slots__ = ()
+
+    def run(self, a: Any, b: Any) -> bool:
+        # (one buffer: the checks of views() written out, the most frequent call)
+        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
+            return False
+        m = self.a.view(a)  # type: ignore[union-attr]
+        if m is None:
+            return False
+        ch, ctx, nb = self.ch, self.ctx, self.nb
+        self.pg.enter(ctx)
+        try:
+            p = self.open()
+            o = self.offs[p & 1][self.root]
+            if self.r == self.root:
+                ch.mv[o : o + nb] = m
+                ch.publish(ctx, p, ctx.record, False)
+            else:
+                ch.publish(ctx, p, ctx.record, self.n <= 2)  # (n = 2: compared with all)
+                self.take(p, self.root)
+                m[:] = ch.mv[o : o + nb]
+        except BaseException as e:
+            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
+        self.pg.leave(ctx)
+        return True
+
+
+class Gather(Plan):
+    """algorithms.shm's gather, one eager phase: the others write and leave; the root
+    takes each rank's block into its receive buffer (``a`` None: IN_PLACE)."""
+
+    __slots__ = ()
+
+    def run(self, a: Any, b: Any) -> bool:
+        got = self.views(a, b)
+        if got is None:
+            return False
+        src, dst = got
+        ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
+        self.pg.enter(ctx)
+        try:
+            p = self.open()
+            if r != self.root:
+                o = self.mine[p & 1]
+                ch.mv[o : o + nb] = src
+                ch.publish(ctx, p, ctx.record, False)
+            else:
+                ch.publish(ctx, p, ctx.record)
+                if src is not None:  # (while the others write theirs)
+                    dst[r * nb : (r + 1) * nb] = src
+                offs, mv = self.offs[p & 1], ch.mv
+                for j in range(self.n):
+                    if j != r:
+                        self.take(p, j)
+                        dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
+        except BaseException as e:
+            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
+        self.pg.leave(ctx)
+        return True
+
+
+class Scatter(Plan):
+    """algorithms.shm's scatter, one eager phase: the root writes block i at ``i * L``
+    of its buffer and leaves; rank i takes its block (``b`` None: the root's IN_PLACE)."""
+
+    __slots__ = ("width",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.width = _width(self.ch, self.n, 0)
+
+    def run(self, a: Any, b: Any) -> bool:
+        got = self.views(a, b)
+        if got is None:
+            return False
+        src, dst = got
+        ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
+        self.pg.enter(ctx)
+        try:
+            p = self.open()
+            if r == self.root:
+                o, mv = self.mine[p & 1], ch.mv
+                for i in range(self.n):
+                    if i != r:
+                        mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
+                ch.publish(ctx, p, ctx.record, False)
+                if dst is not None:
+                    dst[:] = src[r * nb : (r + 1) * nb]
+            else:
+                ch.publish(ctx, p, ctx.record, self.n <= 2)
+                self.take(p, self.root)
+                o = self.offs[p & 1][self.root] + r * L
+                dst[:] = ch.mv[o : o + nb]
+        except BaseException as e:
+            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
+        self.pg.leave(ctx)
+        return True
+
+
+class Allgather(Plan):
+    """algorithms.shm.all_gather's eager phase: every rank writes its block, then takes
+    every other rank's (``a`` None: IN_PLACE, its block is in the receive buffer)."""
+
+    __slots__ = ()
+
+    def run(self, a: Any, b: Any) -> bool:
+        got = self.views(a, b)
+        if got is None:
+            return False
+        src, dst = got
+        ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
+        own = dst[r * nb : (r + 1) * nb]
+        self.pg.enter(ctx)
+        try:
+            p = self.open()
+            offs, mv = self.offs[p & 1], ch.mv
+            mv[offs[r] : offs[r] + nb] = own if src is None else src
+            ch.publish(ctx, p, ctx.record)
+            if src is not None:  # (while the others write theirs)
+                own[:] = src
+            for j in range(self.n):
+                if j != r:
+                    self.take(p, j)
+                    dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
+        except BaseException as e:
+            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
+        self.pg.leave(ctx)
+        return True
+
+
+class Alltoall(Plan):
+    """algorithms.shm.route's eager phase for all_to_all: every rank writes its longest
+    block (every block: ``nb``) at the head of its buffer and block i at ``head + i *
+    L``, then takes block r of every other rank; its own block is copied directly. A
+    rank whose head says another block size runs a different call: mismatch."""
+
+    __slots__ = ("width", "head")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.width = _width(self.ch, self.n, _TOTAL)
+        self.head = _HEAD.pack(self.nb)
+
+    def run(self, a: Any, b: Any) -> bool:
+        got = self.views(a, b)
+        if got is None:
+            return False
+        src, dst = got
+        ch, ctx, nb, r, L, n = self.ch, self.ctx, self.nb, self.r, self.width, self.n
+        self.pg.enter(ctx)
+        try:
+            p = self.open()
+            offs, mv = self.offs[p & 1], ch.mv
+            o = offs[r]
+            mv[o : o + 8] = self.head
+            o += _TOTAL
+            for i in range(n):
+                if i != r:
+                    mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
+            ch.publish(ctx, p, ctx.record)
+            dst[r * nb : (r + 1) * nb] = src[r * nb : (r + 1) * nb]  # (while the others write)
+            at = _TOTAL + r * L
+            for j in range(n):
+                if j != r:
+                    self.take(p, j)
+                    o = offs[j]
+                    if mv[o : o + 8] != self.head:
+                        raise CollectiveMismatchError(
+                            f"rank {self.pg.ranks[j]} sends Alltoall blocks of "
+                            f"{_HEAD.unpack(mv[o : o + 8])[0]} bytes but rank {self.pg.ranks[r]} "
+                            f"sends and receives blocks of {nb}"
+                        )
+                    dst[j * nb : (j + 1) * nb] = mv[o + at : o + at + nb]
+        except BaseException as e:
+            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
+        self.pg.leave(ctx)
+        return True
+
+
+# operation -> (plan class, the largest eager block in bytes for a channel of n ranks)
+KINDS = {
+    "broadcast": (Bcast, lambda ch, n: ch.slot),
+    "gather": (Gather, lambda ch, n: ch.slot),
+    "scatter": (Scatter, lambda ch, n: _width(ch, n, 0)),
+    "all_gather": (Allgather, lambda ch, n: ch.slot),
+    "all_to_all": (Alltoall, lambda ch, n: _width(ch, n, _TOTAL)),
+}
+
+
+def keep(h: Handle, pg: Any, op: str, k: tuple, count: int, root: int, a: Any, b: Any, nb: int) -> None:
+    """Keep a plan for repeating this call (it just ran through the general path, which
+    checked everything) when its group has the shared-memory fast path and a block of
+    ``nb`` bytes fits one eager phase. ``k``: its :func:`key`; ``count``: the element
+    count of the call record (as the general path's); ``a``, ``b``: :func:`buf_of`."""
+    if a is NO or b is NO:
+        return
+    ctx = pg.small_context(op, count, root)
+    if ctx is None:
+        return
+    cls, most = KINDS[op]
+    if nb > most(ctx.shm, pg.size):
+        return  # several phases: what plans save is per-call overhead
+    plans = h.plans
+    if len(plans) >= MAX_PLANS:
+        plans.clear()
+    plans[k] = cls(pg, ctx, a, b, nb, root)
