@@ -145,8 +145,8 @@ def _run_single(cfg: LaunchConfig, mode: SingleNode, plan: Plan) -> int:
         listener = None  # the server's now
         return _run_agent(cfg, mode, server, fields, plan, guard, first)
     finally:
-        if first is not None:  # the agent did not get to run them: stop them as it would
-            first.group.stop()
+        if first is not None:  # stopped with grace unless the agent ran them (then a no-op)
+            first.group.close()
             from .agent.guard import remove_matching
 
             remove_matching(first.scratch)

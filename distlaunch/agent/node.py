@@ -165,7 +165,8 @@ class NodeAgent:
                         if cause is None:
                             raise
                         if self._first is not None:  # head-planned round 0: stop its workers
-                            self._stop_first(cause)
+                            first, self._first = self._first.group, None
+                            first.stop(cause.signum if isinstance(cause, Signal) else signal.SIGTERM)
                         raise _error_for(cause) from None
                     except Dropped:
                         return restarts
@@ -173,7 +174,7 @@ class NodeAgent:
                     group, restarts = self._make_group(rdzv, rnd, restarts, relay)
                 except LateJoin as late:
                     self._to(AgentEvent.LATE)  # not a member yet: leaving stops nobody
-                    with relay.interruptible():
+                    with self._interruptible(relay):
                         self._wait_for_next_round(rdzv, late)
                     rnd += 1
                     continue
@@ -207,27 +208,11 @@ class NodeAgent:
                 client.close()
             remove_matching(self.scratch)
 
-    def _stop_first(self, cause: Cause) -> None:
-        """Round 0's early workers when the job ended before that round ran (the head
-        was stopped): stop them as a round is stopped from outside (``cause``'s signal,
-        else SIGTERM; SIGKILL after --stop-timeout) and reap them."""
-        assert self._first is not None
-        group, self._first = self._first.group, None
-        r, w = os.pipe()
-        os.write(w, b"x")  # already readable: the group stops at once
-        group.stop_fd = r
-        group.stop_signal = lambda: cause.signum if isinstance(cause, Signal) else signal.SIGTERM
-        try:
-            group.run()
-        finally:
-            os.close(r)
-            os.close(w)
-
     def _interruptible(self, relay: SignalRelay) -> contextlib.AbstractContextManager[None]:
         """``relay.interruptible()``, except while round 0's early workers wait for their
-        group to run: a stopping signal has reached them through the relay, and their
-        group stops them with the grace of --stop-timeout once it runs (raising would
-        leave them to a SIGKILL)."""
+        group to run: a stopping signal has reached them through the relay, and the agent
+        goes on to the round (whose stop cause the signal becomes, so every node stops),
+        where their group stops them with the grace of --stop-timeout."""
         return contextlib.nullcontext() if self._first is not None else relay.interruptible()
 
     def _observer(self, group: Callable[[], tuple[WorkerGroup | None, int]]) -> Observer:
@@ -461,7 +446,7 @@ class NodeAgent:
             # the store down) while another still needs it. A (further) stop signal here
             # leaves it at once: the workers are gone already.
             self._to(AgentEvent.AT_BARRIER)
-            with relay.interruptible():
+            with self._interruptible(relay):
                 cause = rdzv.finish(
                     rnd,
                     self.opts.exit_barrier_timeout + self.cfg.stop_timeout,
