@@ -68,6 +68,7 @@ def run_hosts(
     engine: AgentEngine | None = None
     controller: HeadController | None = None
     rdzv: Rendezvous | None = None
+    first: dict[int, PlannedSeat] = {}
     try:
         env, launch = agent_launch(head)
         engine = chosen.engine().connect({k: hosts[k] for k in remote}, launch)
@@ -110,7 +111,10 @@ def run_hosts(
                 assert controller is not None  # called by the controller, once it exists
                 engine.kill(k, controller.pgids(rdzv, k))
 
-        first = _first_round(cfg, hosts, engine) if not local else {}
+        # Only an engine whose agents all run through it (Slurm's step) is planned: an
+        # SSH host is another machine (the local one runs in-process), whose free ports
+        # the head cannot see, even through a loopback address that forwards to it.
+        first = _first_round(cfg, hosts, engine) if not in_process else {}
         engine.start(
             {
                 k: JobSpec(cfg, store, node_options(k), env, engine.master_address(k), first.get(k)).to_dict()
@@ -167,7 +171,9 @@ def run_hosts(
             rdzv.request_stop(0, Signal(e.signum))
             if controller is None:
                 rdzv.publish_plan(0, None)
-            end = time.monotonic() + cfg.stop_timeout + 5
+            # agents of a planned round 0 may still be importing and connecting before
+            # they read plan 0 and stop their workers with the grace of --stop-timeout
+            end = time.monotonic() + cfg.stop_timeout + (35 if first else 5)
             while engine.running and time.monotonic() < end:
                 engine.pump(0.5)
         raise
@@ -193,7 +199,6 @@ def _first_round(cfg: LaunchConfig, hosts: list[Host], engine: AgentEngine) -> d
     free on node 0's machine, which only a head on that machine can choose: free now,
     bound later by rank 0's program). Empty (each agent waits for the rendezvous, as
     before) when node 0's address is not one of this machine's."""
-    import errno
     import socket
 
     from .agent.entry import plan_first_round
@@ -209,10 +214,8 @@ def _first_round(cfg: LaunchConfig, hosts: list[Host], engine: AgentEngine) -> d
             with socket.socket() as s:
                 s.bind(("", 0))  # free on every interface, as NodeAgent's free_port
                 port = s.getsockname()[1]
-    except OSError as e:
-        if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
-            return {}
-        raise
+    except OSError:  # not resolvable, not an address of this machine, not bindable
+        return {}
     return plan_first_round([slots_of(h) for h in hosts], addr, port)
 
 

@@ -186,3 +186,52 @@ def test_cli_refuses_to_load_when_the_defaults_miss_an_option():
     fewer = click.Command("run", params=[p for p in cli.run.params if p.name != "role"])
     with pytest.raises(TypeError, match="preparse.DEFAULTS differs .* role"):
         cli._check_run_options(fewer)
+
+
+# --- the whole command, quick path against click's -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ["run", "--nproc-per-node", "0", "missing.py"],  # a usage error: one line, exit 2
+        ["run", "tests/no_such_script.py"],  # the script does not exist
+        ["run", "--nproc-per-node", "2", "tests/workers/actor.py", "--fail-rank", "1", "--fail-code", "3"],
+        ["run", "--standalone", "tests/workers/actor.py"],
+    ],
+    ids=["bad-count", "no-script", "worker-fails", "ok"],
+)
+def test_the_quick_path_ends_as_the_click_path(case):
+    """Exit code and what the user reads, through `python -m distlaunch` (the quick path
+    takes these) and through click (a variable of a declined family sends the same
+    command line there)."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def run(extra):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(preparse.DECLINE_PREFIXES)}
+        env.pop("SLURM_JOB_ID", None)
+        res = subprocess.run(
+            [sys.executable, "-m", "distlaunch", *case],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**env, **extra},
+            timeout=60,
+        )
+        # what differs from run to run: pids, run ids, times, temporary paths; the other
+        # ranks' stacks at a failure (py-spy samples them as they exit)
+        text = re.sub(
+            r"\b(pid \d+|[0-9a-f]{12}|\d+\.\d+ s|/tmp/\S+|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)",
+            "#",
+            res.stdout + res.stderr,
+        )
+        lines = [ln for ln in text.splitlines() if not ln.startswith(" ") and "where the other" not in ln]
+        return res.returncode, sorted(lines)
+
+    assert preparse.parse(case, {}) is not None  # the quick path takes it
+    quick, by_click = run({}), run({"DISTLAUNCH_FORCE_CLICK": "1"})
+    assert quick == by_click

@@ -199,14 +199,20 @@ def main() -> NoReturn:
     workers' failure or stop signal code (the head reports those), a DistlaunchError's
     code (said here), or 0 when stdin ends before a spec (the head started nothing)."""
     print(AGENT_HELLO, __version__, flush=True)
-    # the imports run while the head waits for the other hosts' hellos; the version in
-    # the hello matched, so only a broken install fails here. Only what starting workers
-    # needs (specs): the rest loads once a head-planned round 0's workers are starting.
+    # the imports run while the head waits for the other hosts' hellos (SSH) or starts
+    # up (Slurm); the version in the hello matched, so only a broken install fails here.
+    # Under Slurm only what starting workers needs (specs): the rest loads once a
+    # head-planned round 0's workers are starting.
     try:
         from ..errors import DistlaunchError, LaunchInterrupted, WorkerFailedError
         from ..report import say
         from ..store.client import StoreAddress  # noqa: F401  (the spec's store)
         from . import specs  # noqa: F401
+
+        if "SLURM_STEP_ID" in os.environ:  # the Slurm engine's one line for every node
+            from ..engine import plugin
+        else:  # SSH: the head sends specs once every host said hello; the node agent loads meanwhile
+            from . import node  # noqa: F401
     except ImportError as e:
         print(f"distlaunch agent: cannot start here: {e} (reinstall distlaunch)", file=sys.stderr)
         os._exit(1)
@@ -217,8 +223,6 @@ def main() -> NoReturn:
         try:
             spec = json.loads(line)
             if "engine" in spec:  # an engine's own message (Slurm: one line for every node)
-                from ..engine import plugin
-
                 spec = plugin(spec["engine"]).agent_spec(spec, os.environ)
             run_agent(spec)
         except (WorkerFailedError, LaunchInterrupted) as e:
