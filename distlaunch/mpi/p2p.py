@@ -141,9 +141,11 @@ class PostedRecv:
     the message is copied into ``direct`` when it fits, the receive reports a longer
     one), and ``direct``: the contiguous receive buffer (uint8 array or byte
     memoryview) a message may be copied into instead (then ``deliver`` is skipped), or
-    None. ``msg`` is set once the message is in place (``error`` once it failed)."""
+    None. ``msg`` is set once the message is in place (``error`` once it failed).
+    ``expect``: for a ``direct`` receive from one rank, the packed header start its
+    message begins with (:meth:`Engine.serve` may copy it straight from the ring)."""
 
-    __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error", "direct")
+    __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error", "direct", "expect")
 
     def __init__(
         self,
@@ -152,11 +154,12 @@ class PostedRecv:
         tag: int,
         deliver: Callable[[Message], Any] | None,
         direct: Any = None,
+        expect: bytes | None = None,
     ) -> None:
         self.ctx, self.src, self.tag, self.deliver = ctx, src, tag, deliver
         self.msg: Message | None = None
         self.error: BaseException | None = None
-        self.direct = direct
+        self.direct, self.expect = direct, expect
 
 
 # an operation's name for error messages: the text, a function making it, or a format
@@ -354,7 +357,7 @@ class Engine:
                 if f:
                     return src, f[0], f[1]
                 spun = f is None  # it busy-polled for nothing: the wait does not again
-        p = PostedRecv(ctx, src, tag, None, buf)
+        p = self.direct_recv(ctx, src, tag, buf)
         self.post(p)
         if p.msg is None and p.error is None:
             self.wait_until(lambda: p.msg is not None or p.error is not None, what, (src,), not spun)
@@ -388,15 +391,73 @@ class Engine:
             f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
         else:
             if self.posted or self.inbox:  # (a first look; take_prefix checks under the lock)
-                if self.inbox or not links.pending(i):
+                if self.inbox or not links.pending(i) or self.serve(i, src) is not True:
                     return ()
-                # earlier receives wait (a window of Irecv): what arrived goes to them
-                # first, then this one may find its message next in the ring
-                links.progress()
+                # earlier receives waited (a window of Irecv) and got what arrived: this
+                # one may find its message next in the ring
             f = links.take_prefix(i, expect, buf, self._guard)
         if f:
             marks.heartbeat()  # progress for --hang-timeout
         return f
+
+    def serve(self, i: int, src: int) -> Any:
+        """Copy the messages next in the ring of global rank ``src`` (local index ``i``)
+        straight into the posted receives they are for, while the first posted receive
+        is a contiguous one from ``src`` that the next message matches and fits
+        (:meth:`ShmLinks.take_run`: no routing, no kept copy; a window of Irecv posted
+        before its messages came). MPI's order holds: the first posted receive is the
+        first a message may match, and no kept message matches it (it would have been
+        given it when posted). Returns True when no receive is left posted, None when
+        the first one waits for a message not yet in the ring, ``()`` when it cannot be
+        served so (route: progress)."""
+        links = self.links
+        assert links is not None
+        posted = self.posted
+        with self.lock:
+            n = len(posted)
+            f = links.take_run(i, src, posted, self._served)
+            n -= len(posted)
+        if n:
+            marks.heartbeat()  # progress for --hang-timeout
+            if self.waiters > 1:  # another thread may wait for one of them
+                self._wake()
+        return f
+
+    @staticmethod
+    def _served(p: PostedRecv, tag: int, n: int) -> None:
+        direct = p.direct
+        p.msg = Message(p.src, p.ctx, tag, direct if n == len(direct) else direct[:n])  # type: ignore[arg-type]
+
+    def _serve_for(self, i: int, p: PostedRecv) -> Any:
+        """:meth:`serve` until ``p`` is done (True); None: its message has not come;
+        ``()``: it cannot be served so (see serve)."""
+        if p.msg is not None or p.error is not None:
+            return True
+        f = self.serve(i, p.src)  # type: ignore[arg-type]
+        return True if p.msg is not None else f if f is None else ()
+
+    def wait_posted(self, p: PostedRecv, what: What) -> None:
+        """Block until the posted receive ``p`` is done (raises as :meth:`wait_until`).
+        A contiguous receive from a peer on this node busy-polls :meth:`serve` first:
+        the messages of a window of Irecv go straight from the ring into their buffers
+        instead of through routing."""
+        links, src, spin = self.links, p.src, True
+        if links is not None and src is not None and p.expect is not None:
+            i = links.index.get(src)
+            if i is not None and src != self.rank:
+                f = links.poll_take(self._serve_for, i, p)
+                if f is True:
+                    return
+                spin = f is not None  # busy-polled for nothing: the wait does not again
+        if p.msg is None and p.error is None:
+            self.wait_until(lambda: p.msg is not None or p.error is not None, what, (src,), spin)
+
+    def direct_recv(self, ctx: int, src: int | None, tag: int, buf: memoryview) -> PostedRecv:
+        """A receive into ``buf`` (a writable flat byte memoryview), to :meth:`post`."""
+        if src is None:
+            return PostedRecv(ctx, src, tag, None, buf)
+        expect = self._expects.get((src, ctx, tag)) or self._expect(src, ctx, tag)
+        return PostedRecv(ctx, src, tag, None, buf, expect)
 
     def _expect(self, src: int, ctx: int, tag: int) -> bytes:
         """The packed header's start that a message of global rank ``src``, context id
@@ -565,6 +626,10 @@ class _Op:
     def peers(self) -> list[int | None]:
         return []
 
+    def block(self, engine: Engine) -> None:
+        """Wait until done (raises as :meth:`Engine.wait_until`)."""
+        engine.wait_until(self.test, getattr(self, "what", "request"), self.peers())
+
 
 class SendOp(_Op):
     """A send: ``req`` the transport's request (None: complete)."""
@@ -610,7 +675,7 @@ class RecvOp(_Op):
         self.src = src
         self.result: Any = None
         if isinstance(spec, memoryview):
-            self.posted = PostedRecv(ctx, src, tag, None, spec)
+            self.posted = engine.direct_recv(ctx, src, tag, spec)
         else:
             self.posted = PostedRecv(ctx, src, tag, self._deliver, spec.view() if spec is not None else None)
         engine.post(self.posted)
@@ -632,6 +697,9 @@ class RecvOp(_Op):
 
     def cancel(self) -> bool:
         return self.engine.cancel(self.posted)
+
+    def block(self, engine: Engine) -> None:
+        engine.wait_posted(self.posted, self.what)
 
     def finish(self, status: Status | None) -> Any:
         if self.posted.error is not None:
@@ -751,7 +819,7 @@ class Request:
     def _block(self) -> None:
         op, eng = self._op, self._engine
         if op is not None and not op.test() and eng is not None:
-            eng.wait_until(op.test, getattr(op, "what", "request"), op.peers())
+            op.block(eng)
 
     # mpi4py: uppercase for buffers, lowercase returns the received object
     def Wait(self, status: Status | None = None) -> bool:
