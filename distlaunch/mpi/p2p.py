@@ -118,8 +118,9 @@ class Status:
 
     count = property(lambda self: self.Get_count())
 
-    def _set(self, source: int, tag: int, nbytes: int) -> None:
+    def _set(self, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
         self.source, self.tag, self.nbytes, self.error = source, tag, nbytes, SUCCESS
+        self.cancelled = cancelled
 
 
 class Message:
@@ -203,6 +204,8 @@ class Engine:
         # what must be empty for a receive to take a message straight from a ring
         self._guard = (self.posted, self.inbox)
         self._expects: dict[tuple[int, int, int], bytes] = {}  # see _expect
+        self._takes: dict[tuple[int, int, int], tuple] = {}  # see _take_key
+        self._puts: dict[tuple[int, int, int, int], tuple] = {}  # see _put_key
         self.error: BaseException | None = None
         self.pump: TransportRequest | None = None
         self.waiters = 0
@@ -317,11 +320,23 @@ class Engine:
         ``dest`` on this node at once (:meth:`ShmLinks.put`): True when done; False when
         it cannot be (a remote peer or oneself, messages queued before it, no room):
         then :meth:`send` it."""
+        n = len(data)
+        got = self._puts.get((dest, ctx, tag, n))
+        if got is None:
+            got = self._put_key(dest, ctx, tag, n)
+        return bool(got) and got[0](got[1], got[2], data)
+
+    def _put_key(self, dest: int, ctx: int, tag: int, n: int) -> tuple:
+        """What :meth:`put` needs for a message to ``dest`` of ``ctx``, ``tag`` and ``n``
+        bytes: (the links' put, the local index, the packed header); ``()``: no peer on
+        this node. Remembered (a few thousand at most: programs reuse a handful)."""
         links = self.links
-        if links is None or dest == self.rank:
-            return False
-        i = links.index.get(dest)
-        return i is not None and links.put(i, _HEAD_REST.pack(self._head, ctx, tag, 0, len(data)), data)
+        i = None if links is None or dest == self.rank else links.index.get(dest)
+        got = () if i is None else (links.put, i, _HEAD_REST.pack(self._head, ctx, tag, 0, n))  # type: ignore[union-attr]
+        if len(self._puts) >= 4096:
+            self._puts.clear()
+        self._puts[dest, ctx, tag, n] = got
+        return got
 
     def send_now(self, dest: int, ctx: int, tag: int, data: memoryview, what: What) -> None:
         """MPI_Send of ``data`` (a flat byte memoryview) to global rank ``dest``: returns
@@ -378,15 +393,12 @@ class Engine:
         ``poll``: busy-poll for it a while (:meth:`ShmLinks.poll_take`). Returns (tag,
         message bytes) once taken; None when it has not come; ``()`` when it cannot be
         taken so (a remote peer or oneself, another message first): post a receive."""
-        links = self.links
-        if links is None or src == self.rank:
+        got = self._takes.get((src, ctx, tag))
+        if got is None:
+            got = self._take_key(src, ctx, tag)
+        if not got:
             return ()
-        i = links.index.get(src)
-        if i is None:
-            return ()
-        expect = self._expects.get((src, ctx, tag))
-        if expect is None:
-            expect = self._expect(src, ctx, tag)
+        links, i, expect = got
         if poll:
             f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
         else:
@@ -459,6 +471,18 @@ class Engine:
         expect = self._expects.get((src, ctx, tag)) or self._expect(src, ctx, tag)
         return PostedRecv(ctx, src, tag, None, buf, expect)
 
+    def _take_key(self, src: int, ctx: int, tag: int) -> tuple:
+        """What :meth:`take_now` needs for a message of global rank ``src``, ``ctx`` and
+        ``tag``: (the links, ``src``'s local index, :meth:`_expect`); ``()``: not a peer on
+        this node. Remembered, as _expect."""
+        links = self.links
+        i = None if links is None or src == self.rank else links.index.get(src)
+        got = () if i is None else (links, i, self._expect(src, ctx, tag))
+        if len(self._takes) >= 4096:
+            self._takes.clear()
+        self._takes[src, ctx, tag] = got
+        return got
+
     def _expect(self, src: int, ctx: int, tag: int) -> bytes:
         """The packed header's start that a message of global rank ``src``, context id
         ``ctx`` and ``tag`` (ANY_TAG: any) begins with (:meth:`ShmLinks.take_prefix`);
@@ -478,12 +502,15 @@ class Engine:
     def post(self, recv: PostedRecv) -> None:
         """Match ``recv`` against the kept messages, else post it."""
         with self.lock:
-            self.progress()
-            for i, m in enumerate(self.inbox):
-                if m.matches(recv.ctx, recv.src, recv.tag):
-                    del self.inbox[i]
-                    _give(recv, m)
-                    return
+            pump = self.pump
+            if pump is not None and pump.done:
+                self.progress()
+            if self.inbox:
+                for i, m in enumerate(self.inbox):
+                    if m.matches(recv.ctx, recv.src, recv.tag):
+                        del self.inbox[i]
+                        _give(recv, m)
+                        return
             if self.error is not None:
                 recv.error = self.error
             else:
@@ -726,19 +753,20 @@ def truncated(what: str, nbytes: int, source: int, tag: int, cap: int) -> MPIExc
 
 
 class DoneOp(_Op):
-    """Already complete (PROC_NULL), with the Status MPI gives it."""
+    """Already complete (PROC_NULL; ``cancelled``: a cancelled receive), with the Status
+    MPI gives it."""
 
-    __slots__ = ("source", "result")
+    __slots__ = ("source", "result", "cancelled")
 
-    def __init__(self, source: int = PROC_NULL, result: Any = None) -> None:
-        self.source, self.result = source, result
+    def __init__(self, source: int = PROC_NULL, result: Any = None, cancelled: bool = False) -> None:
+        self.source, self.result, self.cancelled = source, result, cancelled
 
     def test(self) -> bool:
         return True
 
     def finish(self, status: Status | None) -> Any:
         if status is not None:
-            status._set(self.source, ANY_TAG, 0)
+            status._set(self.source, ANY_TAG, 0, self.cancelled)
         return self.result
 
 
@@ -850,12 +878,12 @@ class Request:
                 self._op.finish(st)
             except BaseException:
                 st.error = ERR_TRUNCATE
-            status._set(st.source, st.tag, st.nbytes)
+            status._set(st.source, st.tag, st.nbytes, st.cancelled)
         return done
 
     def Cancel(self) -> None:
         if self._op is not None and self._op.cancel():
-            self._op = DoneOp(ANY_SOURCE)
+            self._op = DoneOp(ANY_SOURCE, cancelled=True)  # Status.Is_cancelled, as MPI
 
     def Free(self) -> None:
         self._op = None
