@@ -91,7 +91,8 @@ def main() -> None:
             for kind, size in sorted(ours, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k)):
                 if (kind, size) in theirs:
                     x, y = ours[kind, size], theirs[kind, size]
-                    print(f"{kind or '-':>16} {size:>10} {x:>12.2f} {y:>12.2f} {x / y:>11.2f}")
+                    ratio = f"{x / y:>11.2f}" if y else f"{'n/a':>11}"  # 0.00 MB/s rounded
+                    print(f"{kind or '-':>16} {size:>10} {x:>12.2f} {y:>12.2f} {ratio}")
     print(f"\nload average after: {os.getloadavg()}")
 
 
