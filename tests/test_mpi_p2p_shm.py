@@ -356,3 +356,43 @@ def test_irecv_windows_match_mpich(n, mode, ring, tmp_path, monkeypatch):
     rc2, theirs, err2 = run("p2p_windows", n, tmp_path, ours=False, timeout=120)
     assert rc2 == 0, err2[-3000:]
     assert mine == theirs
+
+
+def test_irecv_windows_beside_a_receiving_thread_do_not_deadlock(tmp_path):
+    """Two threads of rank 0 receive at once: one windows of Irecv from rank 1 (taken
+    straight from the ring into the posted receives, under the links' and the engine's
+    locks), the other blocking Recvs from rank 2 (routed: the links' lock, then the
+    engine's). Both complete with every message in order. With the two locks taken in
+    the other order by the windows, this hung (a deadlock)."""
+    prog = _script(
+        tmp_path,
+        "import sys, threading\n"
+        "sys.setswitchinterval(1e-6)  # thread switches everywhere, between two locks too\n"
+        "comm = MPI.COMM_WORLD\n"
+        "R, W = 300, 16\n"
+        "if comm.rank == 0:\n"
+        "    bad = []\n"
+        "    def windows():\n"
+        "        bufs = [np.zeros(8, np.uint8) for _ in range(W)]\n"
+        "        for k in range(R):\n"
+        "            MPI.Request.Waitall([comm.Irecv([b, 8, MPI.BYTE], 1, 1) for b in bufs])\n"
+        "            bad.extend(k for b in bufs if int(b[0]) != k % 256)\n"
+        "    def blocking():\n"
+        "        r = np.zeros(8, np.uint8)\n"
+        "        for k in range(R * W):\n"
+        "            comm.Recv([r, 8, MPI.BYTE], 2, 2)\n"
+        "            bad.extend([k] if int(r[0]) != k % 256 else [])\n"
+        "    ts = [threading.Thread(target=windows), threading.Thread(target=blocking)]\n"
+        "    for t in ts: t.start()\n"
+        "    for t in ts: t.join()\n"
+        "    print('threads ok', not bad, flush=True)\n"
+        "else:\n"
+        "    s = np.zeros(8, np.uint8)\n"
+        "    for k in range(R * W):\n"
+        "        s[0] = (k // W if comm.rank == 1 else k) % 256\n"
+        "        comm.Send([s, 8, MPI.BYTE], 0, comm.rank)\n",
+    )
+    for _ in range(3):
+        res = dl("run", "--nproc-per-node", "3", prog, timeout=60)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "threads ok True" in res.stdout, res.stdout

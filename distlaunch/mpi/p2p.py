@@ -425,10 +425,14 @@ class Engine:
         links = self.links
         assert links is not None
         posted = self.posted
-        with self.lock:
-            n = len(posted)
-            f = links.take_run(i, src, posted, self._served)
-            n -= len(posted)
+        links._acquire()  # the links' lock before the engine's, as their routing takes them
+        try:
+            with self.lock:
+                n = len(posted)
+                f = links.take_run(i, src, posted, self._served)
+                n -= len(posted)
+        finally:
+            links._release()
         if n:
             marks.heartbeat()  # progress for --hang-timeout
             if self.waiters > 1:  # another thread may wait for one of them
