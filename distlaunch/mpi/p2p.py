@@ -805,6 +805,10 @@ class SentOp(_Op):
         return None
 
 
+# ops complete when started whose finish without a Status only returns None
+_BARE = frozenset((SentOp, RecvDone))
+
+
 class Request:
     """MPI_Request (mpi4py's Request): a pending non-blocking operation. Completing it
     (Wait, a successful Test, ...) makes it equal to ``REQUEST_NULL``, as in MPI.
@@ -911,10 +915,16 @@ class Request:
 
     @staticmethod
     def waitall(requests: Sequence[Request], statuses: list | None = None) -> list:
-        results = []
+        results: list = []
+        sts = statuses or ()
+        n = len(sts)
         for i, r in enumerate(requests):
-            st = statuses[i] if statuses is not None and i < len(statuses) else None
+            st = sts[i] if i < n else None
             op = r._op
+            if st is None and type(op) in _BARE:  # complete when started, nothing to report
+                r._op = None
+                results.append(None)
+                continue
             if op is not None and not op.test():  # complete ones (a window of sends): no wait
                 r._block()
             results.append(r._complete(st))
