@@ -27,7 +27,10 @@ Send and Recv of contiguous buffers (every buffer type as one flat byte view, se
 matching order cannot differ -- takes it straight from the sender's ring into the buffer
 (:meth:`Engine.take_now`, :meth:`ShmLinks.take_prefix`); anything else goes the general
 way. Isend and Irecv do the same without waiting and return an already complete
-Request (a window of small messages: no posted receive, no routing, no wait).
+Request (a window of small messages: no posted receive, no routing, no wait). Receives
+posted before their messages came are served the same way, in posting order, while the
+first posted one is what the next message of its sender matches (:meth:`Engine.serve`:
+in Waitall and before a later Irecv), instead of routing.
 
 Blocking waits poll the pump and the shared-memory links (a bounded busy-poll unless the
 node's ranks share CPUs, then yields and futex sleeps on the links' bell; slices on the

@@ -34,7 +34,8 @@ blocking recv): :meth:`ShmLinks.put` writes a whole message that fits the ring a
 from a packed header (no queue, no Request), and :meth:`ShmLinks.take` (the MPI engine:
 :meth:`ShmLinks.take_prefix`, one comparison of the packed header) copies the next
 message of a ring straight into a receive buffer when it is the one wanted (no routing,
-no objects), busy-polled by :meth:`ShmLinks.poll_take`. The caller makes sure that
+no objects), busy-polled by :meth:`ShmLinks.poll_take`; :meth:`ShmLinks.take_run` does
+it for a run of the MPI engine's posted receives (one lock, one tail publication). The caller makes sure that
 nothing could be matched before it: the MPI engine by having no receive posted and no
 message kept; the collectives by having no receive of the group posted and every
 message of that sender routed to the transport received (:meth:`ShmLinks.settled`:
