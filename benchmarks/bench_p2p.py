@@ -1,15 +1,18 @@
 """Point-to-point: the OSU programs of tests/mpi_programs (osu_latency, osu_bw,
 osu_bibw, osu_multi_lat) and the per-buffer-type ping-pong (osu_latency_types: numpy,
 bytearray, bytes, memoryview slices, mmap, array.array, torch CPU tensors, each as
-mpi4py's ``[buf, count, MPI.BYTE]``) run verbatim under mpiexec (mpi4py + MPICH, the
+mpi4py's ``[buf, count, MPI.BYTE]``) and the per-call cost of an osu_bw window's pieces
+(p2p_window_calls: Irecv of a message already there or posted before it, Waitall,
+Isend) run verbatim under mpiexec (mpi4py + MPICH, the
 same buffer type) and under `distlaunch run` with the import swapped, 2 ranks on this
 node, alternately ``reps`` times; prints the median of each and ours/MPICH (latency:
 lower is better, bandwidth: higher is better) and the load average (the machine may be
 shared).
 
 Usage: python benchmarks/bench_p2p.py [reps] [latency_max_bytes] [bw_max_bytes]
-           [--programs osu_latency,osu_multi_lat,osu_bw,osu_bibw,types]
-           [--types numpy,bytearray,...] [--sizes 0,8,1024,65536] [--iters N] [--bw-iters N]"""
+           [--programs osu_latency,osu_multi_lat,osu_bw,osu_bibw,types,calls]
+           [--types numpy,bytearray,...] [--sizes 0,8,1024,65536] [--iters N] [--bw-iters N]
+           [--call-size BYTES]"""
 
 import argparse
 import os
@@ -61,6 +64,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="0,8,1024,65536", help="bytes, of the per-type ping-pong")
     ap.add_argument("--iters", type=int, default=2000, help="round trips per size (types)")
     ap.add_argument("--bw-iters", type=int, default=20, help="windows per size (osu_bw, osu_bibw)")
+    ap.add_argument("--call-size", type=int, default=8, help="bytes per message (calls)")
     a = ap.parse_args()
     if not have_mpich():
         sys.exit("needs mpi4py and mpiexec: pip install mpi4py mpich")
@@ -70,6 +74,7 @@ def main() -> None:
         "osu_bw": ((a.bw_max, a.bw_iters), "MB/s"),
         "osu_bibw": ((a.bw_max, a.bw_iters), "MB/s"),
         "types": ((a.types, a.sizes, a.iters), "us"),
+        "calls": ((a.call_size, 800, 7), "us per call"),
     }
     for p in a.programs.split(","):
         if p not in known:
@@ -78,15 +83,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         for name in a.programs.split(","):
             args, unit = known[name]
-            prog = "osu_latency_types" if name == "types" else name
+            prog = {"types": "osu_latency_types", "calls": "p2p_window_calls"}.get(name, name)
             ours, theirs = measure(prog, args, a.reps, Path(d))
             print(f"\n{prog} (2 ranks, one node, median of {a.reps}) [{unit}]")
-            print(f"{'buffer':>10} {'bytes':>10} {'distlaunch':>12} {'MPICH':>12} {'ours/MPICH':>11}")
-            order = a.types.split(",")
-            for kind, size in sorted(ours, key=lambda k: (order.index(k[0]) if k[0] else 0, k[1])):
+            print(f"{'buffer/call':>16} {'bytes':>10} {'distlaunch':>12} {'MPICH':>12} {'ours/MPICH':>11}")
+            order = ["", *a.types.split(",")]
+            for kind, size in sorted(ours, key=lambda k: (order.index(k[0]) if k[0] in order else 99, k)):
                 if (kind, size) in theirs:
                     x, y = ours[kind, size], theirs[kind, size]
-                    print(f"{kind or '-':>10} {size:>10} {x:>12.2f} {y:>12.2f} {x / y:>11.2f}")
+                    ratio = f"{x / y:>11.2f}" if y else f"{'n/a':>11}"  # 0.00 MB/s rounded
+                    print(f"{kind or '-':>16} {size:>10} {x:>12.2f} {y:>12.2f} {ratio}")
     print(f"\nload average after: {os.getloadavg()}")
 
 

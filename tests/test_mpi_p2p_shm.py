@@ -291,3 +291,108 @@ def test_every_buffer_type_takes_the_fast_path(tmp_path):
     lines = sorted(ln for ln in res.stdout.splitlines() if "calls" in ln)
     assert len(lines) == 2, res.stdout
     assert all(ln.endswith("calls [] ok True") for ln in lines), lines
+
+
+def test_window_of_irecv_takes_messages_straight_from_the_ring(tmp_path):
+    """A window of contiguous Irecv from a peer on this node whose first receive was
+    posted before its message came: the later Irecvs (messages already there) and the
+    Waitall of a window posted before any message came take each message straight
+    from the ring into its buffer, in order -- none is routed (``_local_route``) or kept
+    as an unexpected copy. Before, the first look routed every arrived message, all but
+    the first into kept copies that the later receives then copied out again."""
+    prog = _script(
+        tmp_path,
+        "from distlaunch.mpi import p2p\n"
+        "routed = []\n"
+        "route = p2p.Engine._local_route\n"
+        "p2p.Engine._local_route = lambda self, f: routed.append(f[9]) or route(self, f)\n"
+        "comm = MPI.COMM_WORLD\n"
+        "K, N = 6, 100\n"
+        "bufs = [np.zeros(N + 4, np.uint8) for _ in range(K)]\n"
+        "for rnd in range(2):\n"
+        "    if comm.rank == 1 and rnd == 0:  # the first receive before, the rest after\n"
+        "        reqs = [comm.Irecv([bufs[0], N, MPI.BYTE], 0, 7)]\n"
+        "    if comm.rank == 1 and rnd == 1:  # all posted before\n"
+        "        reqs = [comm.Irecv([b, N, MPI.BYTE], 0, 7) for b in bufs]\n"
+        "    comm.Barrier()\n"
+        "    if comm.rank == 0:\n"
+        "        for k in range(K):\n"
+        "            comm.Send(np.full(N - k, 10 * rnd + k, np.uint8), 1, 7)\n"
+        "    comm.Barrier()\n"
+        "    if comm.rank == 1:\n"
+        "        if rnd == 0:\n"
+        "            reqs += [comm.Irecv([b, N, MPI.BYTE], 0, 7) for b in bufs[1:]]\n"
+        "        st = [MPI.Status() for _ in range(K)]\n"
+        "        MPI.Request.Waitall(reqs, st)\n"
+        "        ok = all(st[k].Get_count(MPI.BYTE) == N - k and st[k].Get_tag() == 7\n"
+        "                 and (bufs[k][: N - k] == 10 * rnd + k).all() and not bufs[k][N - k :].any()\n"
+        "                 for k in range(K))\n"
+        "        print('round', rnd, 'ok', ok, 'routed', routed, flush=True)\n"
+        "        routed.clear()\n"
+        "        for b in bufs: b[:] = 0\n",
+    )
+    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = sorted(ln.split(": ", 1)[-1] for ln in res.stdout.splitlines() if "round" in ln)
+    assert lines == ["round 0 ok True routed []", "round 1 ok True routed []"], res.stdout
+
+
+@pytest.mark.parametrize("n,mode,ring", [(2, "shm", None), (3, "shm", "4096"), (3, "tcp", None)])
+def test_irecv_windows_match_mpich(n, mode, ring, tmp_path, monkeypatch):
+    """p2p_windows.py: windows of Irecv posted before their messages came (the receives
+    that take them straight from the ring) next to everything that must stop that:
+    other tags first, ANY_TAG, a too small buffer mid-window, a cancelled receive
+    (Status.Is_cancelled, also through Get_status: False before), Test / Testany /
+    Waitany / Waitsome, a blocking Recv behind posted receives, ANY_SOURCE receives
+    after those of one sender: MPICH's output, also with a 4 KiB ring and over TCP."""
+    monkeypatch.setenv("DISTLAUNCH_SHM", "1" if mode == "shm" else "0")
+    if ring:
+        monkeypatch.setenv("DISTLAUNCH_SHM_P2P_RING", ring)
+    rc, mine, err = run("p2p_windows", n, tmp_path, ours=True, timeout=120)
+    assert rc == 0, err[-3000:]
+    assert "cancelled status True True" in mine, mine
+    if not have_mpich():
+        pytest.skip("mpi4py/mpiexec not installed")
+    rc2, theirs, err2 = run("p2p_windows", n, tmp_path, ours=False, timeout=120)
+    assert rc2 == 0, err2[-3000:]
+    assert mine == theirs
+
+
+def test_irecv_windows_beside_a_receiving_thread_do_not_deadlock(tmp_path):
+    """Two threads of rank 0 receive at once: one windows of Irecv from rank 1 (taken
+    straight from the ring into the posted receives, under the links' and the engine's
+    locks), the other blocking Recvs from rank 2 (routed: the links' lock, then the
+    engine's). Both complete with every message in order. With the two locks taken in
+    the other order by the windows, this hung (a deadlock)."""
+    prog = _script(
+        tmp_path,
+        "import sys, threading\n"
+        "sys.setswitchinterval(1e-6)  # thread switches everywhere, between two locks too\n"
+        "comm = MPI.COMM_WORLD\n"
+        "R, W = 300, 16\n"
+        "if comm.rank == 0:\n"
+        "    bad = []\n"
+        "    def windows():\n"
+        "        bufs = [np.zeros(8, np.uint8) for _ in range(W)]\n"
+        "        for k in range(R):\n"
+        "            MPI.Request.Waitall([comm.Irecv([b, 8, MPI.BYTE], 1, 1) for b in bufs])\n"
+        "            bad.extend(k for b in bufs if int(b[0]) != k % 256)\n"
+        "    def blocking():\n"
+        "        r = np.zeros(8, np.uint8)\n"
+        "        for k in range(R * W):\n"
+        "            comm.Recv([r, 8, MPI.BYTE], 2, 2)\n"
+        "            bad.extend([k] if int(r[0]) != k % 256 else [])\n"
+        "    ts = [threading.Thread(target=windows), threading.Thread(target=blocking)]\n"
+        "    for t in ts: t.start()\n"
+        "    for t in ts: t.join()\n"
+        "    print('threads ok', not bad, flush=True)\n"
+        "else:\n"
+        "    s = np.zeros(8, np.uint8)\n"
+        "    for k in range(R * W):\n"
+        "        s[0] = (k // W if comm.rank == 1 else k) % 256\n"
+        "        comm.Send([s, 8, MPI.BYTE], 0, comm.rank)\n",
+    )
+    for _ in range(3):
+        res = dl("run", "--nproc-per-node", "3", prog, timeout=60)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "threads ok True" in res.stdout, res.stdout

@@ -274,6 +274,11 @@ def datatype_of(spec: Any) -> Datatype:
 _LAST: list[tuple[np.ndarray, np.ndarray, memoryview, np.dtype] | None] = [None, None]
 
 
+# the last view fast_bytes cut to a count (index: writable): the whole view, the count
+# in bytes, the cut view (a window of Isend/Irecv passes the same [buf, count, type])
+_CUT: list[tuple[memoryview, int, memoryview] | None] = [None, None]
+
+
 def _array_bytes(
     arr: np.ndarray, writable: bool, keep: bool = True
 ) -> tuple[np.ndarray, memoryview, np.dtype] | None:
@@ -370,7 +375,12 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
     n = len(mv) // size * size if count < 0 else count * size
     if n >= len(mv):
         return mv if n == len(mv) else None
-    return mv[:n]
+    cut = _CUT[writable]
+    if cut is not None and cut[0] is mv and cut[1] == n:
+        return cut[2]  # the same count of the same buffer again: no new view
+    view = mv[:n]
+    _CUT[writable] = (mv, n, view)
+    return view
 
 
 def raw_bytes(obj: Any, writable: bool) -> tuple[np.ndarray, np.dtype]:

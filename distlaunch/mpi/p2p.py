@@ -27,7 +27,10 @@ Send and Recv of contiguous buffers (every buffer type as one flat byte view, se
 matching order cannot differ -- takes it straight from the sender's ring into the buffer
 (:meth:`Engine.take_now`, :meth:`ShmLinks.take_prefix`); anything else goes the general
 way. Isend and Irecv do the same without waiting and return an already complete
-Request (a window of small messages: no posted receive, no routing, no wait).
+Request (a window of small messages: no posted receive, no routing, no wait). Receives
+posted before their messages came are served the same way, in posting order, while the
+first posted one is what the next message of its sender matches (:meth:`Engine.serve`:
+in Waitall and before a later Irecv), instead of routing.
 
 Blocking waits poll the pump and the shared-memory links (a bounded busy-poll unless the
 node's ranks share CPUs, then yields and futex sleeps on the links' bell; slices on the
@@ -118,8 +121,9 @@ class Status:
 
     count = property(lambda self: self.Get_count())
 
-    def _set(self, source: int, tag: int, nbytes: int) -> None:
+    def _set(self, source: int, tag: int, nbytes: int, cancelled: bool = False) -> None:
         self.source, self.tag, self.nbytes, self.error = source, tag, nbytes, SUCCESS
+        self.cancelled = cancelled
 
 
 class Message:
@@ -141,9 +145,11 @@ class PostedRecv:
     the message is copied into ``direct`` when it fits, the receive reports a longer
     one), and ``direct``: the contiguous receive buffer (uint8 array or byte
     memoryview) a message may be copied into instead (then ``deliver`` is skipped), or
-    None. ``msg`` is set once the message is in place (``error`` once it failed)."""
+    None. ``msg`` is set once the message is in place (``error`` once it failed).
+    ``expect``: for a ``direct`` receive from one rank, the packed header start its
+    message begins with (:meth:`Engine.serve` may copy it straight from the ring)."""
 
-    __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error", "direct")
+    __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error", "direct", "expect")
 
     def __init__(
         self,
@@ -152,11 +158,12 @@ class PostedRecv:
         tag: int,
         deliver: Callable[[Message], Any] | None,
         direct: Any = None,
+        expect: bytes | None = None,
     ) -> None:
         self.ctx, self.src, self.tag, self.deliver = ctx, src, tag, deliver
         self.msg: Message | None = None
         self.error: BaseException | None = None
-        self.direct = direct
+        self.direct, self.expect = direct, expect
 
 
 # an operation's name for error messages: the text, a function making it, or a format
@@ -200,6 +207,8 @@ class Engine:
         # what must be empty for a receive to take a message straight from a ring
         self._guard = (self.posted, self.inbox)
         self._expects: dict[tuple[int, int, int], bytes] = {}  # see _expect
+        self._takes: dict[tuple[int, int, int], tuple] = {}  # see _take_key
+        self._puts: dict[tuple[int, int, int, int], tuple] = {}  # see _put_key
         self.error: BaseException | None = None
         self.pump: TransportRequest | None = None
         self.waiters = 0
@@ -314,11 +323,23 @@ class Engine:
         ``dest`` on this node at once (:meth:`ShmLinks.put`): True when done; False when
         it cannot be (a remote peer or oneself, messages queued before it, no room):
         then :meth:`send` it."""
+        n = len(data)
+        got = self._puts.get((dest, ctx, tag, n))
+        if got is None:
+            got = self._put_key(dest, ctx, tag, n)
+        return bool(got) and got[0](got[1], got[2], data)
+
+    def _put_key(self, dest: int, ctx: int, tag: int, n: int) -> tuple:
+        """What :meth:`put` needs for a message to ``dest`` of ``ctx``, ``tag`` and ``n``
+        bytes: (the links' put, the local index, the packed header); ``()``: no peer on
+        this node. Remembered (a few thousand at most: programs reuse a handful)."""
         links = self.links
-        if links is None or dest == self.rank:
-            return False
-        i = links.index.get(dest)
-        return i is not None and links.put(i, _HEAD_REST.pack(self._head, ctx, tag, 0, len(data)), data)
+        i = None if links is None or dest == self.rank else links.index.get(dest)
+        got = () if i is None else (links.put, i, _HEAD_REST.pack(self._head, ctx, tag, 0, n))  # type: ignore[union-attr]
+        if len(self._puts) >= 4096:
+            self._puts.clear()
+        self._puts[dest, ctx, tag, n] = got
+        return got
 
     def send_now(self, dest: int, ctx: int, tag: int, data: memoryview, what: What) -> None:
         """MPI_Send of ``data`` (a flat byte memoryview) to global rank ``dest``: returns
@@ -354,7 +375,7 @@ class Engine:
                 if f:
                     return src, f[0], f[1]
                 spun = f is None  # it busy-polled for nothing: the wait does not again
-        p = PostedRecv(ctx, src, tag, None, buf)
+        p = self.direct_recv(ctx, src, tag, buf)
         self.post(p)
         if p.msg is None and p.error is None:
             self.wait_until(lambda: p.msg is not None or p.error is not None, what, (src,), not spun)
@@ -375,28 +396,99 @@ class Engine:
         ``poll``: busy-poll for it a while (:meth:`ShmLinks.poll_take`). Returns (tag,
         message bytes) once taken; None when it has not come; ``()`` when it cannot be
         taken so (a remote peer or oneself, another message first): post a receive."""
-        links = self.links
-        if links is None or src == self.rank:
+        got = self._takes.get((src, ctx, tag))
+        if got is None:
+            got = self._take_key(src, ctx, tag)
+        if not got:
             return ()
-        i = links.index.get(src)
-        if i is None:
-            return ()
-        expect = self._expects.get((src, ctx, tag))
-        if expect is None:
-            expect = self._expect(src, ctx, tag)
+        links, i, expect = got
         if poll:
             f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
         else:
             if self.posted or self.inbox:  # (a first look; take_prefix checks under the lock)
-                if self.inbox or not links.pending(i):
+                if self.inbox or not links.pending(i) or self.serve(i, src) is not True:
                     return ()
-                # earlier receives wait (a window of Irecv): what arrived goes to them
-                # first, then this one may find its message next in the ring
-                links.progress()
+                # earlier receives waited (a window of Irecv) and got what arrived: this
+                # one may find its message next in the ring
             f = links.take_prefix(i, expect, buf, self._guard)
         if f:
             marks.heartbeat()  # progress for --hang-timeout
         return f
+
+    def serve(self, i: int, src: int) -> Any:
+        """Copy the messages next in the ring of global rank ``src`` (local index ``i``)
+        straight into the posted receives they are for, while the first posted receive
+        is a contiguous one from ``src`` that the next message matches and fits
+        (:meth:`ShmLinks.take_run`: no routing, no kept copy; a window of Irecv posted
+        before its messages came). MPI's order holds: the first posted receive is the
+        first a message may match, and no kept message matches it (it would have been
+        given it when posted). Returns True when no receive is left posted, None when
+        the first one waits for a message not yet in the ring, ``()`` when it cannot be
+        served so (route: progress)."""
+        links = self.links
+        assert links is not None
+        posted = self.posted
+        links._acquire()  # the links' lock before the engine's, as their routing takes them
+        try:
+            with self.lock:
+                n = len(posted)
+                f = links.take_run(i, src, posted, self._served)
+                n -= len(posted)
+        finally:
+            links._release()
+        if n:
+            marks.heartbeat()  # progress for --hang-timeout
+            if self.waiters > 1:  # another thread may wait for one of them
+                self._wake()
+        return f
+
+    @staticmethod
+    def _served(p: PostedRecv, tag: int, n: int) -> None:
+        direct = p.direct
+        p.msg = Message(p.src, p.ctx, tag, direct if n == len(direct) else direct[:n])  # type: ignore[arg-type]
+
+    def _serve_for(self, i: int, p: PostedRecv) -> Any:
+        """:meth:`serve` until ``p`` is done (True); None: its message has not come;
+        ``()``: it cannot be served so (see serve)."""
+        if p.msg is not None or p.error is not None:
+            return True
+        f = self.serve(i, p.src)  # type: ignore[arg-type]
+        return True if p.msg is not None else f if f is None else ()
+
+    def wait_posted(self, p: PostedRecv, what: What) -> None:
+        """Block until the posted receive ``p`` is done (raises as :meth:`wait_until`).
+        A contiguous receive from a peer on this node busy-polls :meth:`serve` first:
+        the messages of a window of Irecv go straight from the ring into their buffers
+        instead of through routing."""
+        links, src, spin = self.links, p.src, True
+        if links is not None and src is not None and p.expect is not None:
+            i = links.index.get(src)
+            if i is not None and src != self.rank:
+                f = links.poll_take(self._serve_for, i, p)
+                if f is True:
+                    return
+                spin = f is not None  # busy-polled for nothing: the wait does not again
+        if p.msg is None and p.error is None:
+            self.wait_until(lambda: p.msg is not None or p.error is not None, what, (src,), spin)
+
+    def direct_recv(self, ctx: int, src: int | None, tag: int, buf: memoryview) -> PostedRecv:
+        """A receive into ``buf`` (a writable flat byte memoryview), to :meth:`post`."""
+        if src is None:
+            return PostedRecv(ctx, src, tag, None, buf)
+        expect = self._expects.get((src, ctx, tag)) or self._expect(src, ctx, tag)
+        return PostedRecv(ctx, src, tag, None, buf, expect)
+
+    def _take_key(self, src: int, ctx: int, tag: int) -> tuple:
+        """What :meth:`take_now` needs for a message of global rank ``src``, ``ctx`` and
+        ``tag``: (the links, ``src``'s local index, :meth:`_expect`); ``()``: not a peer on
+        this node. Remembered, as _expect."""
+        links = self.links
+        i = None if links is None or src == self.rank else links.index.get(src)
+        got = () if i is None else (links, i, self._expect(src, ctx, tag))
+        if len(self._takes) >= 4096:
+            self._takes.clear()
+        self._takes[src, ctx, tag] = got
+        return got
 
     def _expect(self, src: int, ctx: int, tag: int) -> bytes:
         """The packed header's start that a message of global rank ``src``, context id
@@ -417,12 +509,15 @@ class Engine:
     def post(self, recv: PostedRecv) -> None:
         """Match ``recv`` against the kept messages, else post it."""
         with self.lock:
-            self.progress()
-            for i, m in enumerate(self.inbox):
-                if m.matches(recv.ctx, recv.src, recv.tag):
-                    del self.inbox[i]
-                    _give(recv, m)
-                    return
+            pump = self.pump
+            if pump is not None and pump.done:
+                self.progress()
+            if self.inbox:
+                for i, m in enumerate(self.inbox):
+                    if m.matches(recv.ctx, recv.src, recv.tag):
+                        del self.inbox[i]
+                        _give(recv, m)
+                        return
             if self.error is not None:
                 recv.error = self.error
             else:
@@ -565,6 +660,10 @@ class _Op:
     def peers(self) -> list[int | None]:
         return []
 
+    def block(self, engine: Engine) -> None:
+        """Wait until done (raises as :meth:`Engine.wait_until`)."""
+        engine.wait_until(self.test, getattr(self, "what", "request"), self.peers())
+
 
 class SendOp(_Op):
     """A send: ``req`` the transport's request (None: complete)."""
@@ -610,7 +709,7 @@ class RecvOp(_Op):
         self.src = src
         self.result: Any = None
         if isinstance(spec, memoryview):
-            self.posted = PostedRecv(ctx, src, tag, None, spec)
+            self.posted = engine.direct_recv(ctx, src, tag, spec)
         else:
             self.posted = PostedRecv(ctx, src, tag, self._deliver, spec.view() if spec is not None else None)
         engine.post(self.posted)
@@ -632,6 +731,9 @@ class RecvOp(_Op):
 
     def cancel(self) -> bool:
         return self.engine.cancel(self.posted)
+
+    def block(self, engine: Engine) -> None:
+        engine.wait_posted(self.posted, self.what)
 
     def finish(self, status: Status | None) -> Any:
         if self.posted.error is not None:
@@ -658,19 +760,20 @@ def truncated(what: str, nbytes: int, source: int, tag: int, cap: int) -> MPIExc
 
 
 class DoneOp(_Op):
-    """Already complete (PROC_NULL), with the Status MPI gives it."""
+    """Already complete (PROC_NULL; ``cancelled``: a cancelled receive), with the Status
+    MPI gives it."""
 
-    __slots__ = ("source", "result")
+    __slots__ = ("source", "result", "cancelled")
 
-    def __init__(self, source: int = PROC_NULL, result: Any = None) -> None:
-        self.source, self.result = source, result
+    def __init__(self, source: int = PROC_NULL, result: Any = None, cancelled: bool = False) -> None:
+        self.source, self.result, self.cancelled = source, result, cancelled
 
     def test(self) -> bool:
         return True
 
     def finish(self, status: Status | None) -> Any:
         if status is not None:
-            status._set(self.source, ANY_TAG, 0)
+            status._set(self.source, ANY_TAG, 0, self.cancelled)
         return self.result
 
 
@@ -703,6 +806,10 @@ class SentOp(_Op):
         if status is not None:
             status._set(ANY_SOURCE, ANY_TAG, 0)
         return None
+
+
+# ops complete when started whose finish without a Status only returns None
+_BARE = frozenset((SentOp, RecvDone))
 
 
 class Request:
@@ -751,7 +858,7 @@ class Request:
     def _block(self) -> None:
         op, eng = self._op, self._engine
         if op is not None and not op.test() and eng is not None:
-            eng.wait_until(op.test, getattr(op, "what", "request"), op.peers())
+            op.block(eng)
 
     # mpi4py: uppercase for buffers, lowercase returns the received object
     def Wait(self, status: Status | None = None) -> bool:
@@ -782,12 +889,12 @@ class Request:
                 self._op.finish(st)
             except BaseException:
                 st.error = ERR_TRUNCATE
-            status._set(st.source, st.tag, st.nbytes)
+            status._set(st.source, st.tag, st.nbytes, st.cancelled)
         return done
 
     def Cancel(self) -> None:
         if self._op is not None and self._op.cancel():
-            self._op = DoneOp(ANY_SOURCE)
+            self._op = DoneOp(ANY_SOURCE, cancelled=True)  # Status.Is_cancelled, as MPI
 
     def Free(self) -> None:
         self._op = None
@@ -811,10 +918,16 @@ class Request:
 
     @staticmethod
     def waitall(requests: Sequence[Request], statuses: list | None = None) -> list:
-        results = []
+        results: list = []
+        sts = statuses or ()
+        n = len(sts)
         for i, r in enumerate(requests):
-            st = statuses[i] if statuses is not None and i < len(statuses) else None
+            st = sts[i] if i < n else None
             op = r._op
+            if st is None and type(op) in _BARE:  # complete when started, nothing to report
+                r._op = None
+                results.append(None)
+                continue
             if op is not None and not op.test():  # complete ones (a window of sends): no wait
                 r._block()
             results.append(r._complete(st))

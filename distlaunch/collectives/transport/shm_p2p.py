@@ -34,7 +34,8 @@ blocking recv): :meth:`ShmLinks.put` writes a whole message that fits the ring a
 from a packed header (no queue, no Request), and :meth:`ShmLinks.take` (the MPI engine:
 :meth:`ShmLinks.take_prefix`, one comparison of the packed header) copies the next
 message of a ring straight into a receive buffer when it is the one wanted (no routing,
-no objects), busy-polled by :meth:`ShmLinks.poll_take`. The caller makes sure that
+no objects), busy-polled by :meth:`ShmLinks.poll_take`; :meth:`ShmLinks.take_run` does
+it for a run of the MPI engine's posted receives (one lock, one tail publication). The caller makes sure that
 nothing could be matched before it: the MPI engine by having no receive posted and no
 message kept; the collectives by having no receive of the group posted and every
 message of that sender routed to the transport received (:meth:`ShmLinks.settled`:
@@ -521,6 +522,61 @@ class ShmLinks:
             if words[bi]:  # the sender waits for room
                 self.ring_bell(i)
             return root if root < 0x80000000 else root - 0x100000000, n
+        finally:
+            self._release()
+
+    def take_run(self, i: int, src: int, recvs: list, done: Callable[[Any, int, int], None]) -> Any:
+        """Consume the messages next in local rank i's ring (global rank ``src``) into the
+        receives at the front of ``recvs``, in order, while each is for ``src`` and its
+        message is complete in the ring, starts with its ``expect`` and fits its
+        ``direct`` (see :meth:`take_prefix`; items: objects with ``src``, ``expect``
+        -- None: not to be taken so -- and ``direct``). Each one taken leaves ``recvs``
+        and is passed to ``done(item, root, payload bytes)``. Returns True once
+        ``recvs`` is empty, None when its first item's message has not come, ``()``
+        when it cannot be taken so. One lock, one publication of the tail for the run
+        (the MPI engine's window of Irecv: :meth:`Engine.serve`); the caller holds its
+        own lock over ``recvs``."""
+        self._acquire()
+        try:
+            if self.closed or self.current[i] is not None:
+                return ()
+            mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
+            ring = self.ring
+            start = pos = self.tails[i]
+            head = quads[hi]
+            f: Any = True
+            while recvs:
+                item = recvs[0]
+                expect = item.expect
+                if item.src != src or expect is None:
+                    f = ()
+                    break
+                if head == pos:
+                    f = None
+                    break
+                a = at + pos % ring
+                if mm[a : a + len(expect)] != expect:
+                    f = ()
+                    break
+                n = quads[(a >> 3) + 5]  # nbytes
+                buf = item.direct
+                if n > len(buf) or n > head - pos - _REC:
+                    f = () if n > len(buf) else None
+                    break
+                root = words[(a >> 2) + 7]
+                if n:
+                    _ring_read(buf, mv, at, ring, (pos + _REC) % ring, n)
+                pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+                del recvs[0]
+                done(item, root if root < 0x80000000 else root - 0x100000000, n)
+            if pos != start:
+                self.tails[i] = pos
+                quads[ti] = pos
+                self._fence_acquire()
+                self._fence_release()
+                if words[bi]:  # the sender waits for room
+                    self.ring_bell(i)
+            return f
         finally:
             self._release()
 

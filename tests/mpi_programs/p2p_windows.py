@@ -1,0 +1,159 @@
+"""Windows of Irecv posted before their messages came, as osu_bw posts them, and what
+must stop a receive from taking the next message of its sender's ring: receives of
+another tag first (the messages of each tag in order), ANY_TAG, a too small buffer in
+the middle of a window (ERR_TRUNCATE for that one only), a cancelled receive, Test /
+Testany / Waitany / Waitsome over a window, a blocking Recv behind posted receives, and
+receives of one sender posted before ANY_SOURCE ones. 2 or 3 ranks: rank 0 receives and prints, the
+others send; every window is posted before the senders are let go (a Barrier)."""
+
+import numpy as np
+from mpi4py import MPI
+
+comm = MPI.COMM_WORLD
+rank, size = comm.Get_rank(), comm.Get_size()
+senders = list(range(1, size))
+
+
+def show(*what):
+    print(*what, flush=True)
+
+
+def go():
+    """Let the senders send what rank 0 has posted receives for."""
+    comm.Barrier()
+
+
+def sent(k, tag, n):
+    return np.full(n, (7 * k + tag) & 0xFF, np.uint8)
+
+
+def got(buf, st):
+    n = st.Get_count(MPI.BYTE)
+    return f"src {st.Get_source()} tag {st.Get_tag()} n {n} first {int(buf[0]) if n else None}"
+
+
+# 1. tags 1, 2, 1, 2, ...: posted in that order, sent as all of tag 2 then all of tag 1
+K = 6
+if rank == 0:
+    bufs = [np.zeros(32, np.uint8) for _ in range(K)]
+    reqs = [comm.Irecv([b, 32, MPI.BYTE], 1, 1 + k % 2) for k, b in enumerate(bufs)]
+    go()
+    sts = [MPI.Status() for _ in range(K)]
+    MPI.Request.Waitall(reqs, sts)
+    for k in range(K):
+        show("mixed", k, got(bufs[k], sts[k]))
+else:
+    go()
+    if rank == 1:
+        for tag in (2, 1):
+            for k in range(K // 2):
+                comm.Send(sent(k, tag, 8 + k), 0, tag)
+
+# 2. ANY_TAG window, then a too small buffer in the middle of a window
+if rank == 0:
+    bufs = [np.zeros(16, np.uint8) for _ in range(4)]
+    reqs = [comm.Irecv([b, 16, MPI.BYTE], 1, MPI.ANY_TAG) for b in bufs]
+    go()
+    sts = [MPI.Status() for _ in range(4)]
+    MPI.Request.Waitall(reqs, sts)
+    for k in range(4):
+        show("anytag", k, got(bufs[k], sts[k]))
+    sizes = [16, 16, 4, 16]
+    bufs = [np.zeros(16, np.uint8) for _ in range(4)]
+    reqs = [comm.Irecv([b, n, MPI.BYTE], 1, 3) for b, n in zip(bufs, sizes)]
+    go()
+    for k, r in enumerate(reqs):
+        st = MPI.Status()
+        try:
+            r.Wait(st)
+            show("trunc", k, got(bufs[k], st))
+        except MPI.Exception as e:
+            show("trunc", k, "error class", e.Get_error_class() == MPI.ERR_TRUNCATE)
+else:
+    go()
+    if rank == 1:
+        for k in range(4):
+            comm.Send(sent(k, 10 + k, 4 + k), 0, 10 + k)
+    go()
+    if rank == 1:
+        for k in range(4):
+            comm.Send(sent(k, 3, 12), 0, 3)
+
+# 3. a cancelled receive in the middle; Test, Testany, Waitany, Waitsome over a window
+if rank == 0:
+    bufs = [np.zeros(8, np.uint8) for _ in range(5)]
+    reqs = [comm.Irecv([b, 8, MPI.BYTE], 1, 4) for b in bufs]
+    reqs[1].Cancel()
+    st = MPI.Status()
+    show("cancelled status", reqs[1].Get_status(st), st.Is_cancelled())
+    reqs[1].Wait(st)
+    show("cancelled", st.Is_cancelled())
+    go()
+    while not reqs[0].Test():
+        pass
+    show("test", int(bufs[0][0]))
+    idx, flag = MPI.Request.Testany(reqs[2:])
+    while not flag:
+        idx, flag = MPI.Request.Testany(reqs[2:])
+    show("testany", idx, int(bufs[2 + idx][0]))
+    done = []
+    while len(done) < 2:
+        i = MPI.Request.Waitany(reqs[2:])
+        if i != MPI.UNDEFINED:
+            done.append(int(bufs[2 + i][0]))
+    show("waitany", sorted(done))
+    bufs = [np.zeros(8, np.uint8) for _ in range(3)]
+    reqs = [comm.Irecv([b, 8, MPI.BYTE], 1, 5) for b in bufs]
+    go()
+    seen = []
+    while len(seen) < 3:
+        seen += MPI.Request.Waitsome(reqs) or []
+    show("waitsome", sorted(seen), [int(b[0]) for b in bufs])
+else:
+    go()
+    if rank == 1:
+        for k in range(4):
+            comm.Send(sent(k, 4, 8), 0, 4)
+    go()
+    if rank == 1:
+        for k in range(3):
+            comm.Send(sent(k, 5, 8), 0, 5)
+
+# 4. a blocking Recv behind posted receives of the same sender and tag, and of another
+if rank == 0:
+    bufs = [np.zeros(8, np.uint8) for _ in range(3)]
+    reqs = [comm.Irecv([b, 8, MPI.BYTE], 1, 6) for b in bufs[:2]]
+    go()
+    r = np.zeros(8, np.uint8)
+    st = MPI.Status()
+    comm.Recv([r, 8, MPI.BYTE], 1, 6, st)  # the third message of tag 6
+    show("blocking behind", got(r, st))
+    comm.Recv([r, 8, MPI.BYTE], 1, 8, st)
+    show("blocking other tag", got(r, st))
+    MPI.Request.Waitall(reqs)
+    show("window before it", [int(b[0]) for b in bufs[:2]])
+else:
+    go()
+    if rank == 1:
+        for k in range(3):
+            comm.Send(sent(k, 6, 8), 0, 6)
+        comm.Send(sent(9, 8, 8), 0, 8)
+
+# 5. receives of the last sender posted first, then ANY_SOURCE ones for the rest
+if rank == 0:
+    n = 4 * len(senders)
+    bufs = [np.zeros(8, np.uint8) for _ in range(n)]
+    srcs = [senders[-1]] * 4 + [MPI.ANY_SOURCE] * (n - 4)
+    reqs = [comm.Irecv([b, 8, MPI.BYTE], src, 9) for b, src in zip(bufs, srcs)]
+    go()
+    sts = [MPI.Status() for _ in range(n)]
+    MPI.Request.Waitall(reqs, sts)
+    per = {}
+    for k, (b, st) in enumerate(zip(bufs, sts)):
+        per.setdefault(st.Get_source(), []).append((k < 4, int(b[0])))
+    for s in sorted(per):
+        show("anysource from", s, per[s])
+else:
+    go()
+    for k in range(4):
+        comm.Send(sent(10 * rank + k, 9, 8), 0, 9)
