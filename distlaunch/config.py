@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
@@ -351,6 +350,8 @@ class LaunchConfig:
             if not re.fullmatch(r"[A-Za-z_][\w.]*", self.entrypoint):
                 raise ConfigError(f"--module {self.entrypoint!r} is not a module name")
         elif self.no_python:
+            import shutil  # (with bz2, lzma, fnmatch: only for --no-python)
+
             if shutil.which(self.entrypoint) is None:
                 raise ConfigError(
                     f"--no-python: program {self.entrypoint!r} not found on PATH or not executable"
