@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["Plan", "make_plan", "run", "STORE_HOST"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import
 class Plan:
     """The resolved job as far as it is known before start: this node's workers."""
 

@@ -51,7 +51,7 @@ if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client 
     from ..store.client import StoreAddress
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import
 class NodeOptions:
     node_rank: int = 0
     num_nodes: int = 1

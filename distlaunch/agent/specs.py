@@ -250,7 +250,7 @@ def _sinks(
     return sinks[0], sinks[1]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import
 class FirstRound:
     """Round 0's workers of a single-node launch, started before its agent runs
     (``start_first_round``); the agent joins round 0 with them."""
