@@ -1,7 +1,8 @@
-"""RunOptions: `distlaunch run`'s options, each value parsed and bounds-checked once;
-LaunchConfig: the validated job every node's agent runs (program, workers per node,
+"""LaunchConfig: the validated job every node's agent runs (program, workers per node,
 supervision, output), whatever the launch mode; the mode and its nodes are decided in
-``modes.py``.
+``modes.py``. RunOptions, `distlaunch run`'s options, each value parsed and bounds-checked
+once, is in ``run_options.py`` (the CLI's and ``modes``'; an agent, which reads a
+LaunchConfig, never builds it): ``config.RunOptions`` and ``config.NodeCount`` load it.
 
 Option meanings follow torchrun (``torch.distributed.run``); checks that need no I/O
 beyond the file system happen here, so every bad value is reported before anything
@@ -13,13 +14,26 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from .errors import ConfigError
 from .topology import MAX_SLOTS_PER_NODE
+
+if TYPE_CHECKING:
+    from .run_options import NodeCount as NodeCount
+    from .run_options import RunOptions as RunOptions
+
+
+def __getattr__(name: str) -> Any:
+    """``RunOptions``, ``NodeCount``, ``parse_nnodes`` (PEP 562): loaded from
+    ``run_options`` when first asked for."""
+    if name in ("RunOptions", "NodeCount", "parse_nnodes"):
+        from . import run_options
+
+        return getattr(run_options, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # torchrun's Std values: which of a worker's streams an option applies to.
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
@@ -351,6 +365,8 @@ class LaunchConfig:
             if not re.fullmatch(r"[A-Za-z_][\w.]*", self.entrypoint):
                 raise ConfigError(f"--module {self.entrypoint!r} is not a module name")
         elif self.no_python:
+            import shutil  # (with bz2, lzma, fnmatch: only for --no-python)
+
             if shutil.which(self.entrypoint) is None:
                 raise ConfigError(
                     f"--no-python: program {self.entrypoint!r} not found on PATH or not executable"
@@ -371,141 +387,6 @@ class LaunchConfig:
             ) from None
         if not os.access(log_dir, os.W_OK | os.X_OK):
             raise ConfigError(f"--log-dir {log_dir!r} is not writable; choose a writable directory")
-
-
-def parse_nnodes(text: str) -> NodeCount:
-    """torchrun's ``--nnodes``: ``N`` -> (N, None), ``MIN:MAX`` -> (MIN, MAX)."""
-    lo, sep, hi = text.partition(":")
-    try:
-        return NodeCount(int(lo), int(hi) if sep else None, text)
-    except ValueError:
-        raise ConfigError(
-            f"--nnodes {text!r} is invalid: give a number of nodes N or a range MIN:MAX"
-        ) from None
-
-
-@dataclass(frozen=True)
-class NodeCount:
-    """``--nnodes``: ``min`` nodes, up to ``max`` (None: exactly ``min``); shown as given."""
-
-    min: int
-    max: int | None
-    text: str
-
-    def __str__(self) -> str:
-        return self.text
-
-
-# Options parsed from their text here (each parser raises ConfigError naming the option),
-# in the order their errors are reported.
-_RUN_PARSERS = {
-    "nnodes": parse_nnodes,
-    "nproc_per_node": parse_nproc_per_node,
-    "redirects": lambda v: parse_std(v, "--redirects"),
-    "tee": lambda v: parse_std(v, "--tee"),
-    "local_ranks_filter": parse_ranks_filter,
-    "rdzv_conf": parse_rdzv_conf,
-    "duplicate_stdout_filters": parse_filters,
-    "duplicate_stderr_filters": parse_filters,
-}
-
-
-@dataclass(frozen=True, eq=False)  # parsed once, never compared: no __eq__/__hash__ to build
-class RunOptions:
-    """`distlaunch run`'s options by their parameter names, built once (``parse``) from
-    the command line, the job file (--config) and PET_* variables (click merges those
-    three), and a scheduler's variables (merged by ``modes``, see engine/). The text
-    options of ``_RUN_PARSERS`` are parsed here; click has converted the others (ints,
-    floats, choices). Every field is used by ``modes.resolve`` (its import-time check),
-    and every `run` option is a field (cli's)."""
-
-    script: str
-    script_args: tuple[str, ...]
-    given: frozenset[str]  # the names set by the user (or a scheduler), not defaulted
-    # workers
-    nproc_per_node: int
-    module: bool
-    no_python: bool
-    run_path: bool
-    role: str
-    env_names: tuple[str, ...]
-    env_file: tuple[str, ...]
-    bind_to: str
-    gpus_per_rank: int | None
-    virtual_local_rank: bool
-    numa_binding: str | None
-    stdin: str
-    start_method: str  # accepted for torchrun compatibility (cli's help says why)
-    # nodes and rendezvous
-    nnodes: NodeCount
-    node_rank: int
-    master_addr: str | None
-    master_port: int | None
-    run_id: str | None
-    standalone: bool
-    rdzv_endpoint: str | None
-    rdzv_id: str | None
-    rdzv_backend: str
-    rdzv_conf: tuple[tuple[str, str], ...]
-    local_addr: str | None
-    store_token_file: str | None
-    # hosts and SSH
-    hosts: str | None
-    hostfile: str | None
-    include: str | None
-    exclude: str | None
-    launcher: str
-    store_addr: str | None
-    remote_python: str | None
-    remote_cwd: str | None
-    ssh_port: int | None
-    ssh_user: str | None
-    ssh_key: str | None
-    ssh_config: str | None
-    ssh_accept_new_host_keys: bool
-    env_all: bool
-    # output
-    log_dir: str | None
-    redirects: StdSpec
-    tee: StdSpec
-    local_ranks_filter: frozenset[int] | None
-    prefix_host: bool
-    no_prefix: bool
-    event_log_handler: str | None  # accepted for torchrun compatibility, ignored
-    logs_specs: str | None  # accepted for torchrun compatibility, ignored
-    duplicate_stdout_filters: tuple[str, ...]
-    duplicate_stderr_filters: tuple[str, ...]
-    # supervision
-    max_restarts: int
-    monitor_interval: float
-    stop_timeout: float
-    min_nodes: int | None
-    signals_to_handle: str | None
-    hang_timeout: float
-    stacks_on_failure: bool
-    dedup_output: bool
-
-    @classmethod
-    def names(cls) -> frozenset[str]:
-        """Every field's name."""
-        return frozenset(f.name for f in fields(cls))
-
-    @classmethod
-    def parse(
-        cls, script: str, script_args: tuple[str, ...], options: Mapping[str, Any], given: frozenset[str]
-    ) -> RunOptions:
-        """The options of `run SCRIPT SCRIPT_ARGS` (``options``: click's values by name).
-        Raises ConfigError for a bad value (the first in ``_RUN_PARSERS``' order),
-        TypeError for a name that is no field."""
-        values = dict(options)
-        for name, parse in _RUN_PARSERS.items():
-            values[name] = parse(values[name])
-        return cls(script=script, script_args=tuple(script_args), given=given, **values)
-
-    def replace(self, **changes: Any) -> RunOptions:
-        import dataclasses
-
-        return dataclasses.replace(self, **changes)
 
 
 def load_job_file(path: str) -> list[tuple[str, object, int]]:

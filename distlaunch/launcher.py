@@ -16,12 +16,11 @@ import dataclasses
 import errno
 import os
 import socket
-import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .agent.guard import OrphanGuard
-from .agent.specs import StoreFields, worker_argv, worker_env
+from .agent.specs import StoreFields, make_temp_dir, worker_argv, worker_env
 from .config import LaunchConfig
 from .env import lookup, route_source
 from .errors import ConfigError
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
 __all__ = ["Plan", "make_plan", "run", "STORE_HOST"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import
 class Plan:
     """The resolved job as far as it is known before start: this node's workers."""
 
@@ -104,7 +103,7 @@ def run(mode: NodeMode, plan: Plan | None = None) -> int:
     plan = plan or make_plan(mode)
     cfg = mode.job
     if (cfg.redirects.any or cfg.tee.any) and not cfg.log_dir:
-        log_dir = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
+        log_dir = make_temp_dir(f"distlaunch_{cfg.run_id}_")
         say(f"worker logs go to {log_dir}/{cfg.run_id}")
         cfg = dataclasses.replace(cfg, log_dir=log_dir)
     if cfg.nproc_per_node > 1 and lookup("OMP_NUM_THREADS") is None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import
 class RoundKeys:
     """The key names of round ``rnd`` of job ``run_id`` (see the module docstring)."""
 

@@ -27,6 +27,9 @@ AFTER_SPAWN = {
     "distlaunch.agent.observer",
     "distlaunch.events",
 }
+# what an agent never imports, in a job that succeeds: `run`'s options (the CLI's), GPU
+# discovery (a restart's GPU release wait), the events (the head reports the rounds)
+NEVER = {"distlaunch.run_options", "distlaunch.devices", "distlaunch.events"}
 DELAY = 1.5  # seconds the agents' import of the node agent takes here
 
 AGENT_SITE = """\
@@ -46,6 +49,15 @@ if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
         return execute(self, *a, **k)
 
     subprocess.Popen._execute_child = execute_child
+    me, leave = os.getpid(), os._exit
+
+    def exit_(code):
+        if os.getpid() == me:  # not the forked guard
+            with open(os.path.join(marks, "exit." + node), "w") as f:
+                json.dump(sorted(sys.modules), f)
+        leave(code)
+
+    os._exit = exit_
 
     class SlowNode:
         # the node agent's import takes {delay} s: workers started from the spec run meanwhile
@@ -114,7 +126,7 @@ def _node_marks(marks):
 
 def test_agents_spawn_before_the_node_agent_is_imported(slurm_cluster, tmp_path):  # noqa: F811
     """Each agent spawns its first worker before the node agent, the rendezvous, the
-    observer and the events are imported; the ranks, MASTER_ADDR and MASTER_PORT the
+    observer and the events are imported, and never imports NEVER; the ranks, MASTER_ADDR and MASTER_PORT the
     workers got are the ones the rendezvous then agrees on (the job succeeds, one
     MASTER_PORT for all), and output is prefixed from the first line."""
     marks, script, path = _setup(slurm_cluster, tmp_path)
@@ -128,13 +140,9 @@ def test_agents_spawn_before_the_node_agent_is_imported(slurm_cluster, tmp_path)
     assert len({r.split("master ", 1)[1] for r in rows}) == 1, rows
     for node in ("n1", "n2"):
         seen = set(json.loads((marks / f"spawn.{node}").read_text()))
-        early = {
-            "distlaunch.agent.node",
-            "distlaunch.rendezvous",
-            "distlaunch.agent.observer",
-            "distlaunch.events",
-        }
-        assert not early & seen, (node, sorted(early & seen))
+        assert not AFTER_SPAWN & seen, (node, sorted(AFTER_SPAWN & seen))
+        at_exit = set(json.loads((marks / f"exit.{node}").read_text()))
+        assert "distlaunch.agent.node" in at_exit and not NEVER & at_exit, (node, sorted(NEVER & at_exit))
     assert all(m["spawned_before"] for m in _node_marks(marks).values()), _node_marks(marks)
     assert len(_node_marks(marks)) == 2
 

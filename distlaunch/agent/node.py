@@ -17,12 +17,10 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..config import HEARTBEAT_INTERVAL, LaunchConfig
-from ..devices import wait_gpu_release
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
-from ..events import EventLog, round_end_event, round_event
 from ..numa import places_gpus
 from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezvous, StopWatcher, WaitReport
 from ..report import say
@@ -34,16 +32,26 @@ from .kill import with_start_times
 from .observer import Observer
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay, parse_signals
-from .specs import SHM_DIR, FirstRound, StoreFields, build_specs, free_port, log_root, shm_prefix
+from .specs import (
+    SHM_DIR,
+    FirstRound,
+    StoreFields,
+    build_specs,
+    free_port,
+    log_root,
+    make_temp_dir,
+    shm_prefix,
+)
 from .watch import Watchdog, nccl_trace_env
 
 GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU memory
 
 if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client loads in run()
+    from ..events import EventLog
     from ..store.client import StoreAddress
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import
 class NodeOptions:
     node_rank: int = 0
     num_nodes: int = 1
@@ -123,8 +131,6 @@ class NodeAgent:
         self._last_pids: list[int] = []  # the last round's workers (for the GPU release wait)
 
     def run(self) -> int:
-        import tempfile
-
         o = self.opts
         group: WorkerGroup | None = None
         if self._first is not None:  # its relay forwards to its workers since their spawn
@@ -135,7 +141,7 @@ class NodeAgent:
             relay = SignalRelay(
                 lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
             )
-            self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
+            self.scratch = make_temp_dir(f"distlaunch_{self.cfg.run_id}_")
             self.guard.clean_up(self.scratch)
             self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
         rdzv = client = observer = None
@@ -179,7 +185,10 @@ class NodeAgent:
                     rnd += 1
                     continue
                 cause = self._run_round(rdzv, group, rnd, relay)
-                self._emit(round_end_event(rnd, cause))
+                if self.events is not None:
+                    from ..events import round_end_event
+
+                    self.events.emit(round_end_event(rnd, cause))
                 if cause is None:
                     return restarts
                 if o.node_id is None:
@@ -285,13 +294,17 @@ class NodeAgent:
             if rdzv.node_rank == 0:
                 rdzv.publish_master(rnd, self.master_addr, self._master_port(rdzv), restarts)
             addr, port, restarts = rdzv.master(rnd)
-            if self.events is not None:
+            if self.events is not None:  # (events: not imported by an agent the head reports for)
+                from ..events import round_event
+
                 # node 0 lists the members (one read of them all); the others count them,
                 # so a round costs no node O(N) bytes but one
                 members = rdzv.members(rnd, self.opts.join_timeout) if rdzv.node_rank == 0 else None
-                self._emit(round_event(rnd, restarts, members, rdzv.num_nodes, seat.world_size))
+                self.events.emit(round_event(rnd, restarts, members, rdzv.num_nodes, seat.world_size))
         slots = seat_slots(seat.first_rank, me[0], rdzv.node_rank, seat.world_size, rdzv.num_nodes)
         if self._last_pids and places_gpus(self.cfg):  # a restart: the old attempt's GPU memory
+            from ..devices import wait_gpu_release  # (GPU discovery: only here)
+
             wait_gpu_release(self._last_pids, GPU_RELEASE_TIMEOUT, self.say)
 
         def started(pids: list[int]) -> None:
@@ -365,10 +378,6 @@ class NodeAgent:
         if isinstance(cause, Over):
             raise RendezvousError("the job finished before this node could join")
         rdzv.wait_members_done(late.rnd, late.size, self.opts.exit_barrier_timeout + self.cfg.stop_timeout)
-
-    def _emit(self, event: dict[str, Any]) -> None:
-        if self.events is not None:
-            self.events.emit(event)
 
     def _labelled(self, f: WorkerFailure) -> WorkerFailure:
         return dataclasses.replace(f, host=self.opts.host_label) if self.opts.host_label else f

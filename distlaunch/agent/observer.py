@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from ..devices import VISIBILITY_VARS
 from ..errors import StoreError, StoreTimeoutError
 from ..observe import registry
 from .output import warn_once
@@ -194,4 +193,6 @@ class Observer:
 def _devices(env: Mapping[str, str]) -> str:
     """The GPUs a worker sees, as its environment names them (``CUDA_VISIBLE_DEVICES=3``;
     placed by --gpus-per-rank / --virtual-local-rank, or the user's own); "" when none."""
+    from ..devices import VISIBILITY_VARS  # at a publish, a second in: not at start-up
+
     return next((f"{v}={env[v]}" for v in VISIBILITY_VARS if v in env), "")

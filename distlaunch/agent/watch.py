@@ -35,7 +35,7 @@ DEFER_SECONDS = 2.0
 DUMP_TIMEOUT = 10.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import
 class Explained:
     """What the ranks were doing: ``cause`` one line (a hang's), ``stacks`` the grouped
     stacks, ``odd`` the rank the cause names first (the odd one out), if any."""
@@ -46,7 +46,7 @@ class Explained:
     alike: bool = False  # every rank read shows the same main-thread stack
 
 
-@dataclass
+@dataclass(eq=False)  # never compared: no __eq__ built at import
 class Watchdog:
     """One round's watchdog. ``timeout``: seconds without progress before a hang (0:
     never). ``records``: rank -> its progress record file. ``report_path``: where the
