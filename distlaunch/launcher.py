@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .agent.guard import OrphanGuard
-from .agent.specs import StoreFields, make_temp_dir, worker_argv, worker_env
+from .agent.specs import StoreFields, worker_argv, worker_env
 from .config import LaunchConfig
 from .env import lookup, route_source
 from .errors import ConfigError
@@ -103,7 +103,9 @@ def run(mode: NodeMode, plan: Plan | None = None) -> int:
     plan = plan or make_plan(mode)
     cfg = mode.job
     if (cfg.redirects.any or cfg.tee.any) and not cfg.log_dir:
-        log_dir = make_temp_dir(f"distlaunch_{cfg.run_id}_")
+        import tempfile
+
+        log_dir = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
         say(f"worker logs go to {log_dir}/{cfg.run_id}")
         cfg = dataclasses.replace(cfg, log_dir=log_dir)
     if cfg.nproc_per_node > 1 and lookup("OMP_NUM_THREADS") is None:

@@ -340,9 +340,6 @@ NOT_BEFORE_SPAWN_NARROW = {
     "json",
     "yaml",
 }
-# Never loaded by a short one-node job through the narrow form (the scratch directory is
-# made without tempfile, removed without shutil; with them: random, bz2, lzma, fnmatch).
-NEVER_NARROW = {"tempfile", "shutil", "random", "bz2", "lzma"}
 IMPORT_PROBE = """
 import os, subprocess, sys
 
@@ -383,8 +380,7 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # variables that send `run` to click
     env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
     res = subprocess.run(
-        [sys.executable, *(["-S"] if entry == "main" else []), "-c", IMPORT_PROBE, entry, "run"]
-        + ["--nproc-per-node", "2", str(script)],
+        [sys.executable, "-c", IMPORT_PROBE, entry, "run"] + ["--nproc-per-node", "2", str(script)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -404,8 +400,6 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     if entry == "main":
         assert not NOT_BEFORE_SPAWN_NARROW & seen["spawn"], sorted(NOT_BEFORE_SPAWN_NARROW & seen["spawn"])
         assert "click" not in seen["exit"] and "distlaunch.preparse" in seen["exit"]
-        # (-S: this environment's site loads tempfile in every interpreter)
-        assert not NEVER_NARROW & seen["exit"], sorted(NEVER_NARROW & seen["exit"])
 
 
 FAILING_STORE = """
@@ -533,27 +527,3 @@ def test_a_python_without_pidfd_open_supervises_by_polling(tmp_path):
     res = dl("run", "--nproc-per-node", "2", bad, env=env)
     assert res.returncode == 3, res.stderr
     assert "Traceback" not in res.stderr and "rank 1" in res.stderr, res.stderr
-
-
-@pytest.mark.parametrize("tmpdir", ["given", "missing", "a file"])
-def test_scratch_directory_where_tempfile_puts_it(tmp_path, monkeypatch, tmpdir):
-    """The agent's scratch directory (made without tempfile) is a new 0700 directory in
-    the directory tempfile.mkdtemp would use: $TMPDIR when usable, else the next one."""
-    import tempfile
-
-    from distlaunch.agent.specs import make_temp_dir
-
-    target = {"given": tmp_path, "missing": tmp_path / "no" / "such", "a file": tmp_path / "f"}[tmpdir]
-    if tmpdir == "a file":
-        target.write_text("")
-    monkeypatch.setenv("TMPDIR", str(target))
-    monkeypatch.setattr(tempfile, "tempdir", None)  # not cached from before
-    paths = [make_temp_dir("distlaunch_x_"), make_temp_dir("distlaunch_x_")]
-    try:
-        assert os.path.dirname(paths[0]) == tempfile.gettempdir()
-        assert os.path.basename(paths[0]).startswith("distlaunch_x_") and os.path.isdir(paths[0])
-        assert os.stat(paths[0]).st_mode & 0o777 == 0o700
-        assert paths[0] != paths[1]
-    finally:
-        for p in paths:
-            os.rmdir(p)

@@ -348,33 +348,16 @@ class OrphanGuard:
 def remove_matching(pattern: str) -> None:
     """Remove every file or directory tree the glob ``pattern`` names; never raises."""
     import glob
+    import shutil
 
     for path in glob.glob(pattern):
         if os.path.isdir(path) and not os.path.islink(path):
-            _remove_tree(path)
+            shutil.rmtree(path, ignore_errors=True)
         else:
             try:
                 os.unlink(path)
             except OSError:
                 pass
-
-
-def _remove_tree(path: str) -> None:
-    """``shutil.rmtree(path, ignore_errors=True)``; a directory of files only (an agent's
-    scratch: error and progress files) without importing ``shutil`` at the job's end."""
-    try:
-        with os.scandir(path) as it:
-            entries = list(it)
-        if not any(e.is_dir(follow_symlinks=False) for e in entries):
-            for e in entries:
-                os.unlink(e.path)
-            os.rmdir(path)
-            return
-    except OSError:
-        pass  # whatever is left: rmtree's way
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _set_title(agent: int) -> None:

@@ -39,7 +39,6 @@ from .specs import (
     build_specs,
     free_port,
     log_root,
-    make_temp_dir,
     shm_prefix,
 )
 from .watch import Watchdog, nccl_trace_env
@@ -141,7 +140,9 @@ class NodeAgent:
             relay = SignalRelay(
                 lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
             )
-            self.scratch = make_temp_dir(f"distlaunch_{self.cfg.run_id}_")
+            import tempfile
+
+            self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
             self.guard.clean_up(self.scratch)
             self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
         rdzv = client = observer = None

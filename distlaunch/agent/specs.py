@@ -61,33 +61,6 @@ def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
     return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")
 
 
-def make_temp_dir(prefix: str) -> str:
-    """A new private (0700) directory named ``prefix`` + 8 random hex characters in the
-    first usable one of the directories ``tempfile.gettempdir()`` tries ($TMPDIR, $TEMP,
-    $TMP, /tmp, /var/tmp, /usr/tmp, the working directory): what ``tempfile.mkdtemp``
-    makes, without importing ``tempfile`` (with ``shutil``, ``random``, ``bz2``, ``lzma``:
-    ~3 ms before a worker starts). Raises FileNotFoundError, as ``tempfile`` does, when
-    no directory is usable."""
-    dirs = [d for d in map(os.environ.get, ("TMPDIR", "TEMP", "TMP")) if d]
-    dirs += ["/tmp", "/var/tmp", "/usr/tmp"]
-    try:
-        dirs.append(os.getcwd())
-    except OSError:
-        dirs.append(os.curdir)
-    for d in dirs:
-        d = os.path.abspath(d)
-        for _ in range(100):  # names taken (32 random bits: hardly ever)
-            path = os.path.join(d, prefix + os.urandom(4).hex())
-            try:
-                os.mkdir(path, 0o700)
-                return path
-            except FileExistsError:
-                continue
-            except OSError:  # not there, not writable: the next one (as gettempdir)
-                break
-    raise FileNotFoundError(f"No usable temporary directory found in {dirs}")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -294,9 +267,11 @@ def _start_round_zero(
     """Round 0's workers in ``slots``, started before the agent runs (both callers'
     common part: scratch directory and segments handed to the guard, the group started
     with ``relay`` forwarding to it; nothing left running when it raises)."""
+    import tempfile
+
     if relay.stop_signal is not None:  # stopped before anything started: start nothing
         raise LaunchInterrupted(relay.stop_signal)
-    scratch = make_temp_dir(f"distlaunch_{cfg.run_id}_")
+    scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
     guard.clean_up(scratch)
     guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
     group = None
