@@ -24,7 +24,9 @@ class DistlaunchWork(_TorchWork):
     """torch ``Work`` of one operation: ``wait(timeout=None)`` blocks until it finished
     (a timedelta > 0 bounds the wait: DistlaunchTimeoutError; the operation keeps its own
     deadline, the group timeout) and re-raises its error; ``get_future()`` is a
-    ``torch.futures.Future`` completed with the output tensors (or the error);
+    ``torch.futures.Future`` completed with the output tensors (or, on failure, a
+    RuntimeError carrying the backend error's class name and message, as torch's own
+    backends' futures raise: a future's error must reach C++ readers such as DDP's);
     ``is_completed()`` never blocks; ``_source_rank()`` is the sender's group rank of a
     receive."""
 
@@ -75,7 +77,12 @@ class DistlaunchWork(_TorchWork):
                 self._future = Future()
                 if self._done:
                     _complete(self._future, self._outputs, self._error)
-            return self._future
+            fut = self._future
+        # A C++ reader (DDP's reducer) takes set_exception's error for a plain result
+        # object (it looked for tensors in it and crashed): a chained future whose
+        # callback re-raises carries a C++ error, which its wait() throws (as a
+        # RuntimeError with the backend's message, as gloo's futures raise)
+        return fut.then(_value)
 
     def is_completed(self) -> bool:
         return self._done
@@ -112,6 +119,10 @@ class _DoneWork(DistlaunchWork):
         self._outputs = outputs
         if error is not None:
             self._error = error
+
+
+def _value(fut: Future) -> Any:
+    return fut.value()  # raises the error set_exception stored
 
 
 def _complete(fut: Future, outputs: list, error: BaseException | None) -> None:

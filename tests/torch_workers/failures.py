@@ -10,6 +10,8 @@
 - ``killed-mid``: every rank loops on 16 MiB all_reduces as DDP runs them (async_op=True,
   then wait: the chunked shared-memory algorithm on the backend's helper thread); the
   last rank SIGKILLs itself 0.3 s in: every surviving rank raises.
+- ``killed-ddp``: every rank trains DDP with 4 MiB buckets; the last rank SIGKILLs itself 0.1 s after its
+  third step: every surviving rank raises.
 
 Each rank prints ``raised <class> <seconds> isDistBackendError=<bool>`` (or ``no error``)
 and exits 0, so a launcher does not stop the job at the first rank's exit.
@@ -28,7 +30,7 @@ import torch.distributed as dist
 import distlaunch.torch  # noqa: F401  (registers the backend)
 
 mode = sys.argv[1]
-timeout = {"timeout": 3, "killed": 60, "killed-mid": 60, "mismatch": 60}[mode]
+timeout = {"timeout": 3, "killed": 60, "killed-mid": 60, "killed-ddp": 60, "mismatch": 60}[mode]
 if len(sys.argv) > 2:  # started by hand: init method, rank, world size
     dist.init_process_group(
         "distlaunch",
@@ -54,6 +56,16 @@ try:
             threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
         while time.monotonic() - start < 20:  # "no error" if the peer's death goes unseen
             dist.all_reduce(big, async_op=True).wait()
+    elif mode == "killed-ddp":
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 1024))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=4)
+        x = torch.randn(8, 1024)
+        for i in range(100000):  # "no error" if the peer's death goes unseen
+            if i == 3 and rank == n - 1:
+                threading.Timer(0.1, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+            ddp(x).sum().backward()
+            if time.monotonic() - start > 20:
+                break
     else:
         if mode == "timeout" and rank:
             time.sleep(2 if rank < n - 1 else timeout + 3)
