@@ -185,6 +185,25 @@ class Plan:
             _wait(self.ch, j, p, self.spin)
         self.ch.take(self.ctx, p, j)
 
+    def run(self, a: Any, b: Any) -> bool:
+        """The call on these buffers (True), or nothing done (False: the plan does not
+        apply). Its one phase (``phase``) runs between the group's enter and leave."""
+        got = self.views(a, b)
+        if got is None:
+            return False
+        ctx = self.ctx
+        self.pg.enter(ctx)
+        try:
+            self.phase(self.open(), *got)
+        except BaseException as e:
+            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
+        self.pg.leave(ctx)
+        return True
+
+    def phase(self, p: int, src: Any, dst: Any) -> None:
+        """The operation's phase ``p`` on its send and receive bytes."""
+        raise NotImplementedError
+
 
 class Bcast(Plan):
     """algorithms.shm.broadcast's eager phase: the root writes and leaves; the others
@@ -223,32 +242,21 @@ class Gather(Plan):
 
     __slots__ = ()
 
-    def run(self, a: Any, b: Any) -> bool:
-        got = self.views(a, b)
-        if got is None:
-            return False
-        src, dst = got
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
-        self.pg.enter(ctx)
-        try:
-            p = self.open()
-            if r != self.root:
-                o = self.mine[p & 1]
-                ch.mv[o : o + nb] = src
-                ch.publish(ctx, p, ctx.record, False)
-            else:
-                ch.publish(ctx, p, ctx.record)
-                if src is not None:  # (while the others write theirs)
-                    dst[r * nb : (r + 1) * nb] = src
-                offs, mv = self.offs[p & 1], ch.mv
-                for j in range(self.n):
-                    if j != r:
-                        self.take(p, j)
-                        dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
-        except BaseException as e:
-            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        self.pg.leave(ctx)
-        return True
+        if r != self.root:
+            o = self.mine[p & 1]
+            ch.mv[o : o + nb] = src
+            ch.publish(ctx, p, ctx.record, False)
+        else:
+            ch.publish(ctx, p, ctx.record)
+            if src is not None:  # (while the others write theirs)
+                dst[r * nb : (r + 1) * nb] = src
+            offs, mv = self.offs[p & 1], ch.mv
+            for j in range(self.n):
+                if j != r:
+                    self.take(p, j)
+                    dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
 
 
 class Scatter(Plan):
@@ -261,32 +269,21 @@ class Scatter(Plan):
         super().__init__(*args)
         self.width = _width(self.ch, self.n, 0)
 
-    def run(self, a: Any, b: Any) -> bool:
-        got = self.views(a, b)
-        if got is None:
-            return False
-        src, dst = got
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
-        self.pg.enter(ctx)
-        try:
-            p = self.open()
-            if r == self.root:
-                o, mv = self.mine[p & 1], ch.mv
-                for i in range(self.n):
-                    if i != r:
-                        mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
-                ch.publish(ctx, p, ctx.record, False)
-                if dst is not None:
-                    dst[:] = src[r * nb : (r + 1) * nb]
-            else:
-                ch.publish(ctx, p, ctx.record, self.n <= 2)
-                self.take(p, self.root)
-                o = self.offs[p & 1][self.root] + r * L
-                dst[:] = ch.mv[o : o + nb]
-        except BaseException as e:
-            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        self.pg.leave(ctx)
-        return True
+        if r == self.root:
+            o, mv = self.mine[p & 1], ch.mv
+            for i in range(self.n):
+                if i != r:
+                    mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
+            ch.publish(ctx, p, ctx.record, False)
+            if dst is not None:
+                dst[:] = src[r * nb : (r + 1) * nb]
+        else:
+            ch.publish(ctx, p, ctx.record, self.n <= 2)
+            self.take(p, self.root)
+            o = self.offs[p & 1][self.root] + r * L
+            dst[:] = ch.mv[o : o + nb]
 
 
 class Allgather(Plan):
@@ -295,29 +292,18 @@ class Allgather(Plan):
 
     __slots__ = ()
 
-    def run(self, a: Any, b: Any) -> bool:
-        got = self.views(a, b)
-        if got is None:
-            return False
-        src, dst = got
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
         own = dst[r * nb : (r + 1) * nb]
-        self.pg.enter(ctx)
-        try:
-            p = self.open()
-            offs, mv = self.offs[p & 1], ch.mv
-            mv[offs[r] : offs[r] + nb] = own if src is None else src
-            ch.publish(ctx, p, ctx.record)
-            if src is not None:  # (while the others write theirs)
-                own[:] = src
-            for j in range(self.n):
-                if j != r:
-                    self.take(p, j)
-                    dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
-        except BaseException as e:
-            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        self.pg.leave(ctx)
-        return True
+        offs, mv = self.offs[p & 1], ch.mv
+        mv[offs[r] : offs[r] + nb] = own if src is None else src
+        ch.publish(ctx, p, ctx.record)
+        if src is not None:  # (while the others write theirs)
+            own[:] = src
+        for j in range(self.n):
+            if j != r:
+                self.take(p, j)
+                dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
 
 
 class Alltoall(Plan):
@@ -333,40 +319,29 @@ class Alltoall(Plan):
         self.width = _width(self.ch, self.n, _TOTAL)
         self.head = _HEAD.pack(self.nb)
 
-    def run(self, a: Any, b: Any) -> bool:
-        got = self.views(a, b)
-        if got is None:
-            return False
-        src, dst = got
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r, L, n = self.ch, self.ctx, self.nb, self.r, self.width, self.n
-        self.pg.enter(ctx)
-        try:
-            p = self.open()
-            offs, mv = self.offs[p & 1], ch.mv
-            o = offs[r]
-            mv[o : o + 8] = self.head
-            o += _TOTAL
-            for i in range(n):
-                if i != r:
-                    mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
-            ch.publish(ctx, p, ctx.record)
-            dst[r * nb : (r + 1) * nb] = src[r * nb : (r + 1) * nb]  # (while the others write)
-            at = _TOTAL + r * L
-            for j in range(n):
-                if j != r:
-                    self.take(p, j)
-                    o = offs[j]
-                    if mv[o : o + 8] != self.head:
-                        raise CollectiveMismatchError(
-                            f"rank {self.pg.ranks[j]} sends Alltoall blocks of "
-                            f"{_HEAD.unpack(mv[o : o + 8])[0]} bytes but rank {self.pg.ranks[r]} "
-                            f"sends and receives blocks of {nb}"
-                        )
-                    dst[j * nb : (j + 1) * nb] = mv[o + at : o + at + nb]
-        except BaseException as e:
-            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        self.pg.leave(ctx)
-        return True
+        offs, mv = self.offs[p & 1], ch.mv
+        o = offs[r]
+        mv[o : o + 8] = self.head
+        o += _TOTAL
+        for i in range(n):
+            if i != r:
+                mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
+        ch.publish(ctx, p, ctx.record)
+        dst[r * nb : (r + 1) * nb] = src[r * nb : (r + 1) * nb]  # (while the others write)
+        at = _TOTAL + r * L
+        for j in range(n):
+            if j != r:
+                self.take(p, j)
+                o = offs[j]
+                if mv[o : o + 8] != self.head:
+                    raise CollectiveMismatchError(
+                        f"rank {self.pg.ranks[j]} sends Alltoall blocks of "
+                        f"{_HEAD.unpack(mv[o : o + 8])[0]} bytes but rank {self.pg.ranks[r]} "
+                        f"sends and receives blocks of {nb}"
+                    )
+                dst[j * nb : (j + 1) * nb] = mv[o + at : o + at + nb]
 
 
 # operation -> (plan class, the largest eager block in bytes for a channel of n ranks)
