@@ -664,14 +664,14 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
 
 
 # `run`'s parameters that the command consumes itself; every other one is a field of
-# config.RunOptions, checked when this module is imported (an option nothing reads would
+# run_options.RunOptions, checked when this module is imported (an option nothing reads would
 # be dropped silently).
 _RUN_ONLY = frozenset({"script", "script_args", "print_config", "dry_run", "root_cause_file"})
 
 
 def _check_run_options(command: click.Command) -> None:
-    from .config import RunOptions
     from .preparse import DEFAULTS
+    from .run_options import RunOptions
 
     names = {p.name for p in command.params if p.expose_value and p.name} - _RUN_ONLY
     if names - RunOptions.names():

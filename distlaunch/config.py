@@ -2,7 +2,7 @@
 supervision, output), whatever the launch mode; the mode and its nodes are decided in
 ``modes.py``. RunOptions, `distlaunch run`'s options, each value parsed and bounds-checked
 once, is in ``run_options.py`` (the CLI's and ``modes``'; an agent, which reads a
-LaunchConfig, never builds it): ``config.RunOptions`` and ``config.NodeCount`` load it.
+LaunchConfig, never loads it).
 
 Option meanings follow torchrun (``torch.distributed.run``); checks that need no I/O
 beyond the file system happen here, so every bad value is reported before anything
@@ -15,25 +15,10 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from .errors import ConfigError
 from .topology import MAX_SLOTS_PER_NODE
-
-if TYPE_CHECKING:
-    from .run_options import NodeCount as NodeCount
-    from .run_options import RunOptions as RunOptions
-
-
-def __getattr__(name: str) -> Any:
-    """``RunOptions``, ``NodeCount``, ``parse_nnodes`` (PEP 562): loaded from
-    ``run_options`` when first asked for."""
-    if name in ("RunOptions", "NodeCount", "parse_nnodes"):
-        from . import run_options
-
-        return getattr(run_options, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 # torchrun's Std values: which of a worker's streams an option applies to.
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3

@@ -14,7 +14,7 @@ Each carries ``job``, the validated :class:`~distlaunch.config.LaunchConfig` eve
 agent runs, plus what only that mode needs. Every bad value or combination raises
 :class:`~distlaunch.errors.ConfigError` here, before anything starts. Option values that
 come from elsewhere than the command line (a job file, the environment of a scheduler)
-are merged into the options before they are parsed once (``config.RunOptions``): a job
+are merged into the options before they are parsed once (``run_options.RunOptions``): a job
 file and PET_* by click, a scheduler's variables here, from the engine that detects it
 (``engine.detect``: Slurm under srun, a Kubernetes pod, a SkyPilot node). The engine of
 head mode is one registry lookup (``engine.plugin``). ``--include``/``--exclude`` without
@@ -32,10 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .config import LaunchConfig, RunOptions, run_id_from
+from .config import LaunchConfig, run_id_from
 from .engine import DEFAULT as DEFAULT_ENGINE
 from .engine import Placement, detect, plugin
 from .errors import ConfigError
+from .run_options import RunOptions
 from .topology import MAX_NODES
 
 if TYPE_CHECKING:

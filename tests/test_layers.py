@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.numa",
             "distlaunch.secret",
             "distlaunch.config",
+            "distlaunch.run_options",
             "distlaunch.hosts",
             "distlaunch.hostlist",
             "distlaunch.store.protocol",
@@ -184,7 +185,10 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("launch modes", ["distlaunch.modes"]),
     ("one node's launcher", ["distlaunch.launcher"]),
     ("head mode", ["distlaunch.head"]),
-    ("command line", ["distlaunch.cli"]),
+    (
+        "command line: what a parsed `run` does, the narrow pre-parser, click's CLI",
+        ["distlaunch.command", "distlaunch.preparse", "distlaunch.cli"],
+    ),
     ("entry points and the Python launch API", ["distlaunch.__main__", "distlaunch.launch_api"]),
 ]
 

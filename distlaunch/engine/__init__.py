@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from ..config import RunOptions
     from ..hosts import Host
     from ..remote.ssh import SSHOptions
+    from ..run_options import RunOptions
 
 __all__ = [
     "DEFAULT",

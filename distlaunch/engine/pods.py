@@ -64,8 +64,8 @@ from ..report import say
 from . import AgentLaunch, EnginePlugin, Placement
 
 if TYPE_CHECKING:
-    from ..config import RunOptions
     from ..hosts import Host
+    from ..run_options import RunOptions
 
 __all__ = ["PLUGIN", "PodsPlugin", "Reading", "fill", "wait_resolvable"]
 

@@ -24,8 +24,8 @@ from . import AgentLaunch, EnginePlugin, Placement
 from .pods import NO_AGENTS, OWN_RENDEZVOUS, inside_a_job, place_node, read
 
 if TYPE_CHECKING:
-    from ..config import RunOptions
     from ..hosts import Host
+    from ..run_options import RunOptions
 
 __all__ = ["PLUGIN", "SkyPilotPlugin"]
 

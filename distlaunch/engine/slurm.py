@@ -68,8 +68,8 @@ from ..report import progress, say
 from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 
 if TYPE_CHECKING:
-    from ..config import RunOptions
     from ..hosts import Host
+    from ..run_options import RunOptions
 
 __all__ = ["PLUGIN", "SlurmEngine", "SlurmPlugin", "select_spec", "SPECS_KEY"]
 

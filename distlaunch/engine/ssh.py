@@ -22,8 +22,8 @@ from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 from .relay import AgentRelay
 
 if TYPE_CHECKING:
-    from ..config import RunOptions
     from ..remote.ssh import SSHConnection
+    from ..run_options import RunOptions
 
 AGENT_ARGV = ["-m", "distlaunch", "agent"]
 
