@@ -281,9 +281,13 @@ class Rendezvous:
         self.store.set(self.keys(rnd).plan, json.dumps(plan))
 
     def follow_plan(self, rnd: int, node_id: int) -> int:
-        """Head mode: block until the head's plan for round ``rnd``; take this node's rank
-        from it and return the restart count. Raises Dropped or PlanEnded."""
-        plan = json.loads(self.store.get(self.keys(rnd).plan, timeout=self.join_timeout))
+        """Head mode: block until the head's plan for round ``rnd`` (up to the join
+        timeout); take this node's rank from it and return the restart count. Raises
+        Dropped, PlanEnded, LaunchInterrupted (a node recorded a stop signal for the
+        round) or RendezvousError (no plan within the join timeout)."""
+        # in SLICE-second waits: a stop signal that lands on another of the agent's
+        # threads is handled only when the main thread runs Python code again
+        plan = self._wait_key(self.keys(rnd).plan, f"round {rnd}", self.join_timeout, rnd, "the head's plan")
         if plan.get("end"):
             raise PlanEnded(f"the head ended the job after round {rnd - 1}")
         if node_id not in plan["members"]:

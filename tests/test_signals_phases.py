@@ -537,4 +537,51 @@ def test_signal_after_the_agents_got_their_specs_before_plan_zero(sshd_hosts, tm
             proc.wait()
 
 
+FOLLOW_PLAN = """
+import sys, threading, time
+from distlaunch.agent.signals import SignalRelay
+from distlaunch.errors import LaunchInterrupted
+from distlaunch.rendezvous import Rendezvous
+from distlaunch.store import StoreClient
+
+client = StoreClient("127.0.0.1", int(sys.argv[1]), token=sys.argv[2], timeout=120)
+rdzv = Rendezvous(client, "job", 0, 1, join_timeout=60)
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a thread besides main
+relay = SignalRelay(lambda: ())
+print("waiting", flush=True)
+start = time.monotonic()
+try:
+    with relay.interruptible():
+        rdzv.follow_plan(0, 0)
+except LaunchInterrupted as e:
+    print(f"interrupted by {e.signum} after {time.monotonic() - start:.1f} s", flush=True)
+"""
+
+
+def test_a_head_mode_agent_waiting_for_its_plan_stops_on_a_signal_to_another_thread():
+    """An agent waits for the head's plan (Rendezvous.follow_plan) in short store waits,
+    so a stop signal the kernel delivers to one of its other threads is handled within
+    about a second (one long get slept until the join timeout: the main thread runs
+    Python's handlers only when it runs code again)."""
+    from distlaunch.store import StoreServer
+
+    with StoreServer("127.0.0.1", 0, token=TOKEN) as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", FOLLOW_PLAN, str(server.port), TOKEN],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout.readline().strip() == "waiting", proc.stderr.read()
+            time.sleep(0.3)  # in the store's get by now
+            signal_a_thread(proc.pid, signal.SIGTERM)
+            out, err = proc.communicate(timeout=10)
+            assert f"interrupted by {signal.SIGTERM}" in out, err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 from sshd import sshd_hosts  # noqa: E402,F401  (session fixture)
