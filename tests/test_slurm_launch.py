@@ -113,14 +113,31 @@ if sys.argv[1:] == ["agent"] or sys.orig_argv[-3:] == ["-m", "distlaunch", "agen
 """
 
 
-@pytest.mark.parametrize("early", [False, True], ids=["remote-python", "early-step"])
-def test_stop_while_agent_step_starts(slurm_cluster, tmp_path, early):  # noqa: F811
+SLOW_HEAD = """
+# ... and the head's import of click takes 5 s: a SIGTERM lands before its own handling
+class _SlowClick:
+    def find_spec(self, name, path=None, target=None):
+        if name == "click" and "run" in sys.orig_argv:
+            time.sleep(5)
+        return None
+sys.meta_path.insert(0, _SlowClick())
+"""
+
+
+@pytest.mark.parametrize(
+    "early,slow_head",
+    [(False, False), (True, False), (True, True)],
+    ids=["remote-python", "early-step", "slow-head"],
+)
+def test_stop_while_agent_step_starts(slurm_cluster, tmp_path, early, slow_head):  # noqa: F811
     """SIGTERM to the head while the agent step is still starting (the agents have not
     said hello, so none has its spec): the head exits 143 within a few seconds (it waited
     --stop-timeout + 5 s = 35 s for agents that never got a spec), the step is cancelled
     (no agent process is left) and no agent's hello line reaches the console. The step
     started by the engine (--remote-python: an interpreter slow to start) or before the
-    CLI's imports (early-step: agents slow to start through a sitecustomize)."""
+    CLI's imports (early-step: agents slow to start through a sitecustomize; slow-head:
+    the head also slow to import click, so the signal comes before the CLI handles
+    signals: the early step must not outlive it)."""
     marks = tmp_path / "marks"
     marks.mkdir()
     script = tmp_path / "probe.py"
@@ -130,7 +147,9 @@ def test_stop_while_agent_step_starts(slurm_cluster, tmp_path, early):  # noqa: 
     if early:
         site = tmp_path / "site"
         site.mkdir()
-        (site / "sitecustomize.py").write_text(SLOW_AGENT.format(delay=3, marks=marks))
+        (site / "sitecustomize.py").write_text(
+            SLOW_AGENT.format(delay=3, marks=marks) + (SLOW_HEAD if slow_head else "")
+        )
         path = os.pathsep.join([str(site), path])
         opts = ""
     else:

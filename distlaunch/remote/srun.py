@@ -146,6 +146,25 @@ def start_early(args: Sequence[str]) -> None:
         _early = (argv, env, popen(argv, env))
     except Exception:  # a malformed node list, no srun: the engine says what is wrong
         return
+    import signal
+
+    # Until the CLI's own handling is in place, a SIGTERM or SIGHUP would end this
+    # process at once and leave srun running (Ctrl-C already raises KeyboardInterrupt,
+    # which the CLI's exit path turns into end_early).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _stopped_early)
+
+
+def _stopped_early(signum: int, _frame: object) -> None:
+    """A stop signal before the CLI handles signals: end the early step and exit as the
+    CLI does when stopped (128 + N, one line)."""
+    end_early()
+    from ..report import say
+
+    say(f"stopped by signal {signum}; workers stopped")
+    sys.stderr.flush()
+    os._exit(128 + signum)
 
 
 def take_early(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
