@@ -147,10 +147,7 @@ def _run_single(cfg: LaunchConfig, mode: SingleNode, plan: Plan) -> int:
         return _run_agent(cfg, mode, server, fields, plan, guard, first)
     finally:
         if first is not None:  # stopped with grace unless the agent ran them (then a no-op)
-            first.group.close()
-            from .agent.guard import remove_matching
-
-            remove_matching(first.scratch)
+            first.discard()
         relay.restore()
         if listener is not None:
             listener.close()

@@ -126,7 +126,7 @@ def run_agent(spec: dict[str, Any]) -> int:
     agent from a lost one; not when its planned workers could not start: it never
     joined round 0, and the head, seeing it end unrecorded, stops the round for the
     others (``HeadController.agent_gone``) instead of their waiting out the rendezvous."""
-    from .guard import OrphanGuard, remove_matching
+    from .guard import OrphanGuard
     from .signals import SignalRelay, parse_signals
 
     job = JobSpec.from_dict(spec)
@@ -150,8 +150,7 @@ def run_agent(spec: dict[str, Any]) -> int:
         return agent.run()
     finally:
         if first is not None:  # the agent never got to run them: stop them now
-            first.group.close()
-            remove_matching(first.scratch)
+            first.discard()
         if relay is not None:
             relay.restore()
         guard.close()

@@ -39,6 +39,7 @@ from .specs import (
     build_specs,
     free_port,
     log_root,
+    make_scratch,
     shm_prefix,
 )
 from .watch import Watchdog, nccl_trace_env
@@ -140,11 +141,7 @@ class NodeAgent:
             relay = SignalRelay(
                 lambda: group.live() if group else (), also_stop=parse_signals(self.cfg.signals_to_handle)
             )
-            import tempfile
-
-            self.scratch = tempfile.mkdtemp(prefix=f"distlaunch_{self.cfg.run_id}_")
-            self.guard.clean_up(self.scratch)
-            self.guard.clean_up(os.path.join(SHM_DIR, shm_prefix(self.cfg.run_id, os.getpid()) + "*"))
+            self.scratch = make_scratch(self.cfg, self.guard)
         rdzv = client = observer = None
         rnd, restarts = 0, 0  # rounds also change with membership; restarts only on failure
         cause = None

@@ -67,6 +67,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def make_scratch(cfg: LaunchConfig, guard: OrphanGuard) -> str:
+    """This agent's new scratch directory (workers' error and progress files); it and
+    the agent's shared-memory segments are the guard's to remove if the agent dies."""
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
+    guard.clean_up(scratch)
+    guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
+    return scratch
+
+
 def log_root(cfg: LaunchConfig) -> str | None:
     """<log-dir>/<run-id>, or None without --log-dir."""
     return os.path.join(cfg.log_dir, cfg.run_id) if cfg.log_dir else None
@@ -226,11 +237,18 @@ def _sinks(
 @dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import
 class FirstRound:
     """Round 0's workers of a single-node launch, started before its agent runs
-    (``start_first_round``); the agent joins round 0 with them."""
+    (``start_first_round``, ``start_planned_round``); the agent joins round 0 with them."""
 
     group: WorkerGroup
     scratch: str  # the agent's scratch directory (error and progress files)
     master_port: int
+
+    def discard(self) -> None:
+        """For a caller whose agent never ran them: stop the workers with the grace of
+        --stop-timeout (``WorkerGroup.close``; a no-op once the agent ran the group) and
+        remove the scratch directory."""
+        self.group.close()
+        remove_matching(self.scratch)
 
 
 def start_first_round(
@@ -267,13 +285,9 @@ def _start_round_zero(
     """Round 0's workers in ``slots``, started before the agent runs (both callers'
     common part: scratch directory and segments handed to the guard, the group started
     with ``relay`` forwarding to it; nothing left running when it raises)."""
-    import tempfile
-
     if relay.stop_signal is not None:  # stopped before anything started: start nothing
         raise LaunchInterrupted(relay.stop_signal)
-    scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
-    guard.clean_up(scratch)
-    guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
+    scratch = make_scratch(cfg, guard)
     group = None
     try:
         specs = build_specs(
