@@ -199,6 +199,15 @@ def skip_reason() -> str | None:
     return None
 
 
+def first_job_id() -> int:
+    """Where this pytest worker's cluster starts numbering jobs. Workers that srun starts
+    derive their store port from the job id (env.SLURM_PORTS: 16 * job + step, mod 6000),
+    and the clusters of concurrent xdist workers all counting from 1 derived the same
+    port at once; blocks of 90 ids are disjoint mod 375 for four workers."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return 1 + 90 * (int(worker[2:] or 0) % 4)
+
+
 def write_config(base: Path, host: str) -> Path:
     """Write slurm.conf and a fresh munge key under ``base``; returns slurm.conf's path.
     Keys as documented by slurm.conf(5) of Slurm 22.05."""
@@ -240,6 +249,7 @@ def write_config(base: Path, host: str) -> Path:
         "ReturnToService=2",
         f"KillWait={KILL_WAIT}",
         "MinJobAge=600",
+        f"FirstJobId={first_job_id()}",
         "InactiveLimit=0",
         "SlurmdTimeout=300",
         *(
