@@ -194,12 +194,16 @@ class Plan:
         calls, ``unchecked``)."""
         ch = self.ch
         p = ch.phase + 1
-        if (ch.all_at - p + 1) & _M >= _H:
-            if self.spin:
-                w, q = self.words, p - 1
-                for j, idx in self.cidx:
-                    if (w[idx] - q) & _M >= _H:
+        q = p - 1
+        if (ch.all_at - q) & _M >= _H:
+            w, there = self.words, True
+            for j, idx in self.cidx:
+                if (w[idx] - q) & _M >= _H:
+                    there = False
+                    if self.spin:
                         _wait(ch, j, q, self.spin)
+            if there:  # (else settle waits with the channel's checks)
+                ch.reached(q)
             ch.settle(self.ctx, p)
         elif ch.unchecked:
             ch.settle(self.ctx, p)

@@ -435,12 +435,12 @@ class ShmChannel:
         for j in self._peers:
             if (w[cidx[j]] - p) & _M >= _H:
                 self.need(j, p, ctx)
-        if self._unlinked:  # (_all_reached's work, without the call: every small op runs this)
+        if self._unlinked:  # (reached() without the call: every small op runs this)
             self.all_at = p
         else:
-            self._all_reached(p)
+            self.reached(p)
 
-    def _all_reached(self, p: int) -> None:
+    def reached(self, p: int) -> None:
         """Every rank is known to have published phase ``p``."""
         self.all_at = p
         if not self._unlinked:
@@ -598,7 +598,7 @@ class ShmChannel:
             if self._unlinked:
                 self.all_at = p
             else:
-                self._all_reached(p)
+                self.reached(p)
         offs = self._meta_offs[p & 1]
         mm, oj, off = self.mm, offs[j], offs[self.r]
         if mm[oj : oj + 48] != mm[off : off + 48]:
