@@ -111,16 +111,19 @@ def test_a_mismatch_in_the_last_call_is_reported_at_exit_without_finalize(tmp_pa
 )
 def test_alltoall_blocks_of_another_size(tmp_path, monkeypatch, n, case, transport):
     """Rank 0 sends Alltoall blocks of another size than the others: every rank raises
-    CollectiveMismatchError naming both sizes, on the planned path (repeated small
-    calls), the general path's first call, several phases (a small slot) and TCP (the
-    general path accepted it and moved wrong bytes)."""
+    CollectiveMismatchError, on the planned path (repeated small calls), the general
+    path's first call, several phases (a small slot) and TCP (the general path accepted
+    it and moved wrong bytes); the ranks that find it name both sizes (a rank told by
+    another's abort first may only name that rank)."""
     monkeypatch.setenv("DISTLAUNCH_SHM_SLOT", str(SLOT))
     monkeypatch.setenv("DISTLAUNCH_SHM", "1" if transport == "shm" else "0")
     rc, lines, err = run("coll_alltoall_mismatch", n, tmp_path, True, (case,), timeout=60)
     sizes = ("6000", "9000") if case == "large" else ("8", "16")
+    found = []
     for r in range(n):
         [line] = [ln for ln in lines if ln.startswith(f"{r} {case}:")] or [
             f"no line of rank {r}: {err[-3000:]}"
         ]
         assert "CollectiveMismatchError" in line, line
-        assert all(f"count={s})" in line for s in sizes), line
+        found += [line] if all(f"count={s})" in line for s in sizes) else []
+    assert found, lines

@@ -57,13 +57,14 @@ class Buf:
     bytes, given as ``[obj, *rest]`` (``rest`` compared by value: the count, the
     datatype) or as the object (``rest`` None)."""
 
-    __slots__ = ("tp", "rest", "off", "nb", "nbytes", "cast", "write")
+    __slots__ = ("tp", "rest", "off", "end", "nb", "nbytes", "cast", "write")
 
     def __init__(self, spec: Any, obj: Any, s: Spec, blocks: int, write: bool) -> None:
         self.tp = type(obj)
         self.rest = spec[1:] if type(spec) is list else None
         self.off = s.displ * s.datatype.extent
         self.nb = s.nbytes * blocks
+        self.end = self.off + self.nb
         m = memoryview(obj)
         self.nbytes = m.nbytes
         self.cast = m.format != "B" or m.ndim != 1  # numpy arrays of other dtypes, array('d')
@@ -86,7 +87,7 @@ class Buf:
             return None
         if m.nbytes != self.nbytes or (self.write and m.readonly):
             return None
-        return m[self.off : self.off + self.nb]
+        return m[self.off : self.end]
 
 
 def buf_of(spec: Any, s: Spec | None, blocks: int = 1, write: bool = False) -> Any:
@@ -171,21 +172,6 @@ class Plan:
         # rounds of SPIN checks; none for large blocks: a peer copying them takes longer
         self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
 
-    def views(self, a: Any, b: Any) -> tuple | None:
-        """The call's (send, receive) bytes (None for a side without a Buf), or None when
-        the plan does not apply (another MPI engine: finalized, re-initialised; the
-        group shut down; buffers unlike the plan's)."""
-        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
-            return None
-        pa, pb = self.a, self.b
-        sa = pa.view(a) if pa is not None else None
-        if sa is None and pa is not None:
-            return None
-        sb = pb.view(b) if pb is not None else None
-        if sb is None and pb is not None:
-            return None
-        return sa, sb
-
     def open(self) -> int:
         """Open the operation's one phase (as ShmChannel.open; after the group's enter).
         A rank that does not read from every other (a broadcast or scatter root) finds
@@ -218,14 +204,25 @@ class Plan:
 
     def run(self, a: Any, b: Any) -> bool:
         """The call on these buffers (True), or nothing done (False: the plan does not
-        apply). Its one phase (``phase``) runs between the group's enter and leave."""
-        got = self.views(a, b)
-        if got is None:
+        apply: another MPI engine (finalized, re-initialised), the group shut down,
+        buffers unlike the plan's). Its one phase (``phase``, on the send and receive
+        bytes: None for a side without a Buf) runs between the group's enter and leave."""
+        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
             return False
+        pa, pb = self.a, self.b
+        sa = sb = None
+        if pa is not None:
+            sa = pa.view(a)
+            if sa is None:
+                return False
+        if pb is not None:
+            sb = pb.view(b)
+            if sb is None:
+                return False
         ctx = self.ctx
         self.pg.enter(ctx)
         try:
-            self.phase(self.open(), *got)
+            self.phase(self.open(), sa, sb)
         except BaseException as e:
             raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
         self.pg.leave(ctx)
@@ -243,7 +240,7 @@ class Bcast(Plan):
     __slots__ = ()
 
     def run(self, a: Any, b: Any) -> bool:
-        # (one buffer: the checks of views() written out, the most frequent call)
+        # (one buffer: Plan.run's checks for it written out, the most frequent call)
         if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
             return False
         m = self.a.view(a)  # type: ignore[union-attr]
