@@ -96,3 +96,34 @@ def test_a_mismatch_in_the_last_call_is_reported_at_exit_without_finalize(tmp_pa
     assert all("root=0)" in ln and "root=1)" in ln for ln in failed), failed
     rc, lines, err = run("hello", 2, tmp_path, True, timeout=60)
     assert rc == 0 and len(lines) == 2, f"rc={rc} {lines}\n{err[-2000:]}"
+
+
+@pytest.mark.parametrize(
+    "n,case,transport",
+    [
+        (2, "planned", "shm"),
+        (3, "planned", "shm"),
+        (2, "first", "shm"),
+        (3, "first", "shm"),
+        (2, "large", "shm"),
+        (2, "first", "tcp"),
+    ],
+)
+def test_alltoall_blocks_of_another_size(tmp_path, monkeypatch, n, case, transport):
+    """Rank 0 sends Alltoall blocks of another size than the others: every rank raises
+    CollectiveMismatchError, on the planned path (repeated small calls), the general
+    path's first call, several phases (a small slot) and TCP (the general path accepted
+    it and moved wrong bytes); the ranks that find it name both sizes (a rank told by
+    another's abort first may only name that rank)."""
+    monkeypatch.setenv("DISTLAUNCH_SHM_SLOT", str(SLOT))
+    monkeypatch.setenv("DISTLAUNCH_SHM", "1" if transport == "shm" else "0")
+    rc, lines, err = run("coll_alltoall_mismatch", n, tmp_path, True, (case,), timeout=60)
+    sizes = ("6000", "9000") if case == "large" else ("8", "16")
+    found = []
+    for r in range(n):
+        [line] = [ln for ln in lines if ln.startswith(f"{r} {case}:")] or [
+            f"no line of rank {r}: {err[-3000:]}"
+        ]
+        assert "CollectiveMismatchError" in line, line
+        found += [line] if all(f"count={s})" in line for s in sizes) else []
+    assert found, lines

@@ -26,7 +26,9 @@ CASES = [
     ("datatypes", 3),
     ("persistent", 1),
     ("persistent", 3),
+    ("coll_rounds", 1),
     ("coll_rounds", 2),  # small collectives back to back: the eager path and repeated-call plans
+    ("coll_rounds", 3),
     ("coll_rounds", 4),
 ]
 

@@ -493,10 +493,13 @@ class ProcessGroup(Members):
         """``outs[i]`` on ``root`` receives member i's ``inp`` (``outs`` None elsewhere)."""
         return self.collective("gather", inp, outs, root, async_op=async_op, **_meta(inp, root=root))
 
-    def all_to_all(self, outs: list, ins: list, async_op: bool = False) -> Work | None:
+    def all_to_all(self, outs: list, ins: list, async_op: bool = False, count: int = 0) -> Work | None:
         """``ins[i]`` goes to member i, ``outs[i]`` comes from member i (one dtype; sizes
-        agree between sender and receiver)."""
-        return self.collective("all_to_all", outs, ins, async_op=async_op, **_meta(ins[0], count=0))
+        agree between sender and receiver). ``count``: elements of every block when
+        every member sends blocks of one size (MPI's Alltoall): compared with every
+        member's (CollectiveMismatchError); 0: block sizes only their sender and
+        receiver know (torch's all_to_all, MPI's Alltoallv)."""
+        return self.collective("all_to_all", outs, ins, async_op=async_op, **_meta(ins[0], count=count))
 
     def all_to_all_single(
         self, out: np.ndarray, inp: np.ndarray, out_bounds: list, in_bounds: list, async_op: bool = False

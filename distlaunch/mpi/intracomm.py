@@ -340,22 +340,29 @@ class Intracomm(Comm):
         ins = [_bytes(s, s.count, s.displ + i * s.count) for i in range(n)]
         if sendbuf is IN_PLACE:  # the outputs overwrite the inputs: send a copy
             ins = [b.copy() for b in ins]
-        self._alltoall(h, ins, r, [r.count] * n, [r.displ + i * r.count for i in range(n)])
+        # every rank sends blocks of one size: the call record carries it (compared
+        # across ranks on every path, as a planned call's; a rank sending another size
+        # runs a different call: CollectiveMismatchError)
+        self._alltoall(h, ins, r, [r.count] * n, [r.displ + i * r.count for i in range(n)], s.nbytes)
         if sendbuf is not IN_PLACE and s.nbytes == r.nbytes:
             pa, pb = plans.buf_of(sendbuf, s, n), plans.buf_of(recvbuf, r, n, True)
-            self._plan(h, "all_to_all", sendbuf, recvbuf, -1, pa, pb, 0, s.nbytes)
+            self._plan(h, "all_to_all", sendbuf, recvbuf, -1, pa, pb, s.nbytes, s.nbytes)
 
-    def _alltoall(self, h: Handle, ins: list, r: Spec, counts: list[int], displs: list[int]) -> None:
+    def _alltoall(
+        self, h: Handle, ins: list, r: Spec, counts: list[int], displs: list[int], block: int = 0
+    ) -> None:
         """Block i of ``ins`` (bytes) to rank i; what rank i sends into ``counts[i]``
         elements of ``r`` at ``displs[i]``: the runtime's all_to_all (views of ``r``
-        when its type is contiguous, else through a packed copy)."""
+        when its type is contiguous, else through a packed copy). ``block``: the bytes
+        of every block of every rank (Alltoall; compared across ranks), or 0 (the
+        v-variants: sizes only the sender and receiver know)."""
         self._eng()
         n = h.size
         outs = [_out(_sub(r, counts[i], displs[i])) for i in range(n)]
         if n == 1:
             outs[0][: len(ins[0])] = ins[0]
         else:
-            _pg(h).all_to_all(outs, ins)
+            _pg(h).all_to_all(outs, ins, count=block)
         if r.view() is None:
             for i in range(n):
                 _sub(r, counts[i], displs[i]).unpack(outs[i])

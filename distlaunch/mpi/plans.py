@@ -30,7 +30,6 @@ import numpy as np
 
 from ..collectives.algorithms.shm import _TOTAL, _width
 from ..collectives.context import OpTimeout
-from ..collectives.errors import CollectiveMismatchError
 from ..collectives.transport.shm import PHASE_HALF as _H
 from ..collectives.transport.shm import PHASE_MASK as _M
 from ..collectives.transport.shm_p2p import BUSY, busy_seconds
@@ -58,13 +57,14 @@ class Buf:
     bytes, given as ``[obj, *rest]`` (``rest`` compared by value: the count, the
     datatype) or as the object (``rest`` None)."""
 
-    __slots__ = ("tp", "rest", "off", "nb", "nbytes", "cast", "write")
+    __slots__ = ("tp", "rest", "off", "end", "nb", "nbytes", "cast", "write")
 
     def __init__(self, spec: Any, obj: Any, s: Spec, blocks: int, write: bool) -> None:
         self.tp = type(obj)
         self.rest = spec[1:] if type(spec) is list else None
         self.off = s.displ * s.datatype.extent
         self.nb = s.nbytes * blocks
+        self.end = self.off + self.nb
         m = memoryview(obj)
         self.nbytes = m.nbytes
         self.cast = m.format != "B" or m.ndim != 1  # numpy arrays of other dtypes, array('d')
@@ -87,7 +87,7 @@ class Buf:
             return None
         if m.nbytes != self.nbytes or (self.write and m.readonly):
             return None
-        return m[self.off : self.off + self.nb]
+        return m[self.off : self.end]
 
 
 def buf_of(spec: Any, s: Spec | None, blocks: int = 1, write: bool = False) -> Any:
@@ -135,7 +135,25 @@ class Plan:
     rank), ``nb`` bytes per block. ``run(a_spec, b_spec)`` runs the call and returns
     True, or returns False (nothing done) when the plan does not apply to them."""
 
-    __slots__ = ("eng", "pg", "ch", "ctx", "a", "b", "nb", "n", "r", "root", "mine", "offs", "peers", "spin")
+    __slots__ = (
+        "eng",
+        "pg",
+        "ch",
+        "ctx",
+        "a",
+        "b",
+        "nb",
+        "n",
+        "r",
+        "root",
+        "mine",
+        "offs",
+        "peers",
+        "spin",
+        "words",
+        "idx",
+        "cidx",
+    )
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
         self.eng = STATE.engine
@@ -146,55 +164,65 @@ class Plan:
         self.offs = [[self.ch.data_offset(j, k) for j in range(self.n)] for k in (0, 1)]
         self.mine = [offs[self.r] for offs in self.offs]
         self.peers = [j for j in range(self.n) if j != self.r]
+        # (peer, word index of its phase counter): the counters a wait looks at first
+        self.words, self.idx = self.ch.words, [self.ch.counter_index(j) for j in range(self.n)]
+        self.cidx = [(j, self.idx[j]) for j in self.peers]
         pids = self.ch.pids()
         busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
         # rounds of SPIN checks; none for large blocks: a peer copying them takes longer
         self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
 
-    def views(self, a: Any, b: Any) -> tuple | None:
-        """The call's (send, receive) bytes (None for a side without a Buf), or None when
-        the plan does not apply (another MPI engine: finalized, re-initialised; the
-        group shut down; buffers unlike the plan's)."""
-        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
-            return None
-        pa, pb = self.a, self.b
-        sa = pa.view(a) if pa is not None else None
-        if sa is None and pa is not None:
-            return None
-        sb = pb.view(b) if pb is not None else None
-        if sb is None and pb is not None:
-            return None
-        return sa, sb
-
     def open(self) -> int:
-        """Open the operation's one phase (as ShmChannel.open; after the group's enter)."""
+        """Open the operation's one phase (as ShmChannel.open; after the group's enter).
+        A rank that does not read from every other (a broadcast or scatter root) finds
+        some peer's reach of the previous phase unknown: it looks at their counters
+        first, busy-polls a peer not there yet, then settles (compares that phase's
+        calls, ``unchecked``)."""
         ch = self.ch
         p = ch.phase + 1
-        if (ch.all_at - p + 1) & _M >= _H:
-            if self.spin:
-                for j in self.peers:
-                    _wait(ch, j, p - 1, self.spin)
+        q = p - 1
+        if (ch.all_at - q) & _M >= _H:
+            w, there = self.words, True
+            for j, idx in self.cidx:
+                if (w[idx] - q) & _M >= _H:
+                    there = False
+                    if self.spin:
+                        _wait(ch, j, q, self.spin)
+            if there:  # (else settle waits with the channel's checks)
+                ch.reached(q)
             ch.settle(self.ctx, p)
         elif ch.unchecked:
             ch.settle(self.ctx, p)
         return p
 
     def take(self, p: int, j: int) -> None:
-        """ShmChannel.take of rank j's phase p, after :func:`_wait`."""
-        if self.spin:
+        """ShmChannel.take of rank j's phase p, busy-polling first when j has not
+        published it yet."""
+        if self.spin and (self.words[self.idx[j]] - p) & _M >= _H:
             _wait(self.ch, j, p, self.spin)
         self.ch.take(self.ctx, p, j)
 
     def run(self, a: Any, b: Any) -> bool:
         """The call on these buffers (True), or nothing done (False: the plan does not
-        apply). Its one phase (``phase``) runs between the group's enter and leave."""
-        got = self.views(a, b)
-        if got is None:
+        apply: another MPI engine (finalized, re-initialised), the group shut down,
+        buffers unlike the plan's). Its one phase (``phase``, on the send and receive
+        bytes: None for a side without a Buf) runs between the group's enter and leave."""
+        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
             return False
+        pa, pb = self.a, self.b
+        sa = sb = None
+        if pa is not None:
+            sa = pa.view(a)
+            if sa is None:
+                return False
+        if pb is not None:
+            sb = pb.view(b)
+            if sb is None:
+                return False
         ctx = self.ctx
         self.pg.enter(ctx)
         try:
-            self.phase(self.open(), *got)
+            self.phase(self.open(), sa, sb)
         except BaseException as e:
             raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
         self.pg.leave(ctx)
@@ -212,7 +240,7 @@ class Bcast(Plan):
     __slots__ = ()
 
     def run(self, a: Any, b: Any) -> bool:
-        # (one buffer: the checks of views() written out, the most frequent call)
+        # (one buffer: Plan.run's checks for it written out, the most frequent call)
         if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
             return False
         m = self.a.view(a)  # type: ignore[union-attr]
@@ -308,9 +336,11 @@ class Allgather(Plan):
 
 class Alltoall(Plan):
     """algorithms.shm.route's eager phase for all_to_all: every rank writes its longest
-    block (every block: ``nb``) at the head of its buffer and block i at ``head + i *
-    L``, then takes block r of every other rank; its own block is copied directly. A
-    rank whose head says another block size runs a different call: mismatch."""
+    block (every block: ``nb``) at the head of its buffer (read by a rank on the general
+    path) and block i at ``head + i * L``, then takes block r of every other rank; its
+    own block is copied directly. The call record's count is ``nb`` (as the general
+    path's): a rank sending another block size runs a different call, which
+    :meth:`~.ShmChannel.take` finds (CollectiveMismatchError)."""
 
     __slots__ = ("width", "head")
 
@@ -320,7 +350,7 @@ class Alltoall(Plan):
         self.head = _HEAD.pack(self.nb)
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb, r, L, n = self.ch, self.ctx, self.nb, self.r, self.width, self.n
+        ch, nb, r, L, n = self.ch, self.nb, self.r, self.width, self.n
         offs, mv = self.offs[p & 1], ch.mv
         o = offs[r]
         mv[o : o + 8] = self.head
@@ -328,20 +358,14 @@ class Alltoall(Plan):
         for i in range(n):
             if i != r:
                 mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
-        ch.publish(ctx, p, ctx.record)
+        ch.publish(self.ctx, p, self.ctx.record)
         dst[r * nb : (r + 1) * nb] = src[r * nb : (r + 1) * nb]  # (while the others write)
         at = _TOTAL + r * L
         for j in range(n):
             if j != r:
                 self.take(p, j)
-                o = offs[j]
-                if mv[o : o + 8] != self.head:
-                    raise CollectiveMismatchError(
-                        f"rank {self.pg.ranks[j]} sends Alltoall blocks of "
-                        f"{_HEAD.unpack(mv[o : o + 8])[0]} bytes but rank {self.pg.ranks[r]} "
-                        f"sends and receives blocks of {nb}"
-                    )
-                dst[j * nb : (j + 1) * nb] = mv[o + at : o + at + nb]
+                o = offs[j] + at
+                dst[j * nb : (j + 1) * nb] = mv[o : o + nb]
 
 
 # operation -> (plan class, the largest eager block in bytes for a channel of n ranks)

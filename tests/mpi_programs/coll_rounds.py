@@ -1,6 +1,7 @@
 """Small buffer collectives back to back: 1000 rounds of Bcast, Gather, Scatter,
-Allgather and Alltoall with the values changing every round and the size and roots
-every third (so that each call repeats: distlaunch's plans of repeated calls run),
+Allgather and Alltoall with the values changing every round and the size (odd ones
+too) and roots every third, and IN_PLACE Allgather, Gather and Scatter on float64
+arrays (so that each call repeats: distlaunch's plans of repeated calls run),
 every result checked (the same `[buf, count, MPI.BYTE]` lists on `mmap` buffers
 reused, as mpi4py's demos do, and fresh numpy arrays); then a reused list whose count
 changes, and a bytearray that stays resizable after a Bcast; last, buffers used by
@@ -21,10 +22,12 @@ me, n = comm.Get_rank(), comm.Get_size()
 size = 64
 sbuf, rbuf = mmap.mmap(-1, size * n), mmap.mmap(-1, size * n)
 sview, rview = np.frombuffer(sbuf, np.uint8), np.frombuffer(rbuf, np.uint8)
-specs = {m: ([sbuf, m, MPI.BYTE], [rbuf, m, MPI.BYTE]) for m in (1, 8, size)}
+SIZES = (1, 13, 8, size)  # bytes per block (an odd one too)
+specs = {m: ([sbuf, m, MPI.BYTE], [rbuf, m, MPI.BYTE]) for m in SIZES}
+full, part = np.zeros(5 * n), np.zeros(5)  # float64, reused: IN_PLACE calls repeat too
 bad = []
 for i in range(1000):
-    m = (1, 8, size)[(i // 3) % 3]
+    m = SIZES[(i // 3) % len(SIZES)]
     s_msg, r_msg = specs[m]
     root = (i // 3) % n
 
@@ -62,6 +65,36 @@ for i in range(1000):
     comm.Alltoall(s_msg, r_msg)
     if any((rview[j * m : (j + 1) * m] != val(j, me)).any() for j in range(n)):
         bad.append(f"alltoall {i}")
+    # IN_PLACE on float64 arrays (Allgather; the roots of Gather and Scatter)
+
+    def fval(src, dst=0):
+        return np.arange(5.0) + i * 3 + src * 100 + dst * 10
+
+    full[:] = -1
+    full[me * 5 : (me + 1) * 5] = fval(me)
+    comm.Allgather(MPI.IN_PLACE, full)
+    if any((full[j * 5 : (j + 1) * 5] != fval(j)).any() for j in range(n)):
+        bad.append(f"allgather in place {i}")
+    full[:] = -1
+    part[:] = fval(me)
+    if me == g:
+        full[me * 5 : (me + 1) * 5] = fval(me)
+        comm.Gather(MPI.IN_PLACE, full, g)
+        if any((full[j * 5 : (j + 1) * 5] != fval(j)).any() for j in range(n)):
+            bad.append(f"gather in place {i}")
+    else:
+        comm.Gather(part, None, g)
+    if me == sc:
+        for j in range(n):
+            full[j * 5 : (j + 1) * 5] = fval(me, j)
+        comm.Scatter(full, MPI.IN_PLACE, sc)
+        if (full[me * 5 : (me + 1) * 5] != fval(me, me)).any():
+            bad.append(f"scatter in place {i}")
+    else:
+        part[:] = -1
+        comm.Scatter(None, part, sc)
+        if (part != fval(sc, me)).any():
+            bad.append(f"scatter in place {i}")
     # fresh numpy buffers every round
     a = np.full(3, i + me, np.float64)
     out = np.zeros(3 * n, np.float64)

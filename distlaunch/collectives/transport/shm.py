@@ -335,6 +335,10 @@ class ShmChannel:
         ``offset``."""
         return self.bufs[j][p & 1][offset : offset + count * dtype.itemsize].view(dtype)
 
+    def counter_index(self, j: int) -> int:
+        """Index in ``words`` of rank j's phase counter."""
+        return self._cidx[j]
+
     def data_offset(self, j: int, p: int) -> int:
         """Byte offset in the segment (``mv``) of rank j's data buffer of phase p."""
         return self._buf_offs[j][p & 1]
@@ -431,9 +435,12 @@ class ShmChannel:
         for j in self._peers:
             if (w[cidx[j]] - p) & _M >= _H:
                 self.need(j, p, ctx)
-        self._all_reached(p)
+        if self._unlinked:  # (reached() without the call: every small op runs this)
+            self.all_at = p
+        else:
+            self.reached(p)
 
-    def _all_reached(self, p: int) -> None:
+    def reached(self, p: int) -> None:
         """Every rank is known to have published phase ``p``."""
         self.all_at = p
         if not self._unlinked:
@@ -588,7 +595,10 @@ class ShmChannel:
         if (self.words[self._cidx[j]] - p) & _M >= _H:
             self.need(j, p, ctx)
         if self.n == 2:  # (we published p: the next settle has nothing to wait for)
-            self._all_reached(p)
+            if self._unlinked:
+                self.all_at = p
+            else:
+                self.reached(p)
         offs = self._meta_offs[p & 1]
         mm, oj, off = self.mm, offs[j], offs[self.r]
         if mm[oj : oj + 48] != mm[off : off + 48]:
