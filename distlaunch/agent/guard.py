@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable
 
 from ..report import say
+from ..startup import resume_gc
 
 PR_SET_CHILD_SUBREAPER = 36
 # How often the guard records the launcher's descendants while workers run (seconds);
@@ -177,6 +178,7 @@ class OrphanGuard:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the guard
+            resume_gc()  # a long-lived process of its own (the launcher may have paused it)
             try:
                 os.setsid()  # a kill of the launcher's process group must not reach it
                 os.close(w)
