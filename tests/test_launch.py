@@ -419,18 +419,21 @@ def exit_(code):
 os._exit = exit_
 if sys.argv[1] == "off":  # the user's own choice, which the launcher keeps
     gc.disable()
+if sys.argv[1] == "cli":  # click's path
+    from distlaunch.cli import main
+    main(sys.argv[2:])
 from distlaunch.__main__ import main
 sys.argv[1:] = sys.argv[2:]
 main()
 """
 
 
-@pytest.mark.parametrize("before", ["on", "off"])
+@pytest.mark.parametrize("before", ["on", "off", "cli"])
 def test_narrow_run_starts_without_the_collector_and_supervises_with_it(tmp_path, before):
-    """The narrow form of `run` spawns its workers with the cyclic garbage collector
-    paused (start-up makes no garbage worth its ~5 ms) and has it on again, with
-    start-up's objects frozen, once it supervises them; a collector that was off
-    before stays off."""
+    """`run` (the narrow form, and click's path: "cli") spawns its workers with the
+    cyclic garbage collector paused (start-up makes no garbage worth its ~5 ms) and has
+    it on again, with start-up's objects frozen, once it supervises them; a collector
+    that was off before stays off."""
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
     clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # variables that send `run` to click
@@ -445,7 +448,7 @@ def test_narrow_run_starts_without_the_collector_and_supervises_with_it(tmp_path
     )
     assert res.returncode == 0, res.stderr
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("GC "))
-    assert line == ("GC False True True" if before == "on" else "GC False False False"), line
+    assert line == ("GC False False False" if before == "off" else "GC False True True"), line
 
 
 FAILING_STORE = """
