@@ -651,6 +651,9 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     from click.core import ParameterSource
 
     given = frozenset(n for n in o if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None))
+    from .startup import pause_gc
+
+    pause_gc()  # as the pre-parsed form (preparse.run): until the workers' supervision starts
     run_parsed(
         script,
         script_args,

@@ -37,9 +37,12 @@ def run_parsed(
     it to its end, or show its plan (``dry_run``: ``show_head_plan(mode)`` /
     ``show_plan(plan)``, cli's printers). Blocks. Raises ConfigError and every error of
     ``launcher.run`` / ``head.run_hosts``."""
-    from .modes import HeadNodes, resolve
+    from .modes import HeadNodes, SingleNode, resolve
+    from .startup import resume_gc
 
     mode = resolve(script, script_args, options, given)
+    if not isinstance(mode, SingleNode):  # may wait long for other nodes before its workers
+        resume_gc()
     if isinstance(mode, HeadNodes):
         if dry_run:
             show_head_plan(mode)

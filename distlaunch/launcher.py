@@ -153,7 +153,7 @@ def _run_single(cfg: LaunchConfig, mode: SingleNode, plan: Plan) -> int:
             listener.close()
         if server is not None:
             server.stop()
-        guard.close()
+        guard.close(wait=False)  # the process ends next (command.leave): no wait for its exit
 
 
 def _listen(host: str) -> socket.socket:

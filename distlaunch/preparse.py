@@ -145,7 +145,9 @@ def run(parsed: Parsed) -> NoReturn:
     from .command import leave, report_error, run_parsed
     from .errors import DistlaunchError
     from .report import Reporter, install
+    from .startup import pause_gc
 
+    pause_gc()  # until the workers' supervision starts (startup.py)
     install(Reporter(live=sys.stderr.isatty()))  # as cli.main
     try:
         run_parsed(*parsed)

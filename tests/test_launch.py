@@ -402,6 +402,55 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
         assert "click" not in seen["exit"] and "distlaunch.preparse" in seen["exit"]
 
 
+GC_PROBE = """
+import gc, os, subprocess, sys
+
+me, seen = os.getpid(), {}
+spawn = subprocess.Popen._execute_child
+def execute_child(self, *a, **k):
+    seen.setdefault("spawn", gc.isenabled())
+    return spawn(self, *a, **k)
+subprocess.Popen._execute_child = execute_child
+leave = os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        print("GC", seen["spawn"], gc.isenabled(), gc.get_freeze_count() > 0, flush=True)
+    leave(code)
+os._exit = exit_
+if sys.argv[1] == "off":  # the user's own choice, which the launcher keeps
+    gc.disable()
+if sys.argv[1] == "cli":  # click's path
+    from distlaunch.cli import main
+    main(sys.argv[2:])
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+@pytest.mark.parametrize("before", ["on", "off", "cli"])
+def test_narrow_run_starts_without_the_collector_and_supervises_with_it(tmp_path, before):
+    """`run` (the narrow form, and click's path: "cli") spawns its workers with the
+    cyclic garbage collector paused (start-up makes no garbage worth its ~5 ms) and has
+    it on again, with start-up's objects frozen, once it supervises them; a collector
+    that was off before stays off."""
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # variables that send `run` to click
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    res = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, before, "run", "--nproc-per-node", "2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("GC "))
+    assert line == ("GC False False False" if before == "off" else "GC False True True"), line
+
+
 FAILING_STORE = """
 import os, sys, time
 from distlaunch.cli import main

@@ -28,9 +28,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAYERS: list[tuple[str, list[str]]] = [
     (
         "leaves: errors, the round vocabulary and its pure records, pure rank arithmetic, the "
-        "package root, the reporter",
+        "package root, the reporter, the start-up's collector pause",
         ["distlaunch.errors", "distlaunch.rounds", "distlaunch.report", "distlaunch.topology", "distlaunch"]
-        + ["distlaunch.progress"],
+        + ["distlaunch.progress", "distlaunch.startup"],
     ),
     (
         "pure decisions: the restart policies and the agent's phases",

@@ -331,3 +331,27 @@ def test_killed_guard_without_pidfd_is_noticed_at_the_next_message(marks):
     assert p.returncode == 0, stderr
     lines = [line for line in stderr.splitlines() if "guard" in line]
     assert len(lines) == 1 and "killed by SIGKILL" in lines[0], stderr
+
+
+def test_stopped_guard_does_not_hold_the_launchers_exit(marks):
+    """A guard that cannot run when the job ends (SIGSTOPped: a debugger, a frozen
+    cgroup) keeps neither the launcher from exiting nor its output open: it is told to
+    quit and not waited for (the launcher waited for its exit, forever here), and holds
+    none of the launcher's stdio; once it runs again it quits, killing nothing."""
+    p = dl_popen("run", "--nproc-per-node", "1", FAULTS, "--mark-dir", marks, "--sleep", "1")
+    guard = None
+    try:
+        assert wait_for(lambda: len(guard_of(p.pid)) == 1), "no process titled as the guard"
+        (guard,) = guard_of(p.pid)
+        os.kill(guard, signal.SIGSTOP)
+        p.wait(timeout=20)  # raises TimeoutExpired where the launcher waits for the guard
+        out = p.stderr.read()  # its end: only the launcher held it
+    finally:
+        if guard is not None:
+            os.kill(guard, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+    assert p.returncode == 0, out
+    assert "guard" not in out, out
+    assert wait_for(lambda: not alive([guard]), 5), "the guard did not quit once continued"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, cast
 
 from ..report import say
+from ..startup import resume_gc
 from ..topology import WorkerSlot
 from .guard import OrphanGuard
 from .output import StreamSink
@@ -134,6 +135,7 @@ class WorkerGroup:
         Raises SpawnError if one cannot be started (the ones already started are stopped
         first)."""
         self._ran = True
+        resume_gc()  # start-up is over (a pre-parsed launch paused the collector: startup.py)
         try:
             if self._sel is None:
                 self.start()

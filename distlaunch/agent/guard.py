@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable
 
 from ..report import say
+from ..startup import resume_gc
 
 PR_SET_CHILD_SUBREAPER = 36
 # How often the guard records the launcher's descendants while workers run (seconds);
@@ -177,9 +178,16 @@ class OrphanGuard:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the guard
+            resume_gc()  # a long-lived process of its own (the launcher may have paused it)
             try:
                 os.setsid()  # a kill of the launcher's process group must not reach it
                 os.close(w)
+                # not the launcher's terminal or pipes: a reader of its output sees the
+                # end when the launcher ends, not when the guard does (close(wait=False))
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.close(null)
                 _guard_loop(r, agent, self._spared)
             finally:
                 os._exit(0)
@@ -319,9 +327,12 @@ class OrphanGuard:
             self._paths.append(os.fsencode(path))
             self._send(self._paths[-1].join((b"p", b"\n")))
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """Normal end: the guard exits without killing anything (one that died
-        meanwhile is only reported)."""
+        meanwhile is only reported). ``wait=False``, for a process about to exit: the
+        guard is told to quit but not waited for (it reads the quit before the pipe's
+        end, so it kills nothing; its exit is reaped by whoever adopts it); one that
+        died already is still reported."""
         with self._lock:
             if self._w is None:
                 return
@@ -331,8 +342,8 @@ class OrphanGuard:
                 pass
             os.close(self._w)
             self._w = None
-            self._reap(0)
-        if self._watcher is not None:
+            self._reap(0 if wait else os.WNOHANG)
+        if self._watcher is not None and wait:
             self._watcher.join(1.0)
 
     def _send(self, msg: bytes) -> None:
