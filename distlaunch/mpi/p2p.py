@@ -26,11 +26,13 @@ Send and Recv of contiguous buffers (every buffer type as one flat byte view, se
 :meth:`Engine.recv_now` -- while no other receive is posted and no message kept, so the
 matching order cannot differ -- takes it straight from the sender's ring into the buffer
 (:meth:`Engine.take_now`, :meth:`ShmLinks.take_prefix`); anything else goes the general
-way. Isend and Irecv do the same without waiting and return an already complete
-Request (a window of small messages: no posted receive, no routing, no wait). Receives
-posted before their messages came are served the same way, in posting order, while the
-first posted one is what the next message of its sender matches (:meth:`Engine.serve`:
-in Waitall and before a later Irecv), instead of routing.
+way. Isend does the same without waiting and returns an already complete Request
+(:meth:`ShmLinks.putter`: the message is published at once, MPI's progress rule). Irecv
+from a peer on this node only posts the receive (:meth:`Engine.irecv`: one object, its
+own op); posted receives are served straight from the ring, in posting order, while the
+first posted one is what the next message of its sender matches (:meth:`Engine.serve`,
+:meth:`ShmLinks.take_run`: a window's run under one lock with one tail publication, in
+Waitall/Wait), else routed (Test, probes, other waits).
 
 Blocking waits poll the pump and the shared-memory links (a bounded busy-poll unless the
 node's ranks share CPUs, then yields and futex sleeps on the links' bell; slices on the
@@ -982,16 +984,14 @@ class Request:
         for i, r in enumerate(requests):
             st = sts[i] if i < n else None
             op = r._op
-            if st is None and type(op) in _BARE:  # complete when started, nothing to report
+            tp = type(op)
+            # complete when started, or served from the ring (it fit, no error): nothing to report
+            if st is None and (tp in _BARE or tp is DirectRecv and op.msg is SERVED):  # type: ignore[union-attr]
                 r._op = None
                 results.append(None)
                 continue
             if op is not None and not op.test():  # complete ones (a window of sends): no wait
-                r._block()
-            if st is None and type(op) is DirectRecv and op.msg is SERVED:  # served: fits, no error
-                r._op = None
-                results.append(None)
-                continue
+                r._block()  # a window's first receive: serves the run (the rest are SERVED)
             results.append(r._complete(st))
         return results
 
