@@ -388,6 +388,34 @@ def test_window_of_irecv_is_posted_then_taken_as_one_run(tmp_path):
     assert "grown True" in out, res.stdout
 
 
+def test_finalize_unmaps_the_rings_after_isend_windows(tmp_path):
+    """After windows of Isend/Irecv and blocking Send/Recv (the kept per-destination
+    putters of ``ShmLinks.putter``), MPI.Finalize unmaps every point-to-point inbox:
+    nothing kept keeps a view of the mapping (an unlinked segment stays in memory while
+    mapped). Checked in /proc/self/maps."""
+    prog = _script(
+        tmp_path,
+        "comm = MPI.COMM_WORLD\n"
+        "peer = 1 - comm.rank\n"
+        "b = np.zeros(64, np.uint8)\n"
+        "for k in range(3):\n"
+        "    reqs = [comm.Irecv([b, 64, MPI.BYTE], peer, 1) for _ in range(8)]\n"
+        "    reqs += [comm.Isend([b, 32, MPI.BYTE], peer, 1) for _ in range(8)]\n"
+        "    MPI.Request.Waitall(reqs)\n"
+        "    comm.Send([b, 8, MPI.BYTE], peer, 2)\n"
+        "    comm.Recv([b, 8, MPI.BYTE], peer, 2)\n"
+        "def rings():\n"
+        "    return [ln for ln in open('/proc/self/maps') if 'p2p-' in ln]\n"
+        "before = len(rings())\n"
+        "MPI.Finalize()\n"
+        "print('rings', before > 0, rings(), flush=True)\n",
+    )
+    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = [ln.split(": ", 1)[-1] for ln in res.stdout.splitlines() if "rings" in ln]
+    assert out == ["rings True []"] * 2, res.stdout
+
+
 @pytest.mark.parametrize("n,mode,ring", [(2, "shm", None), (3, "shm", "4096"), (3, "tcp", None)])
 def test_irecv_windows_match_mpich(n, mode, ring, tmp_path, monkeypatch):
     """p2p_windows.py: windows of Irecv posted before their messages came (the receives

@@ -787,9 +787,9 @@ class RecvOp(_Op):
 class DirectRecv(PostedRecv, _Op):
     """An Irecv of a contiguous buffer from one rank on this node (:meth:`Engine.irecv`):
     the posted receive is its own op (one object a message), ``source`` its
-    communicator rank. Its message is copied straight from the ring by the first wait
-    or test that finds it there (:meth:`Engine.serve`: a window's run at once), else
-    routed to it (:meth:`Engine._local_route`)."""
+    communicator rank. Its message is copied straight from the ring by a Wait/Waitall
+    (:meth:`Engine.serve`: a window's run at once), else routed to it
+    (:meth:`Engine._local_route`: Test, probes, other waits)."""
 
     __slots__ = ("engine", "source")
 

@@ -340,12 +340,15 @@ class ShmLinks:
         local rank ``i``, with everything but the payload bound once (the MPI engine's
         Isend/Send and the collectives' send keep it per destination, tag and size: a
         third less interpreted work a message). Remembered (a few thousand at most)."""
-        _, mv, quads, words, at, hi, ti = self.outs[i]
+        # the views are read from the box at each call: a kept putter must not keep the
+        # mapping after close (which unmaps it by deleting the box's views)
+        box = self.boxes[i]
+        _, _, _, _, at, hi, ti = self.outs[i]
         ring, heads, room, q = self.ring, self.heads, self.room, self.queues[i]
         step = (_REC + n + _REC - 1) // _REC * _REC  # heads and tails stay multiples of _REC
         acquire, release = self._acquire, self._release
         fence_acquire, fence_release = self._fence_acquire, self._fence_release
-        futex, bell = self._futex, self.boxes[i].bell_addr
+        futex, bell = self._futex, box.bell_addr
         links = self
 
         def put(data: memoryview) -> bool:
@@ -353,6 +356,7 @@ class ShmLinks:
             try:
                 if links.closed or q:
                     return False
+                mv, quads, words = box.mv, box.quads, box.words
                 pos = heads[i]
                 end = pos + step
                 if end - room[i] > ring:  # the tail seen last is too old: look again
@@ -825,6 +829,7 @@ class ShmLinks:
             if own.path:
                 _unlink(own.path)
             self.outs, self.ins = [], []  # their views would keep the mappings
+            self.bell = memoryview(bytearray(8)).cast("I")  # (a late waiter reads a dead bell)
             self._putters.clear()
             for box in self.boxes:
                 box.close()
