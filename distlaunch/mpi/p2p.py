@@ -446,7 +446,7 @@ class Engine:
         try:
             with self.lock:
                 n = len(posted)
-                f = links.take_run(i, src, posted, self._served)
+                f = links.take_run(i, src, posted, SERVED)
                 n -= len(posted)
         finally:
             links._release()
@@ -455,11 +455,6 @@ class Engine:
             if self.waiters > 1:  # another thread may wait for one of them
                 self._wake()
         return f
-
-    @staticmethod
-    def _served(p: PostedRecv, tag: int, n: int) -> None:
-        direct = p.direct  # the receive becomes its own message record (a Message costs 0.3 us)
-        p.tag, p.data, p.msg = tag, direct if n == len(direct) else direct[:n], SERVED
 
     def _serve_for(self, i: int, p: PostedRecv) -> Any:
         """:meth:`serve` until ``p`` is done (True); None: its message has not come;

@@ -550,18 +550,19 @@ class ShmLinks:
         finally:
             self._release()
 
-    def take_run(self, i: int, src: int, recvs: list, done: Callable[[Any, int, int], None]) -> Any:
+    def take_run(self, i: int, src: int, recvs: list, mark: Any) -> Any:
         """Consume the messages next in local rank i's ring (global rank ``src``) into the
         receives at the front of ``recvs``, in order, while each is for ``src`` and its
         message is complete in the ring, starts with its ``expect`` and fits its
         ``direct`` (see :meth:`take_prefix`; items: objects with ``src``, ``expect``
-        -- None: not to be taken so -- and ``direct``). Each one taken is passed to ``done(item,
-        root, payload bytes)`` and leaves ``recvs`` (the run at once, before the lock
-        is released). Returns True once
-        ``recvs`` is empty, None when its first item's message has not come, ``()``
-        when it cannot be taken so. One lock, one publication of the tail for the run
-        (the MPI engine's window of Irecv: :meth:`Engine.serve`); the caller holds its
-        own lock over ``recvs``."""
+        -- None: not to be taken so -- and ``direct``). Each one taken gets ``tag``
+        (the header's ``root``), ``data`` (the filled part of ``direct``) and, last,
+        ``msg = mark``, and leaves ``recvs`` (the run at once, before the lock is
+        released). Returns True once ``recvs`` is empty, None when its first item's
+        message has not come, ``()`` when it cannot be taken so. One lock, one
+        publication of the tail for the run (the MPI engine's window of Irecv:
+        :meth:`Engine.serve`, whose posted receives become their own message records);
+        the caller holds its own lock over ``recvs``."""
         self._acquire()
         try:
             if self.closed or self.current[i] is not None:
@@ -598,7 +599,9 @@ class ShmLinks:
                         _ring_read(buf, mv, at, ring, b, n)
                 pos = (pos + _REC + n + _REC - 1) // _REC * _REC
                 k += 1
-                done(item, root if root < 0x80000000 else root - 0x100000000, n)
+                item.tag = root if root < 0x80000000 else root - 0x100000000
+                item.data = buf if n == len(buf) else buf[:n]
+                item.msg = mark  # last: a thread that sees it finds the rest in place
             if k:
                 del recvs[:k]
             if pos != start:
