@@ -488,9 +488,9 @@ class Engine:
         return PostedRecv(ctx, src, tag, None, buf, expect)
 
     def _take_key(self, src: int, ctx: int, tag: int) -> tuple:
-        """What :meth:`take_now` needs for a message of global rank ``src``, ``ctx`` and
-        ``tag``: (the links, ``src``'s local index, :meth:`_expect`); ``()``: not a peer on
-        this node. Remembered, as _expect."""
+        """What :meth:`take_now` and :meth:`irecv` need for a message of global rank
+        ``src``, ``ctx`` and ``tag``: (the links, ``src``'s local index,
+        :meth:`_expect`); ``()``: not a peer on this node. Remembered, as _expect."""
         links = self.links
         i = None if links is None or src == self.rank else links.index.get(src)
         got = () if i is None else (links, i, self._expect(src, ctx, tag))
