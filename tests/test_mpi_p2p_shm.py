@@ -337,6 +337,85 @@ def test_window_of_irecv_takes_messages_straight_from_the_ring(tmp_path):
     assert lines == ["round 0 ok True routed []", "round 1 ok True routed []"], res.stdout
 
 
+def test_window_of_irecv_is_posted_then_taken_as_one_run(tmp_path):
+    """A window of contiguous Irecv from a peer on this node whose messages are all in
+    the ring already: the Irecvs only post (nothing is taken from the ring, no
+    ``take_prefix``) and the Waitall takes the whole window in one run (one
+    ``take_run``: one lock, one tail publication), every message in order in its own
+    buffer, with its Status. A served receive keeps no view of its buffer once waited
+    (a bytearray grows at once, the cyclic GC off). Before, each Irecv took its message
+    itself (16 ``take_prefix``, each its lock, fence and tail update)."""
+    prog = _script(
+        tmp_path,
+        "import gc\n"
+        "from distlaunch.collectives.transport import shm_p2p\n"
+        "calls = []\n"
+        "L = shm_p2p.ShmLinks\n"
+        "tp, tr = L.take_prefix, L.take_run\n"
+        "L.take_prefix = lambda *a: calls.append('take_prefix') or tp(*a)\n"
+        "L.take_run = lambda *a: calls.append('take_run') or tr(*a)\n"
+        "comm = MPI.COMM_WORLD\n"
+        "W, N = 16, 24\n"
+        "if comm.rank == 0:\n"
+        "    for k in range(W):\n"
+        "        comm.Send(np.full(N - k % 3, k, np.uint8), 1, 5)\n"
+        "comm.Barrier()\n"
+        "if comm.rank == 1:\n"
+        "    gc.disable()\n"
+        "    bufs = [bytearray(N + 2) for _ in range(W)]\n"
+        "    calls.clear()\n"
+        "    reqs = [comm.Irecv([b, N, MPI.BYTE], 0, 5) for b in bufs]\n"
+        "    posting = list(calls)\n"
+        "    sts = [MPI.Status() for _ in range(W)]\n"
+        "    MPI.Request.Waitall(reqs, sts)\n"
+        "    ok = all(bytes(bufs[k]) == bytes([k]) * (N - k % 3) + bytes(N + 2 - (N - k % 3))\n"
+        "             and sts[k].Get_count(MPI.BYTE) == N - k % 3 and sts[k].Get_tag() == 5\n"
+        "             and sts[k].Get_source() == 0 for k in range(W))\n"
+        "    b = bytearray(8)\n"
+        "    print('posting', posting, 'waitall', calls[len(posting):], 'ok', ok, flush=True)\n"
+        "comm.Barrier()\n"
+        "if comm.rank == 0:\n"
+        "    comm.Send(np.full(8, 9, np.uint8), 1, 6)\n"
+        "if comm.rank == 1:\n"
+        "    comm.Irecv([b, 8, MPI.BYTE], 0, 6).Wait()\n"
+        "    b.extend(b'x')  # BufferError while a view of it is kept\n"
+        "    print('grown', bytes(b) == bytes([9] * 8) + b'x', flush=True)\n",
+    )
+    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = [ln.split(": ", 1)[-1] for ln in res.stdout.splitlines()]
+    assert "posting [] waitall ['take_run'] ok True" in out, res.stdout
+    assert "grown True" in out, res.stdout
+
+
+def test_finalize_unmaps_the_rings_after_isend_windows(tmp_path):
+    """After windows of Isend/Irecv and blocking Send/Recv (the kept per-destination
+    putters of ``ShmLinks.putter``), MPI.Finalize unmaps every point-to-point inbox:
+    nothing kept keeps a view of the mapping (an unlinked segment stays in memory while
+    mapped). Checked in /proc/self/maps."""
+    prog = _script(
+        tmp_path,
+        "comm = MPI.COMM_WORLD\n"
+        "peer = 1 - comm.rank\n"
+        "b = np.zeros(64, np.uint8)\n"
+        "for k in range(3):\n"
+        "    reqs = [comm.Irecv([b, 64, MPI.BYTE], peer, 1) for _ in range(8)]\n"
+        "    reqs += [comm.Isend([b, 32, MPI.BYTE], peer, 1) for _ in range(8)]\n"
+        "    MPI.Request.Waitall(reqs)\n"
+        "    comm.Send([b, 8, MPI.BYTE], peer, 2)\n"
+        "    comm.Recv([b, 8, MPI.BYTE], peer, 2)\n"
+        "def rings():\n"
+        "    return [ln for ln in open('/proc/self/maps') if 'p2p-' in ln]\n"
+        "before = len(rings())\n"
+        "MPI.Finalize()\n"
+        "print('rings', before > 0, rings(), flush=True)\n",
+    )
+    res = dl("run", "--nproc-per-node", "2", prog, timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = [ln.split(": ", 1)[-1] for ln in res.stdout.splitlines() if "rings" in ln]
+    assert out == ["rings True []"] * 2, res.stdout
+
+
 @pytest.mark.parametrize("n,mode,ring", [(2, "shm", None), (3, "shm", "4096"), (3, "tcp", None)])
 def test_irecv_windows_match_mpich(n, mode, ring, tmp_path, monkeypatch):
     """p2p_windows.py: windows of Irecv posted before their messages came (the receives

@@ -45,12 +45,12 @@ from .p2p import (
     Engine,
     Message,
     Prequest,
-    RecvDone,
     RecvOp,
     Request,
     SendOp,
     SentOp,
     Status,
+    _new_request,
     _text,
     request_of,
     truncated,
@@ -373,9 +373,13 @@ class Comm:
         if eng is not None and h is not None and type(dest) is int and 0 <= dest < h.size:
             data = fast_bytes(buf, False) if type(tag) is int and tag >= 0 else None
             if data is not None:
-                g = h.ranks[dest]
-                if eng.put(g, h.ctx, tag, data):  # written whole: already complete
-                    return request_of(SentOp(), eng)
+                # Engine.put, inline (one call less a message)
+                key = (h.ranks[dest], h.ctx, tag, len(data))
+                put = eng._puts.get(key) or eng._put_key(*key)
+                if put(data):  # written whole: already complete
+                    r = _new_request(Request)  # request_of, inline (one call less a message)
+                    r._op, r._engine = SentOp(), eng
+                    return r
                 return self._isend(data, dest, tag)
         return self._isend(parse(buf, False).pack(), dest, tag)
 
@@ -401,10 +405,12 @@ class Comm:
         eng, h = STATE.live(), self._handle
         data = fast_bytes(buf, True)
         if data is not None and eng is not None and h is not None and type(tag) is int:
-            if type(source) is int and 0 <= source < h.size:  # arrived already: completed
-                f = eng.take_now(h.ctx, h.ranks[source], tag, data, False)
-                if f:
-                    return request_of(RecvDone(source, f[0], f[1]), eng)
+            if type(source) is int and 0 <= source < h.size:  # a peer on this node: posted only
+                p = eng.irecv(h.ctx, h.ranks[source], tag, data, source)
+                if p is not None:
+                    r = _new_request(Request)  # request_of, inline (one call less a message)
+                    r._op, r._engine = p, eng
+                    return r
         return self._irecv(parse(buf, True) if data is None else data, source, tag)
 
     def Recv(
@@ -418,7 +424,7 @@ class Comm:
                 data = fast_bytes(buf, True)
                 if data is not None:  # the common case, without Request and Spec objects
                     src = None if source == ANY_SOURCE else h.ranks[source]
-                    f = () if src is None else eng.take_now(h.ctx, src, tag, data, True)
+                    f = () if src is None else eng.take_now(h.ctx, src, tag, data)
                     if f:  # taken straight from the peer's ring
                         if status is not None:
                             status._set(source, f[0], f[1])

@@ -26,11 +26,13 @@ Send and Recv of contiguous buffers (every buffer type as one flat byte view, se
 :meth:`Engine.recv_now` -- while no other receive is posted and no message kept, so the
 matching order cannot differ -- takes it straight from the sender's ring into the buffer
 (:meth:`Engine.take_now`, :meth:`ShmLinks.take_prefix`); anything else goes the general
-way. Isend and Irecv do the same without waiting and return an already complete
-Request (a window of small messages: no posted receive, no routing, no wait). Receives
-posted before their messages came are served the same way, in posting order, while the
-first posted one is what the next message of its sender matches (:meth:`Engine.serve`:
-in Waitall and before a later Irecv), instead of routing.
+way. Isend does the same without waiting and returns an already complete Request
+(:meth:`ShmLinks.putter`: the message is published at once, MPI's progress rule). Irecv
+from a peer on this node only posts the receive (:meth:`Engine.irecv`: one object, its
+own op); posted receives are served straight from the ring, in posting order, while the
+first posted one is what the next message of its sender matches (:meth:`Engine.serve`,
+:meth:`ShmLinks.take_run`: a window's run under one lock with one tail publication, in
+Waitall/Wait), else routed (Test, probes, other waits).
 
 Blocking waits poll the pump and the shared-memory links (a bounded busy-poll unless the
 node's ranks share CPUs, then yields and futex sleeps on the links' bell; slices on the
@@ -139,7 +141,11 @@ class Message:
         return ctx == self.ctx and (src is None or src == self.src) and (tag == ANY_TAG or tag == self.tag)
 
 
-class PostedRecv:
+# a posted receive's ``msg`` once served straight from the ring (PostedRecv.message)
+SERVED = Message(-1, -1, ANY_TAG, b"")
+
+
+class PostedRecv(Message):
     """A receive waiting for its message: ``src`` (global, None: any), ``tag``,
     ``deliver(msg)`` that consumes the message (called with the engine lock held; None:
     the message is copied into ``direct`` when it fits, the receive reports a longer
@@ -147,9 +153,13 @@ class PostedRecv:
     memoryview) a message may be copied into instead (then ``deliver`` is skipped), or
     None. ``msg`` is set once the message is in place (``error`` once it failed).
     ``expect``: for a ``direct`` receive from one rank, the packed header start its
-    message begins with (:meth:`Engine.serve` may copy it straight from the ring)."""
+    message begins with (:meth:`Engine.serve` may copy it straight from the ring).
+    Served so, the receive is its own message record (``msg`` is :data:`SERVED`,
+    :meth:`message` is itself: ``tag`` the message's, ``data`` the filled part of
+    ``direct``): no Message is made (and no reference cycle keeps the buffer's view)."""
 
-    __slots__ = ("ctx", "src", "tag", "deliver", "msg", "error", "direct", "expect")
+    __slots__ = ("deliver", "msg", "error", "direct", "expect")
+    src: int | None  # type: ignore[assignment]  # None: any (a served one's is set)
 
     def __init__(
         self,
@@ -165,6 +175,12 @@ class PostedRecv:
         self.error: BaseException | None = None
         self.direct, self.expect = direct, expect
 
+    def message(self) -> Message:
+        """The message received (``msg`` set)."""
+        m = self.msg
+        assert m is not None
+        return self if m is SERVED else m
+
 
 # an operation's name for error messages: the text, a function making it, or a format
 # string and its arguments (built only on errors)
@@ -177,6 +193,10 @@ def _text(what: What) -> str:
     if isinstance(what, tuple):
         return str(what[0]).format(*what[1:])
     return what()
+
+
+def _no_put(data: memoryview) -> bool:
+    return False
 
 
 def _give(p: PostedRecv, msg: Message) -> None:
@@ -208,7 +228,7 @@ class Engine:
         self._guard = (self.posted, self.inbox)
         self._expects: dict[tuple[int, int, int], bytes] = {}  # see _expect
         self._takes: dict[tuple[int, int, int], tuple] = {}  # see _take_key
-        self._puts: dict[tuple[int, int, int, int], tuple] = {}  # see _put_key
+        self._puts: dict[tuple[int, int, int, int], Callable[[memoryview], bool]] = {}  # see _put_key
         self.error: BaseException | None = None
         self.pump: TransportRequest | None = None
         self.waiters = 0
@@ -323,19 +343,24 @@ class Engine:
         ``dest`` on this node at once (:meth:`ShmLinks.put`): True when done; False when
         it cannot be (a remote peer or oneself, messages queued before it, no room):
         then :meth:`send` it."""
-        n = len(data)
-        got = self._puts.get((dest, ctx, tag, n))
-        if got is None:
-            got = self._put_key(dest, ctx, tag, n)
-        return bool(got) and got[0](got[1], got[2], data)
+        f = self._puts.get((dest, ctx, tag, len(data)))
+        if f is None:
+            f = self._put_key(dest, ctx, tag, len(data))
+        return f(data)
 
-    def _put_key(self, dest: int, ctx: int, tag: int, n: int) -> tuple:
-        """What :meth:`put` needs for a message to ``dest`` of ``ctx``, ``tag`` and ``n``
-        bytes: (the links' put, the local index, the packed header); ``()``: no peer on
-        this node. Remembered (a few thousand at most: programs reuse a handful)."""
+    def _put_key(self, dest: int, ctx: int, tag: int, n: int) -> Callable[[memoryview], bool]:
+        """:meth:`put` of messages to ``dest`` of ``ctx``, ``tag`` and ``n`` bytes: the
+        links' :meth:`~ShmLinks.putter` (its header packed once), or one that always
+        says False (no peer on this node). Remembered (a few thousand at most: programs
+        reuse a handful)."""
         links = self.links
         i = None if links is None or dest == self.rank else links.index.get(dest)
-        got = () if i is None else (links.put, i, _HEAD_REST.pack(self._head, ctx, tag, 0, n))  # type: ignore[union-attr]
+        got: Callable[[memoryview], bool]
+        if i is None:
+            got = _no_put
+        else:
+            assert links is not None
+            got = links.putter(i, _HEAD_REST.pack(self._head, ctx, tag, 0, n), n)
         if len(self._puts) >= 4096:
             self._puts.clear()
         self._puts[dest, ctx, tag, n] = got
@@ -371,7 +396,7 @@ class Engine:
         if spun is None:
             spun = False
             if src is not None:
-                f = self.take_now(ctx, src, tag, buf, True)
+                f = self.take_now(ctx, src, tag, buf)
                 if f:
                     return src, f[0], f[1]
                 spun = f is None  # it busy-polled for nothing: the wait does not again
@@ -382,35 +407,24 @@ class Engine:
         e = p.error
         if e is not None:
             raise type(e)(f"{_text(what)}: {e}") if isinstance(e, CollectiveError) else e
-        m = p.msg
-        assert m is not None
+        m = p.message()
         return m.src, m.tag, len(m.data)
 
-    def take_now(
-        self, ctx: int, src: int, tag: int, buf: memoryview, poll: bool
-    ) -> tuple[int, int] | tuple[()] | None:
+    def take_now(self, ctx: int, src: int, tag: int, buf: memoryview) -> tuple[int, int] | tuple[()] | None:
         """Take the next message of global rank ``src`` (on this node) straight from its
         ring into ``buf`` (a writable flat byte memoryview) when it is of context id
         ``ctx`` and ``tag`` (ANY_TAG: any), fits, and no receive is posted nor message
-        kept (so this receive is the only candidate: MPI's matching order holds);
-        ``poll``: busy-poll for it a while (:meth:`ShmLinks.poll_take`). Returns (tag,
-        message bytes) once taken; None when it has not come; ``()`` when it cannot be
-        taken so (a remote peer or oneself, another message first): post a receive."""
+        kept (so this receive is the only candidate: MPI's matching order holds),
+        busy-polling for it a while (:meth:`ShmLinks.poll_take`). Returns (tag, message
+        bytes) once taken; None when it has not come; ``()`` when it cannot be taken so
+        (a remote peer or oneself, another message first): post a receive."""
         got = self._takes.get((src, ctx, tag))
         if got is None:
             got = self._take_key(src, ctx, tag)
         if not got:
             return ()
         links, i, expect = got
-        if poll:
-            f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
-        else:
-            if self.posted or self.inbox:  # (a first look; take_prefix checks under the lock)
-                if self.inbox or not links.pending(i) or self.serve(i, src) is not True:
-                    return ()
-                # earlier receives waited (a window of Irecv) and got what arrived: this
-                # one may find its message next in the ring
-            f = links.take_prefix(i, expect, buf, self._guard)
+        f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
         if f:
             marks.heartbeat()  # progress for --hang-timeout
         return f
@@ -432,7 +446,7 @@ class Engine:
         try:
             with self.lock:
                 n = len(posted)
-                f = links.take_run(i, src, posted, self._served)
+                f = links.take_run(i, src, posted, SERVED)
                 n -= len(posted)
         finally:
             links._release()
@@ -441,11 +455,6 @@ class Engine:
             if self.waiters > 1:  # another thread may wait for one of them
                 self._wake()
         return f
-
-    @staticmethod
-    def _served(p: PostedRecv, tag: int, n: int) -> None:
-        direct = p.direct
-        p.msg = Message(p.src, p.ctx, tag, direct if n == len(direct) else direct[:n])  # type: ignore[arg-type]
 
     def _serve_for(self, i: int, p: PostedRecv) -> Any:
         """:meth:`serve` until ``p`` is done (True); None: its message has not come;
@@ -479,9 +488,9 @@ class Engine:
         return PostedRecv(ctx, src, tag, None, buf, expect)
 
     def _take_key(self, src: int, ctx: int, tag: int) -> tuple:
-        """What :meth:`take_now` needs for a message of global rank ``src``, ``ctx`` and
-        ``tag``: (the links, ``src``'s local index, :meth:`_expect`); ``()``: not a peer on
-        this node. Remembered, as _expect."""
+        """What :meth:`take_now` and :meth:`irecv` need for a message of global rank
+        ``src``, ``ctx`` and ``tag``: (the links, ``src``'s local index,
+        :meth:`_expect`); ``()``: not a peer on this node. Remembered, as _expect."""
         links = self.links
         i = None if links is None or src == self.rank else links.index.get(src)
         got = () if i is None else (links, i, self._expect(src, ctx, tag))
@@ -522,6 +531,27 @@ class Engine:
                 recv.error = self.error
             else:
                 self.posted.append(recv)
+
+    def irecv(self, ctx: int, src: int, tag: int, buf: memoryview, source: int) -> DirectRecv | None:
+        """MPI_Irecv into ``buf`` (a writable flat byte memoryview) from global rank
+        ``src`` on this node (``source`` its communicator rank): the receive is only
+        posted -- nothing is taken from the ring here -- so a window of Irecv costs one
+        object a message and its Waitall takes the messages as one run
+        (:meth:`serve`). None when it cannot be posted so (a remote peer or oneself, a
+        kept message that may match first, a failed engine): the caller takes the
+        general way."""
+        got = self._takes.get((src, ctx, tag))
+        if got is None:
+            got = self._take_key(src, ctx, tag)
+        if not got:
+            return None
+        p = DirectRecv(self, ctx, src, tag, buf, got[2], source)
+        # (what the pump holds comes from remote ranks: it cannot match this receive)
+        with self.lock:
+            if self.inbox or self.error is not None:
+                return None
+            self.posted.append(p)
+        return p
 
     def cancel(self, recv: PostedRecv) -> bool:
         with self.lock:
@@ -741,13 +771,55 @@ class RecvOp(_Op):
             if isinstance(e, CollectiveError) and not isinstance(e, MPIException):
                 raise type(e)(f"{_text(self.what)}: {e}")
             raise e
-        m = self.posted.msg
-        assert m is not None
+        m = self.posted.message()
         if isinstance(self.spec, memoryview) and len(m.data) > len(self.spec):  # not copied
             raise truncated(_text(self.what), len(m.data), self.to_rank(m.src), m.tag, len(self.spec))
         if status is not None:
             status._set(self.to_rank(m.src), m.tag, len(m.data))
         return self.result
+
+
+class DirectRecv(PostedRecv, _Op):
+    """An Irecv of a contiguous buffer from one rank on this node (:meth:`Engine.irecv`):
+    the posted receive is its own op (one object a message), ``source`` its
+    communicator rank. Its message is copied straight from the ring by a Wait/Waitall
+    (:meth:`Engine.serve`: a window's run at once), else routed to it
+    (:meth:`Engine._local_route`: Test, probes, other waits)."""
+
+    __slots__ = ("engine", "source")
+
+    def __init__(self, engine: Engine, ctx: int, src: int, tag: int, buf: Any, expect: bytes, source: int):
+        self.ctx, self.src, self.tag, self.direct, self.expect = ctx, src, tag, buf, expect
+        self.deliver, self.msg, self.error, self.engine, self.source = None, None, None, engine, source
+
+    def what(self) -> What:
+        return ("receive from rank {} (tag {})", self.source, self.tag)
+
+    def test(self) -> bool:
+        return self.msg is not None or self.error is not None
+
+    def peers(self) -> list[int | None]:
+        return [self.src]
+
+    def cancel(self) -> bool:
+        return self.engine.cancel(self)
+
+    def block(self, engine: Engine) -> None:
+        engine.wait_posted(self, self.what())
+
+    def finish(self, status: Status | None) -> Any:
+        e = self.error
+        if e is not None:
+            if isinstance(e, CollectiveError) and not isinstance(e, MPIException):
+                raise type(e)(f"{_text(self.what())}: {e}")
+            raise e
+        m = self.message()
+        n = len(m.data)
+        if n > len(self.direct):  # routed and not copied
+            raise truncated(_text(self.what()), n, self.source, m.tag, len(self.direct))
+        if status is not None:
+            status._set(self.source, m.tag, n)
+        return None
 
 
 def truncated(what: str, nbytes: int, source: int, tag: int, cap: int) -> MPIException:
@@ -777,23 +849,6 @@ class DoneOp(_Op):
         return self.result
 
 
-class RecvDone(_Op):
-    """A receive completed when started (:meth:`Engine.take_now`): its Status."""
-
-    __slots__ = ("source", "tag", "nbytes")
-
-    def __init__(self, source: int, tag: int, nbytes: int) -> None:
-        self.source, self.tag, self.nbytes = source, tag, nbytes
-
-    def test(self) -> bool:
-        return True
-
-    def finish(self, status: Status | None) -> Any:
-        if status is not None:
-            status._set(self.source, self.tag, self.nbytes)
-        return None
-
-
 class SentOp(_Op):
     """A send complete when started (written whole into the peer's ring)."""
 
@@ -809,7 +864,7 @@ class SentOp(_Op):
 
 
 # ops complete when started whose finish without a Status only returns None
-_BARE = frozenset((SentOp, RecvDone))
+_BARE = frozenset((SentOp,))
 
 
 class Request:
@@ -924,12 +979,14 @@ class Request:
         for i, r in enumerate(requests):
             st = sts[i] if i < n else None
             op = r._op
-            if st is None and type(op) in _BARE:  # complete when started, nothing to report
+            tp = type(op)
+            # complete when started, or served from the ring (it fit, no error): nothing to report
+            if st is None and (tp in _BARE or tp is DirectRecv and op.msg is SERVED):  # type: ignore[union-attr]
                 r._op = None
                 results.append(None)
                 continue
             if op is not None and not op.test():  # complete ones (a window of sends): no wait
-                r._block()
+                r._block()  # a window's first receive: serves the run (the rest are SERVED)
             results.append(r._complete(st))
         return results
 

@@ -3,8 +3,11 @@ must stop a receive from taking the next message of its sender's ring: receives 
 another tag first (the messages of each tag in order), ANY_TAG, a too small buffer in
 the middle of a window (ERR_TRUNCATE for that one only), a cancelled receive, Test /
 Testany / Waitany / Waitsome over a window, a blocking Recv behind posted receives, and
-receives of one sender posted before ANY_SOURCE ones. 2 or 3 ranks: rank 0 receives and prints, the
-others send; every window is posted before the senders are let go (a Barrier)."""
+receives of one sender posted before ANY_SOURCE ones; a window taken as one run while
+messages of another tag or sender sit between its messages (posted before and after
+they came), a cancelled receive inside a Waitall's run, Waitall over sends and
+receives mixed. 2 or 3 ranks: rank 0 receives and prints, the others send; every
+window is posted before the senders are let go (a Barrier) unless said otherwise."""
 
 import numpy as np
 from mpi4py import MPI
@@ -157,3 +160,72 @@ else:
     go()
     for k in range(4):
         comm.Send(sent(10 * rank + k, 9, 8), 0, 9)
+
+# 6. a window of one sender and tag taken as a run while messages of another tag (same
+# sender) and of another sender sit between its messages: posted before they came, and
+# posted after they all arrived
+for when in ("before", "after"):
+    if rank == 0:
+        bufs = [np.zeros(16, np.uint8) for _ in range(6)]
+        if when == "before":
+            reqs = [comm.Irecv([b, 16, MPI.BYTE], 1, 11) for b in bufs]
+        go()
+        go()  # every message is in place
+        if when == "after":
+            reqs = [comm.Irecv([b, 16, MPI.BYTE], 1, 11) for b in bufs]
+        sts = [MPI.Status() for _ in range(6)]
+        MPI.Request.Waitall(reqs, sts)
+        show("interleaved", when, [got(b, st) for b, st in zip(bufs, sts)])
+        r = np.zeros(16, np.uint8)
+        st = MPI.Status()
+        for _ in range(2):
+            comm.Recv([r, 16, MPI.BYTE], 1, 12, st)
+            show("interleaved", when, "other tag", got(r, st))
+        for s in senders[1:]:
+            for _ in range(3):
+                comm.Recv([r, 16, MPI.BYTE], s, 11, st)
+                show("interleaved", when, "other sender", got(r, st))
+    else:
+        go()
+        for k in range(6):
+            if rank == 1:
+                comm.Send(sent(k, 11, 4 + k), 0, 11)
+                if k in (1, 3):
+                    comm.Send(sent(k, 12, 5), 0, 12)
+            elif k < 3:
+                comm.Send(sent(10 * rank + k, 11, 6), 0, 11)
+        go()
+
+# 7. a cancelled receive inside a window that one Waitall completes (with Statuses)
+if rank == 0:
+    bufs = [np.zeros(8, np.uint8) for _ in range(5)]
+    reqs = [comm.Irecv([b, 8, MPI.BYTE], 1, 13) for b in bufs]
+    reqs[2].Cancel()
+    go()
+    sts = [MPI.Status() for _ in range(5)]
+    MPI.Request.Waitall(reqs, sts)
+    show("cancelled in run", [st.Is_cancelled() for st in sts], [int(b[0]) for b in bufs])
+else:
+    go()
+    if rank == 1:
+        for k in range(4):
+            comm.Send(sent(k, 13, 8), 0, 13)
+
+# 8. Waitall over sends and receives mixed (ranks 0 and 1 exchange windows), with and
+# without Statuses
+for with_status in (False, True):
+    if rank in (0, 1):
+        peer = 1 - rank
+        bufs = [np.zeros(8, np.uint8) for _ in range(4)]
+        reqs = []
+        for k in range(4):
+            reqs.append(comm.Irecv([bufs[k], 8, MPI.BYTE], peer, 14))
+            reqs.append(comm.Isend(sent(10 * rank + k, 14, 3 + k), peer, 14))
+        if with_status:
+            sts = [MPI.Status() for _ in reqs]
+            MPI.Request.Waitall(reqs, sts)
+            show("mixed waitall", rank, [got(bufs[k], sts[2 * k]) for k in range(4)])
+        else:
+            MPI.Request.Waitall(reqs)
+            show("mixed waitall", rank, [int(b[0]) for b in bufs], all(not r for r in reqs))
+    go()

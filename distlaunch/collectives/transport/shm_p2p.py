@@ -245,6 +245,7 @@ class ShmLinks:
             _, at, hi, bi, ti = own.rings[i]
             self.ins.append((own.mm, own.mv, own.quads, own.words, at, hi, bi, ti))
         self.closed = False
+        self._putters: dict[tuple[int, bytes], Callable[[memoryview], bool]] = {}  # see putter
         for box in self.boxes:
             box.raw[64 + self.me] = 1
         self._unlink_mapped()
@@ -328,41 +329,65 @@ class ShmLinks:
         its packed :data:`~.wire.HEADER` (48 bytes), ``data`` its payload (a flat byte
         memoryview). True when written; False (nothing done) when earlier messages to
         that rank are still queued or its ring lacks room: then :meth:`send` it (keeps
-        the order)."""
-        n = len(data)
-        self._acquire()
-        try:
-            if self.closed or self.queues[i]:
-                return False
-            mm, mv, quads, words, at, hi, ti = self.outs[i]
-            ring = self.ring
-            pos = self.heads[i]
-            end = pos + _REC + n
-            if end - self.room[i] > ring:  # the tail seen last is too old: look again
-                tail = self.room[i] = quads[ti]
-                if end - tail > ring:
+        the order). The same as ``putter(i, header, len(data))(data)``."""
+        f = self._putters.get((i, header))
+        if f is None:
+            f = self.putter(i, header, len(data))
+        return f(data)
+
+    def putter(self, i: int, header: bytes, n: int) -> Callable[[memoryview], bool]:
+        """:meth:`put` of messages of ``header`` (whose payload size is ``n`` bytes) to
+        local rank ``i``, with everything but the payload bound once (the MPI engine's
+        Isend/Send and the collectives' send keep it per destination, tag and size: a
+        third less interpreted work a message). Remembered (a few thousand at most)."""
+        # the views are read from the box at each call: a kept putter must not keep the
+        # mapping after close (which unmaps it by deleting the box's views)
+        box = self.boxes[i]
+        _, _, _, _, at, hi, ti = self.outs[i]
+        ring, heads, room, q = self.ring, self.heads, self.room, self.queues[i]
+        step = (_REC + n + _REC - 1) // _REC * _REC  # heads and tails stay multiples of _REC
+        acquire, release = self._acquire, self._release
+        fence_acquire, fence_release = self._fence_acquire, self._fence_release
+        futex, bell = self._futex, box.bell_addr
+        links = self
+
+        def put(data: memoryview) -> bool:
+            acquire()
+            try:
+                if links.closed or q:
                     return False
-            a = at + pos % ring
-            mv[a : a + HEADER_SIZE] = header
-            if n:
-                a = (pos + _REC) % ring
-                first = ring - a
-                if n <= first:
-                    mv[at + a : at + a + n] = data
-                else:
-                    mv[at + a : at + ring] = data[:first]
-                    mv[at : at + n - first] = data[first:]
-            pos = (end + _REC - 1) // _REC * _REC
-            self.heads[i] = pos
-            quads[hi] = pos
-            words[0] = (words[0] + 1) & 0xFFFFFFFF  # its bell (see ring_bell)
-            self._fence_acquire()
-            self._fence_release()
-            if words[1]:
-                self._futex(_SYS_FUTEX, self.boxes[i].bell_addr, 1, 0x7FFFFFFF, None, None, 0)
-            return True
-        finally:
-            self._release()
+                mv, quads, words = box.mv, box.quads, box.words
+                pos = heads[i]
+                end = pos + step
+                if end - room[i] > ring:  # the tail seen last is too old: look again
+                    tail = room[i] = quads[ti]
+                    if end - tail > ring:
+                        return False
+                a = pos % ring
+                mv[at + a : at + a + HEADER_SIZE] = header
+                if n:
+                    a = (a + _REC) % ring
+                    first = ring - a
+                    if n <= first:
+                        mv[at + a : at + a + n] = data
+                    else:
+                        mv[at + a : at + ring] = data[:first]
+                        mv[at : at + n - first] = data[first:]
+                heads[i] = end
+                quads[hi] = end
+                words[0] = (words[0] + 1) & 0xFFFFFFFF  # its bell (see ring_bell)
+                fence_acquire()
+                fence_release()
+                if words[1]:
+                    futex(_SYS_FUTEX, bell, 1, 0x7FFFFFFF, None, None, 0)
+                return True
+            finally:
+                release()
+
+        if len(self._putters) >= 4096:
+            self._putters.clear()
+        self._putters[i, header] = put
+        return put
 
     def _push(self, i: int) -> None:
         """Write as much of the queue to local rank i as its ring has room for (lock held).
@@ -525,17 +550,19 @@ class ShmLinks:
         finally:
             self._release()
 
-    def take_run(self, i: int, src: int, recvs: list, done: Callable[[Any, int, int], None]) -> Any:
+    def take_run(self, i: int, src: int, recvs: list, mark: Any) -> Any:
         """Consume the messages next in local rank i's ring (global rank ``src``) into the
         receives at the front of ``recvs``, in order, while each is for ``src`` and its
         message is complete in the ring, starts with its ``expect`` and fits its
         ``direct`` (see :meth:`take_prefix`; items: objects with ``src``, ``expect``
-        -- None: not to be taken so -- and ``direct``). Each one taken leaves ``recvs``
-        and is passed to ``done(item, root, payload bytes)``. Returns True once
-        ``recvs`` is empty, None when its first item's message has not come, ``()``
-        when it cannot be taken so. One lock, one publication of the tail for the run
-        (the MPI engine's window of Irecv: :meth:`Engine.serve`); the caller holds its
-        own lock over ``recvs``."""
+        -- None: not to be taken so -- and ``direct``). Each one taken gets ``tag``
+        (the header's ``root``), ``data`` (the filled part of ``direct``) and, last,
+        ``msg = mark``, and leaves ``recvs`` (the run at once, before the lock is
+        released). Returns True once ``recvs`` is empty, None when its first item's
+        message has not come, ``()`` when it cannot be taken so. One lock, one
+        publication of the tail for the run (the MPI engine's window of Irecv:
+        :meth:`Engine.serve`, whose posted receives become their own message records);
+        the caller holds its own lock over ``recvs``."""
         self._acquire()
         try:
             if self.closed or self.current[i] is not None:
@@ -545,8 +572,8 @@ class ShmLinks:
             start = pos = self.tails[i]
             head = quads[hi]
             f: Any = True
-            while recvs:
-                item = recvs[0]
+            k = 0
+            for item in recvs:  # taken ones leave recvs at the end (one del for the run)
                 expect = item.expect
                 if item.src != src or expect is None:
                     f = ()
@@ -565,10 +592,18 @@ class ShmLinks:
                     break
                 root = words[(a >> 2) + 7]
                 if n:
-                    _ring_read(buf, mv, at, ring, (pos + _REC) % ring, n)
+                    b = (pos + _REC) % ring
+                    if b + n <= ring:
+                        buf[:n] = mv[at + b : at + b + n]
+                    else:
+                        _ring_read(buf, mv, at, ring, b, n)
                 pos = (pos + _REC + n + _REC - 1) // _REC * _REC
-                del recvs[0]
-                done(item, root if root < 0x80000000 else root - 0x100000000, n)
+                k += 1
+                item.tag = root if root < 0x80000000 else root - 0x100000000
+                item.data = buf if n == len(buf) else buf[:n]
+                item.msg = mark  # last: a thread that sees it finds the rest in place
+            if k:
+                del recvs[:k]
             if pos != start:
                 self.tails[i] = pos
                 quads[ti] = pos
@@ -579,14 +614,6 @@ class ShmLinks:
             return f
         finally:
             self._release()
-
-    def pending(self, i: int) -> bool:
-        """Whether local rank i published something we have not consumed (no lock: a
-        hint, e.g. whether :meth:`progress` could find anything from it)."""
-        ins = self.ins
-        if self.closed or i >= len(ins):  # closed: no views left
-            return False
-        return bool(ins[i][2][ins[i][5]] != self.tails[i])
 
     def poll_take(self, take: Callable[..., Any], *args: Any) -> Any:
         """``take(*args)`` until it returns something else than None, again after each
@@ -805,6 +832,8 @@ class ShmLinks:
             if own.path:
                 _unlink(own.path)
             self.outs, self.ins = [], []  # their views would keep the mappings
+            self.bell = memoryview(bytearray(8)).cast("I")  # (a late waiter reads a dead bell)
+            self._putters.clear()
             for box in self.boxes:
                 box.close()
 
