@@ -11,7 +11,9 @@
    (after 2 warm-up steps); also each backend's process CPU per step and rank. World 1
    (no DDP) gives the pure compute time. ``--buckets``: per rank, when DDP called each
    bucket's all_reduce on distlaunch, when it started and ended (the backend's helper
-   thread) and that thread's CPU time meanwhile, medians over the steps.
+   thread) and that thread's CPU time meanwhile, split into the copies into shared memory,
+   the waits for peers (wall and CPU: spinning) and the rest (reducing, copying out),
+   medians over the steps.
 2. ``dist.all_reduce`` through the backend next to ``distlaunch.collectives.all_reduce``
    on the same float32 buffer (the runtime's own API, initialised in the same
    processes): per-call time, slowest rank, median of 5 repetitions.
@@ -159,14 +161,41 @@ def _stepper(group):
 class _BucketTrace:
     """Times every all_reduce the distlaunch backend runs while ``records`` is a list:
     when DDP called it, when the operation started and ended (on the backend's helper
-    thread or inline), the CPU seconds of that thread meanwhile, and its bytes."""
+    thread or inline), the CPU seconds of that thread meanwhile, its bytes, and of that
+    time (wall ``_w`` and thread CPU ``_c``) the copies into shared memory (``copyin``)
+    and the waits for peers (``wait``; the rest is reducing and copying out)."""
 
     def __init__(self):
+        from distlaunch.collectives.transport.shm import ShmChannel
         from distlaunch.torch.group import DistlaunchProcessGroup
 
         self.records = None  # the current step's records while tracing
-        run = DistlaunchProcessGroup._run
+        self.current = None  # the record of the all_reduce running now
+        run, need, step = DistlaunchProcessGroup._run, ShmChannel.need, ShmChannel.step
         trace = self
+
+        def add(key, t0, c0):
+            rec = trace.current
+            if rec is not None:
+                rec[key + "_w"] = rec.get(key + "_w", 0.0) + time.perf_counter() - t0
+                rec[key + "_c"] = rec.get(key + "_c", 0.0) + time.thread_time() - c0
+
+        def traced_need(ch, *a, **kw):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                return need(ch, *a, **kw)
+            finally:
+                add("wait", t0, c0)
+
+        def traced_step(ch, ctx, fill, first):
+            def timed_fill(buf):
+                t0, c0 = time.perf_counter(), time.thread_time()
+                try:
+                    fill(buf)
+                finally:
+                    add("copyin", t0, c0)
+
+            return step(ch, ctx, timed_fill, first)
 
         def traced(pg, fn, name, outputs, inline):
             if trace.records is None or name != "all_reduce":
@@ -176,14 +205,18 @@ class _BucketTrace:
 
             def timed():
                 rec["start"], c0 = time.perf_counter(), time.thread_time()
+                trace.current = rec
                 try:
                     return fn()
                 finally:
+                    trace.current = None
                     rec["end"], rec["cpu"] = time.perf_counter(), time.thread_time() - c0
 
             return run(pg, timed, name, outputs, inline)
 
         DistlaunchProcessGroup._run = traced
+        ShmChannel.need = traced_need
+        ShmChannel.step = traced_step
 
 
 def worker_ddp(args):
@@ -244,6 +277,10 @@ def worker_ddp(args):
                     "bytes": rows[0][0]["bytes"],
                     **{f: med(r[f] - t0 for r, t0 in rows) for f in ("call", "start", "end")},
                     "cpu": med(r["cpu"] for r, _ in rows),
+                    **{
+                        f: med(r.get(f, 0.0) for r, _ in rows)
+                        for f in ("copyin_w", "copyin_c", "wait_w", "wait_c")
+                    },
                 }
             )
         everyone = [None] * world
@@ -324,6 +361,12 @@ def _print_trace(rank, t):
         print(
             f"    bucket {i} {b['bytes'] / 2**20:5.1f} MiB: called {ms(b['call'])} started {ms(b['start'])} "
             f"ended {ms(b['end'])} ({ms(b['end'] - b['start'])} ms, cpu {ms(b['cpu'])} ms)"
+        )
+        rest = b["end"] - b["start"] - b["copyin_w"] - b["wait_w"]
+        print(
+            f"      copy-in {ms(b['copyin_w'])} (cpu {ms(b['copyin_c'])}), waits {ms(b['wait_w'])} "
+            f"(cpu {ms(b['wait_c'])}), reduce + copy-out {ms(rest)} "
+            f"(cpu {ms(b['cpu'] - b['copyin_c'] - b['wait_c'])}) ms"
         )
 
 
