@@ -376,12 +376,20 @@ def _fmt(seconds):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--worlds", default="2,4")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--buckets", action="store_true")
-    p.add_argument("--sizes", default="8,1KiB,64KiB,1MiB,16MiB,64MiB")
-    p.add_argument("--skip-ddp", action="store_true")
-    p.add_argument("--skip-allreduce", action="store_true")
+    p.add_argument("--worlds", default="2,4", help="world sizes to run, comma-separated")
+    p.add_argument("--steps", type=int, default=20, help="timed DDP steps per run")
+    p.add_argument(
+        "--buckets",
+        action="store_true",
+        help="split each bucket's time: copy-in, waits for peers, reduce and copy-out",
+    )
+    p.add_argument(
+        "--sizes",
+        default="8,1KiB,64KiB,1MiB,16MiB,64MiB",
+        help="all_reduce sizes in bytes (KiB/MiB suffixes)",
+    )
+    p.add_argument("--skip-ddp", action="store_true", help="run only the all_reduce sizes")
+    p.add_argument("--skip-allreduce", action="store_true", help="run only the DDP step")
     p.add_argument("--worker", choices=["ddp", "allreduce"], help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker == "ddp":
