@@ -651,19 +651,22 @@ def run(ctx: click.Context, script: str | None, script_args: tuple[str, ...], **
     from click.core import ParameterSource
 
     given = frozenset(n for n in o if ctx.get_parameter_source(n) not in (ParameterSource.DEFAULT, None))
-    from .startup import pause_gc
+    from .startup import pause_gc, resume_gc
 
     pause_gc()  # as the pre-parsed form (preparse.run): until the workers' supervision starts
-    run_parsed(
-        script,
-        script_args,
-        o,
-        given,
-        dry_run=dry_run,
-        root_cause_file=root_cause_file,
-        show_head_plan=_print_head_plan,
-        show_plan=_print_plan,
-    )
+    try:
+        run_parsed(
+            script,
+            script_args,
+            o,
+            given,
+            dry_run=dry_run,
+            root_cause_file=root_cause_file,
+            show_head_plan=_print_head_plan,
+            show_plan=_print_plan,
+        )
+    finally:  # a caller that invokes the command in-process goes on with its collector
+        resume_gc()
 
 
 # `run`'s parameters that the command consumes itself; every other one is a field of

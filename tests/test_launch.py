@@ -451,6 +451,28 @@ def test_narrow_run_starts_without_the_collector_and_supervises_with_it(tmp_path
     assert line == ("GC False False False" if before == "off" else "GC False True True"), line
 
 
+@pytest.mark.parametrize("args", [["--dry-run"], ["--nproc-per-node", "0"]], ids=["dry-run", "bad-value"])
+def test_run_invoked_in_process_leaves_the_collector_on(tmp_path, args):
+    """A caller that invokes `run` in-process (click's runner: tests, tools) goes on with
+    the collector on, also where the command ends before it supervises workers (a plan
+    shown, a usage error)."""
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    prog = (
+        "import gc, sys\n"
+        "from click.testing import CliRunner\n"
+        "from distlaunch import cli\n"
+        "res = CliRunner().invoke(cli.cli, ['run', *sys.argv[2:], sys.argv[1]])\n"
+        "print('EXIT', res.exit_code, 'GC', gc.isenabled())\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", prog, str(script), *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith("EXIT"))
+    assert line.startswith("EXIT 0 ") == (args == ["--dry-run"]), line  # the bad value is refused
+    assert line.endswith("GC True"), line
+
+
 FAILING_STORE = """
 import os, sys, time
 from distlaunch.cli import main
