@@ -290,12 +290,15 @@ def kill_the_guard(p: subprocess.Popen, marks) -> int:
 
 def test_killed_guard_is_restarted_and_the_job_succeeds(marks):
     """The guard SIGKILLed while the workers run, then the guard that replaced it: the
-    launcher says so in one line each time, starts a new guard (titled as the old one),
-    and exits 0 when the workers succeed (it exited 1 with no message)."""
+    launcher says so in one line each time, starts a new guard (titled as the old one,
+    holding none of the launcher's stdio), and exits 0 when the workers succeed (it
+    exited 1 with no message)."""
     p = dl_popen("run", "--nproc-per-node", "2", FAULTS, "--mark-dir", marks, "--sleep", "4")
     try:
         kill_the_guard(p, marks)
-        kill_the_guard(p, marks)
+        new = kill_the_guard(p, marks)
+        # none of the launcher's output: a reader sees its end when the launcher ends
+        assert [os.readlink(f"/proc/{new}/fd/{fd}") for fd in (1, 2)] == [os.devnull] * 2
     finally:
         _, stderr = finish(p)
     assert p.returncode == 0, stderr

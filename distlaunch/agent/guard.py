@@ -259,8 +259,10 @@ class OrphanGuard:
             root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
             argv = [sys.executable, "-m", "distlaunch.agent.guard", str(os.getpid()), *map(str, self._spared)]
+            # stdout and stderr on /dev/null as the first guard's (start): not the launcher's
+            null = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_WRONLY, 0) for fd in (1, 2)]
             pid = os.posix_spawn(
-                sys.executable, argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, r, 0)], setsid=True
+                sys.executable, argv, env, file_actions=[(os.POSIX_SPAWN_DUP2, r, 0), *null], setsid=True
             )
             self._spared = self._spared | {pid}  # at once: kill_strays must not take it for a stray
             os.write(w, msg)  # fits the pipe: a few lines per group
