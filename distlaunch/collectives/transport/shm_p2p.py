@@ -559,7 +559,8 @@ class ShmLinks:
         (the header's ``root``), ``data`` (the filled part of ``direct``) and, last,
         ``msg = mark``, and leaves ``recvs`` (the run at once, before the lock is
         released). Returns True once ``recvs`` is empty, None when its first item's
-        message has not come, ``()`` when it cannot be taken so. One lock, one
+        message has not come, ``()`` when it cannot be taken so (another message, one
+        too large, or one still streaming through the ring: route it). One lock, one
         publication of the tail for the run (the MPI engine's window of Irecv:
         :meth:`Engine.serve`, whose posted receives become their own message records);
         the caller holds its own lock over ``recvs``."""
@@ -573,44 +574,46 @@ class ShmLinks:
             head = quads[hi]
             f: Any = True
             k = 0
-            for item in recvs:  # taken ones leave recvs at the end (one del for the run)
-                expect = item.expect
-                if item.src != src or expect is None:
-                    f = ()
-                    break
-                if head == pos:
-                    f = None
-                    break
-                a = at + pos % ring
-                if mm[a : a + len(expect)] != expect:
-                    f = ()
-                    break
-                n = quads[(a >> 3) + 5]  # nbytes
-                buf = item.direct
-                if n > len(buf) or n > head - pos - _REC:
-                    f = () if n > len(buf) else None
-                    break
-                root = words[(a >> 2) + 7]
-                if n:
-                    b = (pos + _REC) % ring
-                    if b + n <= ring:
-                        buf[:n] = mv[at + b : at + b + n]
-                    else:
-                        _ring_read(buf, mv, at, ring, b, n)
-                pos = (pos + _REC + n + _REC - 1) // _REC * _REC
-                k += 1
-                item.tag = root if root < 0x80000000 else root - 0x100000000
-                item.data = buf if n == len(buf) else buf[:n]
-                item.msg = mark  # last: a thread that sees it finds the rest in place
-            if k:
-                del recvs[:k]
-            if pos != start:
-                self.tails[i] = pos
-                quads[ti] = pos
-                self._fence_acquire()
-                self._fence_release()
-                if words[bi]:  # the sender waits for room
-                    self.ring_bell(i)
+            try:
+                for item in recvs:  # taken ones leave recvs at the end (one del for the run)
+                    expect = item.expect
+                    if item.src != src or expect is None:
+                        f = ()
+                        break
+                    if head == pos:
+                        f = None
+                        break
+                    a = at + pos % ring
+                    if mm[a : a + len(expect)] != expect:
+                        f = ()
+                        break
+                    n = quads[(a >> 3) + 5]  # nbytes
+                    buf = item.direct
+                    if n > len(buf) or n > head - pos - _REC:  # a partial one streams: route it
+                        f = ()
+                        break
+                    root = words[(a >> 2) + 7]
+                    if n:
+                        b = (pos + _REC) % ring
+                        if b + n <= ring:
+                            buf[:n] = mv[at + b : at + b + n]
+                        else:
+                            _ring_read(buf, mv, at, ring, b, n)
+                    pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+                    k += 1
+                    item.tag = root if root < 0x80000000 else root - 0x100000000
+                    item.data = buf if n == len(buf) else buf[:n]
+                    item.msg = mark  # last: a thread that sees it finds the rest in place
+            finally:  # also when a copy raises (a released buffer): what was taken is gone
+                if k:
+                    del recvs[:k]
+                if pos != start:
+                    self.tails[i] = pos
+                    quads[ti] = pos
+                    self._fence_acquire()
+                    self._fence_release()
+                    if words[bi]:  # the sender waits for room
+                        self.ring_bell(i)
             return f
         finally:
             self._release()
