@@ -153,7 +153,7 @@ def _run_single(cfg: LaunchConfig, mode: SingleNode, plan: Plan) -> int:
             listener.close()
         if server is not None:
             server.stop()
-        guard.close(wait=False)  # the process ends next (command.leave): no wait for its exit
+        guard.close(wait=1.0)  # the process ends next (command.leave): not held by a stopped guard
 
 
 def _listen(host: str) -> socket.socket:

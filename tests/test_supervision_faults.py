@@ -336,6 +336,33 @@ def test_killed_guard_without_pidfd_is_noticed_at_the_next_message(marks):
     assert len(lines) == 1 and "killed by SIGKILL" in lines[0], stderr
 
 
+REAPER = """
+import ctypes, subprocess, sys, time
+import psutil
+assert ctypes.CDLL(None).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER: orphans come here
+cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "1", sys.argv[1]]
+for _ in range(3):
+    subprocess.run(cmd, check=True)
+time.sleep(0.5)
+print("LEFT", [(c.pid, c.name(), c.status()) for c in psutil.Process().children()])
+"""
+
+
+def test_the_launcher_reaps_its_guard(tmp_path):
+    """A launch leaves no process behind for its adopter to reap: the launcher waits
+    (briefly) for its guard's exit, so where pid 1 reaps nothing (a container's own
+    program; this machine's init) no zombie guard piles up per launch. The test
+    process adopts orphans (a child subreaper), so a guard left behind shows up as its
+    child."""
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    res = subprocess.run(
+        [sys.executable, "-c", REAPER, str(script)], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert res.returncode == 0, res.stderr
+    assert "LEFT []" in res.stdout, res.stdout
+
+
 def test_stopped_guard_does_not_hold_the_launchers_exit(marks):
     """A guard that cannot run when the job ends (SIGSTOPped: a debugger, a frozen
     cgroup) keeps neither the launcher from exiting nor its output open: it is told to

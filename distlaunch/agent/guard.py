@@ -329,12 +329,14 @@ class OrphanGuard:
             self._paths.append(os.fsencode(path))
             self._send(self._paths[-1].join((b"p", b"\n")))
 
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: float | None = None) -> None:
         """Normal end: the guard exits without killing anything (one that died
-        meanwhile is only reported). ``wait=False``, for a process about to exit: the
-        guard is told to quit but not waited for (it reads the quit before the pipe's
-        end, so it kills nothing; its exit is reaped by whoever adopts it); one that
-        died already is still reported."""
+        meanwhile is only reported). Blocks until it has exited and is reaped; with
+        ``wait`` (seconds, for a process about to exit) at most that long: a guard that
+        cannot run then (stopped) is left to quit later (it reads the quit before the
+        pipe's end, so it kills nothing) and to be reaped by whoever adopts it. Not
+        waiting at all would leave a zombie per launch where that is a pid 1 that reaps
+        nothing (a container's own program)."""
         with self._lock:
             if self._w is None:
                 return
@@ -344,8 +346,13 @@ class OrphanGuard:
                 pass
             os.close(self._w)
             self._w = None
-            self._reap(0 if wait else os.WNOHANG)
-        if self._watcher is not None and wait:
+            if wait is None:
+                reaped = self._reap(0)
+            else:
+                end = time.monotonic() + wait
+                while not (reaped := self._reap(os.WNOHANG)) and time.monotonic() < end:
+                    time.sleep(0.0005)  # it quits within ~1 ms when it can run
+        if self._watcher is not None and reaped:
             self._watcher.join(1.0)
 
     def _send(self, msg: bytes) -> None:
