@@ -340,6 +340,17 @@ NOT_BEFORE_SPAWN_NARROW = {
     "json",
     "yaml",
 }
+
+
+def probe_run(probe: str, arg: str, script: str) -> subprocess.CompletedProcess:
+    """``python -c probe arg run --nproc-per-node 2 script`` without the variables that
+    send `run` to click (the narrow form's probes)."""
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-c", probe, arg, "run", "--nproc-per-node", "2", script]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+
+
 IMPORT_PROBE = """
 import os, subprocess, sys
 
@@ -377,16 +388,7 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     NOT_BEFORE_SPAWN_NARROW) is imported, and never imports click."""
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # variables that send `run` to click
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
-    res = subprocess.run(
-        [sys.executable, "-c", IMPORT_PROBE, entry, "run"] + ["--nproc-per-node", "2", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=env,
-    )
+    res = probe_run(IMPORT_PROBE, entry, str(script))
     assert res.returncode == 0, res.stderr
     assert sorted(ln for ln in res.stdout.splitlines() if "hello" in ln) == [
         "[0]: hello from 0",
@@ -436,16 +438,7 @@ def test_narrow_run_starts_without_the_collector_and_supervises_with_it(tmp_path
     that was off before stays off."""
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # variables that send `run` to click
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
-    res = subprocess.run(
-        [sys.executable, "-c", GC_PROBE, before, "run", "--nproc-per-node", "2", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-        env=env,
-    )
+    res = probe_run(GC_PROBE, before, str(script))
     assert res.returncode == 0, res.stderr
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("GC "))
     assert line == ("GC False False False" if before == "off" else "GC False True True"), line
