@@ -332,14 +332,16 @@ class ShmLinks:
         the order). The same as ``putter(i, header, len(data))(data)``."""
         f = self._putters.get((i, header))
         if f is None:
-            f = self.putter(i, header, len(data))
+            if len(self._putters) >= 4096:  # a few thousand at most: programs reuse a handful
+                self._putters.clear()
+            f = self._putters[i, header] = self.putter(i, header, len(data))
         return f(data)
 
     def putter(self, i: int, header: bytes, n: int) -> Callable[[memoryview], bool]:
         """:meth:`put` of messages of ``header`` (whose payload size is ``n`` bytes) to
         local rank ``i``, with everything but the payload bound once (the MPI engine's
         Isend/Send and the collectives' send keep it per destination, tag and size: a
-        third less interpreted work a message). Remembered (a few thousand at most)."""
+        third less interpreted work a message; each caller keeps its own)."""
         # the views are read from the box at each call: a kept putter must not keep the
         # mapping after close (which unmaps it by deleting the box's views)
         box = self.boxes[i]
@@ -384,9 +386,6 @@ class ShmLinks:
             finally:
                 release()
 
-        if len(self._putters) >= 4096:
-            self._putters.clear()
-        self._putters[i, header] = put
         return put
 
     def _push(self, i: int) -> None:
