@@ -47,7 +47,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -767,10 +767,7 @@ class RecvOp(_Op):
 
     def finish(self, status: Status | None) -> Any:
         if self.posted.error is not None:
-            e = self.posted.error
-            if isinstance(e, CollectiveError) and not isinstance(e, MPIException):
-                raise type(e)(f"{_text(self.what)}: {e}")
-            raise e
+            _raise_failed(self.posted.error, self.what)
         m = self.posted.message()
         if isinstance(self.spec, memoryview) and len(m.data) > len(self.spec):  # not copied
             raise truncated(_text(self.what), len(m.data), self.to_rank(m.src), m.tag, len(self.spec))
@@ -808,11 +805,8 @@ class DirectRecv(PostedRecv, _Op):
         engine.wait_posted(self, self.what())
 
     def finish(self, status: Status | None) -> Any:
-        e = self.error
-        if e is not None:
-            if isinstance(e, CollectiveError) and not isinstance(e, MPIException):
-                raise type(e)(f"{_text(self.what())}: {e}")
-            raise e
+        if self.error is not None:
+            _raise_failed(self.error, self.what())
         m = self.message()
         n = len(m.data)
         if n > len(self.direct):  # routed and not copied
@@ -820,6 +814,14 @@ class DirectRecv(PostedRecv, _Op):
         if status is not None:
             status._set(self.source, m.tag, n)
         return None
+
+
+def _raise_failed(e: BaseException, what: What) -> NoReturn:
+    """Raise a failed receive's error ``e``: the engine's own (a CollectiveError that is
+    not an MPI one: a peer lost, a timeout) names the operation ``what``."""
+    if isinstance(e, CollectiveError) and not isinstance(e, MPIException):
+        raise type(e)(f"{_text(what)}: {e}")
+    raise e
 
 
 def truncated(what: str, nbytes: int, source: int, tag: int, cap: int) -> MPIException:

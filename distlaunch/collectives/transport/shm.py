@@ -595,7 +595,7 @@ class ShmChannel:
         if (self.words[self._cidx[j]] - p) & _M >= _H:
             self.need(j, p, ctx)
         if self.n == 2:  # (we published p: the next settle has nothing to wait for)
-            if self._unlinked:
+            if self._unlinked:  # (reached() without the call, as in need_all)
                 self.all_at = p
             else:
                 self.reached(p)
