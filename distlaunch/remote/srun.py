@@ -1,4 +1,5 @@
-"""The Slurm agent step's command line and environment, and its early start.
+"""The Slurm agent step's command line and environment, its early start, and each
+agent's pick of its own spec from the step's one line (``select_spec``).
 
 Light on purpose (the standard library, ``remote.command`` and ``hostlist``; outside the
 ``engine`` package, whose registry costs more to import): ``python -m
@@ -27,6 +28,10 @@ from collections.abc import Mapping, Sequence
 from ..hostlist import expand_hostlist
 from .command import checked_command
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
 AGENT_ARGV = ["-m", "distlaunch", "agent"]
 
 # srun reads these from the environment as defaults for options the agent step must not
@@ -42,6 +47,8 @@ _SRUN_INHERITED = (
 )
 
 _NPROC = ("--nproc-per-node", "--nproc_per_node")
+
+SPECS_KEY = "slurm_nodes"  # the broadcast spec line holds this key (see select_spec)
 
 
 def srun_env(cmd_env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -83,6 +90,23 @@ def srun_argv(
         "-c",
         cmd,
     ]
+
+
+def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """On a node: this agent's spec from the broadcast line (``{"slurm_nodes": {node
+    name: per-node part}, "common": {...}}``), chosen by ``SLURMD_NODENAME`` (the Slurm
+    node this task runs on, distinct even for several slurmd on one machine). Pure.
+    Raises ConfigError when the variable is missing or names no node of the line."""
+    from ..env import lookup  # (loaded in the agent already: agent.specs)
+    from ..errors import ConfigError
+
+    name = lookup("SLURMD_NODENAME", environ)
+    if not name:
+        raise ConfigError("SLURMD_NODENAME is not set: this agent was not started by srun")
+    nodes = message[SPECS_KEY]
+    if name not in nodes:
+        raise ConfigError(f"no job spec for Slurm node {name!r} (specs for {', '.join(sorted(nodes))})")
+    return {**message.get("common", {}), **nodes[name]}
 
 
 def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
