@@ -2,7 +2,8 @@
 lets ``distlaunch.preparse``, the first import after ``remote.srun.start_early``, load
 only once the job has its agent step (``squeue -s`` lists ``distlaunch-agents``), so a
 head that imports anything more before starting the step fails with one line (at most
-20 s); and writes the modules the head loaded, at its exit, to ``$HEAD_MODULES``."""
+20 s); writes the modules the head had loaded by then to ``$HEAD_MODULES.step``, and
+those it loaded by its exit to ``$HEAD_MODULES``."""
 
 import os
 import sys
@@ -17,6 +18,8 @@ if sys.orig_argv[-4:-2] == ["run", "--nproc-per-node"] and "SLURM_STEP_ID" not i
             if name != "distlaunch.preparse":
                 return None
             sys.meta_path.remove(self)
+            with open(os.environ["HEAD_MODULES"] + ".step", "w") as f:
+                json.dump(sorted(sys.modules), f)
             job, deadline = os.environ["SLURM_JOB_ID"], time.monotonic() + 20
             while True:
                 steps = subprocess.run(
