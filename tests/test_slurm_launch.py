@@ -164,7 +164,8 @@ def test_stop_while_agent_step_starts(slurm_cluster, tmp_path, early, slow_head)
     proc = slurm_cluster.popen("salloc", "-N2", "sh", "-c", cmd, env=env)
     try:
         deadline = time.monotonic() + 60
-        while len(list(marks.glob("agent.*"))) < 2 and time.monotonic() < deadline:
+        # each mark holds its pid once written (created first: it may read empty)
+        while sum(bool(p.read_text()) for p in marks.glob("agent.*")) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         agents = [int(p.read_text()) for p in marks.glob("agent.*")]
         assert len(agents) == 2, "the agent step did not start"
