@@ -3,7 +3,8 @@
 Light on purpose: an engine's agent (``distlaunch agent``) needs none of the CLI's imports
 (click), and inside a Slurm allocation ``run`` may start the agent step before them
 (``remote.srun.start_early``), so both commands reach this module before ``cli``; the
-common single-node form of ``run`` needs no click at all (``preparse``).
+common form of ``run`` (one node, or the head over a Slurm allocation) needs no click
+at all (``preparse``).
 """
 
 import os
@@ -17,16 +18,17 @@ def main() -> None:
 
         agent_main()
         return
-    if sys.argv[1:2] == ["run"] and "SLURM_JOB_ID" not in os.environ:
-        # the common single-node form, without click (it declines anything else)
+    if sys.argv[1:2] == ["run"]:
+        in_allocation = "SLURM_JOB_ID" in os.environ
+        if in_allocation:
+            # the head over a Slurm allocation: the agent step may start before anything else
+            from .remote.srun import start_early
+
+            start_early(sys.argv[2:])
+        # the common form, without click (it declines anything else)
         from .preparse import main as quick_main
 
-        quick_main(sys.argv[1:])
-    elif sys.argv[1:2] == ["run"]:
-        # inside a Slurm allocation: the agent step may start before the CLI's imports
-        from .remote.srun import start_early
-
-        start_early(sys.argv[2:])
+        quick_main(sys.argv[1:], in_allocation)
     from .cli import main as cli_main
 
     cli_main()

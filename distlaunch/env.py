@@ -399,7 +399,8 @@ def route_source(host: str) -> str | None:
     else the route's source address (a UDP connect picks the route and sends nothing);
     None when ``host`` does not resolve or has no route. Blocks on name resolution."""
     try:
-        addr = socket.gethostbyname(host)
+        # an ASCII name as bytes, which it takes too (typeshed says str): no idna codec
+        addr = socket.gethostbyname(host.encode() if host.isascii() else host)  # type: ignore[arg-type]
         if addr.startswith("127."):
             return "127.0.0.1"
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

@@ -206,7 +206,8 @@ def _first_round(cfg: LaunchConfig, hosts: list[Host], engine: AgentEngine) -> d
 
     addr = engine.master_address(0)
     try:
-        family = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)[0][0]
+        name = addr.encode() if addr.isascii() else addr  # bytes: no idna codec (store.client)
+        family = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][0]
         with socket.socket(family) as s:
             s.bind((addr, 0))  # fails unless the address is this machine's
         port = cfg.master_port if cfg.master_port and len(hosts) == 1 else 0

@@ -173,6 +173,15 @@ def test_every_variable_click_reads_makes_it_decline():
     assert preparse.parse(["run", "train.py"], {**BASE_ENV, "SLURM_JOB_ID": "7"}) is None
 
 
+def test_an_allocation_whose_step_started_is_taken_as_click_takes_it():
+    """Inside a Slurm allocation, once ``__main__`` started the agent step
+    (``in_allocation``), the form is taken: click reads no Slurm variable."""
+    argv, env = ["run", "--nproc-per-node", "2", "train.py"], {**BASE_ENV, "SLURM_JOB_ID": "7"}
+    fast = preparse.parse(argv, env, in_allocation=True)
+    assert fast is not None and fast == preparse.parse(argv, BASE_ENV)
+    assert check_same(argv, BASE_ENV)
+
+
 def test_its_defaults_are_clicks():
     got = by_click(["run", "train.py"], BASE_ENV)
     assert got[0] == "run"

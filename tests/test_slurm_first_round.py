@@ -28,8 +28,18 @@ AFTER_SPAWN = {
     "distlaunch.events",
 }
 # what an agent never imports, in a job that succeeds: `run`'s options (the CLI's), GPU
-# discovery (a restart's GPU release wait), the events (the head reports the rounds)
-NEVER = {"distlaunch.run_options", "distlaunch.devices", "distlaunch.events"}
+# discovery (a restart's GPU release wait), the events (the head reports the rounds),
+# the engine registry, the Slurm engine and the step's command line (remote.srun picks
+# the agent's spec), the idna codec (store addresses are resolved as bytes)
+NEVER = {
+    "encodings.idna",
+    "distlaunch.remote.command",
+    "distlaunch.run_options",
+    "distlaunch.devices",
+    "distlaunch.events",
+    "distlaunch.engine",
+    "distlaunch.engine.slurm",
+}
 DELAY = 1.5  # seconds the agents' import of the node agent takes here
 
 AGENT_SITE = """\

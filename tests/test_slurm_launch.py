@@ -6,6 +6,7 @@ once."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -114,13 +115,14 @@ if sys.argv[1:] == ["agent"] or sys.orig_argv[-3:] == ["-m", "distlaunch", "agen
 
 
 SLOW_HEAD = """
-# ... and the head's import of click takes 5 s: a SIGTERM lands before its own handling
-class _SlowClick:
+# ... and the head's next import after the step's start takes 5 s: a SIGTERM lands
+# before its own handling
+class _SlowHead:
     def find_spec(self, name, path=None, target=None):
-        if name == "click" and "run" in sys.orig_argv:
+        if name == "distlaunch.preparse" and "run" in sys.orig_argv:
             time.sleep(5)
         return None
-sys.meta_path.insert(0, _SlowClick())
+sys.meta_path.insert(0, _SlowHead())
 """
 
 
@@ -136,8 +138,8 @@ def test_stop_while_agent_step_starts(slurm_cluster, tmp_path, early, slow_head)
     (no agent process is left) and no agent's hello line reaches the console. The step
     started by the engine (--remote-python: an interpreter slow to start) or before the
     CLI's imports (early-step: agents slow to start through a sitecustomize; slow-head:
-    the head also slow to import click, so the signal comes before the CLI handles
-    signals: the early step must not outlive it)."""
+    the head also slow to import what follows the step's start, so the signal comes
+    before the CLI handles signals: the early step must not outlive it)."""
     marks = tmp_path / "marks"
     marks.mkdir()
     script = tmp_path / "probe.py"
@@ -162,7 +164,8 @@ def test_stop_while_agent_step_starts(slurm_cluster, tmp_path, early, slow_head)
     proc = slurm_cluster.popen("salloc", "-N2", "sh", "-c", cmd, env=env)
     try:
         deadline = time.monotonic() + 60
-        while len(list(marks.glob("agent.*"))) < 2 and time.monotonic() < deadline:
+        # each mark holds its pid once written (created first: it may read empty)
+        while sum(bool(p.read_text()) for p in marks.glob("agent.*")) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         agents = [int(p.read_text()) for p in marks.glob("agent.*")]
         assert len(agents) == 2, "the agent step did not start"
@@ -195,12 +198,23 @@ def test_hang_timeout_inside_an_allocation_names_the_stuck_rank(slurm_cluster): 
     assert f"rank 2 in stuck_here at plain.py:{stuck}" in root, root
 
 
-def test_agent_step_starts_before_the_cli_imports(slurm_cluster, tmp_path):  # noqa: F811
+def test_head_starts_the_agent_step_first_and_imports_no_click(slurm_cluster, tmp_path):  # noqa: F811
     """`python -m distlaunch run --nproc-per-node 2 SCRIPT` in an allocation starts the
-    agent step before importing its CLI (remote/srun.py): with a stand-in click
-    that waits for the step (tests/slurm_programs/click_gate), the job still runs."""
-    gate = ROOT / "tests" / "slurm_programs" / "click_gate"
+    agent step before its next import (remote/srun.py), having imported none of the
+    heavier modules the rest of the head needs (dataclasses, inspect, our env and
+    config; typing too, where the interpreter's site does not load it): with that
+    import held until the job has the step (tests/slurm_programs/head_gate), the job
+    still runs; and the head takes the common form without click (preparse), and
+    resolves addresses without the idna codec."""
+    gate = ROOT / "tests" / "slurm_programs" / "head_gate"
     path = os.pathsep.join([str(gate), os.environ.get("PYTHONPATH", "")])
-    cp = run(slurm_cluster, tmp_path, "salloc", "-N2", env={"PYTHONPATH": path})
+    modules = tmp_path / "head_modules.json"
+    cp = run(slurm_cluster, tmp_path, "salloc", "-N2", env={"PYTHONPATH": path, "HEAD_MODULES": str(modules)})
     assert cp.returncode == 0, cp.stderr
     assert len(ranks(cp)) == 4, cp.stdout
+    loaded = json.loads(modules.read_text())
+    assert "distlaunch.head" in loaded and "click" not in loaded, [m for m in loaded if "click" in m]
+    assert "encodings.idna" not in loaded  # addresses are resolved as bytes: no idna codec
+    at_step = set(json.loads((tmp_path / "head_modules.json.step").read_text()))
+    heavier = {"dataclasses", "inspect", "distlaunch.env", "distlaunch.config"}
+    assert "distlaunch.remote.srun" in at_step and not heavier & at_step, sorted(heavier & at_step)

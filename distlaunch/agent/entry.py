@@ -193,6 +193,20 @@ def _record_exit(run_id: str, store: StoreAddress, node_id: int) -> None:
         pass
 
 
+def _engine_spec(message: dict[str, Any]) -> dict[str, Any]:
+    """This node's spec out of an engine's own message (``EnginePlugin.agent_spec``).
+    Slurm's, the one engine that sends one line for every node, is picked without the
+    engine registry and the Slurm engine's imports (``remote.srun.select_spec``, which
+    the plug-in's ``agent_spec`` is). Raises ConfigError."""
+    if message["engine"] == "slurm":
+        from ..remote.srun import select_spec
+
+        return select_spec(message)
+    from ..engine import plugin
+
+    return plugin(message["engine"]).agent_spec(message, os.environ)
+
+
 def main() -> NoReturn:
     """``python -m distlaunch agent``: say hello, read the spec, run; exits with the
     workers' failure or stop signal code (the head reports those), a DistlaunchError's
@@ -209,7 +223,7 @@ def main() -> NoReturn:
         from . import specs  # noqa: F401
 
         if "SLURM_STEP_ID" in os.environ:  # the Slurm engine's one line for every node
-            from ..engine import plugin
+            from ..remote import srun  # noqa: F401  (its select_spec picks this node's spec)
         else:  # SSH: the head sends specs once every host said hello; the node agent loads meanwhile
             from . import node  # noqa: F401
     except ImportError as e:
@@ -222,7 +236,7 @@ def main() -> NoReturn:
         try:
             spec = json.loads(line)
             if "engine" in spec:  # an engine's own message (Slurm: one line for every node)
-                spec = plugin(spec["engine"]).agent_spec(spec, os.environ)
+                spec = _engine_spec(spec)
             run_agent(spec)
         except (WorkerFailedError, LaunchInterrupted) as e:
             code = e.exit_code

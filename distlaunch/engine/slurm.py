@@ -63,7 +63,7 @@ from ..env import in_slurm_step, lookup, route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
 from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, version_mismatch
-from ..remote.srun import AGENT_ARGV, popen, srun_argv, srun_env, take_early
+from ..remote.srun import AGENT_ARGV, SPECS_KEY, popen, select_spec, srun_argv, srun_env, take_early
 from ..report import progress, say
 from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 
@@ -72,8 +72,6 @@ if TYPE_CHECKING:
     from ..run_options import RunOptions
 
 __all__ = ["PLUGIN", "SlurmEngine", "SlurmPlugin", "select_spec", "SPECS_KEY"]
-
-SPECS_KEY = "slurm_nodes"  # the broadcast spec line holds this key (see select_spec)
 
 
 _LABEL = re.compile(rb"^ *(\d+): ?")
@@ -102,20 +100,6 @@ def _status(text: str) -> int:
         return 0
     m = _EXIT_CODE.search(text)
     return int(m.group(1)) if m else -1
-
-
-def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """On a node: this agent's spec from the broadcast line (``{"slurm_nodes": {node
-    name: per-node part}, "common": {...}}``), chosen by ``SLURMD_NODENAME`` (the Slurm
-    node this task runs on, distinct even for several slurmd on one machine). Pure.
-    Raises ConfigError when the variable is missing or names no node of the line."""
-    name = lookup("SLURMD_NODENAME", environ)
-    if not name:
-        raise ConfigError("SLURMD_NODENAME is not set: this agent was not started by srun")
-    nodes = message[SPECS_KEY]
-    if name not in nodes:
-        raise ConfigError(f"no job spec for Slurm node {name!r} (specs for {', '.join(sorted(nodes))})")
-    return {**message.get("common", {}), **nodes[name]}
 
 
 def broadcast_line(specs: Mapping[str, dict[str, Any]]) -> bytes:

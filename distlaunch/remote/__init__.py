@@ -7,17 +7,17 @@ do, so single-node launches and :mod:`.command` stay light.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
-
 from ..errors import DistlaunchError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (remote.srun's early start)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
     from concurrent.futures import Future
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 __all__ = ["RemoteError", "in_threads"]
-
-T = TypeVar("T")
 
 
 class RemoteError(DistlaunchError):

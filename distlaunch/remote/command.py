@@ -18,7 +18,6 @@ import shlex
 from collections.abc import Mapping
 
 from .. import AGENT_HELLO as AGENT_HELLO
-from ..env import DISTLAUNCH_VARS, MPI_VARS, STALE_VARS, TORCHRUN_VARS
 from ..errors import ConfigError
 
 __all__ = [
@@ -78,10 +77,6 @@ HOST_SPECIFIC = (
     "BASH_FUNC_*",  # exported shell functions
 )
 
-# Set per worker by the agent (env.py); shipping the head's values would only be noise.
-_LAUNCHER_SET = (
-    frozenset(TORCHRUN_VARS) | frozenset(MPI_VARS) | frozenset(DISTLAUNCH_VARS) | frozenset(STALE_VARS)
-)
 _SECRET = "DISTLAUNCH_STORE_TOKEN"
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _GLOB_RE = re.compile(r"^[A-Za-z0-9_*?\[\]!]+$")
@@ -109,10 +104,15 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
     """
     out: dict[str, str] = {}
     if env_all:
+        # set per worker by the agent (env.py; imported only here: the Slurm agent step's
+        # command line, remote.srun, starts before it): the head's values are only noise
+        from ..env import DISTLAUNCH_VARS, MPI_VARS, STALE_VARS, TORCHRUN_VARS
+
+        launcher_set = {*TORCHRUN_VARS, *MPI_VARS, *DISTLAUNCH_VARS, *STALE_VARS}
         out.update(
             (k, v)
             for k, v in environ.items()
-            if _NAME_RE.match(k) and not _host_specific(k) and k not in _LAUNCHER_SET
+            if _NAME_RE.match(k) and not _host_specific(k) and k not in launcher_set
         )
     if "PYTHONPATH" in environ:
         out["PYTHONPATH"] = environ["PYTHONPATH"]

@@ -1,7 +1,9 @@
-"""The Slurm agent step's command line and environment, and its early start.
+"""The Slurm agent step's command line and environment, its early start, and each
+agent's pick of its own spec from the step's one line (``select_spec``).
 
-Light on purpose (the standard library, ``remote.command`` and ``hostlist``; outside the
-``engine`` package, whose registry costs more to import): ``python -m
+Light on purpose (the standard library; ``remote.command`` and ``hostlist`` where the
+step's command line is built; outside the ``engine`` package, whose registry costs more
+to import): ``python -m
 distlaunch run`` inside an allocation starts the agent step from here before the CLI's
 own imports (``start_early``), so the step's launch (slurmctld, each node's slurmd and
 slurmstepd, the agents' interpreters) overlaps the head's start-up instead of following
@@ -24,8 +26,9 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from ..hostlist import expand_hostlist
-from .command import checked_command
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
 
 AGENT_ARGV = ["-m", "distlaunch", "agent"]
 
@@ -43,6 +46,8 @@ _SRUN_INHERITED = (
 
 _NPROC = ("--nproc-per-node", "--nproc_per_node")
 
+SPECS_KEY = "slurm_nodes"  # the broadcast spec line holds this key (see select_spec)
+
 
 def srun_env(cmd_env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """srun's environment: ``environ`` (default this process's) less _SRUN_INHERITED (srun
@@ -59,6 +64,8 @@ def srun_argv(
     """The agent step's command line: one task per node of ``names`` (see engine/slurm.py
     for each option), running the host checks and then ``python agent_argv`` in ``cwd``.
     Pure. Raises ConfigError as ``remote.command.checked_command``."""
+    from .command import checked_command  # (an agent picking its spec needs none of it)
+
     # cmd_env reaches the agents through srun's environment (srun_env): no `env` process
     # between the shell and the agent
     cmd = checked_command(python, cwd, list(agent_argv), {})
@@ -83,6 +90,23 @@ def srun_argv(
         "-c",
         cmd,
     ]
+
+
+def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """On a node: this agent's spec from the broadcast line (``{"slurm_nodes": {node
+    name: per-node part}, "common": {...}}``), chosen by ``SLURMD_NODENAME`` (the Slurm
+    node this task runs on, distinct even for several slurmd on one machine). Pure.
+    Raises ConfigError when the variable is missing or names no node of the line."""
+    from ..env import lookup  # (loaded in the agent already: agent.specs)
+    from ..errors import ConfigError
+
+    name = lookup("SLURMD_NODENAME", environ)
+    if not name:
+        raise ConfigError("SLURMD_NODENAME is not set: this agent was not started by srun")
+    nodes = message[SPECS_KEY]
+    if name not in nodes:
+        raise ConfigError(f"no job spec for Slurm node {name!r} (specs for {', '.join(sorted(nodes))})")
+    return {**message.get("common", {}), **nodes[name]}
 
 
 def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -140,6 +164,8 @@ def start_early(args: Sequence[str]) -> None:
     if _early is not None or not nodelist or early_script(args, environ) is None:
         return
     try:
+        from ..hostlist import expand_hostlist
+
         cmd_env = {"PYTHONPATH": environ["PYTHONPATH"]} if "PYTHONPATH" in environ else {}
         argv = srun_argv(expand_hostlist(nodelist), sys.executable, os.getcwd())
         env = srun_env(cmd_env)

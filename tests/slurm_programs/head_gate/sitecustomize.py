@@ -1,0 +1,42 @@
+"""The head's ``sitecustomize`` (first on PYTHONPATH; agents and workers leave at once):
+lets ``distlaunch.preparse``, the first import after ``remote.srun.start_early``, load
+only once the job has its agent step (``squeue -s`` lists ``distlaunch-agents``), so a
+head that imports anything more before starting the step fails with one line (at most
+20 s); writes the modules the head had loaded by then to ``$HEAD_MODULES.step``, and
+those it loaded by its exit to ``$HEAD_MODULES``."""
+
+import os
+import sys
+
+if sys.orig_argv[-4:-2] == ["run", "--nproc-per-node"] and "SLURM_STEP_ID" not in os.environ:
+    import json
+    import subprocess
+    import time
+
+    class _Gate:
+        def find_spec(self, name, path=None, target=None):
+            if name != "distlaunch.preparse":
+                return None
+            sys.meta_path.remove(self)
+            with open(os.environ["HEAD_MODULES"] + ".step", "w") as f:
+                json.dump(sorted(sys.modules), f)
+            job, deadline = os.environ["SLURM_JOB_ID"], time.monotonic() + 20
+            while True:
+                steps = subprocess.run(
+                    ["squeue", "-h", "-s", "-j", job, "-o", "%j"], capture_output=True, text=True
+                ).stdout.split()
+                if "distlaunch-agents" in steps:
+                    return None
+                if time.monotonic() > deadline:
+                    sys.exit("head gate: the CLI was imported before the agent step started")
+                time.sleep(0.05)
+
+    sys.meta_path.insert(0, _Gate())
+    _leave = os._exit
+
+    def _exit(code):
+        with open(os.environ["HEAD_MODULES"], "w") as f:
+            json.dump(sorted(sys.modules), f)
+        _leave(code)
+
+    os._exit = _exit
