@@ -19,8 +19,7 @@ def main() -> None:
         agent_main()
         return
     if sys.argv[1:2] == ["run"]:
-        in_allocation = "SLURM_JOB_ID" in os.environ
-        if in_allocation:
+        if "SLURM_JOB_ID" in os.environ:
             # the head over a Slurm allocation: the agent step may start before anything else
             from .remote.srun import start_early
 
@@ -28,7 +27,7 @@ def main() -> None:
         # the common form, without click (it declines anything else)
         from .preparse import main as quick_main
 
-        quick_main(sys.argv[1:], in_allocation)
+        quick_main(sys.argv[1:])
     from .cli import main as cli_main
 
     cli_main()

@@ -10,10 +10,10 @@ yields exactly what click's parsing of the same command line gives ``run``
 and declines (None) anything else: other options, abbreviations, --help, a value it
 does not know click would read the same way, an environment variable click would read
 as an option's value (``PET_*``, ``TORCH_ELASTIC_*``; to be safe also ``TORCHELASTIC_*``,
-``DISTLAUNCH_*``), click's completion variable, or a Slurm allocation unless the
-caller started its agent step already (``__main__``, ``in_allocation``). Declined
-command lines go to click unchanged, so usage errors, --help and exit codes stay
-click's.
+``DISTLAUNCH_*``) or click's completion variable. A Slurm allocation's variables are
+not among them (click reads none), so the head over an allocation takes it too, after
+``__main__`` started the agent step. Declined command lines go to click unchanged, so
+usage errors, --help and exit codes stay click's.
 """
 
 from __future__ import annotations
@@ -88,19 +88,15 @@ DEFAULTS: dict[str, Any] = {
 # values (PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT), click's completion switch, and, to be
 # safe, the rest of the families the launcher reads.
 DECLINE_PREFIXES = ("PET_", "TORCH_ELASTIC_", "TORCHELASTIC_", "DISTLAUNCH_", "_DISTLAUNCH_")
-DECLINE_VARS = frozenset({"SLURM_JOB_ID"})
 
 Parsed = tuple[str, tuple[str, ...], dict[str, Any], frozenset[str]]
 
 
-def parse(argv: list[str], environ: Mapping[str, str], in_allocation: bool = False) -> Parsed | None:
+def parse(argv: list[str], environ: Mapping[str, str]) -> Parsed | None:
     """``argv`` (after the program name) as (script, script_args, options, given), as
     click would give `run` (``command.run_parsed``'s arguments), or None: not the narrow
-    form, or an environment that click would read. ``in_allocation``: the caller started
-    the Slurm agent step (``remote.srun.start_early``), so an allocation does not decline
-    (click reads none of its variables)."""
-    declined = DECLINE_VARS - {"SLURM_JOB_ID"} if in_allocation else DECLINE_VARS
-    if argv[:1] != ["run"] or any(k.startswith(DECLINE_PREFIXES) or k in declined for k in environ):
+    form, or an environment that click would read."""
+    if argv[:1] != ["run"] or any(k.startswith(DECLINE_PREFIXES) for k in environ):
         return None
     options = dict(DEFAULTS)
     given: set[str] = set()
@@ -133,11 +129,10 @@ def parse(argv: list[str], environ: Mapping[str, str], in_allocation: bool = Fal
     return argv[i], tuple(argv[i + 1 :]), options, frozenset(given)
 
 
-def main(argv: list[str], in_allocation: bool = False) -> None:
+def main(argv: list[str]) -> None:
     """Run `distlaunch ARGV` through the pre-parser and exit (as ``cli.main`` would);
-    return without doing anything when it declines (the caller goes on to click).
-    ``in_allocation``: as ``parse``."""
-    parsed = parse(argv, os.environ, in_allocation)
+    return without doing anything when it declines (the caller goes on to click)."""
+    parsed = parse(argv, os.environ)
     if parsed is None:
         return
     run(parsed)

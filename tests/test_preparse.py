@@ -170,16 +170,13 @@ def test_the_common_forms_are_taken_and_match_click():
 def test_every_variable_click_reads_makes_it_decline():
     for name in ENVVARS:
         assert preparse.parse(["run", "train.py"], {**BASE_ENV, name: "1"}) is None, name
-    assert preparse.parse(["run", "train.py"], {**BASE_ENV, "SLURM_JOB_ID": "7"}) is None
 
 
-def test_an_allocation_whose_step_started_is_taken_as_click_takes_it():
-    """Inside a Slurm allocation, once ``__main__`` started the agent step
-    (``in_allocation``), the form is taken: click reads no Slurm variable."""
-    argv, env = ["run", "--nproc-per-node", "2", "train.py"], {**BASE_ENV, "SLURM_JOB_ID": "7"}
-    fast = preparse.parse(argv, env, in_allocation=True)
-    assert fast is not None and fast == preparse.parse(argv, BASE_ENV)
-    assert check_same(argv, BASE_ENV)
+def test_an_allocation_is_taken_as_click_takes_it():
+    """Inside a Slurm allocation (the head, after ``__main__`` started the agent step)
+    the form is taken, and click, given the same variables, parses it alike."""
+    env = {**BASE_ENV, "SLURM_JOB_ID": "7", "SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "3"}
+    assert check_same(["run", "--nproc-per-node", "2", "train.py"], env)
 
 
 def test_its_defaults_are_clicks():
