@@ -202,12 +202,12 @@ def _first_round(cfg: LaunchConfig, hosts: list[Host], engine: AgentEngine) -> d
     import socket
 
     from .agent.entry import plan_first_round
+    from .env import resolver_name
     from .hosts import slots_of
 
     addr = engine.master_address(0)
     try:
-        name = addr.encode() if addr.isascii() else addr  # bytes: no idna codec (store.client)
-        family = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][0]
+        family = socket.getaddrinfo(resolver_name(addr), None, type=socket.SOCK_STREAM)[0][0]
         with socket.socket(family) as s:
             s.bind((addr, 0))  # fails unless the address is this machine's
         port = cfg.master_port if cfg.master_port and len(hosts) == 1 else 0

@@ -515,6 +515,18 @@ def test_non_store_peer_gives_protocol_error():
     lsock.close()
 
 
+@pytest.mark.parametrize("host", ["\u00fc..x", "a" * 64 + "\u00fc"])
+def test_a_host_name_idna_cannot_encode_is_one_line_at_once(host):
+    """A non-ASCII name with an empty or over-long label: the resolver's UnicodeError
+    (not an OSError) would escape as a traceback; it is a connection error naming the
+    host, without retrying for connect_timeout."""
+    start = time.monotonic()
+    with pytest.raises(StoreConnectionError, match="not a valid host name") as info:
+        StoreClient(host, 1, token=TOKEN, connect_timeout=30)
+    assert host in str(info.value) and "\n" not in str(info.value)
+    assert time.monotonic() - start < 10
+
+
 def test_silent_unauthenticated_connection_is_dropped_after_auth_timeout(monkeypatch):
     from distlaunch.store import protocol
 

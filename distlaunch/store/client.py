@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
-from ..env import lookup
+from ..env import lookup, resolver_name
 from ..errors import StoreAuthError, StoreConnectionError, StoreError, StoreProtocolError, StoreTimeoutError
 from . import protocol as P
 from .protocol import HEADER, HEADER_SIZE, Reader
@@ -230,12 +230,8 @@ class StoreClient:
                     f"{self._connect_timeout:g} s: {problem}"
                 )
             try:
-                # an ASCII name as bytes (getaddrinfo takes them; typeshed says str): a
-                # str it encodes with the idna codec, whose import (~3 ms of CPU) every
-                # agent would pay for "127.0.0.1"
-                host = self.host.encode() if self.host.isascii() else self.host
                 sock = socket.create_connection(
-                    (host, self.port),  # type: ignore[arg-type]
+                    (resolver_name(self.host), self.port),  # type: ignore[arg-type]  # it takes bytes
                     timeout=min(remaining, _ATTEMPT_SECONDS),
                 )
             except OSError as e:
