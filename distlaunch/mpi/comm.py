@@ -50,7 +50,7 @@ from .p2p import (
     SendOp,
     SentOp,
     Status,
-    _new_request,
+    _new,
     _text,
     request_of,
     truncated,
@@ -377,7 +377,7 @@ class Comm:
                 key = (h.ranks[dest], h.ctx, tag, len(data))
                 put = eng._puts.get(key) or eng._put_key(*key)
                 if put(data):  # written whole: already complete
-                    r = _new_request(Request)  # request_of, inline (one call less a message)
+                    r = _new(Request)  # request_of, inline (one call less a message)
                     r._op, r._engine = SentOp(), eng
                     return r
                 return self._isend(data, dest, tag)
@@ -406,10 +406,8 @@ class Comm:
         data = fast_bytes(buf, True)
         if data is not None and eng is not None and h is not None and type(tag) is int:
             if type(source) is int and 0 <= source < h.size:  # a peer on this node: posted only
-                p = eng.irecv(h.ctx, h.ranks[source], tag, data, source)
-                if p is not None:
-                    r = _new_request(Request)  # request_of, inline (one call less a message)
-                    r._op, r._engine = p, eng
+                r = eng.irecv(h.ctx, h.ranks[source], tag, data, source)
+                if r is not None:
                     return r
         return self._irecv(parse(buf, True) if data is None else data, source, tag)
 

@@ -279,6 +279,12 @@ _LAST: list[tuple[np.ndarray, np.ndarray, memoryview, np.dtype] | None] = [None,
 _CUT: list[tuple[memoryview, int, memoryview] | None] = [None, None]
 
 
+# the last ``[buf, count, datatype]`` fast_bytes resolved whose buffer is the kept numpy
+# array of _LAST (index: writable): its three items and the view (an osu_bw window passes
+# the same three objects in a new list each call: one look instead of the whole path)
+_SPEC: list[tuple[Any, Any, Any, memoryview | None]] = [(None, None, None, None)] * 2
+
+
 def _array_bytes(
     arr: np.ndarray, writable: bool, keep: bool = True
 ) -> tuple[np.ndarray, memoryview, np.dtype] | None:
@@ -351,6 +357,9 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
         k = len(spec)
         if k == 3:
             buf, count, t = spec
+            c = _SPEC[writable]
+            if c[0] is buf and c[1] is count and c[2] is t and (not writable or buf.flags.writeable):
+                return c[3]
             if type(count) is not int or count < 0:
                 return None
         elif k == 2:
@@ -374,12 +383,20 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
     size = t.size
     n = len(mv) // size * size if count < 0 else count * size
     if n >= len(mv):
-        return mv if n == len(mv) else None
-    cut = _CUT[writable]
-    if cut is not None and cut[0] is mv and cut[1] == n:
-        return cut[2]  # the same count of the same buffer again: no new view
-    view = mv[:n]
-    _CUT[writable] = (mv, n, view)
+        if n != len(mv):
+            return None
+        view = mv
+    else:
+        cut = _CUT[writable]
+        if cut is not None and cut[0] is mv and cut[1] == n:
+            view = cut[2]  # the same count of the same buffer again: no new view
+        else:
+            view = mv[:n]
+            _CUT[writable] = (mv, n, view)
+    if count >= 0:
+        last = _LAST[writable]
+        if last is not None and last[0] is buf:  # a kept array's [buf, count, type]
+            _SPEC[writable] = (buf, count, t, view)
     return view
 
 

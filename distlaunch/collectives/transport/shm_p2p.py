@@ -555,7 +555,7 @@ class ShmLinks:
         message is complete in the ring, starts with its ``expect`` and fits its
         ``direct`` (see :meth:`take_prefix`; items: objects with ``src``, ``expect``
         -- None: not to be taken so -- and ``direct``). Each one taken gets ``tag``
-        (the header's ``root``), ``data`` (the filled part of ``direct``) and, last,
+        (the header's ``root``; left as it is when its 32-byte ``expect`` named it), ``data`` (the filled part of ``direct``) and, last,
         ``msg = mark``, and leaves ``recvs`` (the run at once, before the lock is
         released). Returns True once ``recvs`` is empty, None when its first item's
         message has not come, ``()`` when it cannot be taken so (another message, one
@@ -591,7 +591,6 @@ class ShmLinks:
                     if n > len(buf) or n > head - pos - _REC:  # a partial one streams: route it
                         f = ()
                         break
-                    root = words[(a >> 2) + 7]
                     if n:
                         b = (pos + _REC) % ring
                         if b + n <= ring:
@@ -600,7 +599,9 @@ class ShmLinks:
                             _ring_read(buf, mv, at, ring, b, n)
                     pos = (pos + _REC + n + _REC - 1) // _REC * _REC
                     k += 1
-                    item.tag = root if root < 0x80000000 else root - 0x100000000
+                    if len(expect) != 32:  # else ``root`` was compared: it is item.tag
+                        root = words[(a >> 2) + 7]
+                        item.tag = root if root < 0x80000000 else root - 0x100000000
                     item.data = buf if n == len(buf) else buf[:n]
                     item.msg = mark  # last: a thread that sees it finds the rest in place
             finally:  # also when a copy raises (a released buffer): what was taken is gone
