@@ -540,22 +540,19 @@ class Engine:
             else:
                 self.posted.append(recv)
 
-    def irecv(self, ctx: int, src: int, tag: int, buf: memoryview, source: int) -> Request | None:
-        """MPI_Irecv into ``buf`` (a writable flat byte memoryview) from global rank
-        ``src`` on this node (``source`` its communicator rank): the receive is only
+    def irecv(self, got: tuple[int, int, bytes], tag: int, buf: memoryview, source: int) -> Request | None:
+        """MPI_Irecv into ``buf`` (a writable flat byte memoryview) of ``tag`` from a rank
+        on this node, ``got`` (context id, the rank's global rank, :meth:`_expect` of
+        them and ``tag``: :meth:`Comm._recv_key`), ``source`` its communicator rank: the receive is only
         posted -- nothing is taken from the ring here -- so a window of Irecv costs one
         :class:`DirectRecv` and its Request a message (both made without ``__init__``:
         a third of an Irecv's cost was the calls of the classes) and its Waitall takes
         the messages as one run (:meth:`serve`). None when it cannot be posted so (a
-        remote peer or oneself, a kept message that may match first, a failed engine):
-        the caller takes the general way."""
-        got = self._takes.get((src, ctx, tag))
-        if got is None:
-            got = self._take_key(src, ctx, tag)
-        if not got:
-            return None
+        kept message that may match first, a failed engine): the caller takes the
+        general way."""
         p = _new(DirectRecv)
-        p.ctx, p.src, p.tag, p.direct, p.expect, p.source, p.engine = ctx, src, tag, buf, got[2], source, self
+        p.ctx, p.src, p.expect = got
+        p.tag, p.direct, p.source, p.engine = tag, buf, source, self
         p.deliver = p.msg = p.error = None
         # (what the pump holds comes from remote ranks: it cannot match this receive)
         self._acquire()
