@@ -430,15 +430,13 @@ class Comm:
     @staticmethod
     def _recv_key(eng: Engine, h: Handle, source: Any, tag: Any) -> tuple:
         """``h.last_recv`` for a receive from ``source`` with ``tag``: (source, tag, eng,
-        what :meth:`Engine.irecv` needs -- context id, global source, the header's
-        expected start --, or None when it cannot take a receive so: any source, a
-        remote peer, oneself, arguments the general way refuses)."""
+        what :meth:`Engine.irecv` and :meth:`Engine.take_now` need -- context id, global
+        source, ...: :meth:`Engine._take_key` --, or None when they cannot take a
+        receive: any source, a remote peer, oneself, arguments the general way refuses)."""
         got = None
         if type(tag) is int and type(source) is int and 0 <= source < h.size:
             g = h.ranks[source]
-            t = eng._takes.get((g, h.ctx, tag)) or eng._take_key(g, h.ctx, tag)
-            if t:
-                got = (h.ctx, g, t[2])
+            got = eng._takes.get((g, h.ctx, tag)) or eng._take_key(g, h.ctx, tag) or None
         c = h.last_recv = (source, tag, eng, got)
         return c
 
@@ -462,23 +460,25 @@ class Comm:
         """Receive into ``buf`` (the message may be shorter: see ``status.Get_count``;
         a longer one raises MPIException ERR_TRUNCATE)."""
         eng, h = STATE.live(), self._handle
-        if eng is not None and h is not None and type(tag) is int:
-            if source == ANY_SOURCE or type(source) is int and 0 <= source < h.size:
-                data = fast_bytes(buf, True)
-                if data is not None:  # the common case, without Request and Spec objects
-                    src = None if source == ANY_SOURCE else h.ranks[source]
-                    f = () if src is None else eng.take_now(h.ctx, src, tag, data)
-                    if f:  # taken straight from the peer's ring
-                        if status is not None:
-                            status._set(source, f[0], f[1])
-                        return
-                    what = _recv_what(src, source, tag)
-                    g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what, f is None)
-                    if n > len(data):
-                        raise truncated(_text(what), n, h.index[g], got_tag, len(data))
-                    if status is not None:
-                        status._set(h.index[g], got_tag, n)
-                    return
+        data = fast_bytes(buf, True)
+        if data is not None and eng is not None and h is not None:  # the common case, no Request
+            c = h.last_recv
+            if c[0] is not source or c[1] is not tag or c[2] is not eng:
+                c = self._recv_key(eng, h, source, tag)
+            f = () if c[3] is None else eng.take_now(c[3], data)
+            if f:  # taken straight from the peer's ring
+                if status is not None:
+                    status._set(source, f[0], f[1])
+                return
+            if type(tag) is int and (source == ANY_SOURCE or type(source) is int and 0 <= source < h.size):
+                src = None if source == ANY_SOURCE else h.ranks[source]
+                what = _recv_what(src, source, tag)
+                g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what, f is None)
+                if n > len(data):
+                    raise truncated(_text(what), n, h.index[g], got_tag, len(data))
+                if status is not None:
+                    status._set(h.index[g], got_tag, n)
+                return
         self.Irecv(buf, source, tag).Wait(status)
 
     def Sendrecv(

@@ -400,10 +400,11 @@ class Engine:
         the caller tried that already (True: it busy-polled for nothing)."""
         if spun is None:
             spun = False
-            if src is not None:
-                f = self.take_now(ctx, src, tag, buf)
+            got = None if src is None else self._takes.get((src, ctx, tag)) or self._take_key(src, ctx, tag)
+            if got:
+                f = self.take_now(got, buf)
                 if f:
-                    return src, f[0], f[1]
+                    return got[1], f[0], f[1]
                 spun = f is None  # it busy-polled for nothing: the wait does not again
         p = self.direct_recv(ctx, src, tag, buf)
         self.post(p)
@@ -415,21 +416,17 @@ class Engine:
         m = p.message()
         return m.src, m.tag, len(m.data)
 
-    def take_now(self, ctx: int, src: int, tag: int, buf: memoryview) -> tuple[int, int] | tuple[()] | None:
-        """Take the next message of global rank ``src`` (on this node) straight from its
-        ring into ``buf`` (a writable flat byte memoryview) when it is of context id
-        ``ctx`` and ``tag`` (ANY_TAG: any), fits, and no receive is posted nor message
-        kept (so this receive is the only candidate: MPI's matching order holds),
-        busy-polling for it a while (:meth:`ShmLinks.poll_take`). Returns (tag, message
-        bytes) once taken; None when it has not come; ``()`` when it cannot be taken so
-        (a remote peer or oneself, another message first): post a receive."""
-        got = self._takes.get((src, ctx, tag))
-        if got is None:
-            got = self._take_key(src, ctx, tag)
-        if not got:
-            return ()
-        links, i, expect = got
-        f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
+    def take_now(self, got: tuple, buf: memoryview) -> tuple[int, int] | tuple[()] | None:
+        """Take the next message of a rank on this node straight from its ring into
+        ``buf`` (a writable flat byte memoryview) when it is of the context id and tag
+        (ANY_TAG: any) of ``got`` (:meth:`_take_key`), fits, and no receive is posted
+        nor message kept (so this receive is the only candidate: MPI's matching order
+        holds), busy-polling for it a while (:meth:`ShmLinks.poll_take`). Returns (tag,
+        message bytes) once taken; None when it has not come; ``()`` when it cannot be
+        taken so (another message first): post a receive."""
+        links = self.links
+        assert links is not None
+        f = links.poll_take(links.take_prefix, got[3], got[2], buf, self._guard)
         if f:
             marks.heartbeat()  # progress for --hang-timeout
         return f
@@ -497,11 +494,11 @@ class Engine:
 
     def _take_key(self, src: int, ctx: int, tag: int) -> tuple:
         """What :meth:`take_now` and :meth:`irecv` need for a message of global rank
-        ``src``, ``ctx`` and ``tag``: (the links, ``src``'s local index,
-        :meth:`_expect`); ``()``: not a peer on this node. Remembered, as _expect."""
+        ``src``, ``ctx`` and ``tag``: (``ctx``, ``src``, :meth:`_expect`, ``src``'s local
+        index); ``()``: not a peer on this node. Remembered, as _expect."""
         links = self.links
         i = None if links is None or src == self.rank else links.index.get(src)
-        got = () if i is None else (links, i, self._expect(src, ctx, tag))
+        got = () if i is None else (ctx, src, self._expect(src, ctx, tag), i)
         if len(self._takes) >= 4096:
             self._takes.clear()
         self._takes[src, ctx, tag] = got
@@ -540,10 +537,10 @@ class Engine:
             else:
                 self.posted.append(recv)
 
-    def irecv(self, got: tuple[int, int, bytes], tag: int, buf: memoryview, source: int) -> Request | None:
+    def irecv(self, got: tuple, tag: int, buf: memoryview, source: int) -> Request | None:
         """MPI_Irecv into ``buf`` (a writable flat byte memoryview) of ``tag`` from a rank
-        on this node, ``got`` (context id, the rank's global rank, :meth:`_expect` of
-        them and ``tag``: :meth:`Comm._recv_key`), ``source`` its communicator rank: the receive is only
+        on this node, ``got`` (context id, the rank's global rank, ...: :meth:`_take_key`),
+        ``source`` its communicator rank: the receive is only
         posted -- nothing is taken from the ring here -- so a window of Irecv costs one
         :class:`DirectRecv` and its Request a message (both made without ``__init__``:
         a third of an Irecv's cost was the calls of the classes) and its Waitall takes
@@ -551,7 +548,7 @@ class Engine:
         kept message that may match first, a failed engine): the caller takes the
         general way."""
         p = _new(DirectRecv)
-        p.ctx, p.src, p.expect = got
+        p.ctx, p.src, p.expect, _ = got
         p.tag, p.direct, p.source, p.engine = tag, buf, source, self
         p.deliver = p.msg = p.error = None
         # (what the pump holds comes from remote ranks: it cannot match this receive)

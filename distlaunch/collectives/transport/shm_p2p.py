@@ -206,6 +206,8 @@ class ShmLinks:
         self.lock = threading.RLock()
         # bound once: half the cost of ``with self.lock`` on the fast paths
         self._acquire, self._release = self.lock.acquire, self.lock.release
+        # whether this thread holds the lock already: then its release is no barrier (see putter)
+        self._owned = self.lock._is_owned  # type: ignore[attr-defined]
         self._fence = threading.Lock()
         self._fence_acquire, self._fence_release = self._fence.acquire, self._fence.release
         self._futex = _futex_fn()
@@ -348,7 +350,7 @@ class ShmLinks:
         _, _, _, _, at, hi, ti = self.outs[i]
         ring, heads, room, q = self.ring, self.heads, self.room, self.queues[i]
         step = (_REC + n + _REC - 1) // _REC * _REC  # heads and tails stay multiples of _REC
-        acquire, release, nested = self._acquire, self._release, self.lock._is_owned  # type: ignore[attr-defined]
+        acquire, release, nested = self._acquire, self._release, self._owned
         fence_acquire, fence_release = self._fence_acquire, self._fence_release
         futex, bell = self._futex, box.bell_addr
         links = self
@@ -515,6 +517,7 @@ class ShmLinks:
         (the caller's own queues: something could match first). Takes the lock. The MPI
         engine's blocking receive: one comparison of the packed header instead of its
         fields (:meth:`take`), everything inline."""
+        inner = self._owned()
         self._acquire()
         try:
             if self.closed:
@@ -549,13 +552,22 @@ class ShmLinks:
             pos = (pos + _REC + n + _REC - 1) // _REC * _REC
             self.tails[i] = pos
             quads[ti] = pos
-            self._fence_acquire()
-            self._fence_release()
-            if words[bi]:  # the sender waits for room
-                self.ring_bell(i)
-            return root if root < 0x80000000 else root - 0x100000000, n
+            got = root if root < 0x80000000 else root - 0x100000000, n
+            if inner:
+                self._fence_acquire()
+                self._fence_release()
+                if words[bi]:  # the sender waits for room
+                    self.ring_bell(i)
+                return got
         finally:
             self._release()
+        # the release was the barrier between the tail's store and the blocked flag's
+        # load (see putter): one fence less a message
+        if words[bi]:  # the sender waits for room (rare: under the lock again)
+            with self.lock:
+                if not self.closed:
+                    self.ring_bell(i)
+        return got
 
     def take_run(self, i: int, src: int, recvs: list, mark: Any) -> Any:
         """Consume the messages next in local rank i's ring (global rank ``src``) into the
@@ -563,14 +575,15 @@ class ShmLinks:
         message is complete in the ring, starts with its ``expect`` and fits its
         ``direct`` (see :meth:`take_prefix`; items: objects with ``src``, ``expect``
         -- None: not to be taken so -- and ``direct``). Each one taken gets ``tag``
-        (the header's ``root``; left as it is when its 32-byte ``expect`` named it), ``data`` (the filled part of ``direct``) and, last,
-        ``msg = mark``, and leaves ``recvs`` (the run at once, before the lock is
-        released). Returns True once ``recvs`` is empty, None when its first item's
-        message has not come, ``()`` when it cannot be taken so (another message, one
-        too large, or one still streaming through the ring: route it). One lock, one
-        publication of the tail for the run (the MPI engine's window of Irecv:
-        :meth:`Engine.serve`, whose posted receives become their own message records);
-        the caller holds its own lock over ``recvs``."""
+        (the header's ``root``; kept when its 32-byte ``expect`` named it), ``data``
+        (the filled part of ``direct``) and, last, ``msg = mark``, and leaves
+        ``recvs`` (the run at once, before the lock is released). Returns True once
+        ``recvs`` is empty, None when its first item's message has not come, ``()``
+        when it cannot be taken so (another message, one too large, or one still
+        streaming through the ring: route it). One lock, one publication of the tail
+        for the run (the MPI engine's window of Irecv: :meth:`Engine.serve`, whose
+        posted receives become their own message records); the caller holds its own
+        lock over ``recvs``."""
         self._acquire()
         try:
             if self.closed or self.current[i] is not None:
