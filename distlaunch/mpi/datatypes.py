@@ -274,8 +274,9 @@ def datatype_of(spec: Any) -> Datatype:
 _LAST: list[tuple[np.ndarray, np.ndarray, memoryview, np.dtype] | None] = [None, None]
 
 
-# the last view fast_bytes cut to a count (index: writable): the whole view, the count
-# in bytes, the cut view (a window of Isend/Irecv passes the same [buf, count, type])
+# the last view fast_bytes cut to a count of the kept array of _LAST (index: writable):
+# the whole view, the count in bytes, the cut view (a window of Isend/Irecv passes the
+# same [buf, count, type])
 _CUT: list[tuple[memoryview, int, memoryview] | None] = [None, None]
 
 
@@ -382,9 +383,14 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
         return mv if dtype in _BY_DTYPE else None  # else parse raises ERR_TYPE
     size = t.size
     n = len(mv) // size * size if count < 0 else count * size
-    if n >= len(mv):
-        if n != len(mv):
-            return None
+    if n > len(mv):
+        return None
+    last = _LAST[writable]
+    if last is None or last[0] is not buf:
+        # not the kept array: a view kept here would keep the program's bytearray from
+        # being resized and its mmap from being closed (BufferError), as mpi4py does not
+        return mv if n == len(mv) else mv[:n]
+    if n == len(mv):
         view = mv
     else:
         cut = _CUT[writable]
@@ -393,10 +399,8 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
         else:
             view = mv[:n]
             _CUT[writable] = (mv, n, view)
-    if count >= 0:
-        last = _LAST[writable]
-        if last is not None and last[0] is buf:  # a kept array's [buf, count, type]
-            _SPEC[writable] = (buf, count, t, view)
+    if count >= 0:  # the kept array's [buf, count, type]
+        _SPEC[writable] = (buf, count, t, view)
     return view
 
 

@@ -506,25 +506,22 @@ class ShmLinks:
         return fields
 
     def take_prefix(
-        self, i: int, expect: bytes, buf: memoryview, guard: Sequence[Sized] = ()
+        self, i: int, expect: bytes, buf: memoryview, guard: tuple[Sized, Sized] = ((), ())
     ) -> tuple[int, int] | tuple[()] | None:
         """Consume the next message local rank i sent us when it is complete in the ring,
         its packed header starts with ``expect`` (the first 28 bytes -- MAGIC to
         ``step`` -- or more: 32 names ``root`` too) and its payload fits ``buf`` (a
         writable flat byte memoryview): the payload goes to ``buf`` and (``root``,
         payload bytes) are returned. None: no message yet; ``()``: the next one is
-        another (route it: :meth:`progress`), or a container of ``guard`` is not empty
-        (the caller's own queues: something could match first). Takes the lock. The MPI
+        another (route it: :meth:`progress`), or one of the two containers of ``guard``
+        is not empty (the caller's own queues: something could match first). Takes the lock. The MPI
         engine's blocking receive: one comparison of the packed header instead of its
         fields (:meth:`take`), everything inline."""
         inner = self._owned()
         self._acquire()
         try:
-            if self.closed:
+            if self.closed or guard[0] or guard[1]:
                 return ()
-            for g in guard:
-                if g:
-                    return ()
             mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
             pos = self.tails[i]
             head = quads[hi]
@@ -541,15 +538,12 @@ class ShmLinks:
                 return ()
             root = words[(a >> 2) + 7]
             if n:
-                b = (pos + _REC) % ring
-                if b + n <= ring:
-                    if n == len(buf):
-                        buf[:] = mv[at + b : at + b + n]
-                    else:
-                        buf[:n] = mv[at + b : at + b + n]
+                b = a + _REC  # records start 64-byte aligned: at most the ring's end
+                if b + n <= at + ring:
+                    buf[:n] = mv[b : b + n]
                 else:
-                    _ring_read(buf, mv, at, ring, b, n)
-            pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+                    _ring_read(buf, mv, at, ring, b - at, n)
+            pos += _REC + ((n + _REC - 1) & -_REC)
             self.tails[i] = pos
             quads[ti] = pos
             got = root if root < 0x80000000 else root - 0x100000000, n
@@ -592,6 +586,7 @@ class ShmLinks:
             ring = self.ring
             start = pos = self.tails[i]
             head = quads[hi]
+            stop = at + ring  # the ring's end in the mapping
             f: Any = True
             k = 0
             try:
@@ -604,26 +599,28 @@ class ShmLinks:
                         f = None
                         break
                     a = at + pos % ring
-                    if mm[a : a + len(expect)] != expect:
+                    m = len(expect)
+                    if mm[a : a + m] != expect:
                         f = ()
                         break
                     n = quads[(a >> 3) + 5]  # nbytes
                     buf = item.direct
-                    if n > len(buf) or n > head - pos - _REC:  # a partial one streams: route it
+                    size = len(buf)
+                    if n > size or n > head - pos - _REC:  # a partial one streams: route it
                         f = ()
                         break
                     if n:
-                        b = (pos + _REC) % ring
-                        if b + n <= ring:
-                            buf[:n] = mv[at + b : at + b + n]
+                        b = a + _REC  # records start 64-byte aligned: at most ``stop``
+                        if b + n <= stop:
+                            buf[:n] = mv[b : b + n]
                         else:
-                            _ring_read(buf, mv, at, ring, b, n)
-                    pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+                            _ring_read(buf, mv, at, ring, b - at, n)
+                    pos += _REC + ((n + _REC - 1) & -_REC)
                     k += 1
-                    if len(expect) != 32:  # else ``root`` was compared: it is item.tag
+                    if m != 32:  # else ``root`` was compared: it is item.tag
                         root = words[(a >> 2) + 7]
                         item.tag = root if root < 0x80000000 else root - 0x100000000
-                    item.data = buf if n == len(buf) else buf[:n]
+                    item.data = buf if n == size else buf[:n]
                     item.msg = mark  # last: a thread that sees it finds the rest in place
             finally:  # also when a copy raises (a released buffer): what was taken is gone
                 if k:
