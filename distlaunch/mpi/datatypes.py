@@ -351,16 +351,18 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
     copy; a count is honoured by slicing the view); None for any other form or anything
     :func:`parse` would reject (parse it: it says why). Every buffer type takes this
     same path, so none costs more per message than another."""
+    tp = type(spec)
+    if tp is list and len(spec) == 3:  # first: the window's case, a look at _SPEC
+        buf, count, t = spec
+        c = _SPEC[writable]
+        if c[0] is buf and c[1] is count and c[2] is t and (not writable or buf.flags.writeable):
+            return c[3]
     t = None
     count = -1
-    tp = type(spec)
     if tp is list or tp is tuple:
         k = len(spec)
         if k == 3:
             buf, count, t = spec
-            c = _SPEC[writable]
-            if c[0] is buf and c[1] is count and c[2] is t and (not writable or buf.flags.writeable):
-                return c[3]
             if type(count) is not int or count < 0:
                 return None
         elif k == 2:
