@@ -469,17 +469,20 @@ class Engine:
         f = self.serve(i, p.src)  # type: ignore[arg-type]
         return True if p.msg is not None else f if f is None else ()
 
-    def wait_posted(self, p: PostedRecv, what: What) -> None:
+    def wait_posted(self, p: PostedRecv, what: What, last: PostedRecv | None = None) -> None:
         """Block until the posted receive ``p`` is done (raises as :meth:`wait_until`).
         A contiguous receive from a peer on this node busy-polls :meth:`serve` first:
         the messages of a window of Irecv go straight from the ring into their buffers
-        instead of through routing."""
+        instead of through routing. ``last``: a receive from the same rank posted after
+        ``p`` (a window's last, for Waitall): the busy-poll serves until it is done,
+        so one wait takes the window's run as it comes (it stops, as for ``p``, when
+        the run cannot be served so or nothing came); then ``p`` is waited for."""
         links, src, spin = self.links, p.src, True
         if links is not None and src is not None and p.expect is not None:
             i = links.index.get(src)
             if i is not None and src != self.rank:
-                f = links.poll_take(self._serve_for, i, p)
-                if f is True:
+                f = links.poll_take(self._serve_for, i, p if last is None else last)
+                if p.msg is not None or p.error is not None:
                     return
                 spin = f is not None  # busy-polled for nothing: the wait does not again
         if p.msg is None and p.error is None:
@@ -993,13 +996,11 @@ class Request:
                 continue
             if tp is DirectRecv:
                 if op.msg is None and op.error is None:  # type: ignore[union-attr]
-                    # wait for the window's last receive when it is from the same rank:
-                    # one wait serves the whole run as its messages come (Engine.serve
-                    # takes posted receives in order), instead of one wait a piece
-                    tgt = op
-                    if type(last) is DirectRecv and last.src == op.src and last.msg is None:  # type: ignore[union-attr]
-                        tgt = last
-                    tgt.block(tgt.engine)  # type: ignore[union-attr]
+                    # with the window's last receive when it is from the same rank: one
+                    # wait serves the whole run as its messages come (Engine.serve takes
+                    # posted receives in order), instead of one wait a piece
+                    same = type(last) is DirectRecv and last is not op and last.src == op.src  # type: ignore[union-attr]
+                    op.engine.wait_posted(op, op.what(), last if same else None)  # type: ignore[union-attr]
                 if op.msg is SERVED:  # type: ignore[union-attr]
                     r._op = None
                     continue
