@@ -50,7 +50,7 @@ from .p2p import (
     SendOp,
     SentOp,
     Status,
-    _new_request,
+    _new,
     _text,
     request_of,
     truncated,
@@ -126,6 +126,10 @@ class Handle:
         self.attrs: dict[int, Any] = {}
         self.freed = False
         self.plans: dict[tuple, Any] = {}  # repeated buffer collectives (see .plans)
+        # the last Isend/Send's and Irecv's peer, tag (and size) and what they resolved
+        # to: a window passes the same ones again (see Comm._send_key, Comm._recv_key)
+        self.last_send: tuple = _NO_LAST
+        self.last_recv: tuple = _NO_LAST
 
     def global_rank(self, rank: int, what: str = "rank") -> int:
         if not isinstance(rank, (int, np.integer)) or not 0 <= rank < self.size:
@@ -134,6 +138,9 @@ class Handle:
                 f"{what}={rank!r} is not a rank of {self.name or 'the communicator'} (0..{self.size - 1})",
             )
         return self.ranks[rank]
+
+
+_NO_LAST = (None, None, None, None, None)
 
 
 def _new_handle(rt: Any, ranks: list[int], ctx: int, name: str = "") -> Handle:
@@ -367,20 +374,35 @@ class Comm:
 
     # -- point to point: buffers
 
+    @staticmethod
+    def _send_key(eng: Engine, h: Handle, dest: Any, tag: Any, n: int) -> tuple:
+        """``h.last_send`` for a send of ``n`` bytes to ``dest`` with ``tag``: (dest, tag,
+        n, eng, the engine's putter -- :meth:`Engine.put`'s, False for oneself or a
+        remote peer --); the putter None when ``dest`` or ``tag`` is not valid (the
+        general way says why). The ``is`` comparisons of the next call's arguments
+        with these prove them valid without checking them again."""
+        if type(dest) is not int or not 0 <= dest < h.size or type(tag) is not int or tag < 0:
+            return (dest, tag, n, eng, None)
+        key = (h.ranks[dest], h.ctx, tag, n)
+        c = h.last_send = (dest, tag, n, eng, eng._puts.get(key) or eng._put_key(*key))
+        return c
+
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:
         """Start sending ``buf`` (a buffer specification); Wait before changing it."""
         eng, h = STATE.live(), self._handle
-        if eng is not None and h is not None and type(dest) is int and 0 <= dest < h.size:
-            data = fast_bytes(buf, False) if type(tag) is int and tag >= 0 else None
+        if eng is not None and h is not None:
+            data = fast_bytes(buf, False)
             if data is not None:
-                # Engine.put, inline (one call less a message)
-                key = (h.ranks[dest], h.ctx, tag, len(data))
-                put = eng._puts.get(key) or eng._put_key(*key)
-                if put(data):  # written whole: already complete
-                    r = _new_request(Request)  # request_of, inline (one call less a message)
-                    r._op, r._engine = SentOp(), eng
-                    return r
-                return self._isend(data, dest, tag)
+                c = h.last_send
+                if c[0] is not dest or c[1] is not tag or c[2] != len(data) or c[3] is not eng:
+                    c = self._send_key(eng, h, dest, tag, len(data))
+                put = c[4]
+                if put is not None:
+                    if put(data):  # written whole: already complete
+                        r = _new(Request)  # request_of, inline (one call less a message)
+                        r._op, r._engine = SentOp(), eng
+                        return r
+                    return self._isend(data, dest, tag)
         return self._isend(parse(buf, False).pack(), dest, tag)
 
     Issend = Ibsend = Irsend = Isend
@@ -389,27 +411,46 @@ class Comm:
         """Send ``buf``; returns once it may be reused (eager: does not wait for the
         receive, so Ssend/Bsend/Rsend are the same call)."""
         eng, h = STATE.live(), self._handle
-        if eng is not None and h is not None and type(dest) is int and 0 <= dest < h.size:
-            data = fast_bytes(buf, False) if type(tag) is int and tag >= 0 else None
+        if eng is not None and h is not None:
+            data = fast_bytes(buf, False)
             if data is not None:  # the common case, without Request and Spec objects
-                g = h.ranks[dest]
-                if not eng.put(g, h.ctx, tag, data):  # else: written whole into the ring
-                    eng.send_now(g, h.ctx, tag, data, ("send to rank {} (tag {})", dest, tag))
-                return
+                c = h.last_send
+                if c[0] is not dest or c[1] is not tag or c[2] != len(data) or c[3] is not eng:
+                    c = self._send_key(eng, h, dest, tag, len(data))
+                put = c[4]
+                if put is not None:
+                    if not put(data):  # else: written whole into the ring
+                        what = ("send to rank {} (tag {})", dest, tag)
+                        eng.send_now(h.ranks[dest], h.ctx, tag, data, what)
+                    return
         self.Isend(buf, dest, tag).Wait()
 
     Ssend = Bsend = Rsend = Send
+
+    @staticmethod
+    def _recv_key(eng: Engine, h: Handle, source: Any, tag: Any) -> tuple:
+        """``h.last_recv`` for a receive from ``source`` with ``tag``: (source, tag, eng,
+        what :meth:`Engine.irecv` and :meth:`Engine.take_now` need -- context id, global
+        source, ...: :meth:`Engine._take_key` --, or None when they cannot take a
+        receive: any source, a remote peer, oneself, arguments the general way refuses)."""
+        got = None
+        if type(tag) is int and type(source) is int and 0 <= source < h.size:
+            g = h.ranks[source]
+            got = eng._takes.get((g, h.ctx, tag)) or eng._take_key(g, h.ctx, tag) or None
+        c = h.last_recv = (source, tag, eng, got)
+        return c
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
         """Start receiving into ``buf`` (a buffer specification); Wait before using it."""
         eng, h = STATE.live(), self._handle
         data = fast_bytes(buf, True)
-        if data is not None and eng is not None and h is not None and type(tag) is int:
-            if type(source) is int and 0 <= source < h.size:  # a peer on this node: posted only
-                p = eng.irecv(h.ctx, h.ranks[source], tag, data, source)
-                if p is not None:
-                    r = _new_request(Request)  # request_of, inline (one call less a message)
-                    r._op, r._engine = p, eng
+        if data is not None and eng is not None and h is not None:
+            c = h.last_recv
+            if c[0] is not source or c[1] is not tag or c[2] is not eng:
+                c = self._recv_key(eng, h, source, tag)
+            if c[3] is not None:  # a peer on this node: posted only
+                r = eng.irecv(c[3], tag, data, source)
+                if r is not None:
                     return r
         return self._irecv(parse(buf, True) if data is None else data, source, tag)
 
@@ -419,23 +460,25 @@ class Comm:
         """Receive into ``buf`` (the message may be shorter: see ``status.Get_count``;
         a longer one raises MPIException ERR_TRUNCATE)."""
         eng, h = STATE.live(), self._handle
-        if eng is not None and h is not None and type(tag) is int:
-            if source == ANY_SOURCE or type(source) is int and 0 <= source < h.size:
-                data = fast_bytes(buf, True)
-                if data is not None:  # the common case, without Request and Spec objects
-                    src = None if source == ANY_SOURCE else h.ranks[source]
-                    f = () if src is None else eng.take_now(h.ctx, src, tag, data)
-                    if f:  # taken straight from the peer's ring
-                        if status is not None:
-                            status._set(source, f[0], f[1])
-                        return
-                    what = _recv_what(src, source, tag)
-                    g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what, f is None)
-                    if n > len(data):
-                        raise truncated(_text(what), n, h.index[g], got_tag, len(data))
-                    if status is not None:
-                        status._set(h.index[g], got_tag, n)
-                    return
+        data = fast_bytes(buf, True)
+        if data is not None and eng is not None and h is not None:  # the common case, no Request
+            c = h.last_recv
+            if c[0] is not source or c[1] is not tag or c[2] is not eng:
+                c = self._recv_key(eng, h, source, tag)
+            f = () if c[3] is None else eng.take_now(c[3], data)
+            if f:  # taken straight from the peer's ring
+                if status is not None:
+                    status._set(source, f[0], f[1])
+                return
+            if type(tag) is int and (source == ANY_SOURCE or type(source) is int and 0 <= source < h.size):
+                src = None if source == ANY_SOURCE else h.ranks[source]
+                what = _recv_what(src, source, tag)
+                g, got_tag, n = eng.recv_now(h.ctx, src, tag, data, what, f is None)
+                if n > len(data):
+                    raise truncated(_text(what), n, h.index[g], got_tag, len(data))
+                if status is not None:
+                    status._set(h.index[g], got_tag, n)
+                return
         self.Irecv(buf, source, tag).Wait(status)
 
     def Sendrecv(

@@ -274,9 +274,16 @@ def datatype_of(spec: Any) -> Datatype:
 _LAST: list[tuple[np.ndarray, np.ndarray, memoryview, np.dtype] | None] = [None, None]
 
 
-# the last view fast_bytes cut to a count (index: writable): the whole view, the count
-# in bytes, the cut view (a window of Isend/Irecv passes the same [buf, count, type])
+# the last view fast_bytes cut to a count of the kept array of _LAST (index: writable):
+# the whole view, the count in bytes, the cut view (a window of Isend/Irecv passes the
+# same [buf, count, type])
 _CUT: list[tuple[memoryview, int, memoryview] | None] = [None, None]
+
+
+# the last ``[buf, count, datatype]`` fast_bytes resolved whose buffer is the kept numpy
+# array of _LAST (index: writable): its three items and the view (an osu_bw window passes
+# the same three objects in a new list each call: one look instead of the whole path)
+_SPEC: list[tuple[Any, Any, Any, memoryview | None]] = [(None, None, None, None)] * 2
 
 
 def _array_bytes(
@@ -344,9 +351,14 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
     copy; a count is honoured by slicing the view); None for any other form or anything
     :func:`parse` would reject (parse it: it says why). Every buffer type takes this
     same path, so none costs more per message than another."""
+    tp = type(spec)
+    if tp is list and len(spec) == 3:  # first: the window's case, a look at _SPEC
+        buf, count, t = spec
+        c = _SPEC[writable]
+        if c[0] is buf and c[1] is count and c[2] is t and (not writable or buf.flags.writeable):
+            return c[3]
     t = None
     count = -1
-    tp = type(spec)
     if tp is list or tp is tuple:
         k = len(spec)
         if k == 3:
@@ -373,13 +385,24 @@ def fast_bytes(spec: Any, writable: bool) -> memoryview | None:
         return mv if dtype in _BY_DTYPE else None  # else parse raises ERR_TYPE
     size = t.size
     n = len(mv) // size * size if count < 0 else count * size
-    if n >= len(mv):
-        return mv if n == len(mv) else None
-    cut = _CUT[writable]
-    if cut is not None and cut[0] is mv and cut[1] == n:
-        return cut[2]  # the same count of the same buffer again: no new view
-    view = mv[:n]
-    _CUT[writable] = (mv, n, view)
+    if n > len(mv):
+        return None
+    last = _LAST[writable]
+    if last is None or last[0] is not buf:
+        # not the kept array: a view kept here would keep the program's bytearray from
+        # being resized and its mmap from being closed (BufferError), as mpi4py does not
+        return mv if n == len(mv) else mv[:n]
+    if n == len(mv):
+        view = mv
+    else:
+        cut = _CUT[writable]
+        if cut is not None and cut[0] is mv and cut[1] == n:
+            view = cut[2]  # the same count of the same buffer again: no new view
+        else:
+            view = mv[:n]
+            _CUT[writable] = (mv, n, view)
+    if count >= 0:  # the kept array's [buf, count, type]
+        _SPEC[writable] = (buf, count, t, view)
     return view
 
 

@@ -65,6 +65,9 @@ PROC_NULL = -1
 MPI_GROUP = 0xFFFFFFFF  # transport group id of every MPI message (no ProcessGroup has it)
 _KEY = (P2P, MPI_GROUP, 0)
 _SEND = OP_CODES["send"]
+# makes an object without calling its class (and __init__): the per-message objects
+# (a class call costs ~0.25 µs more than setting the attributes here)
+_new = object.__new__
 # HEADER (wire.py) after its first 24 bytes: step (context id), root (tag), count, nbytes
 _HEAD_REST = struct.Struct("<24sIiQQ")
 
@@ -222,6 +225,8 @@ class Engine:
         self.transport = rt.transport
         self.timeout: float = rt.timeout
         self.lock = threading.Lock()
+        # bound once: half the cost of ``with self.lock`` on the per-message paths
+        self._acquire, self._release = self.lock.acquire, self.lock.release
         self.inbox: list[Message] = []  # arrived, unmatched, in arrival order
         self.posted: list[PostedRecv] = []  # unmatched receives, in posting order
         # what must be empty for a receive to take a message straight from a ring
@@ -395,10 +400,11 @@ class Engine:
         the caller tried that already (True: it busy-polled for nothing)."""
         if spun is None:
             spun = False
-            if src is not None:
-                f = self.take_now(ctx, src, tag, buf)
+            got = None if src is None else self._takes.get((src, ctx, tag)) or self._take_key(src, ctx, tag)
+            if got:
+                f = self.take_now(got, buf)
                 if f:
-                    return src, f[0], f[1]
+                    return got[1], f[0], f[1]
                 spun = f is None  # it busy-polled for nothing: the wait does not again
         p = self.direct_recv(ctx, src, tag, buf)
         self.post(p)
@@ -410,21 +416,17 @@ class Engine:
         m = p.message()
         return m.src, m.tag, len(m.data)
 
-    def take_now(self, ctx: int, src: int, tag: int, buf: memoryview) -> tuple[int, int] | tuple[()] | None:
-        """Take the next message of global rank ``src`` (on this node) straight from its
-        ring into ``buf`` (a writable flat byte memoryview) when it is of context id
-        ``ctx`` and ``tag`` (ANY_TAG: any), fits, and no receive is posted nor message
-        kept (so this receive is the only candidate: MPI's matching order holds),
-        busy-polling for it a while (:meth:`ShmLinks.poll_take`). Returns (tag, message
-        bytes) once taken; None when it has not come; ``()`` when it cannot be taken so
-        (a remote peer or oneself, another message first): post a receive."""
-        got = self._takes.get((src, ctx, tag))
-        if got is None:
-            got = self._take_key(src, ctx, tag)
-        if not got:
-            return ()
-        links, i, expect = got
-        f = links.poll_take(links.take_prefix, i, expect, buf, self._guard)
+    def take_now(self, got: tuple, buf: memoryview) -> tuple[int, int] | tuple[()] | None:
+        """Take the next message of a rank on this node straight from its ring into
+        ``buf`` (a writable flat byte memoryview) when it is of the context id and tag
+        (ANY_TAG: any) of ``got`` (:meth:`_take_key`), fits, and no receive is posted
+        nor message kept (so this receive is the only candidate: MPI's matching order
+        holds), busy-polling for it a while (:meth:`ShmLinks.poll_take`). Returns (tag,
+        message bytes) once taken; None when it has not come; ``()`` when it cannot be
+        taken so (another message first): post a receive."""
+        links = self.links
+        assert links is not None
+        f = links.poll_take(links.take_prefix, got[3], got[2], buf, self._guard)
         if f:
             marks.heartbeat()  # progress for --hang-timeout
         return f
@@ -444,10 +446,13 @@ class Engine:
         posted = self.posted
         links._acquire()  # the links' lock before the engine's, as their routing takes them
         try:
-            with self.lock:
+            self._acquire()
+            try:
                 n = len(posted)
                 f = links.take_run(i, src, posted, SERVED)
                 n -= len(posted)
+            finally:
+                self._release()
         finally:
             links._release()
         if n:
@@ -464,17 +469,20 @@ class Engine:
         f = self.serve(i, p.src)  # type: ignore[arg-type]
         return True if p.msg is not None else f if f is None else ()
 
-    def wait_posted(self, p: PostedRecv, what: What) -> None:
+    def wait_posted(self, p: PostedRecv, what: What, last: PostedRecv | None = None) -> None:
         """Block until the posted receive ``p`` is done (raises as :meth:`wait_until`).
         A contiguous receive from a peer on this node busy-polls :meth:`serve` first:
         the messages of a window of Irecv go straight from the ring into their buffers
-        instead of through routing."""
+        instead of through routing. ``last``: a receive from the same rank posted after
+        ``p`` (a window's last, for Waitall): the busy-poll serves until it is done,
+        so one wait takes the window's run as it comes (it stops, as for ``p``, when
+        the run cannot be served so or nothing came); then ``p`` is waited for."""
         links, src, spin = self.links, p.src, True
         if links is not None and src is not None and p.expect is not None:
             i = links.index.get(src)
             if i is not None and src != self.rank:
-                f = links.poll_take(self._serve_for, i, p)
-                if f is True:
+                f = links.poll_take(self._serve_for, i, p if last is None else last)
+                if p.msg is not None or p.error is not None:
                     return
                 spin = f is not None  # busy-polled for nothing: the wait does not again
         if p.msg is None and p.error is None:
@@ -489,11 +497,11 @@ class Engine:
 
     def _take_key(self, src: int, ctx: int, tag: int) -> tuple:
         """What :meth:`take_now` and :meth:`irecv` need for a message of global rank
-        ``src``, ``ctx`` and ``tag``: (the links, ``src``'s local index,
-        :meth:`_expect`); ``()``: not a peer on this node. Remembered, as _expect."""
+        ``src``, ``ctx`` and ``tag``: (``ctx``, ``src``, :meth:`_expect`, ``src``'s local
+        index); ``()``: not a peer on this node. Remembered, as _expect."""
         links = self.links
         i = None if links is None or src == self.rank else links.index.get(src)
-        got = () if i is None else (links, i, self._expect(src, ctx, tag))
+        got = () if i is None else (ctx, src, self._expect(src, ctx, tag), i)
         if len(self._takes) >= 4096:
             self._takes.clear()
         self._takes[src, ctx, tag] = got
@@ -532,26 +540,31 @@ class Engine:
             else:
                 self.posted.append(recv)
 
-    def irecv(self, ctx: int, src: int, tag: int, buf: memoryview, source: int) -> DirectRecv | None:
-        """MPI_Irecv into ``buf`` (a writable flat byte memoryview) from global rank
-        ``src`` on this node (``source`` its communicator rank): the receive is only
+    def irecv(self, got: tuple, tag: int, buf: memoryview, source: int) -> Request | None:
+        """MPI_Irecv into ``buf`` (a writable flat byte memoryview) of ``tag`` from a rank
+        on this node, ``got`` (context id, the rank's global rank, ...: :meth:`_take_key`),
+        ``source`` its communicator rank: the receive is only
         posted -- nothing is taken from the ring here -- so a window of Irecv costs one
-        object a message and its Waitall takes the messages as one run
-        (:meth:`serve`). None when it cannot be posted so (a remote peer or oneself, a
+        :class:`DirectRecv` and its Request a message (both made without ``__init__``:
+        a third of an Irecv's cost was the calls of the classes) and its Waitall takes
+        the messages as one run (:meth:`serve`). None when it cannot be posted so (a
         kept message that may match first, a failed engine): the caller takes the
         general way."""
-        got = self._takes.get((src, ctx, tag))
-        if got is None:
-            got = self._take_key(src, ctx, tag)
-        if not got:
-            return None
-        p = DirectRecv(self, ctx, src, tag, buf, got[2], source)
+        p = _new(DirectRecv)
+        p.ctx, p.src, p.expect, _ = got
+        p.tag, p.direct, p.source, p.engine = tag, buf, source, self
+        p.deliver = p.msg = p.error = None
         # (what the pump holds comes from remote ranks: it cannot match this receive)
-        with self.lock:
+        self._acquire()
+        try:
             if self.inbox or self.error is not None:
                 return None
             self.posted.append(p)
-        return p
+        finally:
+            self._release()
+        r = _new(Request)
+        r._op, r._engine = p, self
+        return r
 
     def cancel(self, recv: PostedRecv) -> bool:
         with self.lock:
@@ -777,17 +790,16 @@ class RecvOp(_Op):
 
 
 class DirectRecv(PostedRecv, _Op):
-    """An Irecv of a contiguous buffer from one rank on this node (:meth:`Engine.irecv`):
-    the posted receive is its own op (one object a message), ``source`` its
-    communicator rank. Its message is copied straight from the ring by a Wait/Waitall
-    (:meth:`Engine.serve`: a window's run at once), else routed to it
-    (:meth:`Engine._local_route`: Test, probes, other waits)."""
+    """An Irecv of a contiguous buffer from one rank on this node, made by
+    :meth:`Engine.irecv` (no ``__init__``): the posted receive is its own op (one object
+    a message), ``engine`` its engine, ``source`` its communicator rank. Its message is
+    copied straight from the ring by a Wait/Waitall (:meth:`Engine.serve`: a window's
+    run at once), else routed to it (:meth:`Engine._local_route`: Test, probes, other
+    waits)."""
 
     __slots__ = ("engine", "source")
-
-    def __init__(self, engine: Engine, ctx: int, src: int, tag: int, buf: Any, expect: bytes, source: int):
-        self.ctx, self.src, self.tag, self.direct, self.expect = ctx, src, tag, buf, expect
-        self.deliver, self.msg, self.error, self.engine, self.source = None, None, None, engine, source
+    engine: Engine
+    source: int
 
     def what(self) -> What:
         return ("receive from rank {} (tag {})", self.source, self.tag)
@@ -970,7 +982,31 @@ class Request:
 
     @staticmethod
     def Waitall(requests: Sequence[Request], statuses: list | None = None) -> bool:
-        Request.waitall(requests, statuses)
+        if statuses:
+            Request.waitall(requests, statuses)
+            return True
+        # no Status asked for (osu_bw's windows): a send complete when started or a
+        # receive served from the ring only becomes REQUEST_NULL
+        last = requests[-1]._op if requests else None
+        for r in requests:
+            op = r._op
+            tp = type(op)
+            if tp is SentOp:
+                r._op = None
+                continue
+            if tp is DirectRecv:
+                if op.msg is None and op.error is None:  # type: ignore[union-attr]
+                    # with the window's last receive when it is from the same rank: one
+                    # wait serves the whole run as its messages come (Engine.serve takes
+                    # posted receives in order), instead of one wait a piece
+                    same = type(last) is DirectRecv and last is not op and last.src == op.src  # type: ignore[union-attr]
+                    op.engine.wait_posted(op, op.what(), last if same else None)  # type: ignore[union-attr]
+                if op.msg is SERVED:  # type: ignore[union-attr]
+                    r._op = None
+                    continue
+            elif op is not None and not op.test():
+                r._block()
+            r._complete(None)
         return True
 
     @staticmethod
@@ -1097,12 +1133,11 @@ class Prequest(Request):
 
 Grequest = Request
 REQUEST_NULL = Request()
-_new_request = object.__new__
 
 
 def request_of(op: _Op, engine: Engine) -> Request:
     """A Request of ``op`` (what Request(op=op, engine=engine) makes, for less: one per
     message of a window of Isend/Irecv)."""
-    r = _new_request(Request)
+    r = _new(Request)
     r._op, r._engine = op, engine
     return r

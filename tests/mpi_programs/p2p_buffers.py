@@ -133,3 +133,26 @@ try:
     show("mmap closed")
 except BufferError as e:
     show("mmap not closed:", e)
+
+# a bytearray and an mmap sent and received with a count (a view cut to it): afterwards
+# the program can resize the one and close the other (nothing of ours keeps a view)
+comm.Barrier()
+ba, mm = bytearray(PAT), mmap.mmap(-1, 64)
+if rank == 0:
+    comm.Send([ba, 8, MPI.BYTE], dest=1, tag=31)
+    comm.Send([mm, 8, MPI.BYTE], dest=1, tag=32)
+else:
+    comm.Recv([ba, 8, MPI.BYTE], source=0, tag=31)
+    comm.Recv([mm, 8, MPI.BYTE], source=0, tag=32)
+reqs = [comm.Isend([ba, 4, MPI.BYTE], dest=1 - rank, tag=33), comm.Irecv([mm, 4, MPI.BYTE], 1 - rank, 33)]
+MPI.Request.Waitall(reqs)
+try:
+    ba.extend(b"x")
+    show(rank, "bytearray resized", len(ba))
+except BufferError as e:
+    show(rank, "bytearray not resized:", e)
+try:
+    mm.close()
+    show(rank, "cut mmap closed")
+except BufferError as e:
+    show(rank, "cut mmap not closed:", e)

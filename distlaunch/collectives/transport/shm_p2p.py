@@ -206,6 +206,8 @@ class ShmLinks:
         self.lock = threading.RLock()
         # bound once: half the cost of ``with self.lock`` on the fast paths
         self._acquire, self._release = self.lock.acquire, self.lock.release
+        # whether this thread holds the lock already: then its release is no barrier (see putter)
+        self._owned = self.lock._is_owned  # type: ignore[attr-defined]
         self._fence = threading.Lock()
         self._fence_acquire, self._fence_release = self._fence.acquire, self._fence.release
         self._futex = _futex_fn()
@@ -348,12 +350,13 @@ class ShmLinks:
         _, _, _, _, at, hi, ti = self.outs[i]
         ring, heads, room, q = self.ring, self.heads, self.room, self.queues[i]
         step = (_REC + n + _REC - 1) // _REC * _REC  # heads and tails stay multiples of _REC
-        acquire, release = self._acquire, self._release
+        acquire, release, nested = self._acquire, self._release, self._owned
         fence_acquire, fence_release = self._fence_acquire, self._fence_release
         futex, bell = self._futex, box.bell_addr
         links = self
 
         def put(data: memoryview) -> bool:
+            inner = nested()  # this thread holds the lock already: its release is no barrier
             acquire()
             try:
                 if links.closed or q:
@@ -378,13 +381,20 @@ class ShmLinks:
                 heads[i] = end
                 quads[hi] = end
                 words[0] = (words[0] + 1) & 0xFFFFFFFF  # its bell (see ring_bell)
-                fence_acquire()
-                fence_release()
-                if words[1]:
-                    futex(_SYS_FUTEX, bell, 1, 0x7FFFFFFF, None, None, 0)
-                return True
+                if inner:
+                    fence_acquire()
+                    fence_release()
+                    if words[1]:
+                        futex(_SYS_FUTEX, bell, 1, 0x7FFFFFFF, None, None, 0)
+                    return True
             finally:
                 release()
+            # the release was the barrier between the bell's store and the sleeping flag's
+            # load (Dekker's pattern, as ring_bell): unheld, it posts the lock's semaphore,
+            # a locked instruction (a full barrier on x86); one fence less a message
+            if words[1]:
+                futex(_SYS_FUTEX, bell, 1, 0x7FFFFFFF, None, None, 0)
+            return True
 
         return put
 
@@ -496,24 +506,22 @@ class ShmLinks:
         return fields
 
     def take_prefix(
-        self, i: int, expect: bytes, buf: memoryview, guard: Sequence[Sized] = ()
+        self, i: int, expect: bytes, buf: memoryview, guard: tuple[Sized, Sized] = ((), ())
     ) -> tuple[int, int] | tuple[()] | None:
         """Consume the next message local rank i sent us when it is complete in the ring,
         its packed header starts with ``expect`` (the first 28 bytes -- MAGIC to
         ``step`` -- or more: 32 names ``root`` too) and its payload fits ``buf`` (a
         writable flat byte memoryview): the payload goes to ``buf`` and (``root``,
         payload bytes) are returned. None: no message yet; ``()``: the next one is
-        another (route it: :meth:`progress`), or a container of ``guard`` is not empty
-        (the caller's own queues: something could match first). Takes the lock. The MPI
+        another (route it: :meth:`progress`), or one of the two containers of ``guard``
+        is not empty (the caller's own queues: something could match first). Takes the lock. The MPI
         engine's blocking receive: one comparison of the packed header instead of its
         fields (:meth:`take`), everything inline."""
+        inner = self._owned()
         self._acquire()
         try:
-            if self.closed:
+            if self.closed or guard[0] or guard[1]:
                 return ()
-            for g in guard:
-                if g:
-                    return ()
             mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
             pos = self.tails[i]
             head = quads[hi]
@@ -530,24 +538,30 @@ class ShmLinks:
                 return ()
             root = words[(a >> 2) + 7]
             if n:
-                b = (pos + _REC) % ring
-                if b + n <= ring:
-                    if n == len(buf):
-                        buf[:] = mv[at + b : at + b + n]
-                    else:
-                        buf[:n] = mv[at + b : at + b + n]
+                b = a + _REC  # records start 64-byte aligned: at most the ring's end
+                if b + n <= at + ring:
+                    buf[:n] = mv[b : b + n]
                 else:
-                    _ring_read(buf, mv, at, ring, b, n)
-            pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+                    _ring_read(buf, mv, at, ring, b - at, n)
+            pos += _REC + ((n + _REC - 1) & -_REC)
             self.tails[i] = pos
             quads[ti] = pos
-            self._fence_acquire()
-            self._fence_release()
-            if words[bi]:  # the sender waits for room
-                self.ring_bell(i)
-            return root if root < 0x80000000 else root - 0x100000000, n
+            got = root if root < 0x80000000 else root - 0x100000000, n
+            if inner:
+                self._fence_acquire()
+                self._fence_release()
+                if words[bi]:  # the sender waits for room
+                    self.ring_bell(i)
+                return got
         finally:
             self._release()
+        # the release was the barrier between the tail's store and the blocked flag's
+        # load (see putter): one fence less a message
+        if words[bi]:  # the sender waits for room (rare: under the lock again)
+            with self.lock:
+                if not self.closed:
+                    self.ring_bell(i)
+        return got
 
     def take_run(self, i: int, src: int, recvs: list, mark: Any) -> Any:
         """Consume the messages next in local rank i's ring (global rank ``src``) into the
@@ -555,14 +569,15 @@ class ShmLinks:
         message is complete in the ring, starts with its ``expect`` and fits its
         ``direct`` (see :meth:`take_prefix`; items: objects with ``src``, ``expect``
         -- None: not to be taken so -- and ``direct``). Each one taken gets ``tag``
-        (the header's ``root``), ``data`` (the filled part of ``direct``) and, last,
-        ``msg = mark``, and leaves ``recvs`` (the run at once, before the lock is
-        released). Returns True once ``recvs`` is empty, None when its first item's
-        message has not come, ``()`` when it cannot be taken so (another message, one
-        too large, or one still streaming through the ring: route it). One lock, one
-        publication of the tail for the run (the MPI engine's window of Irecv:
-        :meth:`Engine.serve`, whose posted receives become their own message records);
-        the caller holds its own lock over ``recvs``."""
+        (the header's ``root``; kept when its 32-byte ``expect`` named it), ``data``
+        (the filled part of ``direct``) and, last, ``msg = mark``, and leaves
+        ``recvs`` (the run at once, before the lock is released). Returns True once
+        ``recvs`` is empty, None when its first item's message has not come, ``()``
+        when it cannot be taken so (another message, one too large, or one still
+        streaming through the ring: route it). One lock, one publication of the tail
+        for the run (the MPI engine's window of Irecv: :meth:`Engine.serve`, whose
+        posted receives become their own message records); the caller holds its own
+        lock over ``recvs``."""
         self._acquire()
         try:
             if self.closed or self.current[i] is not None:
@@ -571,6 +586,7 @@ class ShmLinks:
             ring = self.ring
             start = pos = self.tails[i]
             head = quads[hi]
+            stop = at + ring  # the ring's end in the mapping
             f: Any = True
             k = 0
             try:
@@ -583,25 +599,28 @@ class ShmLinks:
                         f = None
                         break
                     a = at + pos % ring
-                    if mm[a : a + len(expect)] != expect:
+                    m = len(expect)
+                    if mm[a : a + m] != expect:
                         f = ()
                         break
                     n = quads[(a >> 3) + 5]  # nbytes
                     buf = item.direct
-                    if n > len(buf) or n > head - pos - _REC:  # a partial one streams: route it
+                    size = len(buf)
+                    if n > size or n > head - pos - _REC:  # a partial one streams: route it
                         f = ()
                         break
-                    root = words[(a >> 2) + 7]
                     if n:
-                        b = (pos + _REC) % ring
-                        if b + n <= ring:
-                            buf[:n] = mv[at + b : at + b + n]
+                        b = a + _REC  # records start 64-byte aligned: at most ``stop``
+                        if b + n <= stop:
+                            buf[:n] = mv[b : b + n]
                         else:
-                            _ring_read(buf, mv, at, ring, b, n)
-                    pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+                            _ring_read(buf, mv, at, ring, b - at, n)
+                    pos += _REC + ((n + _REC - 1) & -_REC)
                     k += 1
-                    item.tag = root if root < 0x80000000 else root - 0x100000000
-                    item.data = buf if n == len(buf) else buf[:n]
+                    if m != 32:  # else ``root`` was compared: it is item.tag
+                        root = words[(a >> 2) + 7]
+                        item.tag = root if root < 0x80000000 else root - 0x100000000
+                    item.data = buf if n == size else buf[:n]
                     item.msg = mark  # last: a thread that sees it finds the rest in place
             finally:  # also when a copy raises (a released buffer): what was taken is gone
                 if k:
