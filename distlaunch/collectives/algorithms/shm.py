@@ -125,8 +125,9 @@ def _pair_all_reduce(
         if k >= 0:
             s.need(peer, p0 + k, ctx)
             if mine:
-                # the own operand from arr, just read by publish (cache-hot; its published
-                # copy costs ~40 % more), the output exactly that operand (no overlap hazard)
+                # the own operand from arr, read by its publish at most a slot ago (still
+                # cached; its published copy costs ~40 % more), the output exactly that
+                # operand (no overlap hazard)
                 seg = arr[k * per : (k + 1) * per]
                 if r == 0:
                     uf(seg, ring(k, peer), out=seg)
