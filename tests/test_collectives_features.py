@@ -24,6 +24,7 @@ CASES = [
     ("objects", 3),
     ("large", 3),
     ("large", 4),
+    ("runahead", 2),
     ("badargs", 2),
 ]
 

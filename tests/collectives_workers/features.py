@@ -5,6 +5,7 @@ subgroups  new_group membership, ranks, ops inside overlapping groups, NON_GROUP
 async      isend/irecv overlap, async_op=True collectives, Work.wait/is_completed
 objects    object collectives with arbitrary picklable objects (small and > 1 MiB)
 large      8 B .. 16 MiB messages across the algorithm thresholds
+runahead   two ranks' chunked all_reduce runs a slot ahead of a stalled peer; results
 badargs    bad buffers/arguments raise CollectiveArgumentError locally; group still works
 basic      a small all_reduce + broadcast (used for the init-method tests)
 """
@@ -296,6 +297,51 @@ elif mode == "large":
             F.run(f"recv {nbytes}B", lambda: dist.recv(W(got), src=(rank - 1) % n))
             F.run("isend wait", w.wait)
             F.check(f"send/recv {nbytes}B", got, ins[(rank - 1) % n])
+
+elif mode == "runahead":
+    # two ranks' chunked all_reduce (shared memory): while rank 1 stalls after its first
+    # chunk, rank 0 publishes a slot of chunks ahead (2 chunks of 2 MiB), not one; then
+    # the results, of a ring that wraps and of the operations right after it
+    import time
+
+    assert n == 2
+    x = W(np.ones(4))
+    F.run("first all_reduce", lambda: dist.all_reduce(x))
+    world = dist.GroupMember.WORLD
+    size = (9 << 20) // 4 + 3  # 5 chunks, the last ragged: the 4-chunk ring wraps
+    ins = [data(r, "float32", size, 3) for r in range(n)]
+    x = ins[rank].copy()
+    if rank == 1 and world.backend == "shm":
+        ch = world._fast.channel
+        begin = ch.begin
+
+        def stalled_begin(ctx, fill=None):
+            p0 = begin(ctx, fill)
+            ch.begin = begin
+            idx, end = ch.counter_index(0), time.monotonic() + 10
+            while (ch.words[idx] - p0) % 2**32 < 2 and time.monotonic() < end:
+                time.sleep(0.01)
+            time.sleep(0.05)  # (one more chunk would need ours)
+            F.check("rank 0's lead in chunks while rank 1 stalls", (ch.words[idx] - p0) % 2**32, 2)
+            return p0
+
+        ch.begin = stalled_begin
+    F.run("all_reduce 9 MiB", lambda: dist.all_reduce(W(x)))
+    F.check("all_reduce 9 MiB", x, np.sum(ins, axis=0, dtype=np.float32))
+    for nbytes in (9 << 20, (5 << 20) + 12, 64, 1 << 20):
+        size = nbytes // 4
+        ins = [data(r, "float32", size, nbytes) for r in range(n)]
+        for root in (None, 0, 1):
+            x = ins[rank].copy()
+            if root is None:
+                F.run(f"all_reduce {nbytes}B", lambda: dist.all_reduce(W(x)))
+            else:
+                F.run(f"reduce {nbytes}B", lambda: dist.reduce(W(x), dst=root))
+            want = np.sum(ins, axis=0, dtype=np.float32)
+            F.check(f"reduce {nbytes}B root={root}", x, want if root in (None, rank) else ins[rank])
+            y = ins[rank].copy()  # an operation right after it (phases, buffers reused)
+            F.run(f"broadcast {nbytes}B", lambda: dist.broadcast(W(y), src=1))
+            F.check(f"broadcast {nbytes}B after root={root}", y, ins[1])
 
 elif mode == "badargs":
     A = dist.CollectiveArgumentError

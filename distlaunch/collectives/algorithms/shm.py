@@ -91,25 +91,61 @@ def _pair_all_reduce(
     publish the whole chunk and reduce it in place with rank 0's operand first, so the
     results are bit-identical. The same bytes move as in the two-phase form, with half
     the synchronisations: when the ranks share their cores with the caller's compute
-    (a DDP backward), every wait for the peer can cost a scheduler slice."""
+    (a DDP backward), every wait for the peer can cost a scheduler slice.
+
+    Run-ahead: a rank's two buffers hold ``2 * sub`` chunks (``sub`` = chunks per slot),
+    used as a ring, and a rank publishes chunk m once it has read the peer's chunks up to
+    m - ``sub``: it runs ``sub`` chunks ahead of the peer instead of one, so a helper
+    thread that gets the core while its peer's is descheduled publishes a whole slot.
+    Chunk m's ring slot last held chunk m - 2 * ``sub``, which the peer has read once it
+    published chunk m - ``sub`` -- the same wait as for reading the peer's chunk
+    m - ``sub``. With ``sub`` > 1 a last phase (no data) says every chunk was read: the
+    channel's invariant (publishing phase p: done reading phases < p, data of phase p in
+    buffer p % 2) holds again for the next operation."""
     r, dt = s.r, arr.dtype
     per = max(1, min(chunk or s.config.chunk, s.slot) // dt.itemsize)  # elements per chunk
+    cb = per * dt.itemsize
+    chunks = -(-arr.size // per)
+    # (two or fewer chunks: the extra phase would cost more than one chunk of lead)
+    sub = max(1, min(s.slot // cb, chunks - 1))
     mine = root is None or root == r
-    for a in range(0, arr.size, per):
-        seg = arr[a : a + per]
+    peer = 1 - r
+    p0 = s.phase + 1
+    bufs = s.bufs
 
-        def publish(buf: np.ndarray, seg: np.ndarray = seg) -> None:
-            buf[: seg.nbytes].view(dt)[:] = seg
+    def ring(k: int, owner: int) -> np.ndarray:
+        """``owner``'s ring slot of chunk k as the chunk's elements."""
+        i = k % (2 * sub)
+        off = (i % sub) * cb
+        n = min(per, arr.size - k * per)
+        return bufs[owner][(p0 + i // sub) & 1][off : off + n * dt.itemsize].view(dt)
 
-        p = s.step(ctx, publish, first=a == 0)
-        if mine:
-            # the own operand from arr, just read by publish (cache-hot; its published
-            # copy costs ~40 % more), the output exactly that operand (no overlap hazard)
-            other = s.view(1 - r, p, dt, seg.size)
-            if r == 0:
-                uf(seg, other, out=seg)
+    for m in range(chunks + sub):
+        k = m - sub  # the chunk to reduce before publishing chunk m
+        if k >= 0:
+            s.need(peer, p0 + k, ctx)
+            if mine:
+                # the own operand from arr, read by its publish at most a slot ago (still
+                # cached; its published copy costs ~40 % more), the output exactly that
+                # operand (no overlap hazard)
+                seg = arr[k * per : (k + 1) * per]
+                if r == 0:
+                    uf(seg, ring(k, peer), out=seg)
+                else:
+                    uf(ring(k, peer), seg, out=seg)
+        if m < chunks:
+            seg = arr[m * per : (m + 1) * per]
+            if m == 0:
+
+                def publish(buf: np.ndarray, seg: np.ndarray = seg) -> None:
+                    buf[: seg.nbytes].view(dt)[:] = seg
+
+                s.begin(ctx, publish)  # (compares the calls; phase p0)
             else:
-                uf(other, seg, out=seg)
+                ring(m, r)[:] = seg
+                s.signal(p0 + m)
+    if sub > 1:
+        s.signal(p0 + chunks)
 
 
 @implements("all_reduce", "shm")
