@@ -181,7 +181,7 @@ def test_killed_peer_raises_on_every_survivor(mode, world):
     # as a RuntimeError carrying the backend's message (it
     # crashed with SIGSEGV: DDP read the error object as the result)
     out = spawn("failures.py", mode, f"tcp://127.0.0.1:{free_port()}", world=world)
-    assert out[-1][1] == -9  # the victim
+    assert out[-1][1] == -9, out[-1]  # the victim (its output says why when it is not)
     for _r, rc, so, se in out[:-1]:
         got = raised(so)
         assert rc == 0 and len(got) == 1, so + se[-3000:]

@@ -311,24 +311,32 @@ elif mode == "runahead":
     size = (9 << 20) // 4 + 3  # 5 chunks, the last ragged: the 4-chunk ring wraps
     ins = [data(r, "float32", size, 3) for r in range(n)]
     x = ins[rank].copy()
-    if rank == 1 and world.backend == "shm":
+    shm = world.backend == "shm"
+    if shm:
         ch = world._fast.channel
+        chunks = -(-size * 4 // ch.config.chunk)
+        lead = min(ch.slot // ch.config.chunk, chunks - 1)  # the run-ahead, in chunks
+        before = ch.phase
+    if rank == 1 and shm:
         begin = ch.begin
 
         def stalled_begin(ctx, fill=None):
             p0 = begin(ctx, fill)
             ch.begin = begin
             idx, end = ch.counter_index(0), time.monotonic() + 10
-            while (ch.words[idx] - p0) % 2**32 < 2 and time.monotonic() < end:
+            while (ch.words[idx] - p0) % 2**32 < lead and time.monotonic() < end:
                 time.sleep(0.01)
             time.sleep(0.05)  # (one more chunk would need ours)
-            F.check("rank 0's lead in chunks while rank 1 stalls", (ch.words[idx] - p0) % 2**32, 2)
+            F.check("rank 0's lead in chunks while rank 1 stalls", (ch.words[idx] - p0) % 2**32, lead)
             return p0
 
         ch.begin = stalled_begin
     F.run("all_reduce 9 MiB", lambda: dist.all_reduce(W(x)))
     F.check("all_reduce 9 MiB", x, np.sum(ins, axis=0, dtype=np.float32))
-    for nbytes in (9 << 20, (5 << 20) + 12, 64, 1 << 20):
+    if shm:  # a phase per chunk, and the closing one that restores the channel's rule
+        F.check("phases of the 9 MiB all_reduce", ch.phase - before, chunks + (lead > 1))
+    # 4 MiB: two chunks, no run-ahead; 8 MiB: the ring full; 16 MiB: it wraps twice
+    for nbytes in (9 << 20, (5 << 20) + 12, 64, 1 << 20, 4 << 20, 8 << 20, (16 << 20) + 12):
         size = nbytes // 4
         ins = [data(r, "float32", size, nbytes) for r in range(n)]
         for root in (None, 0, 1):
@@ -342,6 +350,9 @@ elif mode == "runahead":
             y = ins[rank].copy()  # an operation right after it (phases, buffers reused)
             F.run(f"broadcast {nbytes}B", lambda: dist.broadcast(W(y), src=1))
             F.check(f"broadcast {nbytes}B after root={root}", y, ins[1])
+            z = np.full(16, rank, np.float32)  # and an eager one-phase operation after that
+            F.run(f"small broadcast after {nbytes}B", lambda: dist.broadcast(W(z), src=0))
+            F.check(f"small broadcast after {nbytes}B root={root}", z, np.zeros(16, np.float32))
 
 elif mode == "badargs":
     A = dist.CollectiveArgumentError

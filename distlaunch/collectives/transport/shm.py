@@ -16,7 +16,9 @@ by that rank. Invariant: when rank j publishes phase p it has written every datu
 phases <= p and finished reading every datum of phases <= p - 1; data of phase p lives
 in buffer ``p % 2`` (and the call record of an operation starting at phase p in record
 ``p % 2``), so a rank writes its buffer or record for phase p only after every rank
-reached p - 1 (:meth:`ShmChannel.settle`). Every rank runs the same sequence of phases,
+reached p - 1 (:meth:`ShmChannel.settle`); the one exception, inside one operation, is
+two ranks' chunked all_reduce (``algorithms.shm``'s run-ahead), which restores the rule
+with a closing phase. Every rank runs the same sequence of phases,
 so phases agree across ranks. Calls are compared on the records: an operation of several
 phases starts with a full barrier that compares every rank's (:meth:`ShmChannel.begin`:
 ranks that disagree all raise CollectiveMismatchError before any data-dependent phase);
