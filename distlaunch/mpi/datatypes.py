@@ -304,6 +304,9 @@ def _array_bytes(
         # only an array that owns its memory: a kept view of an mmap's or a bytearray's
         # memory would make the program's mm.close() or resize fail (BufferError)
         _LAST[writable] = (arr, raw, mv, arr.dtype)
+        # and what was kept of the array it replaces goes with it (else it stays pinned)
+        _CUT[writable] = None
+        _SPEC[writable] = (None, None, None, None)
     return raw, mv, arr.dtype
 
 

@@ -156,3 +156,18 @@ try:
     show(rank, "cut mmap closed")
 except BufferError as e:
     show(rank, "cut mmap not closed:", e)
+
+# a numpy array sent and received with a count, then another one bare: the first can be
+# resized afterwards (what is kept of the last array lets go of it once another takes
+# its place)
+a, b = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+for x in ([a, 8, MPI.BYTE], b):
+    if rank == 0:
+        comm.Send(x, dest=1, tag=34)
+    else:
+        comm.Recv(x, source=0, tag=34)
+try:
+    a.resize(128)
+    show(rank, "first array resized", a.size)
+except ValueError as e:
+    show(rank, "first array not resized:", type(e).__name__)

@@ -390,8 +390,10 @@ class ShmLinks:
             finally:
                 release()
             # the release was the barrier between the bell's store and the sleeping flag's
-            # load (Dekker's pattern, as ring_bell): unheld, it posts the lock's semaphore,
-            # a locked instruction (a full barrier on x86); one fence less a message
+            # load (Dekker's pattern, as ring_bell): unheld, it releases the lock with a
+            # locked instruction (sem_post up to 3.12, a CAS after; a full barrier on
+            # x86); one fence less a message. (words stays exported: a close() from
+            # another thread meanwhile leaves the mapping to the end, unmapping nothing)
             if words[1]:
                 futex(_SYS_FUTEX, bell, 1, 0x7FFFFFFF, None, None, 0)
             return True
