@@ -151,6 +151,20 @@ def begin(op: str, seq: int, peers: Iterable[int] | str | None = None) -> None:
     w[3] = _now() or 1
 
 
+def started(op: str, seq: int, now: int) -> None:
+    """:func:`begin` with no peers, started at ``now`` (``time.monotonic_ns()``, which
+    the caller read anyway: the collectives' fast path takes its deadline from it)."""
+    w = _rec.words if _looked else _words()
+    if w is None:
+        return
+    w[2] = seq
+    if op is not _last_op and op != _last_op:
+        _set_op(w, op)
+    if _last_peers is not None:
+        _put_peers(None)
+    w[3] = now or 1
+
+
 def _set_op(w: memoryview, op: str) -> None:
     global _last_op
     w[3] = 0  # nothing in flight while the name changes
