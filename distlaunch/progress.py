@@ -82,6 +82,13 @@ def _words() -> memoryview | None:
     return w
 
 
+def words() -> memoryview | None:
+    """This process's record as u64 words (``[magic, progress, seq, start]``), or None
+    outside a distlaunch worker: for a caller that ends many operations itself (``end``
+    is ``w[3] = 0; w[1] += 1``)."""
+    return _rec.words if _looked else _words()
+
+
 def heartbeat() -> None:
     """Count one unit of progress for this rank (see ``--hang-timeout``). Never raises,
     never blocks; a no-op outside a distlaunch worker."""

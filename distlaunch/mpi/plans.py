@@ -24,10 +24,12 @@ import array
 import mmap
 import os
 import struct
+import time
 from typing import Any
 
 import numpy as np
 
+from .. import progress
 from ..collectives.algorithms.shm import _TOTAL, _width
 from ..collectives.context import OpTimeout
 from ..collectives.transport.shm import PHASE_HALF as _H
@@ -37,6 +39,7 @@ from ..collectives.transport.shm_p2p import BUSY, busy_seconds
 from .comm import STATE, Handle
 from .datatypes import Spec
 
+_monotonic_ns, _started = time.monotonic_ns, progress.started
 MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
 _TYPES = (np.ndarray, bytearray, mmap.mmap, bytes, array.array)  # viewed anew per call
 _HEAD = struct.Struct("<q")  # all_to_all: the head of a phase buffer, the longest block
@@ -145,6 +148,8 @@ class Plan:
         "words",
         "cidx",
         "recs",
+        "pw",
+        "ex",
     )
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
@@ -162,6 +167,8 @@ class Plan:
         # per phase parity: the offsets of this rank's call record and the others' (open)
         rec = self.ch.record_offset
         self.recs = [(rec(self.r, k), [rec(j, k) for j in self.peers]) for k in (0, 1)]
+        self.pw = progress.words()  # the progress record (None: not a distlaunch worker)
+        self.ex = pg._executor  # (its pending jobs: the group's enter finishes them first)
         pids = self.ch.pids()
         busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
         # rounds of POLL checks; none for large blocks: a peer copying them takes longer
@@ -203,8 +210,12 @@ class Plan:
         """The call on these buffers (True), or nothing done (False: the plan does not
         apply: another MPI engine (finalized, re-initialised), the group shut down,
         buffers unlike the plan's). Its one phase (``phase``, on the send and receive
-        bytes: None for a side without a Buf) runs between the group's enter and leave."""
-        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
+        bytes: None for a side without a Buf) runs as the group's next blocking
+        operation: :meth:`~.ProcessGroup.enter` and ``leave`` written out (the same
+        sequence number, deadline and progress record; the group's own enter when it
+        is broken or has asynchronous operations to finish first)."""
+        g = self.pg
+        if STATE.engine is not self.eng or g.fast_channel is not self.ch:
             return False
         pa, pb = self.a, self.b
         sa = sb = None
@@ -216,17 +227,29 @@ class Plan:
             sb = pb.view(b)
             if sb is None:
                 return False
-        g, ctx = self.pg, self.ctx
-        g.enter(ctx)
+        ctx = self.ctx
+        if g.broken is not None or self.ex.pending:
+            g.enter(ctx)
+        else:
+            g._current_op = ctx.op
+            g.seq = seq = g.seq + 1
+            ctx.seq = seq
+            t = _monotonic_ns()
+            ctx.deadline = t * 1e-9 + ctx.timeout
+            _started(ctx.name, seq, t)
         try:
-            self.phase(sa, sb)
+            self.phase(self.open(), sa, sb)
         except BaseException as e:
             raise g.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        g.leave(ctx)
+        g.completed = ctx.seq
+        pw = self.pw
+        if pw is not None:  # (progress.end)
+            pw[3] = 0
+            pw[1] += 1
         return True
 
-    def phase(self, src: Any, dst: Any) -> None:
-        """The operation's phase (:meth:`open`) on its send and receive bytes."""
+    def phase(self, p: int, src: Any, dst: Any) -> None:
+        """The operation's phase ``p`` (opened) on its send and receive bytes."""
         raise NotImplementedError
 
 
@@ -245,29 +268,16 @@ class Bcast(Plan):
 
     __slots__ = ()
 
-    def run(self, a: Any, b: Any) -> bool:
-        # (one buffer: Plan.run written out, the most frequent call)
-        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
-            return False
-        m = self.a.view(a)  # type: ignore[union-attr]
-        if m is None:
-            return False
-        g, ch, ctx, nb = self.pg, self.ch, self.ctx, self.nb
-        g.enter(ctx)
-        try:
-            p = self.open()
-            o = self.offs[p & 1][self.root]
-            if self.r == self.root:
-                ch.mv[o : o + nb] = m
-                ch.publish(ctx, p, self.rec, False)
-            else:
-                ch.publish(ctx, p, self.rec, self.n <= 2)  # (n = 2: compared with all)
-                ch.take(ctx, p, self.root, self.spin)
-                m[:] = ch.mv[o : o + nb]
-        except BaseException as e:
-            raise g.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        g.leave(ctx)
-        return True
+    def phase(self, p: int, src: Any, dst: Any) -> None:
+        ch, ctx, nb = self.ch, self.ctx, self.nb
+        o = self.offs[p & 1][self.root]
+        if self.r == self.root:
+            ch.mv[o : o + nb] = src
+            ch.publish(ctx, p, self.rec, False)
+        else:
+            ch.publish(ctx, p, self.rec, self.n <= 2)  # (n = 2: compared with all)
+            ch.take(ctx, p, self.root, self.spin)
+            src[:] = ch.mv[o : o + nb]
 
 
 class Gather(Plan):
@@ -276,8 +286,7 @@ class Gather(Plan):
 
     __slots__ = ()
 
-    def phase(self, src: Any, dst: Any) -> None:
-        p = self.open()
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
         if r != self.root:
             o = self.mine[p & 1]
@@ -303,8 +312,7 @@ class Scatter(Plan):
         super().__init__(*args)
         self.width = _width(self.ch, self.n, 0)
 
-    def phase(self, src: Any, dst: Any) -> None:
-        p = self.open()
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
         if r == self.root:
             o, mv = self.mine[p & 1], ch.mv
@@ -326,8 +334,7 @@ class Allgather(Plan):
 
     __slots__ = ()
 
-    def phase(self, src: Any, dst: Any) -> None:
-        p = self.open()
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
         own = dst[r * nb : (r + 1) * nb]
         offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
@@ -355,8 +362,7 @@ class Alltoall(Plan):
         self.width = _width(self.ch, self.n, _TOTAL)
         self.head = _HEAD.pack(self.nb)
 
-    def phase(self, src: Any, dst: Any) -> None:
-        p = self.open()
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
         offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
         o = offs[r]
