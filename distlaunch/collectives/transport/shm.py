@@ -307,7 +307,6 @@ class ShmChannel:
         # the flags a publish reads: the others' (ours never names this rank)
         self._peer_flags = [self._flag_idx[j] for j in range(self.n) if j != self.r]
         self._fence = threading.Lock()
-        self._fenced = False  # signal's fence: acquire and release alternate (see signal)
         self._views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
         self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
         # byte offsets of every rank's two meta records (phase parity)
@@ -386,14 +385,11 @@ class ShmChannel:
         self.phase = p
         w = self.words
         w[self._sidx] = p & _M
-        # one locked instruction (a full memory barrier on x86): the lock's acquire and
-        # release alternate between calls, each an atomic read-modify-write
-        if self._fenced:
+        # one locked instruction (a full memory barrier on x86): taking the free lock
+        # (an atomic compare-and-swap) or, when the last call took it, releasing it
+        # (an atomic add); whatever state an interrupted call left, never a wait
+        if not self._fence.acquire(False):
             self._fence.release()
-            self._fenced = False
-        else:
-            self._fence.acquire()
-            self._fenced = True
         me = self.r + 1
         for i in self._peer_flags:
             if w[i] == me:
@@ -604,12 +600,8 @@ class ShmChannel:
         self.phase = p
         w = self.words
         w[self._sidx] = p & _M
-        if self._fenced:
+        if not self._fence.acquire(False):  # (a full barrier: see signal)
             self._fence.release()
-            self._fenced = False
-        else:
-            self._fence.acquire()
-            self._fenced = True
         me = self.r + 1
         for i in self._peer_flags:
             if w[i] == me:
