@@ -82,6 +82,13 @@ def _words() -> memoryview | None:
     return w
 
 
+def words() -> memoryview | None:
+    """This process's record as u64 words (``[magic, progress, seq, start]``), or None
+    outside a distlaunch worker: for a caller that ends many operations itself (``end``
+    is ``w[3] = 0; w[1] += 1``)."""
+    return _rec.words if _looked else _words()
+
+
 def heartbeat() -> None:
     """Count one unit of progress for this rank (see ``--hang-timeout``). Never raises,
     never blocks; a no-op outside a distlaunch worker."""
@@ -149,6 +156,20 @@ def begin(op: str, seq: int, peers: Iterable[int] | str | None = None) -> None:
     if peers is not _last_peers:
         _put_peers(peers)
     w[3] = _now() or 1
+
+
+def started(op: str, seq: int, now: int) -> None:
+    """:func:`begin` with no peers, started at ``now`` (``time.monotonic_ns()``, which
+    the caller read anyway: the collectives' fast path takes its deadline from it)."""
+    w = _rec.words if _looked else _words()
+    if w is None:
+        return
+    w[2] = seq
+    if op is not _last_op and op != _last_op:
+        _set_op(w, op)
+    if _last_peers is not None:
+        _put_peers(None)
+    w[3] = now or 1
 
 
 def _set_op(w: memoryview, op: str) -> None:

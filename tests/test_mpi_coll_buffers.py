@@ -127,3 +127,28 @@ def test_alltoall_blocks_of_another_size(tmp_path, monkeypatch, n, case, transpo
         assert "CollectiveMismatchError" in line, line
         found += [line] if all(f"count={s})" in line for s in sizes) else []
     assert found, lines
+
+
+@pytest.mark.parametrize(
+    "op,dying",
+    [("bcast", 1), ("bcast", 0), ("gather", 1), ("scatter", 0), ("allgather", 0), ("alltoall", 1)],
+)
+def test_a_peer_dying_in_repeated_calls_raises(tmp_path, op, dying):
+    """A rank exits in the middle of repeated small calls (the planned path): the
+    survivor's next calls raise PeerLostError within seconds, as a reader waiting for
+    the dead rank's data and as a broadcast root waiting for it to have read."""
+    rc, lines, err = run("coll_peer_death", 2, tmp_path, True, (op, str(dying)), timeout=60)
+    me = 1 - dying
+    [line] = [ln for ln in lines if ln.startswith(f"{me} {op}")] or [f"no line: {lines} {err[-3000:]}"]
+    assert "['PeerLostError', 'PeerLostError']" in line, line
+
+
+def test_roots_that_disagree_after_planned_calls(tmp_path):
+    """After planned Bcasts from root 0, each rank calls Bcast as its own root, so
+    nobody reads anybody's: the next call of each (rank 0's on its plan, which compares
+    the previous call as it opens) raises CollectiveMismatchError naming both roots."""
+    rc, lines, err = run("coll_peer_death", 2, tmp_path, True, ("roots", "-1"), timeout=60)
+    for r in range(2):
+        [line] = [ln for ln in lines if ln.startswith(f"{r} roots:")] or [f"no line: {lines} {err[-3000:]}"]
+        assert line.count("CollectiveMismatchError") == 2, line
+        assert "root=0)" in line and "root=1)" in line and "the call before this one" in line, line

@@ -73,6 +73,7 @@ from .work import Executor, RequestWork, Work
 
 __all__ = ["ProcessGroup", "Work", "DEFAULT_TIMEOUT", "to_seconds"]
 
+_monotonic_ns = time.monotonic_ns
 _STATUS_WAIT = 2.0  # seconds to collect peers' status after a timeout
 _ABORT_GRACE = 0.25  # seconds a lost peer's ABORT may trail its connection's end
 _BARRIER = SmallCall("barrier", OP_CODES["barrier"], 0, 0)
@@ -383,16 +384,17 @@ class ProcessGroup(Members):
         group's first failure when it is broken."""
         if self.broken is not None:
             self.check_usable()
-        lock = self._seq_lock
-        lock.acquire()
-        self.seq = seq = self.seq + 1
+        # (no _seq_lock: blocking operations are the calling thread's, one at a time, and
+        # only the calling thread numbers operations; status() may see the op a moment
+        # before its number)
         self._current_op = ctx.op
-        lock.release()
+        self.seq = seq = self.seq + 1
         if self._executor.pending:
             self._executor.drain()
         ctx.seq = seq
-        ctx.deadline = time.monotonic() + ctx.timeout
-        progress.begin(ctx.name, seq)
+        t = _monotonic_ns()  # one clock read for the deadline and the progress record
+        ctx.deadline = t * 1e-9 + ctx.timeout
+        progress.started(ctx.name, seq, t)
 
     def leave(self, ctx: OpContext) -> None:
         """``ctx``'s operation (started by :meth:`enter`) completed."""

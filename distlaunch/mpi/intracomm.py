@@ -93,11 +93,12 @@ def _unblock(r: Spec, outs: list | None, n: int) -> None:
             r.unpack(o, r.displ + i * r.count)
 
 
-def _planned(h: Handle | None, op: str, a: Any, b: Any, root: int) -> Any:
-    """The plan an earlier call with these buffer objects left (see :mod:`.plans`), or None."""
+def _ran(h: Handle | None, op: str, a: Any, b: Any, root: int) -> bool:
+    """Run the call on the plan an earlier call with these buffer objects left (see
+    :mod:`.plans`): True when it ran, False when there is none or it does not apply."""
     if h is None:
-        return None
-    return h.plans.get(
+        return False
+    plan = h.plans.get(
         (
             op,
             id(a[0]) if type(a) is list and a else id(a),
@@ -105,6 +106,7 @@ def _planned(h: Handle | None, op: str, a: Any, b: Any, root: int) -> Any:
             root,
         )
     )
+    return plan is not None and plan.run(a, b)
 
 
 class Intracomm(Comm):
@@ -232,8 +234,7 @@ class Intracomm(Comm):
             plans.keep(h, _pg(h), op, plans.key(op, a, b, root), count, root, pa, pb, nb)
 
     def Bcast(self, buf: Any, root: int = 0) -> None:
-        plan = _planned(self._handle, "broadcast", buf, None, root)
-        if plan is not None and plan.run(buf, None):
+        if _ran(self._handle, "broadcast", buf, None, root):
             return
         h = self._h()
         self._eng()
@@ -253,8 +254,7 @@ class Intracomm(Comm):
             s.unpack(tmp)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        plan = _planned(self._handle, "gather", sendbuf, recvbuf, root)
-        if plan is not None and plan.run(sendbuf, recvbuf):
+        if _ran(self._handle, "gather", sendbuf, recvbuf, root):
             return
         h = self._h()
         self._eng()
@@ -280,8 +280,7 @@ class Intracomm(Comm):
         self._plan(h, "gather", sendbuf, recvbuf, root, pa, pb, len(data), len(data))
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:
-        plan = _planned(self._handle, "scatter", sendbuf, recvbuf, root)
-        if plan is not None and plan.run(sendbuf, recvbuf):
+        if _ran(self._handle, "scatter", sendbuf, recvbuf, root):
             return
         h = self._h()
         self._eng()
@@ -305,8 +304,7 @@ class Intracomm(Comm):
         self._plan(h, "scatter", sendbuf, recvbuf, root, pa, pb, len(out), len(out))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:
-        plan = _planned(self._handle, "all_gather", sendbuf, recvbuf, -1)
-        if plan is not None and plan.run(sendbuf, recvbuf):
+        if _ran(self._handle, "all_gather", sendbuf, recvbuf, -1):
             return
         h = self._h()
         self._eng()
@@ -329,8 +327,7 @@ class Intracomm(Comm):
         self._plan(h, "all_gather", sendbuf, recvbuf, -1, pa, pb, len(data), len(data))
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:
-        plan = _planned(self._handle, "all_to_all", sendbuf, recvbuf, -1)
-        if plan is not None and plan.run(sendbuf, recvbuf):
+        if _ran(self._handle, "all_to_all", sendbuf, recvbuf, -1):
             return
         h = self._h()
         self._eng()

@@ -7,8 +7,9 @@ objects, counts and datatypes runs the plan: the call record, the context, the s
 offsets and this rank's part are computed once, and the call is the eager algorithm of
 :mod:`distlaunch.collectives.algorithms.shm` written out for bytes (same phases, same
 layout, same call records, so a planned rank and a rank on the general path run one
-operation together), between the group's :meth:`~.ProcessGroup.enter` and
-:meth:`~.ProcessGroup.leave`.
+operation together), as the group's next blocking operation (:meth:`~.ProcessGroup.enter`
+and :meth:`~.ProcessGroup.leave` written out in :meth:`Plan.run`: a planned call is
+about ten Python calls, each of which costs here what a few dozen bytecodes do).
 
 A plan holds no reference to a buffer (it must not keep a dead buffer alive, nor stop
 the program from closing its mmap or resizing its array): it keys on the buffer object's
@@ -24,30 +25,33 @@ import array
 import mmap
 import os
 import struct
+import time
 from typing import Any
 
 import numpy as np
 
+from .. import progress
 from ..collectives.algorithms.shm import _TOTAL, _width
 from ..collectives.context import OpTimeout
 from ..collectives.transport.shm import PHASE_HALF as _H
 from ..collectives.transport.shm import PHASE_MASK as _M
+from ..collectives.transport.shm import POLL
 from ..collectives.transport.shm_p2p import BUSY, busy_seconds
 from .comm import STATE, Handle
 from .datatypes import Spec
 
+_monotonic_ns, _started = time.monotonic_ns, progress.started
 MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
 _TYPES = (np.ndarray, bytearray, mmap.mmap, bytes, array.array)  # viewed anew per call
 _HEAD = struct.Struct("<q")  # all_to_all: the head of a phase buffer, the longest block
-# waiting for a peer: rounds of busy-polling its phase counter (SPIN checks, about 50 µs;
+# waiting for a peer: rounds of busy-polling its phase counter (POLL checks, about 50 µs;
 # a sched_yield after each, as MPICH's polls before a yield) for the point-to-point
 # waiters' busy time (shm_p2p.busy_seconds: DISTLAUNCH_SHM_P2P_BUSY_US, default 100 µs;
 # none when the node's ranks have fewer CPUs than they are: a spinner holds the CPU of
 # the peer it waits for), then the channel's own wait (a sched_yield per check, futex
 # sleeps, failure checks). A peer on another core publishes within microseconds; a
 # yield per check hands the core to any runnable process, a scheduler slice under load
-SPIN = 1000
-_SPIN_S = 50e-6
+_SPIN_S = 50e-6  # seconds per round of POLL checks
 SPIN_MAX = 64 << 10  # bytes per block: larger calls wait as the channel does
 
 
@@ -73,8 +77,9 @@ class Buf:
     def view(self, spec: Any) -> memoryview | None:
         """The plan's bytes of ``spec`` (a flat byte memoryview), or None when ``spec``
         is not like the one the plan was made from or its buffer cannot give them."""
-        if self.rest is not None:
-            if type(spec) is not list or spec[1:] != self.rest:
+        rest = self.rest
+        if rest is not None:
+            if type(spec) is not list or spec[1:] != rest:
                 return None
             spec = spec[0]
         if type(spec) is not self.tp:
@@ -120,15 +125,6 @@ def key(op: str, a: Any, b: Any, root: int) -> tuple:
     )
 
 
-def _wait(ch: Any, j: int, p: int, rounds: int) -> None:
-    """Busy-poll rank j's counter for phase ``p`` in ``rounds`` rounds of SPIN checks,
-    a sched_yield after each (the caller then waits with the channel's checks)."""
-    for _ in range(rounds):
-        if ch.poll(j, p, SPIN):
-            return
-        os.sched_yield()
-
-
 class Plan:
     """A repeated small call on ``pg``'s shared-memory channel ``ch``: ``a`` the send
     side's :class:`Buf`, ``b`` the receive side's (None: IN_PLACE, or not used on this
@@ -140,6 +136,7 @@ class Plan:
         "pg",
         "ch",
         "ctx",
+        "rec",
         "a",
         "b",
         "nb",
@@ -151,63 +148,76 @@ class Plan:
         "peers",
         "spin",
         "words",
-        "idx",
         "cidx",
+        "recs",
+        "pw",
+        "ex",
     )
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
         self.eng = STATE.engine
-        self.pg, self.ctx, self.ch = pg, ctx, ctx.shm
+        self.pg, self.ctx, self.ch, self.rec = pg, ctx, ctx.shm, ctx.record
         self.a, self.b, self.nb, self.root = a, b, nb, root
         self.n, self.r = pg.size, pg.rank
         # the segment offset of each rank's data buffer, per phase parity
         self.offs = [[self.ch.data_offset(j, k) for j in range(self.n)] for k in (0, 1)]
         self.mine = [offs[self.r] for offs in self.offs]
         self.peers = [j for j in range(self.n) if j != self.r]
-        # (peer, word index of its phase counter): the counters a wait looks at first
-        self.words, self.idx = self.ch.words, [self.ch.counter_index(j) for j in range(self.n)]
-        self.cidx = [(j, self.idx[j]) for j in self.peers]
+        # (peer, word index of its phase counter): the counters open looks at first
+        self.words = self.ch.words
+        self.cidx = [(j, self.ch.counter_index(j)) for j in self.peers]
+        # per phase parity: the offsets of this rank's call record and the others' (open)
+        rec = self.ch.record_offset
+        self.recs = [(rec(self.r, k), [rec(j, k) for j in self.peers]) for k in (0, 1)]
+        self.pw = progress.words()  # the progress record (None: not a distlaunch worker)
+        self.ex = pg._executor  # (its pending jobs: the group's enter finishes them first)
         pids = self.ch.pids()
         busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
-        # rounds of SPIN checks; none for large blocks: a peer copying them takes longer
+        # rounds of POLL checks; none for large blocks: a peer copying them takes longer
         self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
 
     def open(self) -> int:
-        """Open the operation's one phase (as ShmChannel.open; after the group's enter).
-        A rank that does not read from every other (a broadcast or scatter root) finds
-        some peer's reach of the previous phase unknown: it looks at their counters
-        first, busy-polls a peer not there yet, then settles (compares that phase's
-        calls, ``unchecked``)."""
+        """Open the operation's one phase (as ShmChannel.open; after the group's enter)
+        and return it. A rank that does not read from every other (a broadcast or
+        scatter root) finds some peer's reach of the previous phase unknown: it
+        busy-polls the peers not there yet (then waits with the channel's checks) and
+        compares that phase's calls (``unchecked``): when they agree, here; else the
+        channel's settle compares them again and raises."""
         ch = self.ch
-        p = ch.phase + 1
-        q = p - 1
-        if (ch.all_at - q) & _M >= _H:
-            w, there = self.words, True
+        q = ch.phase
+        if ch.all_at != q:  # (all_at <= phase: every rank reached q is not known yet)
+            w = self.words
             for j, idx in self.cidx:
                 if (w[idx] - q) & _M >= _H:
-                    there = False
                     if self.spin:
                         _wait(ch, j, q, self.spin)
-            if there:  # (else settle waits with the channel's checks)
-                ch.reached(q)
-            ch.settle(self.ctx, p)
-        elif ch.unchecked:
-            ch.settle(self.ctx, p)
-        return p
-
-    def take(self, p: int, j: int) -> None:
-        """ShmChannel.take of rank j's phase p, busy-polling first when j has not
-        published it yet."""
-        if self.spin and (self.words[self.idx[j]] - p) & _M >= _H:
-            _wait(self.ch, j, p, self.spin)
-        self.ch.take(self.ctx, p, j)
+                    if (w[idx] - q) & _M >= _H:
+                        ch.need(j, q, self.ctx)
+            ch.reached(q)
+        u = ch.unchecked
+        if u:
+            if u == q:
+                mm, (o, offs) = ch.mm, self.recs[q & 1]
+                mine = mm[o : o + 48]
+                for o in offs:
+                    if mm[o : o + 48] != mine:
+                        break
+                else:
+                    ch.unchecked = 0
+                    return q + 1
+            ch.settle(self.ctx, q + 1)  # (compares again and raises CollectiveMismatchError)
+        return q + 1
 
     def run(self, a: Any, b: Any) -> bool:
         """The call on these buffers (True), or nothing done (False: the plan does not
         apply: another MPI engine (finalized, re-initialised), the group shut down,
         buffers unlike the plan's). Its one phase (``phase``, on the send and receive
-        bytes: None for a side without a Buf) runs between the group's enter and leave."""
-        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
+        bytes: None for a side without a Buf) runs as the group's next blocking
+        operation: :meth:`~.ProcessGroup.enter` and ``leave`` written out (the same
+        sequence number, deadline and progress record; the group's own enter when it
+        is broken or has asynchronous operations to finish first)."""
+        g = self.pg
+        if STATE.engine is not self.eng or g.fast_channel is not self.ch:
             return False
         pa, pb = self.a, self.b
         sa = sb = None
@@ -220,17 +230,40 @@ class Plan:
             if sb is None:
                 return False
         ctx = self.ctx
-        self.pg.enter(ctx)
+        if g.broken is not None or self.ex.pending:
+            g.enter(ctx)
+        else:
+            g._current_op = ctx.op
+            g.seq = seq = g.seq + 1
+            ctx.seq = seq
+            t = _monotonic_ns()
+            ctx.deadline = t * 1e-9 + ctx.timeout
+            _started(ctx.name, seq, t)
+        ch = self.ch
         try:
-            self.phase(self.open(), sa, sb)
+            q = ch.phase  # (open's first test written out: the usual reader's whole open)
+            self.phase(q + 1 if ch.all_at == q and not ch.unchecked else self.open(), sa, sb)
         except BaseException as e:
-            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        self.pg.leave(ctx)
+            raise g.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
+        g.completed = ctx.seq
+        pw = self.pw
+        if pw is not None:  # (progress.end)
+            pw[3] = 0
+            pw[1] += 1
         return True
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        """The operation's phase ``p`` on its send and receive bytes."""
+        """The operation's phase ``p`` (opened) on its send and receive bytes."""
         raise NotImplementedError
+
+
+def _wait(ch: Any, j: int, p: int, rounds: int) -> None:
+    """Busy-poll rank j's counter for phase ``p`` in ``rounds`` rounds of POLL checks,
+    a sched_yield after each (the caller then waits with the channel's checks)."""
+    for _ in range(rounds):
+        if ch.poll(j, p, POLL):
+            return
+        os.sched_yield()
 
 
 class Bcast(Plan):
@@ -239,29 +272,16 @@ class Bcast(Plan):
 
     __slots__ = ()
 
-    def run(self, a: Any, b: Any) -> bool:
-        # (one buffer: Plan.run's checks for it written out, the most frequent call)
-        if STATE.engine is not self.eng or self.pg.fast_channel is not self.ch:
-            return False
-        m = self.a.view(a)  # type: ignore[union-attr]
-        if m is None:
-            return False
+    def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb = self.ch, self.ctx, self.nb
-        self.pg.enter(ctx)
-        try:
-            p = self.open()
-            o = self.offs[p & 1][self.root]
-            if self.r == self.root:
-                ch.mv[o : o + nb] = m
-                ch.publish(ctx, p, ctx.record, False)
-            else:
-                ch.publish(ctx, p, ctx.record, self.n <= 2)  # (n = 2: compared with all)
-                self.take(p, self.root)
-                m[:] = ch.mv[o : o + nb]
-        except BaseException as e:
-            raise self.pg.fail(ctx, e) from (None if isinstance(e, OpTimeout) else e)
-        self.pg.leave(ctx)
-        return True
+        o = self.offs[p & 1][self.root]
+        if self.r == self.root:
+            ch.mv[o : o + nb] = src
+            ch.publish(ctx, p, self.rec, False)
+        else:
+            ch.publish(ctx, p, self.rec, self.n <= 2)  # (n = 2: compared with all)
+            ch.take(ctx, p, self.root, self.spin)
+            src[:] = ch.mv[o : o + nb]
 
 
 class Gather(Plan):
@@ -275,16 +295,15 @@ class Gather(Plan):
         if r != self.root:
             o = self.mine[p & 1]
             ch.mv[o : o + nb] = src
-            ch.publish(ctx, p, ctx.record, False)
+            ch.publish(ctx, p, self.rec, False)
         else:
-            ch.publish(ctx, p, ctx.record)
+            ch.publish(ctx, p, self.rec)
             if src is not None:  # (while the others write theirs)
                 dst[r * nb : (r + 1) * nb] = src
-            offs, mv = self.offs[p & 1], ch.mv
-            for j in range(self.n):
-                if j != r:
-                    self.take(p, j)
-                    dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
+            offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
+            for j in self.peers:
+                ch.take(ctx, p, j, spin)
+                dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
 
 
 class Scatter(Plan):
@@ -301,15 +320,14 @@ class Scatter(Plan):
         ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
         if r == self.root:
             o, mv = self.mine[p & 1], ch.mv
-            for i in range(self.n):
-                if i != r:
-                    mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
-            ch.publish(ctx, p, ctx.record, False)
+            for i in self.peers:
+                mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
+            ch.publish(ctx, p, self.rec, False)
             if dst is not None:
                 dst[:] = src[r * nb : (r + 1) * nb]
         else:
-            ch.publish(ctx, p, ctx.record, self.n <= 2)
-            self.take(p, self.root)
+            ch.publish(ctx, p, self.rec, self.n <= 2)
+            ch.take(ctx, p, self.root, self.spin)
             o = self.offs[p & 1][self.root] + r * L
             dst[:] = ch.mv[o : o + nb]
 
@@ -323,15 +341,14 @@ class Allgather(Plan):
     def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
         own = dst[r * nb : (r + 1) * nb]
-        offs, mv = self.offs[p & 1], ch.mv
+        offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
         mv[offs[r] : offs[r] + nb] = own if src is None else src
-        ch.publish(ctx, p, ctx.record)
+        ch.publish(ctx, p, self.rec)
         if src is not None:  # (while the others write theirs)
             own[:] = src
-        for j in range(self.n):
-            if j != r:
-                self.take(p, j)
-                dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
+        for j in self.peers:
+            ch.take(ctx, p, j, spin)
+            dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
 
 
 class Alltoall(Plan):
@@ -350,22 +367,20 @@ class Alltoall(Plan):
         self.head = _HEAD.pack(self.nb)
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, nb, r, L, n = self.ch, self.nb, self.r, self.width, self.n
-        offs, mv = self.offs[p & 1], ch.mv
+        ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
+        offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
         o = offs[r]
         mv[o : o + 8] = self.head
         o += _TOTAL
-        for i in range(n):
-            if i != r:
-                mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
-        ch.publish(self.ctx, p, self.ctx.record)
+        for i in self.peers:
+            mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
+        ch.publish(ctx, p, self.rec)
         dst[r * nb : (r + 1) * nb] = src[r * nb : (r + 1) * nb]  # (while the others write)
         at = _TOTAL + r * L
-        for j in range(n):
-            if j != r:
-                self.take(p, j)
-                o = offs[j] + at
-                dst[j * nb : (j + 1) * nb] = mv[o : o + nb]
+        for j in self.peers:
+            ch.take(ctx, p, j, spin)
+            o = offs[j] + at
+            dst[j * nb : (j + 1) * nb] = mv[o : o + nb]
 
 
 # operation -> (plan class, the largest eager block in bytes for a channel of n ranks)

@@ -83,6 +83,7 @@ _HDR, _CTL = 4096, 256
 PHASE_MASK, PHASE_HALF = 0xFFFFFFFF, 0x80000000
 _M, _H = PHASE_MASK, PHASE_HALF
 _SLICE = 0.05  # seconds per futex sleep between liveness checks
+POLL = 1000  # busy checks of a counter per round of take's ``spin`` (about 50 µs)
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202}.get(platform.machine().lower())
 
@@ -305,6 +306,8 @@ class ShmChannel:
         self._buf_offs = [[data + (2 * j + k) * slot for k in (0, 1)] for j in range(self.n)]
         self._sidx = self._ctl(self.r) // 4
         self._flag_idx = [self._ctl(j) // 4 + 1 for j in range(self.n)]  # rank j sleeps on rank w-1
+        # the flags a publish reads: the others' (ours never names this rank)
+        self._peer_flags = [self._flag_idx[j] for j in range(self.n) if j != self.r]
         self._fence = threading.Lock()
         self._views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
         self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
@@ -341,6 +344,11 @@ class ShmChannel:
         """Index in ``words`` of rank j's phase counter."""
         return self._cidx[j]
 
+    def record_offset(self, j: int, p: int) -> int:
+        """Byte offset in the segment of rank j's call record of phase p (48 bytes: op
+        seq, op, dtype, count, root, redop)."""
+        return self._meta_offs[p & 1][j]
+
     def data_offset(self, j: int, p: int) -> int:
         """Byte offset in the segment (``mv``) of rank j's data buffer of phase p."""
         return self._buf_offs[j][p & 1]
@@ -374,14 +382,18 @@ class ShmChannel:
         """Publish phase ``p`` (everything this rank wrote for it is in place); wake the
         ranks sleeping on our counter. Dekker-style: we store the counter, fence, read
         the sleep flags; a sleeper stores its flag and the kernel re-reads the counter
-        after a locked instruction, so one of the two sees the other."""
+        after a locked instruction, so one of the two sees the other. (Written out in
+        :meth:`publish`, the eager operations' signal.)"""
         self.phase = p
         w = self.words
         w[self._sidx] = p & _M
-        self._fence.acquire()  # a locked instruction: full memory barrier on x86
-        self._fence.release()
+        # one locked instruction (a full memory barrier on x86): taking the free lock
+        # (an atomic compare-and-swap) or, when the last call took it, releasing it
+        # (an atomic add); whatever state an interrupted call left, never a wait
+        if not self._fence.acquire(False):
+            self._fence.release()
         me = self.r + 1
-        for i in self._flag_idx:
+        for i in self._peer_flags:
             if w[i] == me:
                 self._wake(self.r)
                 return
@@ -586,16 +598,37 @@ class ShmChannel:
         off = self._rec_off[p & 1]
         self.quads[off >> 3] = ctx.seq
         self.mm[off + 8 : off + 48] = call
-        self.signal(p)
+        # signal(p) written out (every eager operation publishes once)
+        self.phase = p
+        w = self.words
+        w[self._sidx] = p & _M
+        if not self._fence.acquire(False):  # (a full barrier: see signal)
+            self._fence.release()
+        me = self.r + 1
+        for i in self._peer_flags:
+            if w[i] == me:
+                self._wake(self.r)
+                break
         if not checked:
             self.unchecked = p
 
-    def take(self, ctx: OpContext, p: int, j: int) -> None:
+    def take(self, ctx: OpContext, p: int, j: int, spin: int = 0) -> None:
         """Wait until rank ``j`` published phase ``p`` (its data is then readable until
         this rank publishes ``p + 1``) and compare its call with ours (as ``need``
-        and :meth:`compare` raise)."""
-        if (self.words[self._cidx[j]] - p) & _M >= _H:
-            self.need(j, p, ctx)
+        and :meth:`compare` raise). ``spin``: rounds of :data:`POLL` busy checks of
+        j's counter first, a ``sched_yield`` after each (see :meth:`poll`)."""
+        w, idx = self.words, self._cidx[j]
+        if (w[idx] - p) & _M >= _H:
+            for _ in range(spin):
+                for _ in range(POLL):
+                    if (w[idx] - p) & _M < _H:
+                        break
+                else:
+                    os.sched_yield()
+                    continue
+                break
+            else:
+                self.need(j, p, ctx)
         if self.n == 2:  # (we published p: the next settle has nothing to wait for)
             if self._unlinked:  # (reached() without the call, as in need_all)
                 self.all_at = p
