@@ -384,9 +384,10 @@ class ProcessGroup(Members):
         group's first failure when it is broken."""
         if self.broken is not None:
             self.check_usable()
-        # (no _seq_lock: blocking operations are the calling thread's, one at a time, and
-        # only the calling thread numbers operations; status() may see the op a moment
-        # before its number)
+        # (no _seq_lock: blocking operations run one at a time -- the calling thread's,
+        # or the torch helper thread's, which the executor serialises with it -- and
+        # asynchronous ones are drained first; status() may see the op a moment before
+        # its number)
         self._current_op = ctx.op
         self.seq = seq = self.seq + 1
         if self._executor.pending:

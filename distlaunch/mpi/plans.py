@@ -205,7 +205,10 @@ class Plan:
                 else:
                     ch.unchecked = 0
                     return q + 1
-            ch.settle(self.ctx, q + 1)  # (compares again and raises CollectiveMismatchError)
+            # (the channel's rule: compares q's calls again and raises
+            # CollectiveMismatchError; drops an older unchecked phase, which an operation
+            # that failed half way left)
+            ch.settle(self.ctx, q + 1)
         return q + 1
 
     def run(self, a: Any, b: Any) -> bool:

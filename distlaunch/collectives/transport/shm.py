@@ -389,7 +389,10 @@ class ShmChannel:
         w[self._sidx] = p & _M
         # one locked instruction (a full memory barrier on x86): taking the free lock
         # (an atomic compare-and-swap) or, when the last call took it, releasing it
-        # (an atomic add); whatever state an interrupted call left, never a wait
+        # (an atomic add); whatever state an interrupted call left, never a wait. The
+        # channel is one thread's at a time (the group's executor serialises its
+        # operations; MPI makes concurrent collectives on one communicator erroneous):
+        # two threads here at once could see release() raise RuntimeError
         if not self._fence.acquire(False):
             self._fence.release()
         me = self.r + 1
