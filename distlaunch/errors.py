@@ -8,7 +8,7 @@ wrapped with ``raise ... from``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the fast lane's path)
 
 if TYPE_CHECKING:  # for annotations only: this module stays a leaf at run time
     from collections.abc import Sequence

@@ -20,7 +20,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+    Parsed = tuple[str, tuple[str, ...], dict[str, Any], frozenset[str]]
 
 # `run`'s parameters as click passes them when none is given (cli.run's defaults;
 # tests/test_preparse.py checks them against click's).
@@ -89,8 +94,6 @@ DEFAULTS: dict[str, Any] = {
 DECLINE_PREFIXES = ("PET_", "TORCH_ELASTIC_", "TORCHELASTIC_", "DISTLAUNCH_", "_DISTLAUNCH_")
 DECLINE_VARS = frozenset({"SLURM_JOB_ID"})
 
-Parsed = tuple[str, tuple[str, ...], dict[str, Any], frozenset[str]]
-
 
 def parse(argv: list[str], environ: Mapping[str, str]) -> Parsed | None:
     """``argv`` (after the program name) as (script, script_args, options, given), as
@@ -142,19 +145,22 @@ def run(parsed: Parsed) -> NoReturn:
     """Run a pre-parsed `run` to its end and exit with ``cli.main``'s code and report."""
     import errno
 
-    from .command import leave, report_error, run_parsed
     from .errors import DistlaunchError
     from .report import Reporter, install
-    from .startup import pause_gc
+    from .startup import leave, pause_gc
 
     pause_gc()  # until the workers' supervision starts (startup.py)
     install(Reporter(live=sys.stderr.isatty()))  # as cli.main
     try:
+        from .command import run_parsed
+
         run_parsed(*parsed)
     except (EOFError, KeyboardInterrupt):  # click's Abort: a blank line, exit 130
         sys.stderr.write("\n")
         leave(130)
     except DistlaunchError as e:
+        from .command import report_error
+
         report_error(e)
         leave(e.exit_code)
     except OSError as e:  # click's main ends a broken pipe with exit code 1
