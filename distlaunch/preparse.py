@@ -142,9 +142,11 @@ def main(argv: list[str]) -> None:
 
 
 def run(parsed: Parsed) -> NoReturn:
-    """Run a pre-parsed `run` to its end and exit with ``cli.main``'s code and report."""
+    """Run a pre-parsed `run` to its end and exit with ``cli.main``'s code and report:
+    through the fast lane (``quick.py``) where it takes the job, else the full path."""
     import errno
 
+    from . import quick
     from .errors import DistlaunchError
     from .report import Reporter, install
     from .startup import leave, pause_gc
@@ -152,6 +154,13 @@ def run(parsed: Parsed) -> NoReturn:
     pause_gc()  # until the workers' supervision starts (startup.py)
     install(Reporter(live=sys.stderr.isatty()))  # as cli.main
     try:
+        early = quick.start(parsed)
+        if early is not None:
+            if quick.wait(early):
+                quick.finish(early)
+                leave(0)
+            script, script_args, options, given = parsed  # the full path takes them over:
+            parsed = script, script_args, {**options, "run_id": early.run_id}, given  # same run id
         from .command import run_parsed
 
         run_parsed(*parsed)
@@ -167,4 +176,7 @@ def run(parsed: Parsed) -> NoReturn:
         if e.errno != errno.EPIPE:
             raise
         leave(1)
+    finally:
+        if quick.early is not None:  # started, never taken over (an error on the full path)
+            quick.early.abandon()
     leave(0)

@@ -53,6 +53,34 @@ def _bind_thread(cpus: frozenset[int]) -> set[int] | None:
     return before
 
 
+class _Adopted:
+    """``Popen``'s poll() and wait() for a worker this process started without
+    ``subprocess`` (``WorkerProcess.adopt``): the same return codes (-N: killed by
+    signal N)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _status(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere: unknown, as subprocess says 0
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._status(os.WNOHANG)
+
+    def wait(self) -> int:
+        code = self._status(0)
+        assert code is not None
+        return code
+
+
 class WorkerProcess:
     """A started worker: its own session and process group (pgid == pid), stdout and
     stderr on pipes, stdin from /dev/null (or this process's stdin when ``stdin``), and a
@@ -78,7 +106,7 @@ class WorkerProcess:
         # bound; no preexec_fn, which is unsafe with the agent's threads
         restore = _bind_thread(cpus) if cpus is not None else None
         try:
-            self.popen = subprocess.Popen(
+            popen = subprocess.Popen(
                 argv,
                 env=env,
                 stdin=None if stdin else subprocess.DEVNULL,
@@ -92,11 +120,12 @@ class WorkerProcess:
         finally:
             if restore is not None:
                 os.sched_setaffinity(0, restore)
-        self.pid = self.popen.pid
+        self.popen: subprocess.Popen[bytes] | _Adopted = popen
+        self.pid = popen.pid
         # spawned with PIPE, so both exist (Popen types them Optional)
-        assert self.popen.stdout is not None and self.popen.stderr is not None
-        self.stdout: IO[bytes] = self.popen.stdout
-        self.stderr: IO[bytes] = self.popen.stderr
+        assert popen.stdout is not None and popen.stderr is not None
+        self.stdout: IO[bytes] = popen.stdout
+        self.stderr: IO[bytes] = popen.stderr
         self.returncode: int | None = None
         self.exit_time: float | None = None
         self.pidfd: int | None = None
@@ -110,6 +139,22 @@ class WorkerProcess:
             self.signal_group(signal.SIGKILL)
             self.popen.wait()
             raise
+
+    @classmethod
+    def adopt(
+        cls, slot: WorkerSlot, argv: list[str], pid: int, stdout: int, stderr: int, pidfd: int | None
+    ) -> WorkerProcess:
+        """A worker the fast lane (``quick.py``) started as this class would (its own
+        session, output on the pipes whose read ends are ``stdout`` and ``stderr``),
+        taken over with its pidfd (None: polled): supervised from here on as if spawned
+        here."""
+        self = cls.__new__(cls)
+        self.slot, self.argv, self.pid = slot, argv, pid
+        self.popen = _Adopted(pid)
+        self.stdout, self.stderr = open(stdout, "rb", buffering=0), open(stderr, "rb", buffering=0)
+        self.returncode = self.exit_time = None
+        self.pidfd = pidfd
+        return self
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the worker's whole process group (also after the leader exited,

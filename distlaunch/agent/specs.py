@@ -21,9 +21,11 @@ from ..topology import WorkerSlot
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .output import DuplicateLines, StreamSink, warn_once
+from .process import WorkerProcess
 from .signals import SignalRelay, parse_signals
 
 if TYPE_CHECKING:
+    from ..quick import Early
     from .merged import DedupConsole
 
 
@@ -146,6 +148,7 @@ def build_specs(
     host_label: str = "",
     prefix_host: bool = False,
     agent_store: bool = False,
+    create_files: bool = True,
 ) -> list[LaunchSpec]:
     """Round ``rnd``'s specs for this node's ``slots``: environment (error and progress
     files in ``scratch``), CPU/GPU binding, output sinks (--redirects, --tee, --log-dir,
@@ -177,7 +180,10 @@ def build_specs(
         error_file = os.path.join(scratch, f"error_{rnd}_{slot.rank}.json")
         path = os.path.join(scratch, f"progress_{rnd}_{slot.rank}")
         try:
-            progress.create(path)
+            if create_files:  # (else made by the fast lane, and its workers may be using it)
+                progress.create(path)
+            elif not os.path.exists(path):
+                raise OSError
             progress_file: str | None = path
         except OSError:  # the scratch dir's disk is full: the rank is watched by its output
             progress_file = None
@@ -302,6 +308,44 @@ def _start_round_zero(
         remove_matching(scratch)
         raise
     return FirstRound(group, scratch, master[1])
+
+
+def adopt_first_round(
+    cfg: LaunchConfig,
+    slots: list[WorkerSlot],
+    master_addr: str,
+    store: StoreFields,
+    early: Early,
+) -> FirstRound:
+    """Round 0's workers of a single node as the fast lane (``quick.py``) started them,
+    taken over: their specs are built here as ``start_first_round`` would build them,
+    and each must match what the worker was started with (command line, environment,
+    CPUs), else RuntimeError (a bug: the fast lane must start exactly these workers)."""
+    specs = build_specs(
+        cfg,
+        slots,
+        0,
+        (master_addr, early.master_port),
+        0,
+        store,
+        early.base_env,
+        early.scratch,
+        create_files=False,
+    )
+    if len(specs) != len(early.workers):
+        raise RuntimeError(f"the fast lane started {len(early.workers)} workers, not {len(specs)}")
+    for spec, w in zip(specs, early.workers):
+        if (spec.argv, spec.env, spec.cpus, spec.stdin) != (w.argv, w.env, w.cpus, w.stdin):
+            raise RuntimeError(f"the fast lane started rank {spec.slot.rank} unlike the launcher would")
+    group = WorkerGroup(specs, early.relay, early.guard, cfg.stop_timeout)
+    early.relay.targets = group.live
+    group.start(
+        [
+            WorkerProcess.adopt(s.slot, w.argv, w.pid, w.stdout, w.stderr, w.pidfd)
+            for s, w in zip(specs, early.workers)
+        ]
+    )
+    return FirstRound(group, early.scratch, early.master_port)
 
 
 if TYPE_CHECKING:  # the head builds it without importing this module
