@@ -342,24 +342,36 @@ NOT_BEFORE_SPAWN_NARROW = {
 }
 
 
-def probe_run(probe: str, arg: str, script: str) -> subprocess.CompletedProcess:
+def probe_run(probe: str, arg: str, script: str, site: bool = True) -> subprocess.CompletedProcess:
     """``python -c probe arg run --nproc-per-node 2 script`` without the variables that
-    send `run` to click (the narrow form's probes)."""
+    send `run` to click (the narrow form's probes); ``site=False``: with ``-S`` (no
+    site-packages: the package comes from the checkout, the working directory)."""
     clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
-    cmd = [sys.executable, "-c", probe, arg, "run", "--nproc-per-node", "2", script]
+    cmd = [sys.executable, *([] if site else ["-S"]), "-c", probe, arg, "run", "--nproc-per-node", "2", script]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
 
 
 IMPORT_PROBE = """
-import os, subprocess, sys
+import os, sys
 
 me, seen = os.getpid(), {}
-spawn = subprocess.Popen._execute_child
-def execute_child(self, *a, **k):
-    seen.setdefault("spawn", sorted(sys.modules))
-    return spawn(self, *a, **k)
-subprocess.Popen._execute_child = execute_child
+def note():
+    if os.getpid() == me:
+        seen.setdefault("spawn", sorted(sys.modules))
+if sys.argv[1] == "cli":  # click's path spawns with subprocess
+    import subprocess
+    spawn = subprocess.Popen._execute_child
+    def execute_child(self, *a, **k):
+        note()
+        return spawn(self, *a, **k)
+    subprocess.Popen._execute_child = execute_child
+else:  # the narrow form's fast lane (quick.py) with os.posix_spawn
+    pspawn = os.posix_spawn
+    def posix_spawn(*a, **k):
+        note()
+        return pspawn(*a, **k)
+    os.posix_spawn = posix_spawn
 leave = os._exit
 def exit_(code):
     if os.getpid() == me:  # not the forked guard
@@ -376,6 +388,26 @@ else:  # python -m distlaunch / the console script: the pre-parser first
     sys.argv[1:] = sys.argv[2:]
     main()
 """
+# What the fast lane (quick.py) spawns without: the standard library's heavier modules
+# (checked in an interpreter without site, whose imports would hide them) and our
+# config, modes, environment tables and dataclass-built records.
+NOT_BEFORE_FAST_SPAWN = {
+    "typing",
+    "dataclasses",
+    "inspect",
+    "socket",
+    "subprocess",
+    "tempfile",
+    "shutil",
+    "distlaunch.config",
+    "distlaunch.modes",
+    "distlaunch.env",
+    "distlaunch.topology",
+    "distlaunch.command",
+    "distlaunch.launcher",
+    "distlaunch.agent.specs",
+    "distlaunch.agent.group",
+}
 
 
 @pytest.mark.parametrize("entry", ["cli", "main"])
@@ -388,7 +420,7 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     NOT_BEFORE_SPAWN_NARROW) is imported, and never imports click."""
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
-    res = probe_run(IMPORT_PROBE, entry, str(script))
+    res = probe_run(IMPORT_PROBE, entry, str(script), site=entry == "cli")
     assert res.returncode == 0, res.stderr
     assert sorted(ln for ln in res.stdout.splitlines() if "hello" in ln) == [
         "[0]: hello from 0",
@@ -397,11 +429,13 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("MODULES "))
     seen = {k: set(v) for k, v in json.loads(line[len("MODULES ") :]).items()}
     assert not AFTER_SPAWN & seen["spawn"], sorted(AFTER_SPAWN & seen["spawn"])
-    assert AFTER_SPAWN <= seen["exit"]  # the agent did run the job
     assert not NEVER_IN_SHORT_JOB & seen["exit"], sorted(NEVER_IN_SHORT_JOB & seen["exit"])
-    if entry == "main":
-        assert not NOT_BEFORE_SPAWN_NARROW & seen["spawn"], sorted(NOT_BEFORE_SPAWN_NARROW & seen["spawn"])
-        assert "click" not in seen["exit"] and "distlaunch.preparse" in seen["exit"]
+    if entry == "cli":
+        assert AFTER_SPAWN <= seen["exit"]  # the agent did run the job
+    else:  # the fast lane: its agent is built only if the job outlasts its imports
+        early = NOT_BEFORE_SPAWN_NARROW | NOT_BEFORE_FAST_SPAWN
+        assert not early & seen["spawn"], sorted(early & seen["spawn"])
+        assert "click" not in seen["exit"] and "distlaunch.quick" in seen["exit"]
 
 
 GC_PROBE = """
@@ -413,6 +447,11 @@ def execute_child(self, *a, **k):
     seen.setdefault("spawn", gc.isenabled())
     return spawn(self, *a, **k)
 subprocess.Popen._execute_child = execute_child
+pspawn = os.posix_spawn  # the narrow form's fast lane (quick.py)
+def posix_spawn(*a, **k):
+    seen.setdefault("spawn", gc.isenabled())
+    return pspawn(*a, **k)
+os.posix_spawn = posix_spawn
 leave = os._exit
 def exit_(code):
     if os.getpid() == me:  # not the forked guard
@@ -437,7 +476,8 @@ def test_narrow_run_starts_without_the_collector_and_supervises_with_it(tmp_path
     it on again, with start-up's objects frozen, once it supervises them; a collector
     that was off before stays off."""
     script = tmp_path / "hello.py"
-    script.write_text("print('hello')\n")
+    # it outlasts the fast lane's imports: the launcher supervises it (quick.py)
+    script.write_text("import time\ntime.sleep(1)\nprint('hello')\n")
     res = probe_run(GC_PROBE, before, str(script))
     assert res.returncode == 0, res.stderr
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("GC "))

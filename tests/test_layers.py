@@ -183,7 +183,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("launch modes", ["distlaunch.modes"]),
-    ("one node's launcher", ["distlaunch.launcher"]),
+    ("one node's launcher and its fast lane", ["distlaunch.launcher", "distlaunch.quick"]),
     ("head mode", ["distlaunch.head"]),
     (
         "command line: what a parsed `run` does, the narrow pre-parser, click's CLI",
