@@ -1,9 +1,10 @@
 """A narrow pre-parser for the common single-node form of `distlaunch run`, tried before
 click is imported (click and `run`'s ~60 options cost ~20 ms of a ~100 ms launch):
 
-    distlaunch run [--nproc-per-node N | --nproc-per-node=N] [--standalone] [--] SCRIPT.py [ARGS...]
+    distlaunch run [--nproc-per-node N | --nproc-per-node=N] [--max-restarts R | --max-restarts=R]
+                   [--standalone] [--] SCRIPT.py [ARGS...]
 
-N is decimal digits; each option at most once; SCRIPT ends in ``.py`` and does not start
+N and R are decimal digits; each option at most once; SCRIPT ends in ``.py`` and does not start
 with ``-``; everything after it is the script's, untouched (as click passes it). It
 yields exactly what click's parsing of the same command line gives ``run``
 (tests/test_preparse.py compares the two on generated command lines and environments)
@@ -93,6 +94,8 @@ DEFAULTS: dict[str, Any] = {
 # safe, the rest of the families the launcher reads.
 DECLINE_PREFIXES = ("PET_", "TORCH_ELASTIC_", "TORCHELASTIC_", "DISTLAUNCH_", "_DISTLAUNCH_")
 DECLINE_VARS = frozenset({"SLURM_JOB_ID"})
+# The count options it takes (digits only), by the parameter name click gives them.
+COUNTS = {"--nproc-per-node": "nproc_per_node", "--max-restarts": "max_restarts"}
 
 
 def parse(argv: list[str], environ: Mapping[str, str]) -> Parsed | None:
@@ -116,14 +119,15 @@ def parse(argv: list[str], environ: Mapping[str, str]) -> Parsed | None:
             options["standalone"] = True
             given.add("standalone")
             i += 1
-        elif name == "--nproc-per-node" and "nproc_per_node" not in given:
+        elif name in COUNTS and COUNTS[name] not in given:
             if not eq:
                 i += 1
                 value = argv[i] if i < len(argv) else ""
-            if not (value.isascii() and value.isdigit()):  # a count; click passes it as text
+            if not (value.isascii() and value.isdigit()):  # a count (int() reads it as click does)
                 return None
-            options["nproc_per_node"] = value
-            given.add("nproc_per_node")
+            key = COUNTS[name]  # --nproc-per-node: click passes it as text; --max-restarts: an int
+            options[key] = value if key == "nproc_per_node" else int(value)
+            given.add(key)
             i += 1
         else:
             return None

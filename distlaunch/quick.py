@@ -40,7 +40,7 @@ from .agent.signals import SignalRelay
 from .cpus import cpu_sets
 from .errors import LaunchInterrupted, SpawnError
 from .report import say
-from .workerenv import STORE_HOST, build_worker_env, create_progress
+from .workerenv import MAX_RESTARTS, STORE_HOST, build_worker_env, create_progress
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def start(parsed: Parsed) -> Early | None:
         or "SLURM_STEP_ID" in environ  # the relay's forwarding differs there (signals.py)
         or not os.path.isabs(python)  # (subprocess searches the worker's PATH)
         or not hasattr(os, "pidfd_open")
-        or options["max_restarts"] != 0
+        or options["max_restarts"] > MAX_RESTARTS  # (the full path's error)
     ):
         return None
     if count > 1 and "OMP_NUM_THREADS" not in environ:  # as launcher.run says it

@@ -3,8 +3,10 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, dl
@@ -348,7 +350,8 @@ def probe_run(probe: str, arg: str, script: str, site: bool = True) -> subproces
     site-packages: the package comes from the checkout, the working directory)."""
     clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
-    cmd = [sys.executable, *([] if site else ["-S"]), "-c", probe, arg, "run", "--nproc-per-node", "2", script]
+    python = [sys.executable] if site else [sys.executable, "-S"]
+    cmd = [*python, "-c", probe, arg, "run", "--nproc-per-node", "2", script]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
 
 
@@ -631,3 +634,48 @@ def test_a_python_without_pidfd_open_supervises_by_polling(tmp_path):
     res = dl("run", "--nproc-per-node", "2", bad, env=env)
     assert res.returncode == 3, res.stderr
     assert "Traceback" not in res.stderr and "rank 1" in res.stderr, res.stderr
+
+
+SLEEPER = """
+import os, sys, time
+with open(os.path.join(sys.argv[1], f"pid.{os.environ['RANK']}"), "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5])
+def test_sigterm_right_after_start_leaves_nothing(tmp_path, delay):
+    """SIGTERM to the launcher of the narrow form at any moment of its start (before,
+    during and after the fast lane's spawns, around its hand-over to the launcher): it
+    ends with 128+15 and says why (or, before its handlers exist, dies of the signal
+    having started nothing), and leaves no worker running and no scratch directory."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    pids, tmp = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    tmp.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # (they send the command line to click)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "2", str(script), str(pids)]
+    p = subprocess.Popen(cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    if p.returncode == -signal.SIGTERM:  # before the relay was installed
+        assert not os.listdir(pids)
+    else:
+        assert p.returncode == 128 + signal.SIGTERM, err
+        assert "stopped by signal 15" in err, err
+    for name in os.listdir(pids):
+        assert not _alive(int((pids / name).read_text())), name
+    assert os.listdir(tmp) == []
