@@ -77,6 +77,8 @@ class Worker:
 
     def signal_group(self, sig: int) -> None:
         """As ``WorkerProcess.signal_group`` (the relay's target until the take-over)."""
+        if self.pid <= 0:  # not started, or reaped (killpg(-1) would fail: EINVAL)
+            return
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -262,8 +264,8 @@ def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> No
         env = build_worker_env(i, e.base_env, error_file, set_omp_threads=count > 1)
         env.setdefault("PYTHONUNBUFFERED", "1")  # as specs.worker_env
         w = Worker(rank, argv, env, cpus[rank], rank == 0)  # --stdin 0
-        e.workers.append(w)
         _spawn_one(e, w, closes)
+        e.workers.append(w)  # (the relay's targets: started workers only)
     if e.relay.stop_signal is not None:  # it came during the spawns: reach every worker
         for w in e.workers:
             w.signal_group(e.relay.stop_signal)
@@ -280,7 +282,6 @@ def _spawn_one(e: Early, w: Worker, closes: list[tuple[int, int]]) -> None:
     """As ``process.WorkerProcess`` spawns (see the module docstring)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    w.stdout, w.stderr = out_r, err_r
     actions: list[tuple[object, ...]] = list(closes)
     if not w.stdin:
         actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0))
@@ -301,13 +302,18 @@ def _spawn_one(e: Early, w: Worker, closes: list[tuple[int, int]]) -> None:
             setsid=True,
             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
         )
-    except OSError as err:
-        raise SpawnError(f"cannot start rank {w.rank}: {w.argv[0]!r}: {err.strerror}") from err
+    except BaseException as err:
+        os.close(out_r)
+        os.close(err_r)
+        if isinstance(err, OSError):
+            raise SpawnError(f"cannot start rank {w.rank}: {w.argv[0]!r}: {err.strerror}") from err
+        raise
     finally:
         os.close(out_w)
         os.close(err_w)
         if before is not None:
             os.sched_setaffinity(0, before)
+    w.stdout, w.stderr = out_r, err_r
     e.guard.watch(w.pid)
     try:
         w.pidfd = os.pidfd_open(w.pid)

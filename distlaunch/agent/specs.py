@@ -335,8 +335,14 @@ def adopt_first_round(
     if len(specs) != len(early.workers):
         raise RuntimeError(f"the fast lane started {len(early.workers)} workers, not {len(specs)}")
     for spec, w in zip(specs, early.workers):
-        if (spec.argv, spec.env, spec.cpus, spec.stdin) != (w.argv, w.env, w.cpus, w.stdin):
-            raise RuntimeError(f"the fast lane started rank {spec.slot.rank} unlike the launcher would")
+        differ = [
+            name for name in ("argv", "env", "cpus", "stdin") if getattr(spec, name) != getattr(w, name)
+        ]
+        if differ:  # (the variables by name only: their values may be secrets)
+            keys = sorted(k for k in {*spec.env, *w.env} if spec.env.get(k) != w.env.get(k))
+            raise RuntimeError(
+                f"the fast lane started rank {spec.slot.rank} unlike the launcher would: {differ} {keys}"
+            )
     group = WorkerGroup(specs, early.relay, early.guard, cfg.stop_timeout)
     early.relay.targets = group.live
     group.start(
