@@ -380,6 +380,7 @@ def finish(e: Early) -> None:
     would: their output to the console with the ``[rank]: `` prefixes, each reaped,
     what is left of their process groups and the strays killed, the scratch directory
     and segments removed, signals restored, the guard told to quit. The caller exits."""
+    e.relay.targets = lambda: ()  # they have exited: nothing to forward a signal to
     for w in e.workers:
         for fd, console in ((w.stdout, 1), (w.stderr, 2)):
             sink = StreamSink(f"[{w.rank}]: ".encode(), console, None, keep_tail=False)
