@@ -119,10 +119,10 @@ class WorkerGroup:
         for i, spec in enumerate(self.specs):
             if started is not None:
                 w = started[i]
-                self.workers.append(w)
             else:
                 w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus, stdin=spec.stdin)
-                self.workers.append(w)
+            self.workers.append(w)
+            if started is None:  # (the fast lane's are watched since their spawn)
                 self.guard.watch(w.pid)
             os.set_blocking(w.stdout.fileno(), False)
             os.set_blocking(w.stderr.fileno(), False)

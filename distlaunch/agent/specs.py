@@ -179,14 +179,14 @@ def build_specs(
                 attempt_dir = None
         error_file = os.path.join(scratch, f"error_{rnd}_{slot.rank}.json")
         path = os.path.join(scratch, f"progress_{rnd}_{slot.rank}")
-        try:
-            if create_files:  # (else made by the fast lane, and its workers may be using it)
+        progress_file: str | None = path
+        if create_files:
+            try:
                 progress.create(path)
-            elif not os.path.exists(path):
-                raise OSError
-            progress_file: str | None = path
-        except OSError:  # the scratch dir's disk is full: the rank is watched by its output
-            progress_file = None
+            except OSError:  # the scratch dir's disk is full: the rank is watched by its output
+                progress_file = None
+        elif not os.path.exists(path):  # (the fast lane's, which its worker may be using)
+            progress_file = None  # the fast lane could not make it either
         env = worker_env(
             cfg,
             slot,
