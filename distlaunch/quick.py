@@ -66,7 +66,7 @@ early: Early | None = None  # started here, not yet taken over by the launcher
 class Worker:
     """One worker started here: what it was started with, and its ends of the pipes."""
 
-    __slots__ = ("rank", "argv", "env", "cpus", "stdin", "pid", "stdout", "stderr", "pidfd")
+    __slots__ = ("rank", "argv", "env", "cpus", "stdin", "pid", "stdout", "stderr", "pidfd", "signalled")
 
     def __init__(
         self, rank: int, argv: list[str], env: dict[str, str], cpus: frozenset[int] | None, stdin: bool
@@ -74,11 +74,13 @@ class Worker:
         self.rank, self.argv, self.env, self.cpus, self.stdin = rank, argv, env, cpus, stdin
         self.pid = self.stdout = self.stderr = -1
         self.pidfd: int | None = None
+        self.signalled: set[int] = set()  # what was sent (the launcher does not send it again)
 
     def signal_group(self, sig: int) -> None:
         """As ``WorkerProcess.signal_group`` (the relay's target until the take-over)."""
         if self.pid <= 0:  # not started, or reaped (killpg(-1) would fail: EINVAL)
             return
+        self.signalled.add(sig)
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -266,9 +268,10 @@ def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> No
         w = Worker(rank, argv, env, cpus[rank], rank == 0)  # --stdin 0
         _spawn_one(e, w, closes)
         e.workers.append(w)  # (the relay's targets: started workers only)
-    if e.relay.stop_signal is not None:  # it came during the spawns: reach every worker
+    if e.relay.stop_signal is not None:  # it came during the spawns: reach every worker once
         for w in e.workers:
-            w.signal_group(e.relay.stop_signal)
+            if e.relay.stop_signal not in w.signalled:
+                w.signal_group(e.relay.stop_signal)
 
 
 def _inheritable(fd: int) -> bool:

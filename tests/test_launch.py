@@ -679,3 +679,70 @@ def test_sigterm_right_after_start_leaves_nothing(tmp_path, delay):
     for name in os.listdir(pids):
         assert not _alive(int((pids / name).read_text())), name
     assert os.listdir(tmp) == []
+
+
+# Holds the fast lane's imports of the full path (quick.wait's thread) until a file exists,
+# so that a test can act while the workers run and the launcher has not taken them over.
+HOLD_PROBE = """
+import os, sys, time
+hold = sys.argv[1]
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "distlaunch.command":
+            while not os.path.exists(hold):
+                time.sleep(0.005)
+        return None
+sys.meta_path.insert(0, Hold())
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+COUNT_TERMS = """
+import os, signal, sys, time
+d, rank = sys.argv[1], os.environ["RANK"]
+seen = []
+def on_term(signum, frame):
+    seen.append(time.monotonic())
+    with open(os.path.join(d, f"term.{rank}"), "a") as f:
+        f.write("x")
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(d, f"up.{rank}"), "w").close()
+while not seen or time.monotonic() < seen[0] + 1.0:  # a second SIGTERM would come by then
+    time.sleep(0.02)
+sys.exit(143)
+"""
+
+
+def _wait_for(*paths, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        assert time.monotonic() < end, [p for p in paths if not os.path.exists(p)]
+        time.sleep(0.01)
+
+
+def test_a_stop_signal_during_the_hand_over_reaches_each_worker_once(tmp_path):
+    """SIGTERM to the narrow form's launcher while its fast lane's workers run and the
+    full path is still being imported: the relay forwards it to each worker then, and
+    the launcher that takes them over does not send it again (as click's path: once)."""
+    script, marks, hold = tmp_path / "count.py", tmp_path / "marks", tmp_path / "hold"
+    script.write_text(COUNT_TERMS)
+    marks.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-c", HOLD_PROBE, str(hold), "run", "--nproc-per-node", "2"]
+    cmd += [str(script), str(marks)]
+    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(marks / "up.0", marks / "up.1")
+        p.send_signal(signal.SIGTERM)
+        _wait_for(marks / "term.0", marks / "term.1")  # forwarded by the fast lane's relay
+        hold.touch()  # the imports go on: the launcher takes the workers over
+        _, err = p.communicate(timeout=60)
+    finally:
+        hold.touch()
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert [(marks / f"term.{r}").read_text() for r in range(2)] == ["x", "x"], err
+

@@ -131,8 +131,9 @@ class WorkerGroup:
             if w.pidfd is not None:
                 sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
         if self.relay.stop_signal is not None:  # it came during the spawns: reach every worker
-            for w in self.workers:
-                w.signal_group(self.relay.stop_signal)
+            for w in self.workers:  # once (the relay reached those started before it came)
+                if self.relay.stop_signal not in w.signalled:
+                    w.signal_group(self.relay.stop_signal)
         if self.on_started:
             self.on_started([w.pid for w in self.workers])
 

@@ -129,6 +129,7 @@ class WorkerProcess:
         self.returncode: int | None = None
         self.exit_time: float | None = None
         self.pidfd: int | None = None
+        self.signalled: set[int] = set()  # the signals ``signal_group`` sent
         try:
             _restore_nofile(self.pid)
             try:
@@ -142,23 +143,32 @@ class WorkerProcess:
 
     @classmethod
     def adopt(
-        cls, slot: WorkerSlot, argv: list[str], pid: int, stdout: int, stderr: int, pidfd: int | None
+        cls,
+        slot: WorkerSlot,
+        argv: list[str],
+        pid: int,
+        stdout: int,
+        stderr: int,
+        pidfd: int | None,
+        signalled: set[int],
     ) -> WorkerProcess:
         """A worker the fast lane (``quick.py``) started as this class would (its own
         session, output on the pipes whose read ends are ``stdout`` and ``stderr``),
-        taken over with its pidfd (None: polled): supervised from here on as if spawned
-        here."""
+        taken over with its pidfd (None: polled) and the signals already sent to it:
+        supervised from here on as if spawned here."""
         self = cls.__new__(cls)
         self.slot, self.argv, self.pid = slot, argv, pid
         self.popen = _Adopted(pid)
         self.stdout, self.stderr = open(stdout, "rb", buffering=0), open(stderr, "rb", buffering=0)
         self.returncode = self.exit_time = None
         self.pidfd = pidfd
+        self.signalled = set(signalled)
         return self
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the worker's whole process group (also after the leader exited,
         to reach what it left behind). Missing groups are ignored."""
+        self.signalled.add(sig)
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):

@@ -347,7 +347,7 @@ def adopt_first_round(
     early.relay.targets = group.live
     group.start(
         [
-            WorkerProcess.adopt(s.slot, w.argv, w.pid, w.stdout, w.stderr, w.pidfd)
+            WorkerProcess.adopt(s.slot, w.argv, w.pid, w.stdout, w.stderr, w.pidfd, w.signalled)
             for s, w in zip(specs, early.workers)
         ]
     )
