@@ -151,6 +151,7 @@ def start(parsed: Parsed) -> Early | None:
         or not os.path.isabs(python)  # (subprocess searches the worker's PATH)
         or not hasattr(os, "pidfd_open")
         or options["max_restarts"] > MAX_RESTARTS  # (the full path's error)
+        or not os.path.isfile(script)  # (the full path's error; one stat)
     ):
         return None
     if count > 1 and "OMP_NUM_THREADS" not in environ:  # as launcher.run says it

@@ -50,6 +50,9 @@ def leave(code: int) -> NoReturn:
     srun = sys.modules.get("distlaunch.remote.srun")
     if srun is not None:  # a Slurm agent step started early and never taken over
         srun.end_early()
+    quick = sys.modules.get("distlaunch.quick")
+    if quick is not None and quick.early is not None:  # the fast lane's, never taken over
+        quick.early.abandon()  # (its workers and scratch: not left to the guard)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

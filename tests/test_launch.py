@@ -746,3 +746,50 @@ def test_a_stop_signal_during_the_hand_over_reaches_each_worker_once(tmp_path):
     assert p.returncode == 128 + signal.SIGTERM, err
     assert [(marks / f"term.{r}").read_text() for r in range(2)] == ["x", "x"], err
 
+
+# Lists $TMPDIR as the launcher exits (os._exit: nothing after it runs), before its guard
+# can notice it is gone; "fail": the full path fails (a ConfigError) once the fast lane
+# has handed its running workers over.
+EXIT_PROBE = """
+import os, sys
+me, tmp = os.getpid(), os.environ["TMPDIR"]
+leave = os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        print("LEFT " + repr(sorted(os.listdir(tmp))), flush=True)
+    leave(code)
+os._exit = exit_
+if sys.argv[1] == "fail":
+    import distlaunch.command as command
+    from distlaunch.errors import ConfigError
+    def run_parsed(*a, **k):
+        raise ConfigError("injected")
+    command.run_parsed = run_parsed
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+@pytest.mark.parametrize("case", ["missing", "fail"])
+def test_an_error_before_the_hand_over_leaves_no_scratch(tmp_path, case):
+    """The narrow form ending with an error before its launcher took the fast lane's
+    workers over (a script that is not there; an error on the full path) removes its
+    scratch directory itself before it exits (not left to its guard) and leaves no
+    worker running."""
+    script, pids, tmp = tmp_path / "sleeper.py", tmp_path / "pids", tmp_path / "tmp"
+    script.write_text(SLEEPER)
+    pids.mkdir()
+    tmp.mkdir()
+    target = str(tmp_path / "missing.py") if case == "missing" else str(script)
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-c", EXIT_PROBE, case, "run", "--nproc-per-node", "2", target, str(pids)]
+    res = subprocess.run(
+        cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 2, res.stderr
+    assert ("not found" if case == "missing" else "injected") in res.stderr, res.stderr
+    assert "LEFT []" in res.stdout.splitlines(), res.stdout
+    for name in os.listdir(pids):
+        assert not _alive(int((pids / name).read_text())), name
