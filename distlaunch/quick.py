@@ -391,13 +391,20 @@ def finish(e: Early) -> None:
             while data := os.read(fd, 1 << 16):
                 sink.feed(data)
             sink.close()
-            os.close(fd)
+        os.close(w.stdout)
+        os.close(w.stderr)
+        w.stdout = w.stderr = -1
+    # as WorkerGroup._kill_leftovers, before the leaders are reaped: a leader not yet
+    # reaped keeps its group's id from being reused by a new process
+    for w in e.workers:
+        w.signal_group(signal.SIGKILL)
+    for w in e.workers:
         os.waitpid(w.pid, 0)
+        w.pid = -1  # (reaped: abandon() must not signal or reap it again)
         assert w.pidfd is not None
         os.close(w.pidfd)
-    for w in e.workers:  # as WorkerGroup._kill_leftovers
-        w.signal_group(signal.SIGKILL)
-    e.guard.kill_strays()
+        w.pidfd = None
+    e.guard.kill_strays()  # (after the reaping: an unreaped leader would count as one)
     e.workers = []
     _remove_scratch(e.scratch)
     e.scratch = ""
