@@ -370,6 +370,9 @@ def wait(e: Early) -> bool:
                 pipes.register(w.stdout, select.POLLIN)
                 pipes.register(w.stderr, select.POLLIN)
             ok = sum(1 for _, ev in pipes.poll(0) if ev & select.POLLHUP) == 2 * len(e.workers)
+        # a stop signal that came with the last exit (in the same poll, or since): the
+        # launcher ends the job as it ends a stopped one (128+N), not this lane with 0
+        ok = ok and e.relay.stop_signal is None
     finally:
         if not ok:
             thread.join()  # the main thread imports nothing the thread is importing

@@ -793,3 +793,38 @@ def test_an_error_before_the_hand_over_leaves_no_scratch(tmp_path, case):
     assert "LEFT []" in res.stdout.splitlines(), res.stdout
     for name in os.listdir(pids):
         assert not _alive(int((pids / name).read_text())), name
+
+
+# SIGTERM to the launcher itself as its fast lane finds its last worker exited with 0
+# (quick.wait's peek): the signal and the last exit come together. The full path's
+# imports wait for that.
+TERM_AT_LAST_EXIT_PROBE = """
+import os, signal, sys, time
+me, peeks, waitid = os.getpid(), [], os.waitid
+def peek(*a):
+    info = waitid(*a)
+    if os.getpid() == me and a[2] & os.WNOWAIT:
+        peeks.append(info)
+        if len(peeks) == 2:
+            os.kill(me, signal.SIGTERM)
+    return info
+os.waitid = peek
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        while name == "distlaunch.command" and len(peeks) < 2:
+            time.sleep(0.005)
+sys.meta_path.insert(0, Hold())
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+def test_a_stop_signal_with_the_last_exit_stops_the_job(tmp_path):
+    """A stop signal that comes as the fast lane sees its last worker exit with 0 is not
+    lost: the job ends with 128+N, as the launcher ends it (not 0)."""
+    script = tmp_path / "ok.py"
+    script.write_text("print('done')\n")
+    res = probe_run(TERM_AT_LAST_EXIT_PROBE, "unused", str(script))
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
+    assert "stopped by signal 15" in res.stderr, res.stderr
