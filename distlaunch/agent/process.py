@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING
 
 from ..errors import SpawnError
@@ -91,6 +92,18 @@ class WorkerProcess:
     ``poll()``. Raises SpawnError when the program cannot be started.
     """
 
+    # set by ``_started`` (both ways in: spawned here, or adopted)
+    slot: WorkerSlot
+    argv: list[str]
+    popen: subprocess.Popen[bytes] | _Adopted
+    pid: int
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+    returncode: int | None
+    exit_time: float | None
+    pidfd: int | None
+    signalled: set[int]  # the signals ``signal_group`` sent
+
     def __init__(
         self,
         slot: WorkerSlot,
@@ -99,8 +112,6 @@ class WorkerProcess:
         cpus: frozenset[int] | None = None,
         stdin: bool = False,
     ):
-        self.slot = slot
-        self.argv = argv
         # CPU affinity is per thread and inherited at fork: bind the spawning thread for
         # the duration of the spawn, so the worker (and anything it starts at once) begins
         # bound; no preexec_fn, which is unsafe with the agent's threads
@@ -120,16 +131,9 @@ class WorkerProcess:
         finally:
             if restore is not None:
                 os.sched_setaffinity(0, restore)
-        self.popen: subprocess.Popen[bytes] | _Adopted = popen
-        self.pid = popen.pid
         # spawned with PIPE, so both exist (Popen types them Optional)
         assert popen.stdout is not None and popen.stderr is not None
-        self.stdout: IO[bytes] = popen.stdout
-        self.stderr: IO[bytes] = popen.stderr
-        self.returncode: int | None = None
-        self.exit_time: float | None = None
-        self.pidfd: int | None = None
-        self.signalled: set[int] = set()  # the signals ``signal_group`` sent
+        self._started(slot, argv, popen, popen.stdout, popen.stderr, None, ())
         try:
             _restore_nofile(self.pid)
             try:
@@ -156,14 +160,32 @@ class WorkerProcess:
         session, output on the pipes whose read ends are ``stdout`` and ``stderr``),
         taken over with its pidfd (None: polled) and the signals already sent to it:
         supervised from here on as if spawned here."""
-        self = cls.__new__(cls)
-        self.slot, self.argv, self.pid = slot, argv, pid
-        self.popen = _Adopted(pid)
-        self.stdout, self.stderr = open(stdout, "rb", buffering=0), open(stderr, "rb", buffering=0)
-        self.returncode = self.exit_time = None
+        self = cls.__new__(cls)  # (not __init__, which spawns)
+        out, err = open(stdout, "rb", buffering=0), open(stderr, "rb", buffering=0)
+        self._started(slot, argv, _Adopted(pid), out, err, pidfd, signalled)
+        return self
+
+    def _started(
+        self,
+        slot: WorkerSlot,
+        argv: list[str],
+        popen: subprocess.Popen[bytes] | _Adopted,
+        stdout: IO[bytes],
+        stderr: IO[bytes],
+        pidfd: int | None,
+        signalled: Iterable[int],
+    ) -> None:
+        """What a started worker holds (``__init__`` and ``adopt``, one place for both)."""
+        self.slot = slot
+        self.argv = argv
+        self.popen = popen
+        self.pid = popen.pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode = None
+        self.exit_time = None
         self.pidfd = pidfd
         self.signalled = set(signalled)
-        return self
 
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the worker's whole process group (also after the leader exited,
