@@ -40,7 +40,15 @@ from .agent.signals import SignalRelay
 from .cpus import cpu_sets
 from .errors import LaunchInterrupted, SpawnError
 from .report import say
-from .workerenv import MAX_RESTARTS, STORE_HOST, build_worker_env, create_progress
+from .workerenv import (
+    MAX_RESTARTS,
+    SHM_DIR,
+    STORE_HOST,
+    build_worker_env,
+    create_progress,
+    make_scratch,
+    shm_prefix,
+)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -58,7 +66,6 @@ FULL_PATH = (
     "distlaunch.agent.node",
 )
 MAX_WORKERS = 64  # more go the full path (their spawns dominate anyway)
-SHM_DIR = "/dev/shm"  # as agent/specs.py
 
 early: Early | None = None  # started here, not yet taken over by the launcher
 
@@ -192,34 +199,10 @@ def _prepare(e: Early) -> None:
                 e.master_port = s.getsockname()[1]
         finally:
             s.close()
-    e.scratch = _make_scratch(e.run_id)
-    if e.scratch:
-        e.guard.clean_up(e.scratch)
-        e.guard.clean_up(os.path.join(SHM_DIR, _shm_prefix(e.run_id)) + "*")
-
-
-def _shm_prefix(run_id: str, rnd: int | None = None) -> str:
-    """As ``specs.shm_prefix`` for this process."""
-    return f"distlaunch_{run_id}_{os.getpid()}_" + ("" if rnd is None else f"r{rnd}_")
-
-
-def _make_scratch(run_id: str) -> str:
-    """A new private directory ``distlaunch_<run id>_XXXXXXXX`` in the first temporary
-    directory that takes it, in ``tempfile.gettempdir``'s order ($TMPDIR, $TEMP, $TMP,
-    /tmp, /var/tmp, /usr/tmp, the working directory); "" when none does. (``tempfile``
-    and what it loads cost ~5 ms before the first spawn.)"""
-    dirs = [d for d in (os.environ.get(n) for n in ("TMPDIR", "TEMP", "TMP")) if d]
-    for d in [*dirs, "/tmp", "/var/tmp", "/usr/tmp", os.getcwd()]:
-        for _ in range(10):
-            path = os.path.abspath(os.path.join(d, f"distlaunch_{run_id}_{os.urandom(4).hex()}"))
-            try:
-                os.mkdir(path, 0o700)
-                return path
-            except FileExistsError:
-                continue
-            except OSError:
-                break
-    return ""
+    try:
+        e.scratch = make_scratch(e.run_id, e.guard)
+    except OSError:  # no usable temporary directory: declined (the full path's error)
+        e.scratch = ""
 
 
 def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> None:
@@ -230,7 +213,7 @@ def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> No
         if fd > 2 and _inheritable(fd)
     ]
     cpus = cpu_sets(options["bind_to"], count, os.sched_getaffinity(0))
-    shm = _shm_prefix(e.run_id, 0)
+    shm = shm_prefix(e.run_id, os.getpid(), 0)
     e.relay.targets = lambda: e.workers
     if e.relay.stop_signal is not None:  # stopped before anything started: start nothing
         raise LaunchInterrupted(e.relay.stop_signal)
@@ -411,13 +394,7 @@ def finish(e: Early) -> None:
     e.workers = []
     _remove_scratch(e.scratch)
     e.scratch = ""
-    prefix = _shm_prefix(e.run_id)
-    try:
-        for name in os.listdir(SHM_DIR):
-            if name.startswith(prefix):
-                remove_matching(os.path.join(SHM_DIR, name))
-    except OSError:  # no /dev/shm
-        pass
+    remove_matching(os.path.join(SHM_DIR, shm_prefix(e.run_id, os.getpid())) + "*")  # (as node.py)
     e.abandon()  # (nothing left to kill): the listener, the relay, the guard
 
 

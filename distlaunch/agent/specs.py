@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from .. import progress
+from .. import progress, workerenv
 from ..config import STD_ERR, STD_OUT, LaunchConfig
 from ..env import WorkerIdentity, build_worker_env, lookup, python_exec
 from ..errors import LaunchInterrupted
 from ..numa import rank_bindings
 from ..topology import WorkerSlot
+from ..workerenv import shm_prefix
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .output import DuplicateLines, StreamSink, warn_once
@@ -55,14 +56,6 @@ def worker_argv(cfg: LaunchConfig, python: str | None = None) -> list[str]:
     return [python, cfg.entrypoint, *cfg.args]
 
 
-SHM_DIR = "/dev/shm"
-
-
-def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
-    """Name prefix of the shared-memory segments of one agent's workers (in one round)."""
-    return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -70,14 +63,8 @@ def free_port() -> int:
 
 
 def make_scratch(cfg: LaunchConfig, guard: OrphanGuard) -> str:
-    """This agent's new scratch directory (workers' error and progress files); it and
-    the agent's shared-memory segments are the guard's to remove if the agent dies."""
-    import tempfile
-
-    scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
-    guard.clean_up(scratch)
-    guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
-    return scratch
+    """This agent's new scratch directory (``workerenv.make_scratch``)."""
+    return workerenv.make_scratch(cfg.run_id, guard)
 
 
 def log_root(cfg: LaunchConfig) -> str | None:
