@@ -828,3 +828,41 @@ def test_a_stop_signal_with_the_last_exit_stops_the_job(tmp_path):
     res = probe_run(TERM_AT_LAST_EXIT_PROBE, "unused", str(script))
     assert res.returncode == 128 + signal.SIGTERM, res.stderr
     assert "stopped by signal 15" in res.stderr, res.stderr
+
+
+# The launcher's WorkerGroup.start fails as it takes over the fast lane's workers.
+START_FAILS_PROBE = """
+import sys
+import distlaunch.agent.group as group
+def start(self, started=None):
+    raise RuntimeError("injected")
+group.WorkerGroup.start = start
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+def test_a_failed_take_over_closes_each_descriptor_once(tmp_path):
+    """The launcher failing to take the fast lane's workers over kills them and closes
+    their pipes and pidfds once (the adopted file objects own them from the adoption:
+    no descriptor closed twice), and leaves no scratch directory."""
+    script, pids, tmp = tmp_path / "sleeper.py", tmp_path / "pids", tmp_path / "tmp"
+    script.write_text(SLEEPER)
+    pids.mkdir()
+    tmp.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-X", "dev", "-c", START_FAILS_PROBE, "x", "run", "--nproc-per-node", "2"]
+    res = subprocess.run(
+        [*cmd, str(script), str(pids)],
+        env={**env, "TMPDIR": str(tmp)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert "RuntimeError: injected" in res.stderr, res.stderr
+    assert "Bad file descriptor" not in res.stderr, res.stderr
+    assert os.listdir(tmp) == []
+    for name in os.listdir(pids):
+        assert not _alive(int((pids / name).read_text())), name

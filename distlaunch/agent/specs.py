@@ -7,6 +7,7 @@ observer, events) is imported: this module imports only what starting a worker n
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -331,13 +332,26 @@ def adopt_first_round(
                 f"the fast lane started rank {spec.slot.rank} unlike the launcher would: {differ} {keys}"
             )
     group = WorkerGroup(specs, early.relay, early.guard, cfg.stop_timeout)
+    # first: a signal from here on reaches them through the group (start() sends a stop
+    # signal to each the fast lane's relay had not sent it to)
     early.relay.targets = group.live
-    group.start(
-        [
-            WorkerProcess.adopt(s.slot, w.argv, w.pid, w.stdout, w.stderr, w.pidfd, w.signalled)
-            for s, w in zip(specs, early.workers)
-        ]
-    )
+    adopted = [
+        WorkerProcess.adopt(s.slot, w.argv, w.pid, w.stdout, w.stderr, w.pidfd, w.signalled)
+        for s, w in zip(specs, early.workers)
+    ]
+    for w in early.workers:  # the processes and descriptors are the adopted ones' now
+        w.pid, w.stdout, w.stderr, w.pidfd = -1, -1, -1, None
+    try:
+        group.start(adopted)
+    except BaseException:
+        group.close()
+        for p in adopted:  # (those start() had not taken yet)
+            if p.returncode is None:
+                p.signal_group(signal.SIGKILL)
+                p.reap()
+            p.stdout.close()
+            p.stderr.close()
+        raise
     return FirstRound(group, early.scratch, early.master_port)
 
 
