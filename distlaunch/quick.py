@@ -161,11 +161,6 @@ def start(parsed: Parsed) -> Early | None:
         or not os.path.isfile(script)  # (the full path's error; one stat)
     ):
         return None
-    if count > 1 and "OMP_NUM_THREADS" not in environ:  # as launcher.run says it
-        say(
-            f"setting OMP_NUM_THREADS=1 for each of the {count} workers "
-            f"on this node; set it yourself to choose another value"
-        )
     guard = OrphanGuard()  # before any thread
     relay = SignalRelay(lambda: (), forward_all=True)  # not in a Slurm step (checked above)
     e = Early(os.urandom(6).hex(), guard, relay)  # the run id LaunchConfig would draw
@@ -175,9 +170,17 @@ def start(parsed: Parsed) -> Early | None:
             e.abandon()
             return None
         _spawn(e, count, [python, script, *script_args], options)
+    except NotImplementedError:  # posix_spawn without setsid (an old libc): the full path's
+        e.abandon()
+        return None
     except BaseException:
         e.abandon()
         raise
+    if count > 1 and "OMP_NUM_THREADS" not in environ:  # as launcher.run says it (not again)
+        say(
+            f"setting OMP_NUM_THREADS=1 for each of the {count} workers "
+            f"on this node; set it yourself to choose another value"
+        )
     early = e
     return e
 

@@ -866,3 +866,32 @@ def test_a_failed_take_over_closes_each_descriptor_once(tmp_path):
     assert os.listdir(tmp) == []
     for name in os.listdir(pids):
         assert not _alive(int((pids / name).read_text())), name
+
+
+# os.posix_spawn without setsid support (NotImplementedError, as on an old libc).
+NO_SETSID_PROBE = """
+import os, sys
+spawn = os.posix_spawn
+def posix_spawn(*a, **k):
+    if k.get("setsid"):
+        raise NotImplementedError("setsid")
+    return spawn(*a, **k)
+os.posix_spawn = posix_spawn
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+def test_a_posix_spawn_without_setsid_goes_the_full_path(tmp_path):
+    """Where os.posix_spawn cannot start a session the fast lane declines and the
+    launcher runs the job as usual (no traceback; its notice said once)."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    res = probe_run(NO_SETSID_PROBE, "x", str(script))
+    assert res.returncode == 0, res.stderr
+    assert sorted(ln for ln in res.stdout.splitlines() if "hello" in ln) == [
+        "[0]: hello from 0",
+        "[1]: hello from 1",
+    ]
+    assert res.stderr.count("setting OMP_NUM_THREADS=1") == 1, res.stderr
