@@ -895,3 +895,75 @@ def test_a_posix_spawn_without_setsid_goes_the_full_path(tmp_path):
         "[1]: hello from 1",
     ]
     assert res.stderr.count("setting OMP_NUM_THREADS=1") == 1, res.stderr
+
+
+# The full path's imports never finish (its first module waits for ever; the launcher
+# and the take-over are never loaded): a job this launcher ends is ended by the fast
+# lane. At exit (before its guard could clean up): which of those loaded, $TMPDIR's
+# entries, the workers' segments left.
+FAST_END_PROBE = """
+import importlib.util, json, os, sys, time
+me, marks, tmp = os.getpid(), sys.argv[1], os.environ["TMPDIR"]
+class Never:  # (it waits in exec_module: find_spec runs under the global import lock)
+    def find_spec(self, name, path=None, target=None):
+        if name == "distlaunch.command":
+            return importlib.util.spec_from_loader(name, self)
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        while True:
+            time.sleep(1)
+sys.meta_path.insert(0, Never())
+leave = os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        prefixes = [open(os.path.join(marks, n)).read() for n in os.listdir(marks)]
+        shm = [n for n in os.listdir("/dev/shm") if n.startswith(tuple(prefixes))]
+        full = [m for m in ("distlaunch.launcher", "distlaunch.agent.specs") if m in sys.modules]
+        print("END " + json.dumps({"full": full, "tmp": os.listdir(tmp), "shm": shm, "n": len(prefixes)}))
+    leave(code)
+os._exit = exit_
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+SEGMENT = """
+import os, sys
+prefix = os.environ["DISTLAUNCH_SHM_PREFIX"]
+open(os.path.join("/dev/shm", prefix + "seg" + os.environ["RANK"]), "w").close()
+with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as f:
+    f.write(prefix)
+print("made", os.environ["RANK"])
+"""
+
+
+def test_a_short_job_ends_in_the_fast_lane_and_leaves_nothing(tmp_path):
+    """Workers that exit 0 before the full path is imported end the job in the fast
+    lane (the full path never loaded: its import here never returns), with their
+    output, exit 0, and no scratch directory or shared-memory segment left as the
+    launcher exits (not left to the guard)."""
+    script, marks, tmp = tmp_path / "segment.py", tmp_path / "marks", tmp_path / "tmp"
+    script.write_text(SEGMENT)
+    marks.mkdir()
+    tmp.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [
+        sys.executable,
+        "-c",
+        FAST_END_PROBE,
+        str(marks),
+        "run",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(marks),
+    ]
+    res = subprocess.run(
+        cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(ln for ln in res.stdout.splitlines() if "made" in ln) == ["[0]: made 0", "[1]: made 1"]
+    end = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("END "))[4:])
+    assert end == {"full": [], "tmp": [], "shm": [], "n": 2}, end
