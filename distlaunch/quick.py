@@ -44,17 +44,16 @@ from .workerenv import (
     MAX_RESTARTS,
     SHM_DIR,
     STORE_HOST,
-    build_worker_env,
     create_progress,
     make_scratch,
     shm_prefix,
+    slot_env,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from typing import Any
 
-    from .env import WorkerIdentity
     from .preparse import Parsed
 
 # What the full path imports, loaded by a thread while the workers run.
@@ -228,30 +227,24 @@ def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> No
             progress: str | None = path
         except OSError:  # the scratch dir's disk is full: the rank is watched by its output
             progress = None
-        ident = SimpleNamespace(
-            rank=rank,
-            local_rank=rank,
-            world_size=count,
-            local_world_size=count,
-            node_rank=0,
-            num_nodes=1,
-            node_id="0",
+        slot = SimpleNamespace(  # (topology.WorkerSlot: a dataclass)
+            rank=rank, local_rank=rank, world_size=count, local_world_size=count, node_rank=0, num_nodes=1
+        )
+        env = slot_env(
+            slot,  # type: ignore[arg-type]
+            e.base_env,
             run_id=e.run_id,
             restart_count=0,
             max_restarts=options["max_restarts"],
             role=options["role"],
-            master_addr="localhost",
-            master_port=e.master_port,
-            store_addr=STORE_HOST,
-            store_port=e.store_port,
-            store_token=e.token,
-            shm_prefix=shm,
+            master=("localhost", e.master_port),
+            store=(STORE_HOST, e.store_port, e.token),
+            error_file=error_file,
+            shm=shm,
             agent_store=False,
             progress_file=progress,
+            python=True,
         )
-        i: WorkerIdentity = ident  # type: ignore[assignment]
-        env = build_worker_env(i, e.base_env, error_file, set_omp_threads=count > 1)
-        env.setdefault("PYTHONUNBUFFERED", "1")  # as specs.worker_env
         w = Worker(rank, argv, env, cpus[rank], rank == 0)  # --stdin 0
         _spawn_one(e, w, closes)
         e.workers.append(w)  # (the relay's targets: started workers only)
@@ -313,8 +306,9 @@ def _spawn_one(e: Early, w: Worker, closes: list[tuple[int, int]]) -> None:
 
 def wait(e: Early) -> bool:
     """Import the full path on a thread while waiting for the workers: True when every
-    worker exited with 0 and its pipes are closed before that is done (``finish`` may
-    end the job), False otherwise (the imports are done then: hand over)."""
+    worker exited with 0 and its pipes are closed before that is done, and no stop
+    signal came (``finish`` may end the job), False otherwise (the imports are done
+    then: hand over)."""
     done_r, done_w = os.pipe()
 
     def imports() -> None:

@@ -13,6 +13,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     from .agent.guard import OrphanGuard
     from .env import WorkerIdentity
+    from .topology import WorkerSlot
 
 # The host of a single node's store (it listens on loopback only; workers are told it).
 STORE_HOST = "127.0.0.1"
@@ -174,6 +175,57 @@ def build_worker_env(
     if set_omp_threads and "OMP_NUM_THREADS" not in base:
         values["OMP_NUM_THREADS"] = 1
     env.update((k, str(v)) for k, v in values.items())
+    return env
+
+
+def slot_env(
+    slot: WorkerSlot,
+    base: Mapping[str, str],
+    *,
+    run_id: str,
+    restart_count: int,
+    max_restarts: int,
+    role: str,
+    master: tuple[str, int],
+    store: tuple[str, int, str] | None,
+    error_file: str | None,
+    shm: str | None,
+    agent_store: bool,
+    progress_file: str | None,
+    python: bool,
+) -> dict[str, str]:
+    """The environment of the worker in ``slot`` (``build_worker_env`` of its identity;
+    ``store``: host, port and secret, None without the store's variables; ``python``:
+    the worker is a Python interpreter, told not to hold its prints, since it writes to
+    pipes). One place for the launcher (``specs.worker_env``) and the fast lane, which
+    passes anything with a ``WorkerSlot``'s fields."""
+    from types import SimpleNamespace  # (WorkerIdentity is a dataclass: not this early)
+
+    ident = SimpleNamespace(
+        rank=slot.rank,
+        local_rank=slot.local_rank,
+        world_size=slot.world_size,
+        local_world_size=slot.local_world_size,
+        node_rank=slot.node_rank,
+        num_nodes=slot.num_nodes,
+        node_id=str(slot.node_rank),
+        run_id=run_id,
+        restart_count=restart_count,
+        max_restarts=max_restarts,
+        role=role,
+        master_addr=master[0],
+        master_port=master[1],
+        store_addr=store[0] if store else None,
+        store_port=store[1] if store else None,
+        store_token=store[2] if store else None,
+        shm_prefix=shm,
+        agent_store=agent_store,
+        progress_file=progress_file,
+    )
+    i: WorkerIdentity = ident  # type: ignore[assignment]
+    env = build_worker_env(i, base, error_file, set_omp_threads=slot.local_world_size > 1)
+    if python:
+        env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from .. import progress, workerenv
 from ..config import STD_ERR, STD_OUT, LaunchConfig
-from ..env import WorkerIdentity, build_worker_env, lookup, python_exec
+from ..env import lookup, python_exec
 from ..errors import LaunchInterrupted
 from ..numa import rank_bindings
 from ..topology import WorkerSlot
@@ -87,39 +87,29 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment of the worker in ``slot`` (``store`` None: without the store's
     variables, as --dry-run shows them)."""
-    ident = WorkerIdentity(
-        rank=slot.rank,
-        local_rank=slot.local_rank,
-        world_size=slot.world_size,
-        local_world_size=slot.local_world_size,
-        node_rank=slot.node_rank,
-        num_nodes=slot.num_nodes,
-        node_id=str(slot.node_rank),
+    if cfg.env:
+        base = {**base, **dict(cfg.env)}
+    env = workerenv.slot_env(
+        slot,
+        base,
         run_id=cfg.run_id,
         restart_count=restart_count,
         max_restarts=cfg.max_restarts,
         role=cfg.role,
-        master_addr=master[0],
-        master_port=master[1],
-        store_addr=store.host if store else None,
-        store_port=store.port if store else None,
-        store_token=store.token if store else None,
-        shm_prefix=shm,
+        master=master,
+        store=store,
+        error_file=error_file,
+        shm=shm,
         agent_store=agent_store,
         progress_file=progress_file,
+        python=not cfg.no_python,  # (workers write to pipes: see slot_env)
     )
-    if cfg.env:
-        base = {**base, **dict(cfg.env)}
-    env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
     if cfg.signals_to_handle:  # torchrun passes its --signals-to-handle on in this variable
         env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in parse_signals(cfg.signals_to_handle))
     if cfg.hang_timeout > 0:  # NCCL's own trace of a hang, next to ours
         from .watch import nccl_trace_env  # only then: it sits above the launch path
 
         env.update(nccl_trace_env(base, log_root(cfg))[0])
-    if not cfg.no_python:
-        # Workers write to pipes; without this Python holds their prints until exit.
-        env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
