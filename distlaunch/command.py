@@ -8,14 +8,14 @@ the pre-parsed path never imports click; both paths run this same code.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from .errors import DistlaunchError, LaunchInterrupted, WorkerFailedError
 from .report import say
+from .startup import leave as leave  # re-exported: the CLI's way out
 
 if TYPE_CHECKING:
     from .rounds import WorkerFailure
@@ -134,19 +134,3 @@ def _error_file_trace(text: str | None) -> str | None:
         return msg["extraInfo"]["py_callstack"] if isinstance(msg, dict) else str(msg)
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def leave(code: int) -> NoReturn:
-    """End the process with ``code`` (``os._exit`` after flushing stdout and stderr)."""
-    # By now every process the command started has ended and been reaped, and the
-    # output threads have drained; what is left of the interpreter's own teardown
-    # (freeing every module's objects, no atexit work of ours) costs ~12 ms per run.
-    srun = sys.modules.get("distlaunch.remote.srun")
-    if srun is not None:  # a Slurm agent step started early and never taken over
-        srun.end_early()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a reader that went away: nothing more to say
-            pass
-    os._exit(code)

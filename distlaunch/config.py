@@ -19,6 +19,7 @@ from typing import Any, TypedDict, cast
 
 from .errors import ConfigError
 from .topology import MAX_SLOTS_PER_NODE
+from .workerenv import MAX_RESTARTS as MAX_RESTARTS  # (the fast lane checks it too)
 
 # torchrun's Std values: which of a worker's streams an option applies to.
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3
@@ -62,7 +63,6 @@ def parse_std(value: str | int | None, option: str) -> StdSpec:
 
 # Run ids name log directories and store keys: no path separators, no '.'/'..', no
 # leading '-' (an option to a command), bounded length.
-MAX_RESTARTS = 10000
 RUN_ID_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
 
 

@@ -24,6 +24,11 @@ from typing import TypeVar
 from .errors import ConfigError
 from .hostlist import expand_hostlist, parse_tasks_per_node
 
+# the builder and its two tables live in workerenv (no dataclasses: the fast lane uses them)
+from .workerenv import MPI_VARS as MPI_VARS
+from .workerenv import STALE_VARS as STALE_VARS
+from .workerenv import build_worker_env as build_worker_env
+
 # name -> meaning. The builder sets every one of these (OMP_NUM_THREADS only when unset).
 TORCHRUN_VARS = {
     "RANK": "global rank of the worker, 0..WORLD_SIZE-1",
@@ -46,20 +51,6 @@ TORCHRUN_VARS = {
     "TORCHELASTIC_ERROR_FILE": "where torch's @record writes a structured error (read for the summary)",
     "TORCHELASTIC_SIGNALS_TO_HANDLE": "signals torch's elastic code handles",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "passed through, default 1 (as torchrun)",
-}
-
-# mpirun front ends (Open MPI, MPICH/Intel MPI). Never PMIX_*, PMI_FD, PMI_PORT or
-# PRTE_LAUNCHED: those make a real MPI library try to contact a PMI server and fail.
-MPI_VARS = {
-    "OMPI_COMM_WORLD_RANK": "RANK",
-    "OMPI_COMM_WORLD_SIZE": "WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "LOCAL_WORLD_SIZE",
-    "OMPI_COMM_WORLD_NODE_RANK": "GROUP_RANK",
-    "PMI_RANK": "RANK",
-    "PMI_SIZE": "WORLD_SIZE",
-    "MPI_LOCALRANKID": "LOCAL_RANK",
-    "MPI_LOCALNRANKS": "LOCAL_WORLD_SIZE",
 }
 
 DISTLAUNCH_VARS = {
@@ -167,48 +158,6 @@ POD_VARS = {
     "SKYPILOT_TASK_ID": "SkyPilot: the task's id (the same on every node) -> the run id",
 }
 
-# Inherited variables from other launchers / schedulers that would be wrong in a worker.
-# The Slurm task variables of the agent's own srun step (one task per node) are removed,
-# not rewritten: Lightning and submitit read SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID and
-# would all take themselves for rank 0; without them they use the torchrun variables.
-# Job-level variables (SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURMD_NODENAME) stay: true
-# for the worker too.
-STALE_VARS = (
-    "SLURM_PROCID",
-    "SLURM_LOCALID",
-    "SLURM_NODEID",
-    "SLURM_NTASKS",
-    "SLURM_NPROCS",
-    "SLURM_STEP_ID",
-    "SLURM_STEPID",
-    "SLURM_STEP_NUM_TASKS",
-    "SLURM_STEP_NUM_NODES",
-    "SLURM_STEP_NODELIST",
-    "SLURM_STEP_TASKS_PER_NODE",
-    "SLURM_GTIDS",
-    "SLURM_TASK_PID",
-    "PMI_FD",
-    "PMI_PORT",
-    "PMI_ID",
-    "PMIX_RANK",
-    "PMIX_NAMESPACE",
-    "PMIX_SERVER_URI2",
-    "PMIX_SERVER_URI3",
-    "PMIX_SERVER_URI4",
-    "PMIX_SERVER_URI21",
-    "PMIX_SECURITY_MODE",
-    "PRTE_LAUNCHED",
-    "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_NODE_RANK",
-    "LOCAL_SIZE",
-    "CROSS_RANK",
-    "CROSS_SIZE",
-    "HOROVOD_RANK",
-    "HOROVOD_SIZE",
-    "HOROVOD_LOCAL_RANK",
-    "HOROVOD_LOCAL_SIZE",
-)
-
 
 @dataclass(frozen=True)
 class WorkerIdentity:
@@ -235,67 +184,6 @@ class WorkerIdentity:
     # (per-node static launches, as torchrun's agent store)
     agent_store: bool = False
     progress_file: str | None = None  # DISTLAUNCH_PROGRESS_FILE (distlaunch.progress)
-
-
-def build_worker_env(
-    ident: WorkerIdentity,
-    base: Mapping[str, str],
-    error_file: str | None = None,
-    set_omp_threads: bool = False,
-) -> dict[str, str]:
-    """Return the full environment for one worker: ``base`` cleaned of stale launcher
-    variables, plus the torchrun, MPI-style and ``DISTLAUNCH_*`` names of ``ident``.
-
-    ``set_omp_threads`` sets ``OMP_NUM_THREADS=1`` when ``base`` has none (torchrun does
-    the same when several workers share a node).
-    """
-    env = {k: v for k, v in base.items() if k not in STALE_VARS and not k.startswith("PMIX_")}
-    values = {
-        "RANK": ident.rank,
-        "LOCAL_RANK": ident.local_rank,
-        "WORLD_SIZE": ident.world_size,
-        "LOCAL_WORLD_SIZE": ident.local_world_size,
-        "GROUP_RANK": ident.node_rank,
-        "GROUP_WORLD_SIZE": ident.num_nodes,
-        "ROLE_RANK": ident.rank,
-        "ROLE_NAME": ident.role,
-        "ROLE_WORLD_SIZE": ident.world_size,
-        "MASTER_ADDR": ident.master_addr,
-        "MASTER_PORT": ident.master_port,
-        "TORCHELASTIC_RESTART_COUNT": ident.restart_count,
-        "TORCHELASTIC_MAX_RESTARTS": ident.max_restarts,
-        "TORCHELASTIC_RUN_ID": ident.run_id,
-        "TORCHELASTIC_USE_AGENT_STORE": str(ident.agent_store),
-        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "DISTLAUNCH_RUN_ID": ident.run_id,
-        "DISTLAUNCH_NODE_ID": ident.node_id,
-    }
-    for mpi_name, source in MPI_VARS.items():
-        values[mpi_name] = values[source]
-    if ident.shm_prefix is not None:
-        values["DISTLAUNCH_SHM_PREFIX"] = ident.shm_prefix
-    else:
-        env.pop("DISTLAUNCH_SHM_PREFIX", None)
-    if ident.progress_file is not None:
-        values["DISTLAUNCH_PROGRESS_FILE"] = ident.progress_file
-    else:
-        env.pop("DISTLAUNCH_PROGRESS_FILE", None)
-    if ident.store_port is not None:
-        values["DISTLAUNCH_STORE_ADDR"] = ident.store_addr
-        values["DISTLAUNCH_STORE_PORT"] = ident.store_port
-        values["DISTLAUNCH_STORE_TOKEN"] = ident.store_token or ""
-    else:
-        for name in ("DISTLAUNCH_STORE_ADDR", "DISTLAUNCH_STORE_PORT", "DISTLAUNCH_STORE_TOKEN"):
-            env.pop(name, None)
-    if error_file is not None:
-        values["TORCHELASTIC_ERROR_FILE"] = error_file
-    else:
-        env.pop("TORCHELASTIC_ERROR_FILE", None)
-    if set_omp_threads and "OMP_NUM_THREADS" not in base:
-        values["OMP_NUM_THREADS"] = 1
-    env.update((k, str(v)) for k, v in values.items())
-    return env
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:

@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ from .topology import WorkerSlot, node_slots
 if TYPE_CHECKING:
     from .agent.specs import FirstRound
     from .events import EventLog
+    from .quick import Early
     from .store import StoreServer
     from .store.client import StoreAddress
 
@@ -108,7 +110,8 @@ def run(mode: NodeMode, plan: Plan | None = None) -> int:
         log_dir = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
         say(f"worker logs go to {log_dir}/{cfg.run_id}")
         cfg = dataclasses.replace(cfg, log_dir=log_dir)
-    if cfg.nproc_per_node > 1 and lookup("OMP_NUM_THREADS") is None:
+    early = _early()
+    if cfg.nproc_per_node > 1 and lookup("OMP_NUM_THREADS") is None and early is None:  # (it said so)
         say(
             f"setting OMP_NUM_THREADS=1 for each of the {cfg.nproc_per_node} workers "
             f"on this node; set it yourself to choose another value"
@@ -121,25 +124,41 @@ def run(mode: NodeMode, plan: Plan | None = None) -> int:
         store = StoreAddress(*mode.store_endpoint(), _shared_token(cfg, mode.store_token_file))
         return _run_fixed(cfg, mode, store, "0.0.0.0", plan)
     assert isinstance(mode, SingleNode)
-    return _run_single(cfg, mode, plan)
+    return _run_single(cfg, mode, plan, early)
 
 
-def _run_single(cfg: LaunchConfig, mode: SingleNode, plan: Plan) -> int:
+def _early() -> Early | None:
+    """The fast lane's start (``quick.py``) in this process, not yet taken over, if any."""
+    quick = sys.modules.get("distlaunch.quick")
+    return quick.early if quick is not None else None
+
+
+def _run_single(cfg: LaunchConfig, mode: SingleNode, plan: Plan, early: Early | None = None) -> int:
     """A single node: its workers start first (``specs.start_first_round``) with the
     guard watching them and the signal relay in place from the first spawn; the store
     they are told of listens already (its loop starts next: their connections wait in
-    the listen backlog), and the agent joins round 0 with them."""
+    the listen backlog), and the agent joins round 0 with them. ``early``: the fast
+    lane started all that already (``quick.py``): taken over here."""
     from .agent.signals import SignalRelay, parse_signals
-    from .agent.specs import start_first_round
+    from .agent.specs import adopt_first_round, start_first_round
 
-    guard = OrphanGuard()  # before any thread
-    relay = SignalRelay(lambda: (), also_stop=parse_signals(cfg.signals_to_handle))
+    if early is not None:
+        guard, relay = early.guard, early.relay
+    else:
+        guard = OrphanGuard()  # before any thread
+        relay = SignalRelay(lambda: (), also_stop=parse_signals(cfg.signals_to_handle))
     listener = server = first = None
     try:
-        listener = _listen(STORE_HOST)
-        token = os.urandom(16).hex()
-        fields = StoreFields(STORE_HOST, listener.getsockname()[1], token)
-        first = start_first_round(cfg, plan.slots, plan.master_addr, fields, guard, relay)
+        if early is not None:
+            listener, token = socket.socket(fileno=early.take_listener()), early.token
+            fields = StoreFields(STORE_HOST, listener.getsockname()[1], token)
+            first = adopt_first_round(cfg, plan.slots, plan.master_addr, fields, early)
+            early.taken()
+        else:
+            listener = _listen(STORE_HOST)
+            token = os.urandom(16).hex()
+            fields = StoreFields(STORE_HOST, listener.getsockname()[1], token)
+            first = start_first_round(cfg, plan.slots, plan.master_addr, fields, guard, relay)
         from .store import StoreServer
 
         server = StoreServer(STORE_HOST, fields.port, token=token).start(listener)
@@ -148,6 +167,8 @@ def _run_single(cfg: LaunchConfig, mode: SingleNode, plan: Plan) -> int:
     finally:
         if first is not None:  # stopped with grace unless the agent ran them (then a no-op)
             first.discard()
+        elif early is not None:  # never taken over (a bug found by adopt_first_round)
+            early.abandon()
         relay.restore()
         if listener is not None:
             listener.close()

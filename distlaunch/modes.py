@@ -38,12 +38,12 @@ from .engine import Placement, detect, plugin
 from .errors import ConfigError
 from .run_options import RunOptions
 from .topology import MAX_NODES
+from .workerenv import STORE_HOST
 
 if TYPE_CHECKING:
     from .hosts import Host
     from .remote.ssh import SSHOptions
 
-STORE_HOST = "127.0.0.1"
 STATIC_MASTER_ADDR, STATIC_MASTER_PORT = "127.0.0.1", 29500  # torchrun's static defaults
 
 

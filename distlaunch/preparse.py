@@ -1,9 +1,10 @@
 """A narrow pre-parser for the common single-node form of `distlaunch run`, tried before
 click is imported (click and `run`'s ~60 options cost ~20 ms of a ~100 ms launch):
 
-    distlaunch run [--nproc-per-node N | --nproc-per-node=N] [--standalone] [--] SCRIPT.py [ARGS...]
+    distlaunch run [--nproc-per-node N | --nproc-per-node=N] [--max-restarts R | --max-restarts=R]
+                   [--standalone] [--] SCRIPT.py [ARGS...]
 
-N is decimal digits; each option at most once; SCRIPT ends in ``.py`` and does not start
+N and R are decimal digits; each option at most once; SCRIPT ends in ``.py`` and does not start
 with ``-``; everything after it is the script's, untouched (as click passes it). It
 yields exactly what click's parsing of the same command line gives ``run``
 (tests/test_preparse.py compares the two on generated command lines and environments)
@@ -21,7 +22,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms)
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+    Parsed = tuple[str, tuple[str, ...], dict[str, Any], frozenset[str]]
 
 # `run`'s parameters as click passes them when none is given (cli.run's defaults;
 # tests/test_preparse.py checks them against click's).
@@ -88,8 +94,8 @@ DEFAULTS: dict[str, Any] = {
 # values (PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT), click's completion switch, and, to be
 # safe, the rest of the families the launcher reads.
 DECLINE_PREFIXES = ("PET_", "TORCH_ELASTIC_", "TORCHELASTIC_", "DISTLAUNCH_", "_DISTLAUNCH_")
-
-Parsed = tuple[str, tuple[str, ...], dict[str, Any], frozenset[str]]
+# The count options it takes (digits only), by the parameter name click gives them.
+COUNTS = {"--nproc-per-node": "nproc_per_node", "--max-restarts": "max_restarts"}
 
 
 def parse(argv: list[str], environ: Mapping[str, str]) -> Parsed | None:
@@ -113,14 +119,15 @@ def parse(argv: list[str], environ: Mapping[str, str]) -> Parsed | None:
             options["standalone"] = True
             given.add("standalone")
             i += 1
-        elif name == "--nproc-per-node" and "nproc_per_node" not in given:
+        elif name in COUNTS and COUNTS[name] not in given:
             if not eq:
                 i += 1
                 value = argv[i] if i < len(argv) else ""
-            if not (value.isascii() and value.isdigit()):  # a count; click passes it as text
+            if not (value.isascii() and value.isdigit()):  # a count (int() reads it as click does)
                 return None
-            options["nproc_per_node"] = value
-            given.add("nproc_per_node")
+            key = COUNTS[name]  # --nproc-per-node: click passes it as text; --max-restarts: an int
+            options[key] = value if key == "nproc_per_node" else int(value)
+            given.add(key)
             i += 1
         else:
             return None
@@ -139,26 +146,41 @@ def main(argv: list[str]) -> None:
 
 
 def run(parsed: Parsed) -> NoReturn:
-    """Run a pre-parsed `run` to its end and exit with ``cli.main``'s code and report."""
+    """Run a pre-parsed `run` to its end and exit with ``cli.main``'s code and report:
+    through the fast lane (``quick.py``) where it takes the job, else the full path."""
     import errno
 
-    from .command import leave, report_error, run_parsed
+    from . import quick
     from .errors import DistlaunchError
     from .report import Reporter, install
-    from .startup import pause_gc
+    from .startup import leave, pause_gc
 
     pause_gc()  # until the workers' supervision starts (startup.py)
     install(Reporter(live=sys.stderr.isatty()))  # as cli.main
     try:
+        early = quick.start(parsed)
+        if early is not None:
+            if quick.wait(early):
+                quick.finish(early)
+                leave(0)
+            script, script_args, options, given = parsed  # the full path takes them over:
+            parsed = script, script_args, {**options, "run_id": early.run_id}, given  # same run id
+        from .command import run_parsed
+
         run_parsed(*parsed)
     except (EOFError, KeyboardInterrupt):  # click's Abort: a blank line, exit 130
         sys.stderr.write("\n")
         leave(130)
     except DistlaunchError as e:
+        from .command import report_error
+
         report_error(e)
         leave(e.exit_code)
     except OSError as e:  # click's main ends a broken pipe with exit code 1
         if e.errno != errno.EPIPE:
             raise
         leave(1)
+    finally:
+        if quick.early is not None:  # started, never taken over (an error on the full path)
+            quick.early.abandon()
     leave(0)

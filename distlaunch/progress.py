@@ -33,9 +33,12 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# a record's size and magic, and create(): in workerenv (the fast lane makes records too)
+from .workerenv import PROGRESS_MAGIC as MAGIC
+from .workerenv import PROGRESS_SIZE as SIZE
+from .workerenv import create_progress as create  # noqa: F401  (progress.create)
+
 ENV = "DISTLAUNCH_PROGRESS_FILE"
-SIZE = 128
-MAGIC = b"DLP1"
 _NAME, _NAME_LEN = 32, 32
 _TEXT, _TEXT_LEN = 64, 64
 _HEADER = struct.Struct("<4s4xQQQ")
@@ -199,16 +202,6 @@ def end() -> None:
 
 
 # --- the agent's side ---------------------------------------------------------------------
-
-
-def create(path: str) -> None:
-    """Create (or reset) a zeroed record at ``path`` (mode 0600) for one worker. Raises
-    OSError."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, MAGIC + bytes(SIZE - len(MAGIC)))
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@ mpirun's default ``--map-by slot`` both do this).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
+
+from .cpus import BIND_MODES as BIND_MODES  # re-exported: the rest of rank arithmetic is here
+from .cpus import cpu_sets as cpu_sets
 
 # Upper bounds on what one job may ask for: far above any real machine or cluster, low
 # enough that a typo (an extra digit) is refused at once instead of exhausting memory.
@@ -53,41 +55,6 @@ def seat_slots(first: int, count: int, node_rank: int, world_size: int, num_node
     """The ``count`` slots of node ``node_rank`` whose first global rank is ``first`` (its
     rendezvous seat), in a job of ``world_size`` workers on ``num_nodes`` nodes."""
     return [WorkerSlot(first + i, i, node_rank, world_size, count, num_nodes) for i in range(count)]
-
-
-BIND_MODES = ("auto", "core", "none")
-
-
-def cpu_sets(mode: str, local_world_size: int, cpus: Iterable[int]) -> list[frozenset[int] | None]:
-    """CPU affinity for local ranks ``0 .. local_world_size - 1`` (None: leave the
-    inherited affinity alone), from the CPUs the launcher may use (``cpus``, e.g.
-    ``os.sched_getaffinity(0)``, which already honours taskset / cgroup cpusets).
-
-    - ``none``: nobody is bound (torchrun's behaviour);
-    - ``core``: local rank i gets the single CPU ``cpus[i % len(cpus)]`` (mpirun's
-      ``--bind-to core``, round robin when there are more workers than CPUs);
-    - ``auto``: the CPUs are split into disjoint contiguous blocks, one per local rank
-      (the first ``len(cpus) % L`` blocks one CPU larger), or round robin as ``core`` when
-      there are more workers than CPUs; a single worker is not bound. Like DeepSpeed's
-      ``--bind_cores_to_rank``: threads of a worker stay on its share of the node, and
-      workers that sleep and wake in collectives are not migrated onto each other's CPUs.
-    """
-    if mode not in BIND_MODES:
-        raise ValueError(f"unknown binding mode {mode!r}")
-    ordered = sorted(cpus)
-    n, c = local_world_size, len(ordered)
-    if mode == "none" or not ordered or (mode == "auto" and n == 1):
-        return [None] * n
-    if mode == "core" or n >= c:
-        return [frozenset({ordered[i % c]}) for i in range(n)]
-    per, extra = divmod(c, n)
-    out: list[frozenset[int] | None] = []
-    start = 0
-    for i in range(n):
-        size = per + (i < extra)
-        out.append(frozenset(ordered[start : start + size]))
-        start += size
-    return out
 
 
 def format_cpus(cpus: frozenset[int] | None) -> str:

@@ -3,8 +3,10 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, dl
@@ -342,24 +344,37 @@ NOT_BEFORE_SPAWN_NARROW = {
 }
 
 
-def probe_run(probe: str, arg: str, script: str) -> subprocess.CompletedProcess:
+def probe_run(probe: str, arg: str, script: str, site: bool = True) -> subprocess.CompletedProcess:
     """``python -c probe arg run --nproc-per-node 2 script`` without the variables that
-    send `run` to click (the narrow form's probes)."""
+    send `run` to click (the narrow form's probes); ``site=False``: with ``-S`` (no
+    site-packages: the package comes from the checkout, the working directory)."""
     clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
-    cmd = [sys.executable, "-c", probe, arg, "run", "--nproc-per-node", "2", script]
+    python = [sys.executable] if site else [sys.executable, "-S"]
+    cmd = [*python, "-c", probe, arg, "run", "--nproc-per-node", "2", script]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
 
 
 IMPORT_PROBE = """
-import os, subprocess, sys
+import os, sys
 
 me, seen = os.getpid(), {}
-spawn = subprocess.Popen._execute_child
-def execute_child(self, *a, **k):
-    seen.setdefault("spawn", sorted(sys.modules))
-    return spawn(self, *a, **k)
-subprocess.Popen._execute_child = execute_child
+def note():
+    if os.getpid() == me:
+        seen.setdefault("spawn", sorted(sys.modules))
+if sys.argv[1] == "cli":  # click's path spawns with subprocess
+    import subprocess
+    spawn = subprocess.Popen._execute_child
+    def execute_child(self, *a, **k):
+        note()
+        return spawn(self, *a, **k)
+    subprocess.Popen._execute_child = execute_child
+else:  # the narrow form's fast lane (quick.py) with os.posix_spawn
+    pspawn = os.posix_spawn
+    def posix_spawn(*a, **k):
+        note()
+        return pspawn(*a, **k)
+    os.posix_spawn = posix_spawn
 leave = os._exit
 def exit_(code):
     if os.getpid() == me:  # not the forked guard
@@ -376,6 +391,26 @@ else:  # python -m distlaunch / the console script: the pre-parser first
     sys.argv[1:] = sys.argv[2:]
     main()
 """
+# What the fast lane (quick.py) spawns without: the standard library's heavier modules
+# (checked in an interpreter without site, whose imports would hide them) and our
+# config, modes, environment tables and dataclass-built records.
+NOT_BEFORE_FAST_SPAWN = {
+    "typing",
+    "dataclasses",
+    "inspect",
+    "socket",
+    "subprocess",
+    "tempfile",
+    "shutil",
+    "distlaunch.config",
+    "distlaunch.modes",
+    "distlaunch.env",
+    "distlaunch.topology",
+    "distlaunch.command",
+    "distlaunch.launcher",
+    "distlaunch.agent.specs",
+    "distlaunch.agent.group",
+}
 
 
 @pytest.mark.parametrize("entry", ["cli", "main"])
@@ -388,7 +423,7 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     NOT_BEFORE_SPAWN_NARROW) is imported, and never imports click."""
     script = tmp_path / "hello.py"
     script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
-    res = probe_run(IMPORT_PROBE, entry, str(script))
+    res = probe_run(IMPORT_PROBE, entry, str(script), site=entry == "cli")
     assert res.returncode == 0, res.stderr
     assert sorted(ln for ln in res.stdout.splitlines() if "hello" in ln) == [
         "[0]: hello from 0",
@@ -397,11 +432,13 @@ def test_single_node_spawns_before_the_agent_is_imported(tmp_path, entry):
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("MODULES "))
     seen = {k: set(v) for k, v in json.loads(line[len("MODULES ") :]).items()}
     assert not AFTER_SPAWN & seen["spawn"], sorted(AFTER_SPAWN & seen["spawn"])
-    assert AFTER_SPAWN <= seen["exit"]  # the agent did run the job
     assert not NEVER_IN_SHORT_JOB & seen["exit"], sorted(NEVER_IN_SHORT_JOB & seen["exit"])
-    if entry == "main":
-        assert not NOT_BEFORE_SPAWN_NARROW & seen["spawn"], sorted(NOT_BEFORE_SPAWN_NARROW & seen["spawn"])
-        assert "click" not in seen["exit"] and "distlaunch.preparse" in seen["exit"]
+    if entry == "cli":
+        assert AFTER_SPAWN <= seen["exit"]  # the agent did run the job
+    else:  # the fast lane: its agent is built only if the job outlasts its imports
+        early = NOT_BEFORE_SPAWN_NARROW | NOT_BEFORE_FAST_SPAWN
+        assert not early & seen["spawn"], sorted(early & seen["spawn"])
+        assert "click" not in seen["exit"] and "distlaunch.quick" in seen["exit"]
 
 
 GC_PROBE = """
@@ -413,6 +450,11 @@ def execute_child(self, *a, **k):
     seen.setdefault("spawn", gc.isenabled())
     return spawn(self, *a, **k)
 subprocess.Popen._execute_child = execute_child
+pspawn = os.posix_spawn  # the narrow form's fast lane (quick.py)
+def posix_spawn(*a, **k):
+    seen.setdefault("spawn", gc.isenabled())
+    return pspawn(*a, **k)
+os.posix_spawn = posix_spawn
 leave = os._exit
 def exit_(code):
     if os.getpid() == me:  # not the forked guard
@@ -437,7 +479,8 @@ def test_narrow_run_starts_without_the_collector_and_supervises_with_it(tmp_path
     it on again, with start-up's objects frozen, once it supervises them; a collector
     that was off before stays off."""
     script = tmp_path / "hello.py"
-    script.write_text("print('hello')\n")
+    # it outlasts the fast lane's imports: the launcher supervises it (quick.py)
+    script.write_text("import time\ntime.sleep(1)\nprint('hello')\n")
     res = probe_run(GC_PROBE, before, str(script))
     assert res.returncode == 0, res.stderr
     line = next(ln for ln in res.stdout.splitlines() if ln.startswith("GC "))
@@ -591,3 +634,336 @@ def test_a_python_without_pidfd_open_supervises_by_polling(tmp_path):
     res = dl("run", "--nproc-per-node", "2", bad, env=env)
     assert res.returncode == 3, res.stderr
     assert "Traceback" not in res.stderr and "rank 1" in res.stderr, res.stderr
+
+
+SLEEPER = """
+import os, sys, time
+with open(os.path.join(sys.argv[1], f"pid.{os.environ['RANK']}"), "w") as f:
+    f.write(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5])
+def test_sigterm_right_after_start_leaves_nothing(tmp_path, delay):
+    """SIGTERM to the launcher of the narrow form at any moment of its start (before,
+    during and after the fast lane's spawns, around its hand-over to the launcher): it
+    ends with 128+15 and says why (or, before its handlers exist, dies of the signal
+    having started nothing), and leaves no worker running and no scratch directory."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    pids, tmp = tmp_path / "pids", tmp_path / "tmp"
+    pids.mkdir()
+    tmp.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # (they send the command line to click)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "2", str(script), str(pids)]
+    p = subprocess.Popen(cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    if p.returncode == -signal.SIGTERM:  # before the relay was installed
+        assert not os.listdir(pids)
+    else:
+        assert p.returncode == 128 + signal.SIGTERM, err
+        assert "stopped by signal 15" in err, err
+    for name in os.listdir(pids):
+        assert not _alive(int((pids / name).read_text())), name
+    assert os.listdir(tmp) == []
+
+
+# Holds the fast lane's imports of the full path (quick.wait's thread) until a file exists,
+# so that a test can act while the workers run and the launcher has not taken them over.
+HOLD_PROBE = """
+import os, sys, time
+hold = sys.argv[1]
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        if name == "distlaunch.command":
+            while not os.path.exists(hold):
+                time.sleep(0.005)
+        return None
+sys.meta_path.insert(0, Hold())
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+COUNT_TERMS = """
+import os, signal, sys, time
+d, rank = sys.argv[1], os.environ["RANK"]
+seen = []
+def on_term(signum, frame):
+    seen.append(time.monotonic())
+    with open(os.path.join(d, f"term.{rank}"), "a") as f:
+        f.write("x")
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(d, f"up.{rank}"), "w").close()
+while not seen or time.monotonic() < seen[0] + 1.0:  # a second SIGTERM would come by then
+    time.sleep(0.02)
+sys.exit(143)
+"""
+
+
+def _wait_for(*paths, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not all(os.path.exists(p) for p in paths):
+        assert time.monotonic() < end, [p for p in paths if not os.path.exists(p)]
+        time.sleep(0.01)
+
+
+def test_a_stop_signal_during_the_hand_over_reaches_each_worker_once(tmp_path):
+    """SIGTERM to the narrow form's launcher while its fast lane's workers run and the
+    full path is still being imported: the relay forwards it to each worker then, and
+    the launcher that takes them over does not send it again (as click's path: once)."""
+    script, marks, hold = tmp_path / "count.py", tmp_path / "marks", tmp_path / "hold"
+    script.write_text(COUNT_TERMS)
+    marks.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-c", HOLD_PROBE, str(hold), "run", "--nproc-per-node", "2"]
+    cmd += [str(script), str(marks)]
+    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(marks / "up.0", marks / "up.1")
+        p.send_signal(signal.SIGTERM)
+        _wait_for(marks / "term.0", marks / "term.1")  # forwarded by the fast lane's relay
+        hold.touch()  # the imports go on: the launcher takes the workers over
+        _, err = p.communicate(timeout=60)
+    finally:
+        hold.touch()
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert [(marks / f"term.{r}").read_text() for r in range(2)] == ["x", "x"], err
+
+
+# Lists $TMPDIR as the launcher exits (os._exit: nothing after it runs), before its guard
+# can notice it is gone; "fail": the full path fails (a ConfigError) once the fast lane
+# has handed its running workers over.
+EXIT_PROBE = """
+import os, sys
+me, tmp = os.getpid(), os.environ["TMPDIR"]
+leave = os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        print("LEFT " + repr(sorted(os.listdir(tmp))), flush=True)
+    leave(code)
+os._exit = exit_
+if sys.argv[1] == "fail":
+    import distlaunch.command as command
+    from distlaunch.errors import ConfigError
+    def run_parsed(*a, **k):
+        raise ConfigError("injected")
+    command.run_parsed = run_parsed
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+@pytest.mark.parametrize("case", ["missing", "fail"])
+def test_an_error_before_the_hand_over_leaves_no_scratch(tmp_path, case):
+    """The narrow form ending with an error before its launcher took the fast lane's
+    workers over (a script that is not there; an error on the full path) removes its
+    scratch directory itself before it exits (not left to its guard) and leaves no
+    worker running."""
+    script, pids, tmp = tmp_path / "sleeper.py", tmp_path / "pids", tmp_path / "tmp"
+    script.write_text(SLEEPER)
+    pids.mkdir()
+    tmp.mkdir()
+    target = str(tmp_path / "missing.py") if case == "missing" else str(script)
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-c", EXIT_PROBE, case, "run", "--nproc-per-node", "2", target, str(pids)]
+    res = subprocess.run(
+        cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 2, res.stderr
+    assert ("not found" if case == "missing" else "injected") in res.stderr, res.stderr
+    assert "LEFT []" in res.stdout.splitlines(), res.stdout
+    for name in os.listdir(pids):
+        assert not _alive(int((pids / name).read_text())), name
+
+
+# SIGTERM to the launcher itself as its fast lane finds its last worker exited with 0
+# (quick.wait's peek): the signal and the last exit come together. The full path's
+# imports wait for that.
+TERM_AT_LAST_EXIT_PROBE = """
+import os, signal, sys, time
+me, peeks, waitid = os.getpid(), [], os.waitid
+def peek(*a):
+    info = waitid(*a)
+    if os.getpid() == me and a[2] & os.WNOWAIT:
+        peeks.append(info)
+        if len(peeks) == 2:
+            os.kill(me, signal.SIGTERM)
+    return info
+os.waitid = peek
+class Hold:
+    def find_spec(self, name, path=None, target=None):
+        while name == "distlaunch.command" and len(peeks) < 2:
+            time.sleep(0.005)
+sys.meta_path.insert(0, Hold())
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+def test_a_stop_signal_with_the_last_exit_stops_the_job(tmp_path):
+    """A stop signal that comes as the fast lane sees its last worker exit with 0 is not
+    lost: the job ends with 128+N, as the launcher ends it (not 0)."""
+    script = tmp_path / "ok.py"
+    script.write_text("print('done')\n")
+    res = probe_run(TERM_AT_LAST_EXIT_PROBE, "unused", str(script))
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
+    assert "stopped by signal 15" in res.stderr, res.stderr
+
+
+# The launcher's WorkerGroup.start fails as it takes over the fast lane's workers.
+START_FAILS_PROBE = """
+import sys
+import distlaunch.agent.group as group
+def start(self, started=None):
+    raise RuntimeError("injected")
+group.WorkerGroup.start = start
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+def test_a_failed_take_over_closes_each_descriptor_once(tmp_path):
+    """The launcher failing to take the fast lane's workers over kills them and closes
+    their pipes and pidfds once (the adopted file objects own them from the adoption:
+    no descriptor closed twice), and leaves no scratch directory."""
+    script, pids, tmp = tmp_path / "sleeper.py", tmp_path / "pids", tmp_path / "tmp"
+    script.write_text(SLEEPER)
+    pids.mkdir()
+    tmp.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-X", "dev", "-c", START_FAILS_PROBE, "x", "run", "--nproc-per-node", "2"]
+    res = subprocess.run(
+        [*cmd, str(script), str(pids)],
+        env={**env, "TMPDIR": str(tmp)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert "RuntimeError: injected" in res.stderr, res.stderr
+    assert "Bad file descriptor" not in res.stderr, res.stderr
+    assert os.listdir(tmp) == []
+    for name in os.listdir(pids):
+        assert not _alive(int((pids / name).read_text())), name
+
+
+# os.posix_spawn without setsid support (NotImplementedError, as on an old libc).
+NO_SETSID_PROBE = """
+import os, sys
+spawn = os.posix_spawn
+def posix_spawn(*a, **k):
+    if k.get("setsid"):
+        raise NotImplementedError("setsid")
+    return spawn(*a, **k)
+os.posix_spawn = posix_spawn
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+def test_a_posix_spawn_without_setsid_goes_the_full_path(tmp_path):
+    """Where os.posix_spawn cannot start a session the fast lane declines and the
+    launcher runs the job as usual (no traceback; its notice said once)."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('hello from', os.environ['RANK'])\n")
+    res = probe_run(NO_SETSID_PROBE, "x", str(script))
+    assert res.returncode == 0, res.stderr
+    assert sorted(ln for ln in res.stdout.splitlines() if "hello" in ln) == [
+        "[0]: hello from 0",
+        "[1]: hello from 1",
+    ]
+    assert res.stderr.count("setting OMP_NUM_THREADS=1") == 1, res.stderr
+
+
+# The full path's imports never finish (its first module waits for ever; the launcher
+# and the take-over are never loaded): a job this launcher ends is ended by the fast
+# lane. At exit (before its guard could clean up): which of those loaded, $TMPDIR's
+# entries, the workers' segments left.
+FAST_END_PROBE = """
+import importlib.util, json, os, sys, time
+me, marks, tmp = os.getpid(), sys.argv[1], os.environ["TMPDIR"]
+class Never:  # (it waits in exec_module: find_spec runs under the global import lock)
+    def find_spec(self, name, path=None, target=None):
+        if name == "distlaunch.command":
+            return importlib.util.spec_from_loader(name, self)
+    def create_module(self, spec):
+        return None
+    def exec_module(self, module):
+        while True:
+            time.sleep(1)
+sys.meta_path.insert(0, Never())
+leave = os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        prefixes = [open(os.path.join(marks, n)).read() for n in os.listdir(marks)]
+        shm = [n for n in os.listdir("/dev/shm") if n.startswith(tuple(prefixes))]
+        full = [m for m in ("distlaunch.launcher", "distlaunch.agent.specs") if m in sys.modules]
+        print("END " + json.dumps({"full": full, "tmp": os.listdir(tmp), "shm": shm, "n": len(prefixes)}))
+    leave(code)
+os._exit = exit_
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+SEGMENT = """
+import os, sys
+prefix = os.environ["DISTLAUNCH_SHM_PREFIX"]
+open(os.path.join("/dev/shm", prefix + "seg" + os.environ["RANK"]), "w").close()
+with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as f:
+    f.write(prefix)
+print("made", os.environ["RANK"])
+"""
+
+
+def test_a_short_job_ends_in_the_fast_lane_and_leaves_nothing(tmp_path):
+    """Workers that exit 0 before the full path is imported end the job in the fast
+    lane (the full path never loaded: its import here never returns), with their
+    output, exit 0, and no scratch directory or shared-memory segment left as the
+    launcher exits (not left to the guard)."""
+    script, marks, tmp = tmp_path / "segment.py", tmp_path / "marks", tmp_path / "tmp"
+    script.write_text(SEGMENT)
+    marks.mkdir()
+    tmp.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [
+        sys.executable,
+        "-c",
+        FAST_END_PROBE,
+        str(marks),
+        "run",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(marks),
+    ]
+    res = subprocess.run(
+        cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(ln for ln in res.stdout.splitlines() if "made" in ln) == ["[0]: made 0", "[1]: made 1"]
+    end = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("END "))[4:])
+    assert end == {"full": [], "tmp": [], "shm": [], "n": 2}, end

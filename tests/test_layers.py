@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "leaves: errors, the round vocabulary and its pure records, pure rank arithmetic, the "
         "package root, the reporter, the start-up's collector pause",
         ["distlaunch.errors", "distlaunch.rounds", "distlaunch.report", "distlaunch.topology", "distlaunch"]
-        + ["distlaunch.progress", "distlaunch.startup"],
+        + ["distlaunch.progress", "distlaunch.startup", "distlaunch.workerenv", "distlaunch.cpus"],
     ),
     (
         "pure decisions: the restart policies and the agent's phases",
@@ -183,7 +183,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         ],
     ),
     ("launch modes", ["distlaunch.modes"]),
-    ("one node's launcher", ["distlaunch.launcher"]),
+    ("one node's launcher and its fast lane", ["distlaunch.launcher", "distlaunch.quick"]),
     ("head mode", ["distlaunch.head"]),
     (
         "command line: what a parsed `run` does, the narrow pre-parser, click's CLI",

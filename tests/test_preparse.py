@@ -90,6 +90,9 @@ TOKENS = [
     "--dry-run",
     "--print-config",
     "--max-restarts",
+    "--max-restarts=1",
+    "--max-restarts=",
+    "--max-restart",
     "--config",
     "-m",
     "2",
@@ -113,6 +116,8 @@ count = st.one_of(
 option = st.one_of(
     st.tuples(st.just("--nproc-per-node"), count).map(list),
     count.map(lambda n: [f"--nproc-per-node={n}"]),
+    st.tuples(st.just("--max-restarts"), count).map(list),
+    count.map(lambda n: [f"--max-restarts={n}"]),
     st.just(["--standalone"]),
     token.map(lambda t: [t]),
 )
@@ -163,6 +168,8 @@ def test_the_common_forms_are_taken_and_match_click():
         ["run", "--nproc-per-node=2", "--standalone", "--", "train.py", "--help"],
         ["run", "--standalone", "train.py", "--", "-x"],
         ["run", "--", "train.py"],
+        ["run", "--max-restarts", "3", "--nproc-per-node=2", "train.py"],
+        ["run", "--max-restarts=007", "train.py"],
     ):
         assert check_same(argv, BASE_ENV), argv
 
@@ -204,8 +211,27 @@ def test_cli_refuses_to_load_when_the_defaults_miss_an_option():
         ["run", "tests/no_such_script.py"],  # the script does not exist
         ["run", "--nproc-per-node", "2", "tests/workers/actor.py", "--fail-rank", "1", "--fail-code", "3"],
         ["run", "--standalone", "tests/workers/actor.py"],
+        # the fast lane (quick.py) hands these over to the launcher at once
+        ["run", "--nproc-per-node", "2", "tests/workers/actor.py", "--fail-rank", "0", "--fail-code", "-9"],
+        [
+            "run",
+            "--nproc-per-node=2",
+            "tests/workers/actor.py",
+            "--fail-rank",
+            "1",
+            "--fail-code",
+            "3",
+            "--sleep",
+            "30",
+        ],
+        ["run", "--max-restarts", "1", "--nproc-per-node", "2", "tests/workers/actor.py", "--fail-rank", "0"]
+        + ["--fail-attempts", "1"],
+        ["run", "--max-restarts=1", "--nproc-per-node", "2", "tests/workers/actor.py", "--fail-rank", "1"],
+        # ended by the fast lane (or after the hand-over if it outlasts the imports)
+        ["run", "--nproc-per-node", "2", "tests/workers/actor.py", "--lines", "20"],
     ],
-    ids=["bad-count", "no-script", "worker-fails", "ok"],
+    ids=["bad-count", "no-script", "worker-fails", "ok", "killed", "fails-others-stopped", "restarted"]
+    + ["restarts-spent", "output"],
 )
 def test_the_quick_path_ends_as_the_click_path(case):
     """Exit code and what the user reads, through `python -m distlaunch` (the quick path
@@ -241,3 +267,48 @@ def test_the_quick_path_ends_as_the_click_path(case):
     assert preparse.parse(case, {}) is not None  # the quick path takes it
     quick, by_click = run({}), run({"DISTLAUNCH_FORCE_CLICK": "1"})
     assert quick == by_click
+
+
+def test_the_fast_lane_gives_the_launchers_environment(tmp_path):
+    """The workers the fast lane (quick.py) spawns get the environment, session, CPUs
+    and command line the launcher gives them (click's path: a declined variable sends
+    the same command line there); only what is drawn per run differs (run id, ports,
+    the store's secret, the scratch directory, the launcher's pid)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def dumped(extra, name):
+        out = tmp_path / name
+        out.mkdir()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(preparse.DECLINE_PREFIXES)}
+        env.pop("SLURM_JOB_ID", None)
+        argv = ["run", "--nproc-per-node", "2", "tests/workers/actor.py", "--dump-env", str(out)]
+        assert preparse.parse(argv, env) is not None
+        res = subprocess.run(
+            [sys.executable, "-m", "distlaunch", *argv],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={**env, **extra},
+            timeout=60,
+        )
+        assert res.returncode == 0, res.stderr
+        ranks = []
+        for rank in (0, 1):
+            e = json.loads((out / f"{rank}.json").read_text())
+            assert e["_sid"] == e["_pid"]  # its own session
+            drawn = [e["TORCHELASTIC_RUN_ID"], os.path.dirname(e["TORCHELASTIC_ERROR_FILE"])]
+            drawn += [e["DISTLAUNCH_SHM_PREFIX"].split("_")[2], str(out)]  # the launcher's pid
+            for k in ("MASTER_PORT", "DISTLAUNCH_STORE_PORT", "DISTLAUNCH_STORE_TOKEN", "_pid", "_sid"):
+                assert e.pop(k)
+            e.pop("DISTLAUNCH_FORCE_CLICK", None)
+            text = json.dumps(e, sort_keys=True)
+            for value in sorted(drawn, key=len, reverse=True):  # the scratch dir holds the run id
+                text = text.replace(value, "#")
+            ranks.append(json.loads(text))
+        return ranks
+
+    assert dumped({}, "fast") == dumped({"DISTLAUNCH_FORCE_CLICK": "1"}, "click")

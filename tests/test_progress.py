@@ -65,7 +65,8 @@ def test_no_op_outside_distlaunch_and_light_import():
     env = {k: v for k, v in os.environ.items() if k != progress.ENV}
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert out.stdout.strip() == "['distlaunch', 'distlaunch.progress']"
+    # (workerenv: the record's size and magic, shared with the launcher's fast lane)
+    assert out.stdout.strip() == "['distlaunch', 'distlaunch.progress', 'distlaunch.workerenv']"
     # a file that is not a record (too short) leaves the calls no-ops too
     env[progress.ENV] = os.devnull
     subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

@@ -108,16 +108,22 @@ class WorkerGroup:
     def live(self) -> list[WorkerProcess]:
         return [w for w in self.workers if w.returncode is None]
 
-    def start(self) -> None:
+    def start(self, started: list[WorkerProcess] | None = None) -> None:
         """Start every worker (each in its own process group, watched by the guard from
         its spawn); a stop signal that came during the spawns reaches them all. Raises
-        SpawnError if one cannot be started; call ``close()`` then (``run()`` does)."""
+        SpawnError if one cannot be started; call ``close()`` then (``run()`` does).
+        ``started``: the specs' workers, already started (and watched) by the fast lane
+        (``quick.py``): taken over as they are."""
         sel = self._sel = selectors.DefaultSelector()
         sel.register(self.relay.wakeup_fd, selectors.EVENT_READ, None)
-        for spec in self.specs:
-            w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus, stdin=spec.stdin)
+        for i, spec in enumerate(self.specs):
+            if started is not None:
+                w = started[i]
+            else:
+                w = WorkerProcess(spec.slot, spec.argv, spec.env, cpus=spec.cpus, stdin=spec.stdin)
             self.workers.append(w)
-            self.guard.watch(w.pid)
+            if started is None:  # (the fast lane's are watched since their spawn)
+                self.guard.watch(w.pid)
             os.set_blocking(w.stdout.fileno(), False)
             os.set_blocking(w.stderr.fileno(), False)
             sel.register(w.stdout, selectors.EVENT_READ, spec.stdout)
@@ -125,8 +131,9 @@ class WorkerGroup:
             if w.pidfd is not None:
                 sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
         if self.relay.stop_signal is not None:  # it came during the spawns: reach every worker
-            for w in self.workers:
-                w.signal_group(self.relay.stop_signal)
+            for w in self.workers:  # once (the relay reached those started before it came)
+                if self.relay.stop_signal not in w.signalled:
+                    w.signal_group(self.relay.stop_signal)
         if self.on_started:
             self.on_started([w.pid for w in self.workers])
 

@@ -26,22 +26,14 @@ from ..rendezvous import SLICE, Dropped, Heartbeat, LateJoin, PlanEnded, Rendezv
 from ..report import say
 from ..rounds import Cause, Failure, Join, Lost, Over, Signal, WorkerFailure
 from ..topology import WorkerSlot, seat_slots
+from ..workerenv import SHM_DIR, shm_prefix
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .kill import with_start_times
 from .observer import Observer
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
 from .signals import SignalRelay, parse_signals
-from .specs import (
-    SHM_DIR,
-    FirstRound,
-    StoreFields,
-    build_specs,
-    free_port,
-    log_root,
-    make_scratch,
-    shm_prefix,
-)
+from .specs import FirstRound, StoreFields, build_specs, free_port, log_root, make_scratch
 from .watch import Watchdog, nccl_trace_env
 
 GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU memory

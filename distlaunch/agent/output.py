@@ -16,7 +16,8 @@ import errno
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the fast lane's path)
 
 if TYPE_CHECKING:  # agent/merged.py sits above this module (it uses observe/dedup.py)
     from .merged import DedupConsole

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from typing import IO, TYPE_CHECKING
 
 from ..errors import SpawnError
@@ -53,6 +54,34 @@ def _bind_thread(cpus: frozenset[int]) -> set[int] | None:
     return before
 
 
+class _Adopted:
+    """``Popen``'s poll() and wait() for a worker this process started without
+    ``subprocess`` (``WorkerProcess.adopt``): the same return codes (-N: killed by
+    signal N)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def _status(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere: unknown, as subprocess says 0
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def poll(self) -> int | None:
+        return self._status(os.WNOHANG)
+
+    def wait(self) -> int:
+        code = self._status(0)
+        assert code is not None
+        return code
+
+
 class WorkerProcess:
     """A started worker: its own session and process group (pgid == pid), stdout and
     stderr on pipes, stdin from /dev/null (or this process's stdin when ``stdin``), and a
@@ -63,6 +92,18 @@ class WorkerProcess:
     ``poll()``. Raises SpawnError when the program cannot be started.
     """
 
+    # set by ``_started`` (both ways in: spawned here, or adopted)
+    slot: WorkerSlot
+    argv: list[str]
+    popen: subprocess.Popen[bytes] | _Adopted
+    pid: int
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+    returncode: int | None
+    exit_time: float | None
+    pidfd: int | None
+    signalled: set[int]  # the signals ``signal_group`` sent
+
     def __init__(
         self,
         slot: WorkerSlot,
@@ -71,14 +112,12 @@ class WorkerProcess:
         cpus: frozenset[int] | None = None,
         stdin: bool = False,
     ):
-        self.slot = slot
-        self.argv = argv
         # CPU affinity is per thread and inherited at fork: bind the spawning thread for
         # the duration of the spawn, so the worker (and anything it starts at once) begins
         # bound; no preexec_fn, which is unsafe with the agent's threads
         restore = _bind_thread(cpus) if cpus is not None else None
         try:
-            self.popen = subprocess.Popen(
+            popen = subprocess.Popen(
                 argv,
                 env=env,
                 stdin=None if stdin else subprocess.DEVNULL,
@@ -92,14 +131,9 @@ class WorkerProcess:
         finally:
             if restore is not None:
                 os.sched_setaffinity(0, restore)
-        self.pid = self.popen.pid
         # spawned with PIPE, so both exist (Popen types them Optional)
-        assert self.popen.stdout is not None and self.popen.stderr is not None
-        self.stdout: IO[bytes] = self.popen.stdout
-        self.stderr: IO[bytes] = self.popen.stderr
-        self.returncode: int | None = None
-        self.exit_time: float | None = None
-        self.pidfd: int | None = None
+        assert popen.stdout is not None and popen.stderr is not None
+        self._started(slot, argv, popen, popen.stdout, popen.stderr, None, ())
         try:
             _restore_nofile(self.pid)
             try:
@@ -111,9 +145,52 @@ class WorkerProcess:
             self.popen.wait()
             raise
 
+    @classmethod
+    def adopt(
+        cls,
+        slot: WorkerSlot,
+        argv: list[str],
+        pid: int,
+        stdout: int,
+        stderr: int,
+        pidfd: int | None,
+        signalled: set[int],
+    ) -> WorkerProcess:
+        """A worker the fast lane (``quick.py``) started as this class would (its own
+        session, output on the pipes whose read ends are ``stdout`` and ``stderr``),
+        taken over with its pidfd (None: polled) and the signals already sent to it:
+        supervised from here on as if spawned here."""
+        self = cls.__new__(cls)  # (not __init__, which spawns)
+        out, err = open(stdout, "rb", buffering=0), open(stderr, "rb", buffering=0)
+        self._started(slot, argv, _Adopted(pid), out, err, pidfd, signalled)
+        return self
+
+    def _started(
+        self,
+        slot: WorkerSlot,
+        argv: list[str],
+        popen: subprocess.Popen[bytes] | _Adopted,
+        stdout: IO[bytes],
+        stderr: IO[bytes],
+        pidfd: int | None,
+        signalled: Iterable[int],
+    ) -> None:
+        """What a started worker holds (``__init__`` and ``adopt``, one place for both)."""
+        self.slot = slot
+        self.argv = argv
+        self.popen = popen
+        self.pid = popen.pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode = None
+        self.exit_time = None
+        self.pidfd = pidfd
+        self.signalled = set(signalled)
+
     def signal_group(self, sig: int) -> None:
         """Send ``sig`` to the worker's whole process group (also after the leader exited,
         to reach what it left behind). Missing groups are ignored."""
+        self.signalled.add(sig)
         try:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):

@@ -26,10 +26,10 @@ import os
 import signal
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING
 
-from ..env import in_slurm_step
 from ..errors import LaunchInterrupted
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the fast lane's path)
 
 if TYPE_CHECKING:
     from typing import Protocol
@@ -80,7 +80,11 @@ class SignalRelay:
         also_stop: Iterable[int] = (),
     ) -> None:
         self.targets = targets
-        self.forward_all = not in_slurm_step() if forward_all is None else forward_all
+        if forward_all is None:
+            from ..env import in_slurm_step  # here: the fast lane passes forward_all
+
+            forward_all = not in_slurm_step()
+        self.forward_all = forward_all
         self.stop_signal: int | None = None
         self.pending: int | None = None
         self.sigints = 0

@@ -7,23 +7,27 @@ observer, events) is imported: this module imports only what starting a worker n
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
-from .. import progress
+from .. import progress, workerenv
 from ..config import STD_ERR, STD_OUT, LaunchConfig
-from ..env import WorkerIdentity, build_worker_env, lookup, python_exec
+from ..env import lookup, python_exec
 from ..errors import LaunchInterrupted
 from ..numa import rank_bindings
 from ..topology import WorkerSlot
+from ..workerenv import shm_prefix
 from .group import LaunchSpec, WorkerGroup
 from .guard import OrphanGuard, remove_matching
 from .output import DuplicateLines, StreamSink, warn_once
+from .process import WorkerProcess
 from .signals import SignalRelay, parse_signals
 
 if TYPE_CHECKING:
+    from ..quick import Early
     from .merged import DedupConsole
 
 
@@ -53,14 +57,6 @@ def worker_argv(cfg: LaunchConfig, python: str | None = None) -> list[str]:
     return [python, cfg.entrypoint, *cfg.args]
 
 
-SHM_DIR = "/dev/shm"
-
-
-def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
-    """Name prefix of the shared-memory segments of one agent's workers (in one round)."""
-    return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -68,14 +64,8 @@ def free_port() -> int:
 
 
 def make_scratch(cfg: LaunchConfig, guard: OrphanGuard) -> str:
-    """This agent's new scratch directory (workers' error and progress files); it and
-    the agent's shared-memory segments are the guard's to remove if the agent dies."""
-    import tempfile
-
-    scratch = tempfile.mkdtemp(prefix=f"distlaunch_{cfg.run_id}_")
-    guard.clean_up(scratch)
-    guard.clean_up(os.path.join(SHM_DIR, shm_prefix(cfg.run_id, os.getpid()) + "*"))
-    return scratch
+    """This agent's new scratch directory (``workerenv.make_scratch``)."""
+    return workerenv.make_scratch(cfg.run_id, guard)
 
 
 def log_root(cfg: LaunchConfig) -> str | None:
@@ -97,39 +87,29 @@ def worker_env(
 ) -> dict[str, str]:
     """The environment of the worker in ``slot`` (``store`` None: without the store's
     variables, as --dry-run shows them)."""
-    ident = WorkerIdentity(
-        rank=slot.rank,
-        local_rank=slot.local_rank,
-        world_size=slot.world_size,
-        local_world_size=slot.local_world_size,
-        node_rank=slot.node_rank,
-        num_nodes=slot.num_nodes,
-        node_id=str(slot.node_rank),
+    if cfg.env:
+        base = {**base, **dict(cfg.env)}
+    env = workerenv.slot_env(
+        slot,
+        base,
         run_id=cfg.run_id,
         restart_count=restart_count,
         max_restarts=cfg.max_restarts,
         role=cfg.role,
-        master_addr=master[0],
-        master_port=master[1],
-        store_addr=store.host if store else None,
-        store_port=store.port if store else None,
-        store_token=store.token if store else None,
-        shm_prefix=shm,
+        master=master,
+        store=store,
+        error_file=error_file,
+        shm=shm,
         agent_store=agent_store,
         progress_file=progress_file,
+        python=not cfg.no_python,  # (workers write to pipes: see slot_env)
     )
-    if cfg.env:
-        base = {**base, **dict(cfg.env)}
-    env = build_worker_env(ident, base, error_file, set_omp_threads=slot.local_world_size > 1)
     if cfg.signals_to_handle:  # torchrun passes its --signals-to-handle on in this variable
         env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = ",".join(s.name for s in parse_signals(cfg.signals_to_handle))
     if cfg.hang_timeout > 0:  # NCCL's own trace of a hang, next to ours
         from .watch import nccl_trace_env  # only then: it sits above the launch path
 
         env.update(nccl_trace_env(base, log_root(cfg))[0])
-    if not cfg.no_python:
-        # Workers write to pipes; without this Python holds their prints until exit.
-        env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
@@ -146,6 +126,7 @@ def build_specs(
     host_label: str = "",
     prefix_host: bool = False,
     agent_store: bool = False,
+    create_files: bool = True,
 ) -> list[LaunchSpec]:
     """Round ``rnd``'s specs for this node's ``slots``: environment (error and progress
     files in ``scratch``), CPU/GPU binding, output sinks (--redirects, --tee, --log-dir,
@@ -176,11 +157,14 @@ def build_specs(
                 attempt_dir = None
         error_file = os.path.join(scratch, f"error_{rnd}_{slot.rank}.json")
         path = os.path.join(scratch, f"progress_{rnd}_{slot.rank}")
-        try:
-            progress.create(path)
-            progress_file: str | None = path
-        except OSError:  # the scratch dir's disk is full: the rank is watched by its output
-            progress_file = None
+        progress_file: str | None = path
+        if create_files:
+            try:
+                progress.create(path)
+            except OSError:  # the scratch dir's disk is full: the rank is watched by its output
+                progress_file = None
+        elif not os.path.exists(path):  # (the fast lane's, which its worker may be using)
+            progress_file = None  # the fast lane could not make it either
         env = worker_env(
             cfg,
             slot,
@@ -302,6 +286,63 @@ def _start_round_zero(
         remove_matching(scratch)
         raise
     return FirstRound(group, scratch, master[1])
+
+
+def adopt_first_round(
+    cfg: LaunchConfig,
+    slots: list[WorkerSlot],
+    master_addr: str,
+    store: StoreFields,
+    early: Early,
+) -> FirstRound:
+    """Round 0's workers of a single node as the fast lane (``quick.py``) started them,
+    taken over: their specs are built here as ``start_first_round`` would build them,
+    and each must match what the worker was started with (command line, environment,
+    CPUs), else RuntimeError (a bug: the fast lane must start exactly these workers)."""
+    specs = build_specs(
+        cfg,
+        slots,
+        0,
+        (master_addr, early.master_port),
+        0,
+        store,
+        early.base_env,
+        early.scratch,
+        create_files=False,
+    )
+    if len(specs) != len(early.workers):
+        raise RuntimeError(f"the fast lane started {len(early.workers)} workers, not {len(specs)}")
+    for spec, w in zip(specs, early.workers):
+        differ = [
+            name for name in ("argv", "env", "cpus", "stdin") if getattr(spec, name) != getattr(w, name)
+        ]
+        if differ:  # (the variables by name only: their values may be secrets)
+            keys = sorted(k for k in {*spec.env, *w.env} if spec.env.get(k) != w.env.get(k))
+            raise RuntimeError(
+                f"the fast lane started rank {spec.slot.rank} unlike the launcher would: {differ} {keys}"
+            )
+    group = WorkerGroup(specs, early.relay, early.guard, cfg.stop_timeout)
+    # first: a signal from here on reaches them through the group (start() sends a stop
+    # signal to each the fast lane's relay had not sent it to)
+    early.relay.targets = group.live
+    adopted = [
+        WorkerProcess.adopt(s.slot, w.argv, w.pid, w.stdout, w.stderr, w.pidfd, w.signalled)
+        for s, w in zip(specs, early.workers)
+    ]
+    for w in early.workers:  # the processes and descriptors are the adopted ones' now
+        w.pid, w.stdout, w.stderr, w.pidfd = -1, -1, -1, None
+    try:
+        group.start(adopted)
+    except BaseException:
+        group.close()
+        for p in adopted:  # (those start() had not taken yet)
+            if p.returncode is None:
+                p.signal_group(signal.SIGKILL)
+                p.reap()
+            p.stdout.close()
+            p.stderr.close()
+        raise
+    return FirstRound(group, early.scratch, early.master_port)
 
 
 if TYPE_CHECKING:  # the head builds it without importing this module

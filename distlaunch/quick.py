@@ -1,0 +1,408 @@
+"""The fast lane of the narrow form (``preparse``): a single node's workers spawned after
+only light imports, and a job whose workers all exit 0 early ended without the agent.
+
+A no-op worker is done ~13 ms after its spawn, long before the launcher has imported its
+store loop and agent (~60 ms), so for short jobs the launcher's serial work *is* the
+wall time. Here, before the first spawn, only ``os``, ``signal``, ``select``,
+``_socket``, ``threading``, ``ctypes`` (the subreaper) and our light modules are loaded
+(no ``typing``, ``dataclasses``, ``socket``, ``subprocess``, ``tempfile``), in the order
+the full path keeps: the orphan guard is forked, the signal relay installed, the
+store's listening socket bound, the scratch directory made and handed to the guard, then
+every worker is spawned (``os.posix_spawn``: its own session, stdout and stderr on
+pipes, stdin as ``subprocess`` would give it, inherited descriptors closed, SIGPIPE and
+SIGXFSZ back to their defaults, bound to its CPUs) and watched by the guard from its
+spawn, with the environment the agent would give it (``workerenv.build_worker_env``).
+
+Then a thread imports the full path while the main thread waits on the workers' pidfds
+and the relay. If every worker exits with 0 and its pipes are closed first, the job ends
+here (``finish``): output drained with the usual prefixes, workers reaped, leftovers
+and strays killed as a group's end kills them, scratch and segments removed, the guard
+told to quit, exit 0. Anything else (a worker failing or still running when the
+imports are done, a signal, pipes still held open) hands over to the full path
+(``command.run_parsed``), whose launcher takes these workers over
+(``specs.adopt_first_round``, which checks that each was started exactly as it would
+start it) and supervises them as its own from there: failures, restarts, stop signals,
+hang watch, exit barrier. ``start`` declines (returns None) anything it does not handle.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+from types import SimpleNamespace
+
+from .agent.guard import OrphanGuard, remove_matching
+from .agent.output import StreamSink
+from .agent.signals import SignalRelay
+from .cpus import cpu_sets
+from .errors import LaunchInterrupted, SpawnError
+from .report import say
+from .workerenv import (
+    MAX_RESTARTS,
+    SHM_DIR,
+    STORE_HOST,
+    create_progress,
+    make_scratch,
+    shm_prefix,
+    slot_env,
+)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .preparse import Parsed
+
+# What the full path imports, loaded by a thread while the workers run.
+FULL_PATH = (
+    "distlaunch.command",
+    "distlaunch.modes",
+    "distlaunch.launcher",
+    "distlaunch.store",
+    "distlaunch.agent.node",
+)
+MAX_WORKERS = 64  # more go the full path (their spawns dominate anyway)
+
+early: Early | None = None  # started here, not yet taken over by the launcher
+
+
+class Worker:
+    """One worker started here: what it was started with, and its ends of the pipes."""
+
+    __slots__ = ("rank", "argv", "env", "cpus", "stdin", "pid", "stdout", "stderr", "pidfd", "signalled")
+
+    def __init__(
+        self, rank: int, argv: list[str], env: dict[str, str], cpus: frozenset[int] | None, stdin: bool
+    ):
+        self.rank, self.argv, self.env, self.cpus, self.stdin = rank, argv, env, cpus, stdin
+        self.pid = self.stdout = self.stderr = -1
+        self.pidfd: int | None = None
+        self.signalled: set[int] = set()  # what was sent (the launcher does not send it again)
+
+    def signal_group(self, sig: int) -> None:
+        """As ``WorkerProcess.signal_group`` (the relay's target until the take-over)."""
+        if self.pid <= 0:  # not started, or reaped (killpg(-1) would fail: EINVAL)
+            return
+        self.signalled.add(sig)
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Early:
+    """What the fast lane started: guard, relay, the store's listening socket (a file
+    descriptor), the scratch directory and round 0's workers."""
+
+    def __init__(self, run_id: str, guard: OrphanGuard, relay: SignalRelay) -> None:
+        self.run_id, self.guard, self.relay = run_id, guard, relay
+        self.listener: int | None = None
+        self.token = os.urandom(16).hex()
+        self.master_port = 0
+        self.store_port = 0
+        self.scratch = ""
+        self.base_env = dict(os.environ)
+        self.workers: list[Worker] = []
+
+    def take_listener(self) -> int:
+        fd = self.listener
+        assert fd is not None
+        self.listener = None
+        return fd
+
+    def taken(self) -> None:
+        """The launcher supervises it all from now on (pipes and pidfds are its own)."""
+        global early
+        early = None
+
+    def abandon(self) -> None:
+        """Undo everything (a start that failed, or one the launcher could not take
+        over): SIGKILL each worker's group, reap it, close its pipes, remove the scratch
+        directory, restore the signals, quit the guard. Idempotent."""
+        self.taken()
+        for w in self.workers:
+            if w.pid > 0:
+                w.signal_group(signal.SIGKILL)
+                os.waitpid(w.pid, 0)
+                w.pid = -1
+            for fd in (w.stdout, w.stderr, w.pidfd):
+                if fd is not None and fd >= 0:
+                    os.close(fd)
+            w.stdout = w.stderr = -1
+            w.pidfd = None
+        if self.scratch:
+            remove_matching(self.scratch)
+            self.scratch = ""
+        if self.listener is not None:
+            os.close(self.take_listener())
+        self.relay.restore()
+        self.guard.close(wait=1.0)
+
+
+def start(parsed: Parsed) -> Early | None:
+    """Start the narrow form's workers (see the module docstring), or None: not a job
+    this lane handles (nothing started then). Raises LaunchInterrupted (a stop signal
+    before the first spawn) or SpawnError, with nothing left running."""
+    global early
+    script, script_args, options, _given = parsed
+    count = int(options["nproc_per_node"])
+    environ = os.environ
+    python = environ.get("PYTHON_EXEC") or sys.executable  # env.python_exec
+    if (
+        not 1 <= count <= MAX_WORKERS
+        # a Slurm allocation's head runs a job over its nodes; in a step the relay's
+        # forwarding differs (signals.py)
+        or "SLURM_JOB_ID" in environ
+        or not os.path.isabs(python)  # (subprocess searches the worker's PATH)
+        or not hasattr(os, "pidfd_open")
+        or options["max_restarts"] > MAX_RESTARTS  # (the full path's error)
+        or not os.path.isfile(script)  # (the full path's error; one stat)
+    ):
+        return None
+    guard = OrphanGuard()  # before any thread
+    relay = SignalRelay(lambda: (), forward_all=True)  # not under Slurm (checked above)
+    e = Early(os.urandom(6).hex(), guard, relay)  # the run id LaunchConfig would draw
+    try:
+        _prepare(e)
+        if e.scratch == "":  # no temporary directory this lane can use: the full path's errors
+            e.abandon()
+            return None
+        _spawn(e, count, [python, script, *script_args], options)
+    except NotImplementedError:  # posix_spawn without setsid (an old libc): the full path's
+        e.abandon()
+        return None
+    except BaseException:
+        e.abandon()
+        raise
+    if count > 1 and "OMP_NUM_THREADS" not in environ:  # as launcher.run says it (not again)
+        say(
+            f"setting OMP_NUM_THREADS=1 for each of the {count} workers "
+            f"on this node; set it yourself to choose another value"
+        )
+    early = e
+    return e
+
+
+def _prepare(e: Early) -> None:
+    import _socket
+
+    for port_of in ("listener", "master"):
+        s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        try:
+            if port_of == "listener":  # as socket.create_server((STORE_HOST, 0), backlog=4096)
+                s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+                s.bind((STORE_HOST, 0))
+                s.listen(4096)
+                e.store_port = s.getsockname()[1]
+                e.listener = s.detach()
+            else:  # MASTER_PORT: a free port (specs.free_port)
+                s.bind(("", 0))
+                e.master_port = s.getsockname()[1]
+        finally:
+            s.close()
+    try:
+        e.scratch = make_scratch(e.run_id, e.guard)
+    except OSError:  # no usable temporary directory: declined (the full path's error)
+        e.scratch = ""
+
+
+def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> None:
+    # descriptors this process inherited without close-on-exec: subprocess's close_fds
+    closes = [
+        (os.POSIX_SPAWN_CLOSE, fd)
+        for fd in map(int, os.listdir("/proc/self/fd"))
+        if fd > 2 and _inheritable(fd)
+    ]
+    cpus = cpu_sets(options["bind_to"], count, os.sched_getaffinity(0))
+    shm = shm_prefix(e.run_id, os.getpid(), 0)
+    e.relay.targets = lambda: e.workers
+    if e.relay.stop_signal is not None:  # stopped before anything started: start nothing
+        raise LaunchInterrupted(e.relay.stop_signal)
+    for rank in range(count):
+        error_file = os.path.join(e.scratch, f"error_0_{rank}.json")
+        path = os.path.join(e.scratch, f"progress_0_{rank}")
+        try:
+            create_progress(path)
+            progress: str | None = path
+        except OSError:  # the scratch dir's disk is full: the rank is watched by its output
+            progress = None
+        slot = SimpleNamespace(  # (topology.WorkerSlot: a dataclass)
+            rank=rank, local_rank=rank, world_size=count, local_world_size=count, node_rank=0, num_nodes=1
+        )
+        env = slot_env(
+            slot,  # type: ignore[arg-type]
+            e.base_env,
+            run_id=e.run_id,
+            restart_count=0,
+            max_restarts=options["max_restarts"],
+            role=options["role"],
+            master=("localhost", e.master_port),
+            store=(STORE_HOST, e.store_port, e.token),
+            error_file=error_file,
+            shm=shm,
+            agent_store=False,
+            progress_file=progress,
+            python=True,
+        )
+        w = Worker(rank, argv, env, cpus[rank], rank == 0)  # --stdin 0
+        _spawn_one(e, w, closes)
+        e.workers.append(w)  # (the relay's targets: started workers only)
+    if e.relay.stop_signal is not None:  # it came during the spawns: reach every worker once
+        for w in e.workers:
+            if e.relay.stop_signal not in w.signalled:
+                w.signal_group(e.relay.stop_signal)
+
+
+def _inheritable(fd: int) -> bool:
+    try:
+        return os.get_inheritable(fd)
+    except OSError:  # the listing's own descriptor, closed by now
+        return False
+
+
+def _spawn_one(e: Early, w: Worker, closes: list[tuple[int, int]]) -> None:
+    """As ``process.WorkerProcess`` spawns (see the module docstring)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    actions: list[tuple[object, ...]] = list(closes)
+    if not w.stdin:
+        actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0))
+    actions += [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
+    before = None
+    if w.cpus is not None:  # the spawning thread's CPUs are the worker's (process._bind_thread)
+        before = os.sched_getaffinity(0)
+        try:
+            os.sched_setaffinity(0, w.cpus)
+        except OSError:
+            before = None
+    try:
+        w.pid = os.posix_spawn(
+            w.argv[0],
+            w.argv,
+            w.env,
+            file_actions=actions,
+            setsid=True,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+        )
+    except BaseException as err:
+        os.close(out_r)
+        os.close(err_r)
+        if isinstance(err, OSError):
+            raise SpawnError(f"cannot start rank {w.rank}: {w.argv[0]!r}: {err.strerror}") from err
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+        if before is not None:
+            os.sched_setaffinity(0, before)
+    w.stdout, w.stderr = out_r, err_r
+    e.guard.watch(w.pid)
+    try:
+        w.pidfd = os.pidfd_open(w.pid)
+    except OSError:  # out of descriptors: the full path polls it
+        w.pidfd = None
+
+
+def wait(e: Early) -> bool:
+    """Import the full path on a thread while waiting for the workers: True when every
+    worker exited with 0 and its pipes are closed before that is done, and no stop
+    signal came (``finish`` may end the job), False otherwise (the imports are done
+    then: hand over)."""
+    done_r, done_w = os.pipe()
+
+    def imports() -> None:
+        try:
+            for name in FULL_PATH:
+                __import__(name)
+        except BaseException:  # the main thread imports them again and sees the error
+            pass
+        finally:
+            os.write(done_w, b"x")
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)  # the main thread gets the interpreter soon after a wake
+    thread = threading.Thread(target=imports, name="distlaunch-imports", daemon=True)
+    thread.start()
+    poller = select.poll()
+    poller.register(done_r, select.POLLIN)
+    poller.register(e.relay.wakeup_fd, select.POLLIN)
+    watching = {w.pidfd: w for w in e.workers if w.pidfd is not None}
+    for fd in watching:
+        poller.register(fd, select.POLLIN)
+    ok = len(watching) == len(e.workers)
+    try:
+        while ok and watching:
+            for fd, _ in poller.poll():
+                w = watching.pop(fd, None)
+                if w is None:  # the imports are done, or a signal came: hand over
+                    ok = False
+                    break
+                poller.unregister(fd)
+                # peek (not reaped: a worker that failed is the full path's to reap)
+                info = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if info is None or info.si_code != os.CLD_EXITED or info.si_status != 0:
+                    ok = False
+                    break
+        if ok:  # every writer of every pipe gone (else a process they left holds one)
+            pipes = select.poll()
+            for w in e.workers:
+                pipes.register(w.stdout, select.POLLIN)
+                pipes.register(w.stderr, select.POLLIN)
+            ok = sum(1 for _, ev in pipes.poll(0) if ev & select.POLLHUP) == 2 * len(e.workers)
+        # a stop signal that came with the last exit (in the same poll, or since): the
+        # launcher ends the job as it ends a stopped one (128+N), not this lane with 0
+        ok = ok and e.relay.stop_signal is None
+    finally:
+        if not ok:
+            thread.join()  # the main thread imports nothing the thread is importing
+            sys.setswitchinterval(switch)
+            os.close(done_r)
+            os.close(done_w)
+    return ok
+
+
+def finish(e: Early) -> None:
+    """End a job whose workers all exited with 0 (``wait``), as its group and launcher
+    would: their output to the console with the ``[rank]: `` prefixes, each reaped,
+    what is left of their process groups and the strays killed, the scratch directory
+    and segments removed, signals restored, the guard told to quit. The caller exits."""
+    e.relay.targets = lambda: ()  # they have exited: nothing to forward a signal to
+    for w in e.workers:
+        for fd, console in ((w.stdout, 1), (w.stderr, 2)):
+            sink = StreamSink(f"[{w.rank}]: ".encode(), console, None, keep_tail=False)
+            while data := os.read(fd, 1 << 16):
+                sink.feed(data)
+            sink.close()
+        os.close(w.stdout)
+        os.close(w.stderr)
+        w.stdout = w.stderr = -1
+    # as WorkerGroup._kill_leftovers, before the leaders are reaped: a leader not yet
+    # reaped keeps its group's id from being reused by a new process
+    for w in e.workers:
+        w.signal_group(signal.SIGKILL)
+    for w in e.workers:
+        os.waitpid(w.pid, 0)
+        w.pid = -1  # (reaped: abandon() must not signal or reap it again)
+        assert w.pidfd is not None
+        os.close(w.pidfd)
+        w.pidfd = None
+    e.guard.kill_strays()  # (after the reaping: an unreaped leader would count as one)
+    e.workers = []
+    _remove_scratch(e.scratch)
+    e.scratch = ""
+    remove_matching(os.path.join(SHM_DIR, shm_prefix(e.run_id, os.getpid())) + "*")  # (as node.py)
+    e.abandon()  # (nothing left to kill): the listener, the relay, the guard
+
+
+def _remove_scratch(path: str) -> None:
+    """The scratch directory's files, then itself (``remove_matching`` for anything
+    else in it: its import of glob and shutil is for that case only)."""
+    try:
+        for name in os.listdir(path):
+            os.unlink(os.path.join(path, name))
+        os.rmdir(path)
+    except OSError:
+        remove_matching(path)
