@@ -32,6 +32,7 @@ import select
 import signal
 import sys
 import threading
+import time
 from types import SimpleNamespace
 
 from .agent.guard import OrphanGuard, remove_matching
@@ -72,7 +73,19 @@ early: Early | None = None  # started here, not yet taken over by the launcher
 class Worker:
     """One worker started here: what it was started with, and its ends of the pipes."""
 
-    __slots__ = ("rank", "argv", "env", "cpus", "stdin", "pid", "stdout", "stderr", "pidfd", "signalled")
+    __slots__ = (
+        "rank",
+        "argv",
+        "env",
+        "cpus",
+        "stdin",
+        "pid",
+        "stdout",
+        "stderr",
+        "pidfd",
+        "signalled",
+        "exited",
+    )
 
     def __init__(
         self, rank: int, argv: list[str], env: dict[str, str], cpus: frozenset[int] | None, stdin: bool
@@ -81,6 +94,7 @@ class Worker:
         self.pid = self.stdout = self.stderr = -1
         self.pidfd: int | None = None
         self.signalled: set[int] = set()  # what was sent (the launcher does not send it again)
+        self.exited: float | None = None  # time.time() when wait() saw it exit
 
     def signal_group(self, sig: int) -> None:
         """As ``WorkerProcess.signal_group`` (the relay's target until the take-over)."""
@@ -123,11 +137,16 @@ class Early:
         over): SIGKILL each worker's group, reap it, close its pipes, remove the scratch
         directory, restore the signals, quit the guard. Idempotent."""
         self.taken()
+        self.relay.targets = lambda: ()  # (a signal now must not reach a reaped pid)
+        live = [w for w in self.workers if w.pid > 0]
+        for w in live:  # every group before any leader is reaped (as finish)
+            w.signal_group(signal.SIGKILL)
+        for w in live:
+            os.waitpid(w.pid, 0)
+            w.pid = -1
+        if live:
+            self.guard.kill_strays()  # what they moved out of their groups (as a group's close)
         for w in self.workers:
-            if w.pid > 0:
-                w.signal_group(signal.SIGKILL)
-                os.waitpid(w.pid, 0)
-                w.pid = -1
             for fd in (w.stdout, w.stderr, w.pidfd):
                 if fd is not None and fd >= 0:
                     os.close(fd)
@@ -343,6 +362,7 @@ def wait(e: Early) -> bool:
                 poller.unregister(fd)
                 # peek (not reaped: a worker that failed is the full path's to reap)
                 info = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                w.exited = time.time()  # (the launcher's root cause is the first exit)
                 if info is None or info.si_code != os.CLD_EXITED or info.si_status != 0:
                     ok = False
                     break

@@ -747,6 +747,50 @@ def test_a_stop_signal_during_the_hand_over_reaches_each_worker_once(tmp_path):
     assert [(marks / f"term.{r}").read_text() for r in range(2)] == ["x", "x"], err
 
 
+# Rank 1 fails at once; rank 0 fails later (as a peer's loss would end it), once told to.
+FAIL_IN_TURN = """
+import os, sys, time
+d, rank = sys.argv[1], os.environ["RANK"]
+if rank == "1":
+    open(os.path.join(d, "gone.1"), "w").close()
+    sys.exit(3)
+while not os.path.exists(os.path.join(d, "go")):
+    time.sleep(0.005)
+open(os.path.join(d, "gone.0"), "w").close()
+sys.exit(5)
+"""
+
+
+def test_two_failures_before_the_take_over_name_the_first_as_the_root_cause(tmp_path):
+    """Both workers fail while the full path is still being imported, rank 1 first: the
+    launcher that takes them over finds both exits already there, and names the one the
+    fast lane saw first (its exit code the job's), not the lower rank."""
+    script, marks, hold = tmp_path / "fail.py", tmp_path / "marks", tmp_path / "hold"
+    script.write_text(FAIL_IN_TURN)
+    marks.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-c", HOLD_PROBE, str(hold), "run", "--nproc-per-node", "2"]
+    p = subprocess.Popen(
+        [*cmd, str(script), str(marks)], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for(marks / "gone.1")
+        time.sleep(1.0)  # rank 1 has exited, and the fast lane has seen it (exits seen
+        # in one poll have no order to tell, so rank 0 must exit well after)
+        (marks / "go").touch()
+        _wait_for(marks / "gone.0")
+        time.sleep(0.3)  # rank 0 has exited too
+        hold.touch()
+        _, err = p.communicate(timeout=60)
+    finally:
+        hold.touch()
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 3, err
+    assert re.search(r"rank 1 \(local rank 1\).*exit code 3", err), err
+
+
 # Lists $TMPDIR as the launcher exits (os._exit: nothing after it runs), before its guard
 # can notice it is gone; "fail": the full path fails (a ConfigError) once the fast lane
 # has handed its running workers over.

@@ -128,6 +128,10 @@ class WorkerGroup:
             os.set_blocking(w.stderr.fileno(), False)
             sel.register(w.stdout, selectors.EVENT_READ, spec.stdout)
             sel.register(w.stderr, selectors.EVENT_READ, spec.stderr)
+        # the exits the fast lane saw first, in their order: exits already there come
+        # back in the order registered, and the first failure reaped is the root cause
+        pairs = sorted(zip(self.workers, self.specs), key=lambda ws: ws[0].exit_time or float("inf"))
+        for w, spec in pairs:
             if w.pidfd is not None:
                 sel.register(w.pidfd, selectors.EVENT_READ, (w, spec))
         if self.relay.stop_signal is not None:  # it came during the spawns: reach every worker

@@ -155,14 +155,17 @@ class WorkerProcess:
         stderr: int,
         pidfd: int | None,
         signalled: set[int],
+        exited: float | None = None,
     ) -> WorkerProcess:
         """A worker the fast lane (``quick.py``) started as this class would (its own
         session, output on the pipes whose read ends are ``stdout`` and ``stderr``),
-        taken over with its pidfd (None: polled) and the signals already sent to it:
-        supervised from here on as if spawned here."""
+        taken over with its pidfd (None: polled), the signals already sent to it and
+        when the fast lane saw it exit (``time.time()``; None: it did not): supervised
+        from here on as if spawned here."""
         self = cls.__new__(cls)  # (not __init__, which spawns)
         out, err = open(stdout, "rb", buffering=0), open(stderr, "rb", buffering=0)
         self._started(slot, argv, _Adopted(pid), out, err, pidfd, signalled)
+        self.exit_time = exited
         return self
 
     def _started(
@@ -207,7 +210,8 @@ class WorkerProcess:
         pidfd (or ``poll()``) said it did. Returns the subprocess-style return code."""
         if self.returncode is None:
             self.returncode = self.popen.wait()
-            self.exit_time = time.time()
+            if self.exit_time is None:  # (else the fast lane saw the exit: adopt)
+                self.exit_time = time.time()
             if self.pidfd is not None:
                 os.close(self.pidfd)
                 self.pidfd = None

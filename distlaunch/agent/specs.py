@@ -326,7 +326,7 @@ def adopt_first_round(
     # signal to each the fast lane's relay had not sent it to)
     early.relay.targets = group.live
     adopted = [
-        WorkerProcess.adopt(s.slot, w.argv, w.pid, w.stdout, w.stderr, w.pidfd, w.signalled)
+        WorkerProcess.adopt(s.slot, w.argv, w.pid, w.stdout, w.stderr, w.pidfd, w.signalled, w.exited)
         for s, w in zip(specs, early.workers)
     ]
     for w in early.workers:  # the processes and descriptors are the adopted ones' now
