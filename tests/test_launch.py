@@ -1,5 +1,6 @@
 """distlaunch run on one node: environment, arguments and output, with real workers."""
 
+import contextlib
 import json
 import os
 import re
@@ -714,6 +715,29 @@ sys.exit(143)
 """
 
 
+@contextlib.contextmanager
+def _held_launch(tmp_path, program: str):
+    """The narrow form's launcher of 2 workers running ``program`` (their argument: a
+    marks directory), with the fast lane's imports of the full path held until the
+    yielded ``hold`` file exists (touched, and the launcher killed if still running, at
+    the end). Yields (the launcher's Popen, stderr piped; marks; hold)."""
+    script, marks, hold = tmp_path / "worker.py", tmp_path / "marks", tmp_path / "hold"
+    script.write_text(program)
+    marks.mkdir()
+    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    cmd = [sys.executable, "-c", HOLD_PROBE, str(hold), "run", "--nproc-per-node", "2"]
+    p = subprocess.Popen(
+        [*cmd, str(script), str(marks)], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        yield p, marks, hold
+    finally:
+        hold.touch()
+        if p.poll() is None:
+            p.kill()
+
+
 def _wait_for(*paths, timeout: float = 30.0) -> None:
     end = time.monotonic() + timeout
     while not all(os.path.exists(p) for p in paths):
@@ -725,24 +749,12 @@ def test_a_stop_signal_during_the_hand_over_reaches_each_worker_once(tmp_path):
     """SIGTERM to the narrow form's launcher while its fast lane's workers run and the
     full path is still being imported: the relay forwards it to each worker then, and
     the launcher that takes them over does not send it again (as click's path: once)."""
-    script, marks, hold = tmp_path / "count.py", tmp_path / "marks", tmp_path / "hold"
-    script.write_text(COUNT_TERMS)
-    marks.mkdir()
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
-    cmd = [sys.executable, "-c", HOLD_PROBE, str(hold), "run", "--nproc-per-node", "2"]
-    cmd += [str(script), str(marks)]
-    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    try:
+    with _held_launch(tmp_path, COUNT_TERMS) as (p, marks, hold):
         _wait_for(marks / "up.0", marks / "up.1")
         p.send_signal(signal.SIGTERM)
         _wait_for(marks / "term.0", marks / "term.1")  # forwarded by the fast lane's relay
         hold.touch()  # the imports go on: the launcher takes the workers over
         _, err = p.communicate(timeout=60)
-    finally:
-        hold.touch()
-        if p.poll() is None:
-            p.kill()
     assert p.returncode == 128 + signal.SIGTERM, err
     assert [(marks / f"term.{r}").read_text() for r in range(2)] == ["x", "x"], err
 
@@ -765,16 +777,7 @@ def test_two_failures_before_the_take_over_name_the_first_as_the_root_cause(tmp_
     """Both workers fail while the full path is still being imported, rank 1 first: the
     launcher that takes them over finds both exits already there, and names the one the
     fast lane saw first (its exit code the job's), not the lower rank."""
-    script, marks, hold = tmp_path / "fail.py", tmp_path / "marks", tmp_path / "hold"
-    script.write_text(FAIL_IN_TURN)
-    marks.mkdir()
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
-    cmd = [sys.executable, "-c", HOLD_PROBE, str(hold), "run", "--nproc-per-node", "2"]
-    p = subprocess.Popen(
-        [*cmd, str(script), str(marks)], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
-    )
-    try:
+    with _held_launch(tmp_path, FAIL_IN_TURN) as (p, marks, hold):
         _wait_for(marks / "gone.1")
         time.sleep(1.0)  # rank 1 has exited, and the fast lane has seen it (exits seen
         # in one poll have no order to tell, so rank 0 must exit well after)
@@ -783,10 +786,6 @@ def test_two_failures_before_the_take_over_name_the_first_as_the_root_cause(tmp_
         time.sleep(0.3)  # rank 0 has exited too
         hold.touch()
         _, err = p.communicate(timeout=60)
-    finally:
-        hold.touch()
-        if p.poll() is None:
-            p.kill()
     assert p.returncode == 3, err
     assert re.search(r"rank 1 \(local rank 1\).*exit code 3", err), err
 
