@@ -163,7 +163,8 @@ def begin(op: str, seq: int, peers: Iterable[int] | str | None = None) -> None:
 
 def started(op: str, seq: int, now: int) -> None:
     """:func:`begin` with no peers, started at ``now`` (``time.monotonic_ns()``, which
-    the caller read anyway: the collectives' fast path takes its deadline from it)."""
+    the caller read anyway: the collectives' fast path takes its deadline from it).
+    Written out rather than shared with begin: it is on every planned call's path."""
     w = _rec.words if _looked else _words()
     if w is None:
         return

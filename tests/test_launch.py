@@ -30,6 +30,17 @@ TORCHRUN_NAMES = [
 ]
 
 
+# Variable families that send the command line to click (PET_*, TORCH*, DISTLAUNCH_*) or
+# the fast lane to the full path (SLURM_*)
+NOT_NARROW = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
+
+
+def narrow_env() -> dict[str, str]:
+    """This environment without NOT_NARROW's families: the narrow form takes a command
+    line there, and its fast lane the job."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(NOT_NARROW)}
+
+
 def load_envs(d, n):
     return [json.loads((d / f"{r}.json").read_text()) for r in range(n)]
 
@@ -349,8 +360,7 @@ def probe_run(probe: str, arg: str, script: str, site: bool = True) -> subproces
     """``python -c probe arg run --nproc-per-node 2 script`` without the variables that
     send `run` to click (the narrow form's probes); ``site=False``: with ``-S`` (no
     site-packages: the package comes from the checkout, the working directory)."""
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    env = narrow_env()
     python = [sys.executable] if site else [sys.executable, "-S"]
     cmd = [*python, "-c", probe, arg, "run", "--nproc-per-node", "2", script]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
@@ -665,8 +675,7 @@ def test_sigterm_right_after_start_leaves_nothing(tmp_path, delay):
     pids, tmp = tmp_path / "pids", tmp_path / "tmp"
     pids.mkdir()
     tmp.mkdir()
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")  # (they send the command line to click)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    env = narrow_env()
     cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "2", str(script), str(pids)]
     p = subprocess.Popen(cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     time.sleep(delay)
@@ -724,8 +733,7 @@ def _held_launch(tmp_path, program: str):
     script, marks, hold = tmp_path / "worker.py", tmp_path / "marks", tmp_path / "hold"
     script.write_text(program)
     marks.mkdir()
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    env = narrow_env()
     cmd = [sys.executable, "-c", HOLD_PROBE, str(hold), "run", "--nproc-per-node", "2"]
     p = subprocess.Popen(
         [*cmd, str(script), str(marks)], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
@@ -825,8 +833,7 @@ def test_an_error_before_the_hand_over_leaves_no_scratch(tmp_path, case):
     pids.mkdir()
     tmp.mkdir()
     target = str(tmp_path / "missing.py") if case == "missing" else str(script)
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    env = narrow_env()
     cmd = [sys.executable, "-c", EXIT_PROBE, case, "run", "--nproc-per-node", "2", target, str(pids)]
     res = subprocess.run(
         cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -894,8 +901,7 @@ def test_a_failed_take_over_closes_each_descriptor_once(tmp_path):
     script.write_text(SLEEPER)
     pids.mkdir()
     tmp.mkdir()
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    env = narrow_env()
     cmd = [sys.executable, "-X", "dev", "-c", START_FAILS_PROBE, "x", "run", "--nproc-per-node", "2"]
     res = subprocess.run(
         [*cmd, str(script), str(pids)],
@@ -990,8 +996,7 @@ def test_a_short_job_ends_in_the_fast_lane_and_leaves_nothing(tmp_path):
     script.write_text(SEGMENT)
     marks.mkdir()
     tmp.mkdir()
-    clicks = ("PET_", "TORCH", "DISTLAUNCH_", "SLURM_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(clicks)}
+    env = narrow_env()
     cmd = [
         sys.executable,
         "-c",

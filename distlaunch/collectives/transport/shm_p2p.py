@@ -498,14 +498,21 @@ class ShmLinks:
                 return ()
         if n:
             _ring_read(buf, mv, at, ring, (pos + _REC) % ring, n)
-        pos = (pos + _REC + n + _REC - 1) // _REC * _REC
+        self._free_to(i, (pos + _REC + n + _REC - 1) // _REC * _REC)
+        return fields
+
+    def _free_to(self, i: int, pos: int) -> None:
+        """Give local rank i's ring back up to ``pos`` (lock held): our tail published,
+        then a fence before reading its blocked flag (Dekker's pattern, as the putter),
+        and its bell rung when it waits for room. (take_prefix writes this out: its
+        fence is the lock's release.)"""
         self.tails[i] = pos
+        _, _, quads, words, _, _, bi, ti = self.ins[i]
         quads[ti] = pos
         self._fence_acquire()
         self._fence_release()
         if words[bi]:  # the sender waits for room
             self.ring_bell(i)
-        return fields
 
     def take_prefix(
         self, i: int, expect: bytes, buf: memoryview, guard: tuple[Sized, Sized] = ((), ())
@@ -628,12 +635,7 @@ class ShmLinks:
                 if k:
                     del recvs[:k]
                 if pos != start:
-                    self.tails[i] = pos
-                    quads[ti] = pos
-                    self._fence_acquire()
-                    self._fence_release()
-                    if words[bi]:  # the sender waits for room
-                        self.ring_bell(i)
+                    self._free_to(i, pos)
             return f
         finally:
             self._release()
