@@ -29,6 +29,7 @@ from .modes import STORE_HOST, DynamicNodes, NodeMode, SingleNode, StaticNodes
 from .numa import rank_bindings
 from .report import say
 from .topology import WorkerSlot, node_slots
+from .workerenv import omp_notice
 
 if TYPE_CHECKING:
     from .agent.specs import FirstRound
@@ -112,10 +113,7 @@ def run(mode: NodeMode, plan: Plan | None = None) -> int:
         cfg = dataclasses.replace(cfg, log_dir=log_dir)
     early = _early()
     if cfg.nproc_per_node > 1 and lookup("OMP_NUM_THREADS") is None and early is None:  # (it said so)
-        say(
-            f"setting OMP_NUM_THREADS=1 for each of the {cfg.nproc_per_node} workers "
-            f"on this node; set it yourself to choose another value"
-        )
+        say(omp_notice(cfg.nproc_per_node))
     if isinstance(mode, DynamicNodes):
         return _run_dynamic(mode, cfg)
     if isinstance(mode, StaticNodes):

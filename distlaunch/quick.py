@@ -47,6 +47,7 @@ from .workerenv import (
     STORE_HOST,
     create_progress,
     make_scratch,
+    omp_notice,
     shm_prefix,
     slot_env,
 )
@@ -197,10 +198,7 @@ def start(parsed: Parsed) -> Early | None:
         e.abandon()
         raise
     if count > 1 and "OMP_NUM_THREADS" not in environ:  # as launcher.run says it (not again)
-        say(
-            f"setting OMP_NUM_THREADS=1 for each of the {count} workers "
-            f"on this node; set it yourself to choose another value"
-        )
+        say(omp_notice(count))
     early = e
     return e
 

@@ -117,6 +117,15 @@ STALE_VARS = (
 )
 
 
+def omp_notice(count: int) -> str:
+    """What the launcher says when it sets ``OMP_NUM_THREADS=1`` for ``count`` workers
+    of a node (torchrun says as much), once per launch: the fast lane or the launcher."""
+    return (
+        f"setting OMP_NUM_THREADS=1 for each of the {count} workers "
+        f"on this node; set it yourself to choose another value"
+    )
+
+
 def build_worker_env(
     ident: WorkerIdentity,
     base: Mapping[str, str],
