@@ -171,3 +171,32 @@ try:
     show(rank, "first array resized", a.size)
 except ValueError as e:
     show(rank, "first array not resized:", type(e).__name__)
+
+# an Irecv into an mmap completed by Test (the message routed to it, not taken from the
+# ring by a wait), one cancelled and one whose message was already kept (probed): the
+# program still holds the requests, and can close the mmaps (a completed or cancelled
+# request keeps no view of its buffer)
+comm.Barrier()
+m1, m2, m3 = mmap.mmap(-1, 64), mmap.mmap(-1, 64), mmap.mmap(-1, 64)
+if rank == 0:
+    comm.Send([bytearray(PAT), 4, MPI.BYTE], dest=1, tag=35)
+    comm.Send([bytearray(PAT), 6, MPI.BYTE], dest=1, tag=37)
+else:
+    r1 = comm.Irecv([m1, 4, MPI.BYTE], source=0, tag=35)
+    while not r1.Test():
+        pass
+    r2 = comm.Irecv([m2, 4, MPI.BYTE], source=0, tag=36)
+    r2.Cancel()
+    st = MPI.Status()
+    r2.Wait(st)
+    while not comm.Iprobe(source=0, tag=37):
+        pass
+    r3 = comm.Irecv([m3, 6, MPI.BYTE], source=0, tag=37)
+    r3.Wait()
+    show("tested", m1[:4] == PAT[:4], "cancelled", st.Is_cancelled(), "probed", m3[:6] == PAT[:6])
+for name, m in (("tested", m1), ("cancelled", m2), ("probed", m3)):
+    try:
+        m.close()
+        show(rank, name, "mmap closed")
+    except BufferError as e:
+        show(rank, name, "mmap not closed:", e)
