@@ -2,6 +2,7 @@
 
     python benchmarks/bench_ddp.py [--worlds 2,4] [--steps 20] [--buckets]
         [--sizes 8,1KiB,64KiB,1MiB,16MiB,64MiB] [--skip-ddp] [--skip-allreduce]
+        [--variant NAME=VALUE,...]
 
 1. DDP training step (forward, backward with DDP's bucketed all_reduce, SGD step) of a
    ~25M-parameter MLP (1024 -> 4096 -> 4096 -> 1024, batch 16 per rank, one thread per
@@ -13,7 +14,9 @@
    bucket's all_reduce on distlaunch, when it started and ended (the backend's helper
    thread) and that thread's CPU time meanwhile, split into the copies into shared memory,
    the waits for peers (wall and CPU: spinning) and the rest (reducing, copying out),
-   medians over the steps.
+   medians over the steps. ``--variant NAME=VALUE,...``: a fourth model, over a second
+   distlaunch group made under these environment settings (e.g. DISTLAUNCH_SHM_SLOT,
+   DISTLAUNCH_SHM_SPIN), in the same rotation: a paired comparison of a setting.
 2. ``dist.all_reduce`` through the backend next to ``distlaunch.collectives.all_reduce``
    on the same float32 buffer (the runtime's own API, initialised in the same
    processes): per-call time, slowest rank, median of 5 repetitions.
@@ -219,6 +222,35 @@ class _BucketTrace:
         ShmChannel.step = traced_step
 
 
+def _variant_group(settings):
+    """A second distlaunch group over every rank whose helper thread and shared-memory
+    channel are made under the environment ``settings`` (DISTLAUNCH_SHM_* are read
+    once per runtime: the group's channel, made by its first collective, gets them
+    here), the process environment restored after."""
+    import torch
+    import torch.distributed as dist
+
+    from distlaunch.collectives.transport.shm import ShmConfig
+    from distlaunch.torch import _STATE
+
+    saved = {k: os.environ.get(k) for k in settings}
+    rt = _STATE["runtime"]
+    config = rt.shm_config
+    os.environ.update(settings)
+    try:
+        rt.shm_config = ShmConfig.from_env()
+        group = dist.new_group(backend="distlaunch")
+        dist.all_reduce(torch.zeros(1 << 20), group=group)  # its channel, with the settings
+    finally:
+        rt.shm_config = config
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    return group
+
+
 def worker_ddp(args):
     import torch
     import torch.distributed as dist
@@ -237,6 +269,8 @@ def worker_ddp(args):
     dist.init_process_group("distlaunch")
     gloo = dist.new_group(backend="gloo")
     groups = {"gloo": gloo, "distlaunch": None, "noop": dist.new_group(backend="noop")}
+    if args.variant:
+        groups["variant"] = _variant_group(dict(kv.split("=", 1) for kv in args.variant.split(",")))
     steps = {k: _stepper(g) for k, g in groups.items()}
     trace = _BucketTrace() if args.buckets else None
     names = list(groups)
@@ -341,6 +375,7 @@ def run(world, what, args):
     cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", str(world), __file__]
     cmd += ["--worker", what]
     cmd += ["--steps", str(args.steps), "--sizes", args.sizes] + (["--buckets"] if args.buckets else [])
+    cmd += ["--variant", args.variant] if args.variant else []
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
     for line in out.stdout.splitlines():
         if "RESULT " in line:
@@ -388,6 +423,12 @@ def main():
         default="8,1KiB,64KiB,1MiB,16MiB,64MiB",
         help="all_reduce sizes in bytes (KiB/MiB suffixes)",
     )
+    p.add_argument(
+        "--variant",
+        default="",
+        help="NAME=VALUE,...: also DDP over a second distlaunch group created with these "
+        "environment settings (paired with the first)",
+    )
     p.add_argument("--skip-ddp", action="store_true", help="run only the all_reduce sizes")
     p.add_argument("--skip-allreduce", action="store_true", help="run only the DDP step")
     p.add_argument("--worker", choices=["ddp", "allreduce"], help=argparse.SUPPRESS)
@@ -415,6 +456,12 @@ def main():
                 f"{w:>6} {r['gloo']:>12.3f} {dl:>18.3f} {dl / r['gloo']:>6.2f} {r['noop']:>12.3f} "
                 f"{dl / r['noop']:>6.2f}   {r['gloo_cpu']:.3f} {r['distlaunch_cpu']:.3f} {r['noop_cpu']:.3f}"
             )
+            if "variant" in r:
+                v = r["variant"]
+                print(
+                    f"{'':>6} variant ({args.variant}): {v:.3f} s/step, /noop {v / r['noop']:.2f}, "
+                    f"/distlaunch {v / dl:.2f}, cpu {r['variant_cpu']:.3f}"
+                )
             for rank, t in enumerate(r.get("trace", [])):
                 _print_trace(rank, t)
     if not args.skip_allreduce:
