@@ -414,6 +414,7 @@ NOT_BEFORE_FAST_SPAWN = {
     "socket",
     "subprocess",
     "tempfile",
+    "contextlib",
     "shutil",
     "distlaunch.config",
     "distlaunch.modes",
