@@ -16,12 +16,12 @@ spawn, with the environment the agent would give it (``workerenv.build_worker_en
 Then a thread imports the full path while the main thread waits on the workers' pidfds
 and the relay, from once the workers should have started (``Early.import_delay``): the
 imports beside the workers' interpreter starts would take a CPU from them (and the
-interpreter from the main thread at the job's end). If every worker exits with 0 and
-its pipes are closed first, the job ends here (``finish``): output drained with the usual prefixes, workers reaped, leftovers
-and strays killed as a group's end kills them, scratch and segments removed, the guard
-told to quit, exit 0. Anything else (a worker failing or still running when the
-imports are done, a signal, pipes still held open; the imports not done by then are
-made on the main thread) hands over to the full path
+interpreter from the main thread at the job's end). If every worker exits with 0 and its
+pipes are closed first, the job ends here (``finish``): output drained with the usual
+prefixes, workers reaped, leftovers and strays killed as a group's end kills them,
+scratch and segments removed, the guard told to quit, exit 0. Anything else (a worker
+failing or still running when the imports are done, a signal, pipes still held open; the
+imports not done by then are made on the main thread) hands over to the full path
 (``command.run_parsed``), whose launcher takes these workers over
 (``specs.adopt_first_round``, which checks that each was started exactly as it would
 start it) and supervises them as its own from there: failures, restarts, stop signals,
