@@ -4,14 +4,15 @@ only light imports, and a job whose workers all exit 0 early ended without the a
 A no-op worker is done ~13 ms after its spawn, long before the launcher has imported its
 store loop and agent (~60 ms), so for short jobs the launcher's serial work *is* the
 wall time. Here, before the first spawn, only ``os``, ``signal``, ``select``,
-``_socket``, ``threading``, ``ctypes`` (the subreaper) and our light modules are loaded
-(no ``typing``, ``dataclasses``, ``socket``, ``subprocess``, ``tempfile``), in the order
-the full path keeps: the orphan guard is forked, the signal relay installed, the
-store's listening socket bound, the scratch directory made and handed to the guard, then
-every worker is spawned (``os.posix_spawn``: its own session, stdout and stderr on
-pipes, stdin as ``subprocess`` would give it, inherited descriptors closed, SIGPIPE and
-SIGXFSZ back to their defaults, bound to its CPUs) and watched by the guard from its
-spawn, with the environment the agent would give it (``workerenv.build_worker_env``).
+``_socket``, ``_thread``, ``ctypes`` (the subreaper) and our light modules are loaded
+(no ``typing``, ``dataclasses``, ``socket``, ``subprocess``, ``tempfile``,
+``threading``, ``contextlib``), in the order the full path keeps: the orphan guard is
+forked, the signal relay installed, the store's listening socket bound, the scratch
+directory made and handed to the guard, then every worker is spawned
+(``os.posix_spawn``: its own session, stdout and stderr on pipes, stdin as
+``subprocess`` would give it, inherited descriptors closed, SIGPIPE and SIGXFSZ back to
+their defaults, bound to its CPUs) and watched by the guard from its spawn, with the
+environment the agent would give it (``workerenv.build_worker_env``).
 
 Then a thread imports the full path while the main thread waits on the workers' pidfds
 and the relay, from once the workers should have started (``Early.import_delay``): the
@@ -34,7 +35,6 @@ import os
 import select
 import signal
 import sys
-import threading
 import time
 from types import SimpleNamespace
 
@@ -57,6 +57,7 @@ from .workerenv import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    import threading
     from typing import Any
 
     from .preparse import Parsed
@@ -376,6 +377,8 @@ def wait(e: Early, delay: float) -> bool:
             timeout = None if thread is not None else max(0.0, start_at - time.monotonic())
             events = poller.poll(None if timeout is None else 1e3 * timeout)
             if not events:  # the workers outlast their start: the full path is needed
+                import threading  # (here: not loaded by a job that ends before)
+
                 sys.setswitchinterval(0.0005)  # the main thread gets the interpreter soon after a wake
                 thread = threading.Thread(target=imports, name="distlaunch-imports", daemon=True)
                 thread.start()

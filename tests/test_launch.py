@@ -415,6 +415,7 @@ NOT_BEFORE_FAST_SPAWN = {
     "subprocess",
     "tempfile",
     "contextlib",
+    "threading",
     "shutil",
     "distlaunch.config",
     "distlaunch.modes",

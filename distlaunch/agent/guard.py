@@ -46,7 +46,6 @@ import os
 import select
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -175,7 +174,10 @@ class OrphanGuard:
         # what the guard was told, to tell a restarted one again
         self._groups: set[int] = set()
         self._paths: list[bytes] = []
-        self._lock = threading.Lock()  # the pipe and the guard's pid: the watcher restarts
+        # (_thread's locks and thread: threading, ~0.8 ms, is not loaded before the fast
+        # lane's first spawn; nothing the watcher runs may be the first to import it, as
+        # threading takes the thread that first imports it for the main thread)
+        self._lock = _thread.allocate_lock()  # the pipe and the guard's pid: the watcher restarts
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the guard
@@ -197,9 +199,9 @@ class OrphanGuard:
         self._started(pid, w)
         # held while the watcher thread runs; started without waiting for the thread to
         # run, as Thread.start waits (a scheduling before the first spawn: ms when busy)
-        self._watching: threading.Lock | None = None
+        self._watching: _thread.LockType | None = None
         if self._pidfd is not None:  # else a death is noticed at the next message
-            self._watching = threading.Lock()
+            self._watching = _thread.allocate_lock()
             self._watching.acquire()
             _thread.start_new_thread(self._watch, ())  # (as a daemon thread)
 
