@@ -149,7 +149,9 @@ def run(parsed: Parsed) -> NoReturn:
     """Run a pre-parsed `run` to its end and exit with ``cli.main``'s code and report:
     through the fast lane (``quick.py``) where it takes the job, else the full path."""
     import errno
+    import time
 
+    start_cpu = time.process_time()  # (quick.Early.import_delay)
     from . import quick
     from .errors import DistlaunchError
     from .report import Reporter, install
@@ -160,7 +162,7 @@ def run(parsed: Parsed) -> NoReturn:
     try:
         early = quick.start(parsed)
         if early is not None:
-            if quick.wait(early):
+            if quick.wait(early, early.import_delay(start_cpu)):
                 quick.finish(early)
                 leave(0)
             script, script_args, options, given = parsed  # the full path takes them over:

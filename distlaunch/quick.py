@@ -4,21 +4,25 @@ only light imports, and a job whose workers all exit 0 early ended without the a
 A no-op worker is done ~13 ms after its spawn, long before the launcher has imported its
 store loop and agent (~60 ms), so for short jobs the launcher's serial work *is* the
 wall time. Here, before the first spawn, only ``os``, ``signal``, ``select``,
-``_socket``, ``threading``, ``ctypes`` (the subreaper) and our light modules are loaded
-(no ``typing``, ``dataclasses``, ``socket``, ``subprocess``, ``tempfile``), in the order
-the full path keeps: the orphan guard is forked, the signal relay installed, the
-store's listening socket bound, the scratch directory made and handed to the guard, then
-every worker is spawned (``os.posix_spawn``: its own session, stdout and stderr on
-pipes, stdin as ``subprocess`` would give it, inherited descriptors closed, SIGPIPE and
-SIGXFSZ back to their defaults, bound to its CPUs) and watched by the guard from its
-spawn, with the environment the agent would give it (``workerenv.build_worker_env``).
+``_socket``, ``_thread``, ``ctypes`` (the subreaper) and our light modules are loaded
+(no ``typing``, ``dataclasses``, ``socket``, ``subprocess``, ``tempfile``,
+``threading``, ``contextlib``), in the order the full path keeps: the orphan guard is
+forked, the signal relay installed, the store's listening socket bound, the scratch
+directory made and handed to the guard, then every worker is spawned
+(``os.posix_spawn``: its own session, stdout and stderr on pipes, stdin as
+``subprocess`` would give it, inherited descriptors closed, SIGPIPE and SIGXFSZ back to
+their defaults, bound to its CPUs) and watched by the guard from its spawn, with the
+environment the agent would give it (``workerenv.build_worker_env``).
 
 Then a thread imports the full path while the main thread waits on the workers' pidfds
-and the relay. If every worker exits with 0 and its pipes are closed first, the job ends
-here (``finish``): output drained with the usual prefixes, workers reaped, leftovers
-and strays killed as a group's end kills them, scratch and segments removed, the guard
-told to quit, exit 0. Anything else (a worker failing or still running when the
-imports are done, a signal, pipes still held open) hands over to the full path
+and the relay, from once the workers should have started (``Early.import_delay``): the
+imports beside the workers' interpreter starts would take a CPU from them (and the
+interpreter from the main thread at the job's end). If every worker exits with 0 and its
+pipes are closed first, the job ends here (``finish``): output drained with the usual
+prefixes, workers reaped, leftovers and strays killed as a group's end kills them,
+scratch and segments removed, the guard told to quit, exit 0. Anything else (a worker
+failing or still running when the imports are done, a signal, pipes still held open; the
+imports not done by then are made on the main thread) hands over to the full path
 (``command.run_parsed``), whose launcher takes these workers over
 (``specs.adopt_first_round``, which checks that each was started exactly as it would
 start it) and supervises them as its own from there: failures, restarts, stop signals,
@@ -31,7 +35,6 @@ import os
 import select
 import signal
 import sys
-import threading
 import time
 from types import SimpleNamespace
 
@@ -54,6 +57,7 @@ from .workerenv import (
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    import threading
     from typing import Any
 
     from .preparse import Parsed
@@ -67,6 +71,11 @@ FULL_PATH = (
     "distlaunch.agent.node",
 )
 MAX_WORKERS = 64  # more go the full path (their spawns dominate anyway)
+# The full path's imports (~40 ms of CPU) wait until the workers should have started:
+# this many times what this process's own start took, per wave of workers on the CPUs
+# (``import_delay``), at most MAX_IMPORT_DELAY seconds.
+START_MARGIN = 1.5
+MAX_IMPORT_DELAY = 0.25
 
 early: Early | None = None  # started here, not yet taken over by the launcher
 
@@ -121,6 +130,17 @@ class Early:
         self.scratch = ""
         self.base_env = dict(os.environ)
         self.workers: list[Worker] = []
+        self.cpus = 1  # how many CPUs the workers share
+
+    def import_delay(self, start_cpu: float) -> float:
+        """Seconds after the spawns before ``wait`` imports the full path, given the CPU
+        seconds this process's start took (``time.process_time()`` at its first line of
+        ours: an interpreter's start on this machine, as each worker's): the workers'
+        interpreters start in ceil(workers / CPUs) waves. Imports beside the workers'
+        starts would take a CPU from them (a no-op job then waits for both); a job that
+        outlasts its start is handed over this much later, a failure or signal at once."""
+        waves = -(-len(self.workers) // self.cpus)
+        return min(MAX_IMPORT_DELAY, START_MARGIN * start_cpu * waves)
 
     def take_listener(self) -> int:
         fd = self.listener
@@ -233,7 +253,9 @@ def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> No
         for fd in map(int, os.listdir("/proc/self/fd"))
         if fd > 2 and _inheritable(fd)
     ]
-    cpus = cpu_sets(options["bind_to"], count, os.sched_getaffinity(0))
+    usable = os.sched_getaffinity(0)
+    e.cpus = max(1, len(usable))
+    cpus = cpu_sets(options["bind_to"], count, usable)
     shm = shm_prefix(e.run_id, os.getpid(), 0)
     e.relay.targets = lambda: e.workers
     if e.relay.stop_signal is not None:  # stopped before anything started: start nothing
@@ -323,12 +345,15 @@ def _spawn_one(e: Early, w: Worker, closes: list[tuple[int, int]]) -> None:
         w.pidfd = None
 
 
-def wait(e: Early) -> bool:
-    """Import the full path on a thread while waiting for the workers: True when every
-    worker exited with 0 and its pipes are closed before that is done, and no stop
-    signal came (``finish`` may end the job), False otherwise (the imports are done
-    then: hand over)."""
+def wait(e: Early, delay: float) -> bool:
+    """Wait for the workers, importing the full path on a thread from ``delay`` seconds
+    on (see ``import_delay``): True when every worker exited with 0 and its pipes are
+    closed before the imports are done, and no stop signal came (``finish`` may end the
+    job), False otherwise: a worker failed, a signal came, or the imports are done while
+    a worker runs (hand over then; the imports not started by then are the caller's)."""
     done_r, done_w = os.pipe()
+    thread: threading.Thread | None = None
+    switch = sys.getswitchinterval()
 
     def imports() -> None:
         try:
@@ -339,10 +364,6 @@ def wait(e: Early) -> bool:
         finally:
             os.write(done_w, b"x")
 
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)  # the main thread gets the interpreter soon after a wake
-    thread = threading.Thread(target=imports, name="distlaunch-imports", daemon=True)
-    thread.start()
     poller = select.poll()
     poller.register(done_r, select.POLLIN)
     poller.register(e.relay.wakeup_fd, select.POLLIN)
@@ -350,9 +371,19 @@ def wait(e: Early) -> bool:
     for fd in watching:
         poller.register(fd, select.POLLIN)
     ok = len(watching) == len(e.workers)
+    start_at = time.monotonic() + delay
     try:
         while ok and watching:
-            for fd, _ in poller.poll():
+            timeout = None if thread is not None else max(0.0, start_at - time.monotonic())
+            events = poller.poll(None if timeout is None else 1e3 * timeout)
+            if not events:  # the workers outlast their start: the full path is needed
+                import threading  # (here: not loaded by a job that ends before)
+
+                sys.setswitchinterval(0.0005)  # the main thread gets the interpreter soon after a wake
+                thread = threading.Thread(target=imports, name="distlaunch-imports", daemon=True)
+                thread.start()
+                continue
+            for fd, _ in events:
                 w = watching.pop(fd, None)
                 if w is None:  # the imports are done, or a signal came: hand over
                     ok = False
@@ -375,7 +406,8 @@ def wait(e: Early) -> bool:
         ok = ok and e.relay.stop_signal is None
     finally:
         if not ok:
-            thread.join()  # the main thread imports nothing the thread is importing
+            if thread is not None:
+                thread.join()  # the main thread imports nothing the thread is importing
             sys.setswitchinterval(switch)
             os.close(done_r)
             os.close(done_w)

@@ -12,6 +12,8 @@ import time
 import pytest
 from conftest import ROOT, dl
 
+from distlaunch import quick
+
 TORCHRUN_NAMES = [
     "RANK",
     "LOCAL_RANK",
@@ -412,6 +414,8 @@ NOT_BEFORE_FAST_SPAWN = {
     "socket",
     "subprocess",
     "tempfile",
+    "contextlib",
+    "threading",
     "shutil",
     "distlaunch.config",
     "distlaunch.modes",
@@ -689,6 +693,51 @@ def test_sigterm_right_after_start_leaves_nothing(tmp_path, delay):
     for name in os.listdir(pids):
         assert not _alive(int((pids / name).read_text())), name
     assert os.listdir(tmp) == []
+
+
+# When the fast lane's thread starts importing the full path, against its last spawn and
+# the CPU this interpreter's own start took (its first line: before any of distlaunch).
+IMPORT_START_PROBE = """
+import json, os, sys, threading, time
+start_cpu, me, seen = time.process_time(), os.getpid(), {}
+pspawn = os.posix_spawn
+def posix_spawn(*a, **k):
+    pid = pspawn(*a, **k)
+    seen["spawned"] = time.monotonic()
+    return pid
+os.posix_spawn = posix_spawn
+thread_start = threading.Thread.start
+def start(self):
+    if self.name == "distlaunch-imports":
+        seen["imports"] = time.monotonic()
+    thread_start(self)
+threading.Thread.start = start
+leave = os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        print("SEEN " + json.dumps({**seen, "start_cpu": start_cpu}), flush=True)
+    leave(code)
+os._exit = exit_
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+def test_the_full_path_is_imported_once_the_workers_have_started(tmp_path):
+    """The fast lane imports the full path (~40 ms of CPU) only once its workers have
+    had the time an interpreter's start takes (this launcher's own start, measured), not
+    beside their starts, where it would take a CPU from them; a job that outlasts that
+    is then handed over to the launcher as before (its output, exit 0)."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import os, time\ntime.sleep(0.5)\nprint('done', os.environ['RANK'])\n")
+    res = probe_run(IMPORT_START_PROBE, "x", str(script))
+    assert res.returncode == 0, res.stderr
+    assert sorted(ln for ln in res.stdout.splitlines() if "done" in ln) == ["[0]: done 0", "[1]: done 1"]
+    seen = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("SEEN "))[5:])
+    assert "imports" in seen, seen  # the job outlasted the delay: the thread did import
+    waited = seen["imports"] - seen["spawned"]
+    assert waited >= min(seen["start_cpu"], quick.MAX_IMPORT_DELAY), seen
 
 
 # Holds the fast lane's imports of the full path (quick.wait's thread) until a file exists,

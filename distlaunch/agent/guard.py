@@ -40,12 +40,12 @@ make each worker its namespace's init, which changes how it receives signals.
 
 from __future__ import annotations
 
+import _thread
 import ctypes
 import os
 import select
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -174,7 +174,10 @@ class OrphanGuard:
         # what the guard was told, to tell a restarted one again
         self._groups: set[int] = set()
         self._paths: list[bytes] = []
-        self._lock = threading.Lock()  # the pipe and the guard's pid: the watcher restarts
+        # (_thread's locks and thread: threading, ~0.8 ms, is not loaded before the fast
+        # lane's first spawn; nothing the watcher runs may be the first to import it, as
+        # threading takes the thread that first imports it for the main thread)
+        self._lock = _thread.allocate_lock()  # the pipe and the guard's pid: the watcher restarts
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the guard
@@ -194,10 +197,13 @@ class OrphanGuard:
         os.close(r)
         self._w: int | None = None
         self._started(pid, w)
-        self._watcher: threading.Thread | None = None
+        # held while the watcher thread runs; started without waiting for the thread to
+        # run, as Thread.start waits (a scheduling before the first spawn: ms when busy)
+        self._watching: _thread.LockType | None = None
         if self._pidfd is not None:  # else a death is noticed at the next message
-            self._watcher = threading.Thread(target=self._watch, name="distlaunch-guard-watch", daemon=True)
-            self._watcher.start()
+            self._watching = _thread.allocate_lock()
+            self._watching.acquire()
+            _thread.start_new_thread(self._watch, ())  # (as a daemon thread)
 
     def _started(self, pid: int, w: int) -> None:
         self.pid = pid
@@ -210,7 +216,14 @@ class OrphanGuard:
 
     def _watch(self) -> None:
         """The watcher thread: wait for the guard's exit (its pidfd); restart it unless
-        the launcher closed it."""
+        the launcher closed it. Releases ``_watching`` as it ends."""
+        try:
+            self._watch_guard()
+        finally:
+            assert self._watching is not None
+            self._watching.release()
+
+    def _watch_guard(self) -> None:
         while True:
             with self._lock:  # (not between a restart's reap and its new pidfd)
                 fd = self._pidfd
@@ -350,10 +363,15 @@ class OrphanGuard:
                 reaped = self._reap(0)
             else:
                 end = time.monotonic() + wait
-                while not (reaped := self._reap(os.WNOHANG)) and time.monotonic() < end:
-                    time.sleep(0.0005)  # it quits within ~1 ms when it can run
-        if self._watcher is not None and reaped:
-            self._watcher.join(1.0)
+                while not (reaped := self._reap(os.WNOHANG)) and (left := end - time.monotonic()) > 0:
+                    if self._pidfd is None:
+                        time.sleep(0.0005)  # it quits within ~1 ms when it can run
+                    else:  # readable at its exit: no sleep's granularity
+                        poller = select.poll()
+                        poller.register(self._pidfd, select.POLLIN)
+                        poller.poll(1e3 * left)
+        if self._watching is not None and reaped and self._watching.acquire(timeout=1.0):
+            self._watching.release()  # (the watcher has ended)
 
     def _send(self, msg: bytes) -> None:
         """Under the lock."""

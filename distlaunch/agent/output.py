@@ -12,9 +12,9 @@ line on stderr for the first such failure (not one per worker and stream).
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
-import threading
 import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the fast lane's path)
@@ -32,7 +32,7 @@ _warned: set[str] = set()
 
 # Whole batches of lines must not interleave when two threads write to the console (the
 # head's local agent and its relay of remote agents' output).
-_console_lock = threading.Lock()
+_console_lock = _thread.allocate_lock()  # (not threading: the fast lane spawns without it)
 
 
 def write_all(fd: int, data: bytes) -> bool:
