@@ -61,22 +61,23 @@ class Buf:
     bytes, given as ``[obj, *rest]`` (``rest`` compared by value: the count, the
     datatype) or as the object (``rest`` None)."""
 
-    __slots__ = ("tp", "rest", "off", "end", "nb", "nbytes", "cast", "write")
+    __slots__ = ("tp", "rest", "off", "nb", "nbytes", "cast", "write")
 
     def __init__(self, spec: Any, obj: Any, s: Spec, blocks: int, write: bool) -> None:
         self.tp = type(obj)
         self.rest = spec[1:] if type(spec) is list else None
         self.off = s.displ * s.datatype.extent
         self.nb = s.nbytes * blocks
-        self.end = self.off + self.nb
         m = memoryview(obj)
         self.nbytes = m.nbytes
         self.cast = m.format != "B" or m.ndim != 1  # numpy arrays of other dtypes, array('d')
         self.write = write  # this rank writes into it: it must still be writable
 
     def view(self, spec: Any) -> memoryview | None:
-        """The plan's bytes of ``spec`` (a flat byte memoryview), or None when ``spec``
-        is not like the one the plan was made from or its buffer cannot give them."""
+        """The bytes of ``spec``'s whole buffer (a flat byte memoryview: the plan's are
+        ``[off, end)`` of it, which the phase's copies slice, so no slice is made
+        here), or None when ``spec`` is not like the one the plan was made from or its
+        buffer cannot give them."""
         rest = self.rest
         if rest is not None:
             if type(spec) is not list or spec[1:] != rest:
@@ -92,7 +93,7 @@ class Buf:
             return None
         if m.nbytes != self.nbytes or (self.write and m.readonly):
             return None
-        return m[self.off : self.end]
+        return m
 
 
 def buf_of(spec: Any, s: Spec | None, blocks: int = 1, write: bool = False) -> Any:
@@ -152,12 +153,17 @@ class Plan:
         "recs",
         "pw",
         "ex",
+        "ao",
+        "bo",
     )
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
         self.eng = STATE.engine
         self.pg, self.ctx, self.ch, self.rec = pg, ctx, ctx.shm, ctx.record
         self.a, self.b, self.nb, self.root = a, b, nb, root
+        # where the plan's bytes start in the send and the receive buffer (their views
+        # are whole: the phase's copies slice them)
+        self.ao, self.bo = a.off if a else 0, b.off if b else 0
         self.n, self.r = pg.size, pg.rank
         # the segment offset of each rank's data buffer, per phase parity
         self.offs = [[self.ch.data_offset(j, k) for j in range(self.n)] for k in (0, 1)]
@@ -276,15 +282,15 @@ class Bcast(Plan):
     __slots__ = ()
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb = self.ch, self.ctx, self.nb
+        ch, ctx, nb, a = self.ch, self.ctx, self.nb, self.ao
         o = self.offs[p & 1][self.root]
         if self.r == self.root:
-            ch.mv[o : o + nb] = src
+            ch.mv[o : o + nb] = src[a : a + nb]
             ch.publish(ctx, p, self.rec, False)
         else:
             ch.publish(ctx, p, self.rec, self.n <= 2)  # (n = 2: compared with all)
             ch.take(ctx, p, self.root, self.spin)
-            src[:] = ch.mv[o : o + nb]
+            src[a : a + nb] = ch.mv[o : o + nb]
 
 
 class Gather(Plan):
@@ -294,19 +300,20 @@ class Gather(Plan):
     __slots__ = ()
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
+        ch, ctx, nb, r, a = self.ch, self.ctx, self.nb, self.r, self.ao
         if r != self.root:
             o = self.mine[p & 1]
-            ch.mv[o : o + nb] = src
+            ch.mv[o : o + nb] = src[a : a + nb]
             ch.publish(ctx, p, self.rec, False)
         else:
             ch.publish(ctx, p, self.rec)
+            b = self.bo
             if src is not None:  # (while the others write theirs)
-                dst[r * nb : (r + 1) * nb] = src
+                dst[b + r * nb : b + (r + 1) * nb] = src[a : a + nb]
             offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
             for j in self.peers:
                 ch.take(ctx, p, j, spin)
-                dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
+                dst[b + j * nb : b + (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
 
 
 class Scatter(Plan):
@@ -322,17 +329,18 @@ class Scatter(Plan):
     def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
         if r == self.root:
-            o, mv = self.mine[p & 1], ch.mv
+            o, mv, a = self.mine[p & 1], ch.mv, self.ao
             for i in self.peers:
-                mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
+                mv[o + i * L : o + i * L + nb] = src[a + i * nb : a + (i + 1) * nb]
             ch.publish(ctx, p, self.rec, False)
             if dst is not None:
-                dst[:] = src[r * nb : (r + 1) * nb]
+                b = self.bo
+                dst[b : b + nb] = src[a + r * nb : a + (r + 1) * nb]
         else:
             ch.publish(ctx, p, self.rec, self.n <= 2)
             ch.take(ctx, p, self.root, self.spin)
-            o = self.offs[p & 1][self.root] + r * L
-            dst[:] = ch.mv[o : o + nb]
+            o, b = self.offs[p & 1][self.root] + r * L, self.bo
+            dst[b : b + nb] = ch.mv[o : o + nb]
 
 
 class Allgather(Plan):
@@ -342,16 +350,17 @@ class Allgather(Plan):
     __slots__ = ()
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb, r = self.ch, self.ctx, self.nb, self.r
-        own = dst[r * nb : (r + 1) * nb]
+        ch, ctx, nb, r, b = self.ch, self.ctx, self.nb, self.r, self.bo
         offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
-        mv[offs[r] : offs[r] + nb] = own if src is None else src
+        o = b + r * nb  # (this rank's block in the receive buffer)
+        own = dst[o : o + nb] if src is None else src[self.ao : self.ao + nb]
+        mv[offs[r] : offs[r] + nb] = own
         ch.publish(ctx, p, self.rec)
         if src is not None:  # (while the others write theirs)
-            own[:] = src
+            dst[o : o + nb] = own
         for j in self.peers:
             ch.take(ctx, p, j, spin)
-            dst[j * nb : (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
+            dst[b + j * nb : b + (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
 
 
 class Alltoall(Plan):
@@ -372,18 +381,19 @@ class Alltoall(Plan):
     def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
         offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
+        a, b = self.ao, self.bo
         o = offs[r]
         mv[o : o + 8] = self.head
         o += _TOTAL
         for i in self.peers:
-            mv[o + i * L : o + i * L + nb] = src[i * nb : (i + 1) * nb]
+            mv[o + i * L : o + i * L + nb] = src[a + i * nb : a + (i + 1) * nb]
         ch.publish(ctx, p, self.rec)
-        dst[r * nb : (r + 1) * nb] = src[r * nb : (r + 1) * nb]  # (while the others write)
+        dst[b + r * nb : b + (r + 1) * nb] = src[a + r * nb : a + (r + 1) * nb]  # (while the others write)
         at = _TOTAL + r * L
         for j in self.peers:
             ch.take(ctx, p, j, spin)
             o = offs[j] + at
-            dst[j * nb : (j + 1) * nb] = mv[o : o + nb]
+            dst[b + j * nb : b + (j + 1) * nb] = mv[o : o + nb]
 
 
 # operation -> (plan class, the largest eager block in bytes for a channel of n ranks)
