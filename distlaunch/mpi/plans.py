@@ -91,7 +91,8 @@ class Buf:
                 m = m.cast("B")
         except (ValueError, TypeError):  # a closed mmap; an array no longer contiguous
             return None
-        if m.nbytes != self.nbytes or (self.write and m.readonly):
+        # (len: the bytes of a flat byte view, and cheaper than its nbytes attribute)
+        if len(m) != self.nbytes or (self.write and m.readonly):
             return None
         return m
 
