@@ -58,6 +58,7 @@ def independent(name: str, n: int) -> list[str]:
         first = [50, 51, 52, 53, 0, 0, 0, 0]
         return (
             [f"{r} rounds ok" for r in range(n)]
+            + [f"{r} displaced ok" for r in range(n)]
             + [f"{r} reused {first if r else full} {full} abcd" for r in range(n)]
             + [f"{r} kept nothing closed resized" for r in range(n)]
         )

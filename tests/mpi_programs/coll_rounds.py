@@ -3,7 +3,8 @@ Allgather and Alltoall with the values changing every round and the size (odd on
 too) and roots every third, and IN_PLACE Allgather, Gather and Scatter on float64
 arrays (so that each call repeats: distlaunch's plans of repeated calls run),
 every result checked (the same `[buf, count, MPI.BYTE]` lists on `mmap` buffers
-reused, as mpi4py's demos do, and fresh numpy arrays); then a reused list whose count
+reused, as mpi4py's demos do, and fresh numpy arrays); then repeated calls on blocks
+at displacements (`[buf, (count, displ), MPI.BYTE]`); then a reused list whose count
 changes, and a bytearray that stays resizable after a Bcast; last, buffers used by
 repeated calls are not kept by MPI: a numpy array is freed once the program drops it,
 an mmap viewed by an array closes, an array resizes. Prints one line per rank."""
@@ -102,6 +103,43 @@ for i in range(1000):
     if out.tolist() != [float(i + j) for j in range(n) for _ in range(3)]:
         bad.append(f"numpy allgather {i}")
 print(f"{me} rounds {'ok' if not bad else bad[:5]}")
+
+# -- repeated calls on `[buf, (count, displ), MPI.BYTE]`: blocks away from the buffers'
+# starts (the plans' copies place them), every result checked
+m, bad = 5, []
+ds, dr = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+for i in range(20):
+    root = i % n
+
+    def val(src, dst=0):
+        return (np.arange(m) * 3 + i * 7 + src * 31 + dst * 5) % 251
+
+    ds[:] = 0
+    ds[3 : 3 + m] = val(root) if me == root else 0
+    comm.Bcast([ds, (m, 3), MPI.BYTE], root)
+    if (ds[3 : 3 + m] != val(root)).any() or ds[:3].any() or ds[3 + m :].any():
+        bad.append(f"bcast {i}")
+    ds[2 : 2 + m], dr[:] = val(me), 0
+    comm.Gather([ds, (m, 2), MPI.BYTE], [dr, (m, 1), MPI.BYTE] if me == root else None, root)
+    if me == root and any((dr[1 + j * m : 1 + (j + 1) * m] != val(j)).any() for j in range(n)):
+        bad.append(f"gather {i}")
+    for j in range(n):
+        ds[1 + j * m : 1 + (j + 1) * m] = val(me, j)
+    dr[:] = 0
+    comm.Scatter([ds, (m, 1), MPI.BYTE] if me == root else None, [dr, (m, 7), MPI.BYTE], root)
+    if (dr[7 : 7 + m] != val(root, me)).any() or dr[:7].any():
+        bad.append(f"scatter {i}")
+    ds[2 : 2 + m], dr[:] = val(me), 0
+    comm.Allgather([ds, (m, 2), MPI.BYTE], [dr, (m, 2), MPI.BYTE])
+    if any((dr[2 + j * m : 2 + (j + 1) * m] != val(j)).any() for j in range(n)):
+        bad.append(f"allgather {i}")
+    for j in range(n):
+        ds[1 + j * m : 1 + (j + 1) * m] = val(me, j)
+    dr[:] = 0
+    comm.Alltoall([ds, (m, 1), MPI.BYTE], [dr, (m, 3), MPI.BYTE])
+    if any((dr[3 + j * m : 3 + (j + 1) * m] != val(j, me)).any() for j in range(n)):
+        bad.append(f"alltoall {i}")
+print(f"{me} displaced {'ok' if not bad else bad[:5]}")
 
 # -- the count of a reused list changes; a bytearray stays resizable
 s_msg = [sbuf, 4, MPI.BYTE]
