@@ -146,6 +146,55 @@ def test_early_start_only_for_a_launch_the_command_line_decides(tmp_path):
         assert srun.early_script(args, env) is None, (args, env)
 
 
+SPAWN_PROBE = """\
+import os, signal, sys
+ignored = int(sys.argv[1], 16)  # the shell's SigIgn, as exec gave it (Python ignores both itself)
+default = [not ignored & (1 << s - 1) for s in (signal.SIGPIPE, signal.SIGXFSZ)]
+print(os.getsid(0) == os.getpid(), *default, sorted(int(f) for f in os.listdir("/proc/self/fd")),
+      os.environ.get("PROBE_VAR"), sys.stdin.read(), flush=True)
+print("err", file=sys.stderr)
+sys.exit(int(os.environ["PROBE_CODE"]))
+"""
+
+
+def test_srun_is_started_as_popen_would(tmp_path):
+    """remote.srun.popen starts srun through os.posix_spawnp (no subprocess import before
+    the step starts) as ``subprocess.Popen(..., stdin/stdout/stderr=PIPE,
+    start_new_session=True)`` would: a session of its own, SIGPIPE and SIGXFSZ at their
+    defaults, no inherited descriptor but the three pipes (one inheritable here is
+    not passed on), its environment, stdin written and closed, and Popen's exit codes
+    (-N for a signal); a missing program raises FileNotFoundError."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(SPAWN_PROBE)
+    shell = f"exec {sys.executable} {probe} $(sed -n 's/^SigIgn:\\t//p' /proc/$$/status)"
+    argv = ["sh", "-c", shell]
+    env = {**os.environ, "PROBE_VAR": "x y", "PROBE_CODE": "3"}
+    leak_r, leak_w = os.pipe()
+    os.set_inheritable(leak_w, True)
+    try:
+        ours = srun.popen(argv, env)
+        theirs = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        outs = []
+        for p in (ours, theirs):
+            p.stdin.write(b"spec\n")
+            p.stdin.close()
+            outs.append((p.stdout.read(), p.stderr.read()))
+            p.wait()
+    finally:
+        os.close(leak_r)
+        os.close(leak_w)
+    assert outs[0] == outs[1] and outs[0][0].startswith(b"True True True [0, 1, 2, 3] x y spec"), outs
+    assert ours.returncode == theirs.returncode == 3 and ours.poll() == 3
+    sleeper = srun.popen([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    assert sleeper.poll() is None and sleeper.wait(0.05) is None
+    sleeper.terminate()
+    assert sleeper.wait(10) == -15 and sleeper.returncode == -15
+    sleeper.kill()  # reaped: nothing to signal, no error
+    with pytest.raises(FileNotFoundError):
+        srun.popen(["distlaunch-no-such-srun"], dict(os.environ))
+
+
 FAKE_SRUN = """#!/bin/sh
 echo $$ > {pid}
 exec sleep 60

@@ -21,14 +21,15 @@ and they end having started nothing.
 
 from __future__ import annotations
 
+import _signal  # signal's C module, loaded at start-up (signal builds its enums: ~4 ms)
 import os
-import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Mapping, Sequence
+    from typing import IO, Any
 
 AGENT_ARGV = ["-m", "distlaunch", "agent"]
 
@@ -109,20 +110,112 @@ def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = 
     return {**message.get("common", {}), **nodes[name]}
 
 
-def popen(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start srun with pipes for stdin, stdout and stderr, in a session of its own (the
-    head handles Ctrl-C; srun must not see it). Raises OSError."""
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
+class Srun:
+    """srun, started by ``popen``: what the engine uses of ``subprocess.Popen`` (``pid``,
+    ``stdin``/``stdout``/``stderr``, ``returncode``, ``poll``, ``wait``, ``send_signal``,
+    ``terminate``, ``kill``), with Popen's return codes (-N: killed by signal N)."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self.pid, self.stdin, self.stdout, self.stderr = pid, stdin, stdout, stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """srun's exit code once it ended (reaping it), else None. Never blocks."""
+        return self._reap(os.WNOHANG)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """srun's exit code, waiting for it up to ``timeout`` s (None: for good); None
+        when it still runs then."""
+        if timeout is None:
+            return self._reap(0)
+        deadline, pause = time.monotonic() + timeout, 0.0005
+        while self.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, 0.05)  # as Popen.wait's polling
+        return self.returncode
+
+    def _reap(self, flags: int) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, flags)
+            except ChildProcessError:  # reaped elsewhere: unknown, as Popen says 0
+                pid, status = self.pid, 0
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """``sig`` to srun unless it was reaped (its pid may be another process's by
+        then), as Popen.send_signal. Never raises for a process that is gone."""
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:  # (as Popen: reaped by someone else)
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(_signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(_signal.SIGKILL)
 
 
-_early: tuple[list[str], dict[str, str], subprocess.Popen[bytes]] | None = None
+def popen(argv: list[str], env: dict[str, str]) -> Srun:
+    """Start srun as ``subprocess.Popen(argv, env=env, stdin=PIPE, stdout=PIPE,
+    stderr=PIPE, start_new_session=True)`` would (the head handles Ctrl-C; srun must not
+    see it: a session of its own; SIGPIPE and SIGXFSZ back to their defaults; no
+    descriptor but the pipes inherited), but through ``os.posix_spawnp``: importing
+    ``subprocess`` costs ~10 ms of CPU, which the early start (``start_early``) would
+    spend before the step can start. ``argv[0]`` is looked up on ``PATH``. Raises
+    OSError (no srun: FileNotFoundError)."""
+    ends: list[int] = []  # (all closed on the way out but the parent's three)
+    try:
+        for _ in range(3):
+            ends.extend(os.pipe())  # stdin r, w; stdout r, w; stderr r, w
+        actions: list[tuple[int, ...]] = [
+            (os.POSIX_SPAWN_DUP2, ends[0], 0),
+            (os.POSIX_SPAWN_DUP2, ends[3], 1),
+            (os.POSIX_SPAWN_DUP2, ends[5], 2),
+        ]
+        # the pipes are close-on-exec; descriptors this process inherited as
+        # inheritable are closed too (Popen's close_fds)
+        actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable()]
+        pid = os.posix_spawnp(
+            argv[0],
+            argv,
+            env,
+            file_actions=actions,
+            setsid=True,
+            setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),  # ignored by Python (Popen's restore_signals)
+        )
+        stdin, stdout, stderr = open(ends[1], "wb"), open(ends[2], "rb", 0), open(ends[4], "rb", 0)
+        ends = [ends[0], ends[3], ends[5]]
+        return Srun(pid, stdin, stdout, stderr)
+    finally:
+        for fd in ends:
+            os.close(fd)
+
+
+def _inheritable() -> list[int]:
+    """This process's inheritable descriptors above 2 (Linux: /proc/self/fd)."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return []
+    out = []
+    for fd in fds:
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                out.append(fd)
+        except OSError:  # the listing's own descriptor, closed by now
+            pass
+    return out
+
+
+_early: tuple[list[str], dict[str, str], Srun] | None = None
 
 
 def early_script(args: Sequence[str], environ: Mapping[str, str]) -> str | None:
@@ -193,7 +286,7 @@ def _stopped_early(signum: int, _frame: object) -> None:
     os._exit(128 + signum)
 
 
-def take_early(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+def take_early(argv: Sequence[str], env: Mapping[str, str]) -> Srun | None:
     """The early step's srun when it runs exactly ``argv`` with ``env`` (then it is the
     caller's to supervise), else None; an early step that differs is ended first (stdin
     closed: its agents end without starting anything; srun terminated, which cancels the
@@ -221,15 +314,13 @@ def end_early() -> None:
             pass
 
 
-def _end(proc: subprocess.Popen[bytes]) -> None:
+def _end(proc: Srun) -> None:
     """Close the step's pipes (its agents end having started nothing), terminate srun
     (which cancels the step) and reap it."""
     for f in (proc.stdin, proc.stdout, proc.stderr):
         if f is not None:
             f.close()
     proc.terminate()
-    try:
-        proc.wait(5.0)
-    except subprocess.TimeoutExpired:
+    if proc.wait(5.0) is None:
         proc.kill()
         proc.wait()
