@@ -157,13 +157,22 @@ sys.exit(int(os.environ["PROBE_CODE"]))
 """
 
 
-def test_srun_is_started_as_popen_would(tmp_path):
+@pytest.mark.parametrize("way", ["posix_spawn", "no-setsid"])
+def test_srun_is_started_as_popen_would(tmp_path, monkeypatch, way):
     """remote.srun.popen starts srun through os.posix_spawnp (no subprocess import before
     the step starts) as ``subprocess.Popen(..., stdin/stdout/stderr=PIPE,
     start_new_session=True)`` would: a session of its own, SIGPIPE and SIGXFSZ at their
     defaults, no inherited descriptor but the three pipes (one inheritable here is
     not passed on), its environment, stdin written and closed, and Popen's exit codes
-    (-N for a signal); a missing program raises FileNotFoundError."""
+    (-N for a signal); a missing program raises FileNotFoundError. The same through
+    subprocess where posix_spawn cannot start a session (no-setsid: a Python built
+    without POSIX_SPAWN_SETSID raises NotImplementedError)."""
+    if way == "no-setsid":
+
+        def no_setsid(*args, **kwargs):
+            raise NotImplementedError("setsid")
+
+        monkeypatch.setattr(os, "posix_spawnp", no_setsid)
     probe = tmp_path / "probe.py"
     probe.write_text(SPAWN_PROBE)
     shell = f"exec {sys.executable} {probe} $(sed -n 's/^SigIgn:\\t//p' /proc/$$/status)"

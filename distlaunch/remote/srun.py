@@ -28,6 +28,7 @@ import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
+    import subprocess
     from collections.abc import Mapping, Sequence
     from typing import IO, Any
 
@@ -113,21 +114,30 @@ def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = 
 class Srun:
     """srun, started by ``popen``: what the engine uses of ``subprocess.Popen`` (``pid``,
     ``stdin``/``stdout``/``stderr``, ``returncode``, ``poll``, ``wait``, ``send_signal``,
-    ``terminate``, ``kill``), with Popen's return codes (-N: killed by signal N)."""
+    ``terminate``, ``kill``), with Popen's return codes (-N: killed by signal N).
+    ``popen``: the Popen it was started with where posix_spawn could not (it reaps it)."""
 
-    def __init__(self, pid: int, stdin: IO[bytes], stdout: IO[bytes], stderr: IO[bytes]) -> None:
+    def __init__(
+        self,
+        pid: int,
+        stdin: IO[bytes],
+        stdout: IO[bytes],
+        stderr: IO[bytes],
+        popen: subprocess.Popen[bytes] | None = None,
+    ) -> None:
         self.pid, self.stdin, self.stdout, self.stderr = pid, stdin, stdout, stderr
         self.returncode: int | None = None
+        self._popen = popen
 
     def poll(self) -> int | None:
         """srun's exit code once it ended (reaping it), else None. Never blocks."""
-        return self._reap(os.WNOHANG)
+        return self._reap(True)
 
     def wait(self, timeout: float | None = None) -> int | None:
         """srun's exit code, waiting for it up to ``timeout`` s (None: for good); None
         when it still runs then."""
         if timeout is None:
-            return self._reap(0)
+            return self._reap(False)
         deadline, pause = time.monotonic() + timeout, 0.0005
         while self.poll() is None:
             left = deadline - time.monotonic()
@@ -137,10 +147,13 @@ class Srun:
             pause = min(2 * pause, 0.05)  # as Popen.wait's polling
         return self.returncode
 
-    def _reap(self, flags: int) -> int | None:
+    def _reap(self, nohang: bool) -> int | None:
         if self.returncode is None:
+            if self._popen is not None:
+                self.returncode = self._popen.poll() if nohang else self._popen.wait()
+                return self.returncode
             try:
-                pid, status = os.waitpid(self.pid, flags)
+                pid, status = os.waitpid(self.pid, os.WNOHANG if nohang else 0)
             except ChildProcessError:  # reaped elsewhere: unknown, as Popen says 0
                 pid, status = self.pid, 0
             if pid:
@@ -169,8 +182,28 @@ def popen(argv: list[str], env: dict[str, str]) -> Srun:
     see it: a session of its own; SIGPIPE and SIGXFSZ back to their defaults; no
     descriptor but the pipes inherited), but through ``os.posix_spawnp``: importing
     ``subprocess`` costs ~10 ms of CPU, which the early start (``start_early``) would
-    spend before the step can start. ``argv[0]`` is looked up on ``PATH``. Raises
+    spend before the step can start. ``argv[0]`` is looked up on ``PATH``. Through
+    ``subprocess`` where this Python's posix_spawn cannot start a session. Raises
     OSError (no srun: FileNotFoundError)."""
+    try:
+        return _spawn(argv, env)
+    except NotImplementedError:  # built without POSIX_SPAWN_SETSID (glibc < 2.26)
+        import subprocess
+
+        p = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        assert p.stdin is not None and p.stdout is not None and p.stderr is not None  # (PIPE)
+        return Srun(p.pid, p.stdin, p.stdout, p.stderr, p)
+
+
+def _spawn(argv: list[str], env: dict[str, str]) -> Srun:
+    """``popen`` through ``os.posix_spawnp``. Raises OSError, NotImplementedError."""
     ends: list[int] = []  # (all closed on the way out but the parent's three)
     try:
         for _ in range(3):
