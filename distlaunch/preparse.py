@@ -150,15 +150,19 @@ def run(parsed: Parsed) -> NoReturn:
     through the fast lane (``quick.py``) where it takes the job, else the full path."""
     import errno
 
-    from . import quick
     from .errors import DistlaunchError
     from .report import Reporter, install
     from .startup import leave, pause_gc
 
+    # The fast lane declines in a Slurm allocation (quick.start): its head does not load it
+    # (~6 ms of CPU while the agent step starts: guard, relay, threading, ctypes).
+    lane = "SLURM_JOB_ID" not in os.environ
+    if lane:
+        from . import quick
     pause_gc()  # until the workers' supervision starts (startup.py)
     install(Reporter(live=sys.stderr.isatty()))  # as cli.main
     try:
-        early = quick.start(parsed)
+        early = quick.start(parsed) if lane else None
         if early is not None:
             if quick.wait(early):
                 quick.finish(early)
@@ -181,6 +185,6 @@ def run(parsed: Parsed) -> NoReturn:
             raise
         leave(1)
     finally:
-        if quick.early is not None:  # started, never taken over (an error on the full path)
+        if lane and quick.early is not None:  # started, never taken over (an error on the full path)
             quick.early.abandon()
     leave(0)
