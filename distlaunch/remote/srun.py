@@ -1,11 +1,12 @@
 """The Slurm agent step's command line and environment, its early start, and each
 agent's pick of its own spec from the step's one line (``select_spec``).
 
-Light on purpose (the standard library; ``remote.command`` and ``hostlist`` where the
-step's command line is built; outside the ``engine`` package, whose registry costs more
-to import): ``python -m
-distlaunch run`` inside an allocation starts the agent step from here before the CLI's
-own imports (``start_early``), so the step's launch (slurmctld, each node's slurmd and
+Light on purpose (the standard library without ``subprocess``, ``re``, ``shlex`` or
+``signal``: srun starts through ``os.posix_spawnp``, ``popen``; ``remote.command`` and
+``hostlist``, which load none of them, where the step's command line is built; outside
+the ``engine`` package, whose registry costs more to import): ``python -m distlaunch
+run`` inside an allocation starts the agent step from here before the CLI's own
+imports (``start_early``), so the step's launch (slurmctld, each node's slurmd and
 slurmstepd, the agents' interpreters) overlaps the head's start-up instead of following
 it. The Slurm engine (``engine/slurm.py``) builds the same command line and takes that
 step over (``take_early``) when it is exactly the one it would start; otherwise it ends
