@@ -204,6 +204,38 @@ def test_srun_is_started_as_popen_would(tmp_path, monkeypatch, way):
         srun.popen(["distlaunch-no-such-srun"], dict(os.environ))
 
 
+def test_a_failure_before_srun_runs_leaves_no_child(monkeypatch):
+    """An error while srun's pipes are set up (here the third file's open) raises with
+    no srun started: none left running unreaped, nothing of it to supervise."""
+    import builtins
+
+    spawned, opened = [], []
+    real_open = builtins.open
+
+    def recording(spawn):
+        def recording_spawn(*args, **kwargs):
+            spawned.append(spawn(*args, **kwargs))
+            return spawned[-1]
+
+        return recording_spawn
+
+    def failing_open(fd, *args, **kwargs):
+        opened.append(fd)
+        if len(opened) == 3:
+            raise MemoryError("open")
+        return real_open(fd, *args, **kwargs)
+
+    for name in ("posix_spawn", "posix_spawnp"):
+        monkeypatch.setattr(os, name, recording(getattr(os, name)))
+    monkeypatch.setattr(srun, "open", failing_open, raising=False)
+    with pytest.raises(MemoryError):
+        srun.popen([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ))
+    for pid in spawned:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert spawned == []
+
+
 FAKE_SRUN = """#!/bin/sh
 echo $$ > {pid}
 exec sleep 60

@@ -205,14 +205,21 @@ def popen(argv: list[str], env: dict[str, str]) -> Srun:
 
 def _spawn(argv: list[str], env: dict[str, str]) -> Srun:
     """``popen`` through ``os.posix_spawnp``. Raises OSError, NotImplementedError."""
-    ends: list[int] = []  # (all closed on the way out but the parent's three)
+    ends: list[int] = []  # closed on the way out (the parent's three once files own them)
+    files: list[IO[bytes]] = []
     try:
         for _ in range(3):
             ends.extend(os.pipe())  # stdin r, w; stdout r, w; stderr r, w
+        child = [ends[0], ends[3], ends[5]]
+        # the parent's files before the spawn: nothing can fail after it (a child left
+        # unreaped); each file owns its descriptor from its open on
+        for fd, mode, buffering in ((ends[1], "wb", -1), (ends[2], "rb", 0), (ends[4], "rb", 0)):
+            ends.remove(fd)
+            files.append(open(fd, mode, buffering))
         actions: list[tuple[int, ...]] = [
-            (os.POSIX_SPAWN_DUP2, ends[0], 0),
-            (os.POSIX_SPAWN_DUP2, ends[3], 1),
-            (os.POSIX_SPAWN_DUP2, ends[5], 2),
+            (os.POSIX_SPAWN_DUP2, child[0], 0),
+            (os.POSIX_SPAWN_DUP2, child[1], 1),
+            (os.POSIX_SPAWN_DUP2, child[2], 2),
         ]
         # the pipes are close-on-exec; descriptors this process inherited as
         # inheritable are closed too (Popen's close_fds)
@@ -225,12 +232,15 @@ def _spawn(argv: list[str], env: dict[str, str]) -> Srun:
             setsid=True,
             setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),  # ignored by Python (Popen's restore_signals)
         )
-        stdin, stdout, stderr = open(ends[1], "wb"), open(ends[2], "rb", 0), open(ends[4], "rb", 0)
-        ends = [ends[0], ends[3], ends[5]]
-        return Srun(pid, stdin, stdout, stderr)
+    except BaseException:
+        for f in files:
+            f.close()
+        raise
     finally:
         for fd in ends:
             os.close(fd)
+    stdin, stdout, stderr = files
+    return Srun(pid, stdin, stdout, stderr)
 
 
 def _inheritable() -> list[int]:
