@@ -159,7 +159,7 @@ sys.exit(int(os.environ["PROBE_CODE"]))
 
 @pytest.mark.parametrize("way", ["posix_spawn", "no-setsid"])
 def test_srun_is_started_as_popen_would(tmp_path, monkeypatch, way):
-    """remote.srun.popen starts srun through os.posix_spawnp (no subprocess import before
+    """remote.srun.popen starts srun through os.posix_spawn (no subprocess import before
     the step starts) as ``subprocess.Popen(..., stdin/stdout/stderr=PIPE,
     start_new_session=True)`` would: a session of its own, SIGPIPE and SIGXFSZ at their
     defaults, no inherited descriptor but the three pipes (one inheritable here is
@@ -172,7 +172,7 @@ def test_srun_is_started_as_popen_would(tmp_path, monkeypatch, way):
         def no_setsid(*args, **kwargs):
             raise NotImplementedError("setsid")
 
-        monkeypatch.setattr(os, "posix_spawnp", no_setsid)
+        monkeypatch.setattr(os, "posix_spawn", no_setsid)
     probe = tmp_path / "probe.py"
     probe.write_text(SPAWN_PROBE)
     shell = f"exec {sys.executable} {probe} $(sed -n 's/^SigIgn:\\t//p' /proc/$$/status)"
@@ -202,6 +202,30 @@ def test_srun_is_started_as_popen_would(tmp_path, monkeypatch, way):
     sleeper.kill()  # reaped: nothing to signal, no error
     with pytest.raises(FileNotFoundError):
         srun.popen(["distlaunch-no-such-srun"], dict(os.environ))
+
+
+def test_srun_is_found_on_the_path_of_its_environment(tmp_path):
+    """As Popen(env=...), a program without a ``/`` is looked up on the PATH of the
+    environment it is given, not this process's; one that is there but not executable
+    raises PermissionError, none FileNotFoundError, both naming it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "distlaunch-fake-srun"
+    fake.write_text("#!/bin/sh\necho found $1\n")
+    fake.chmod(0o755)
+    (bin_dir / "distlaunch-not-executable").write_text("#!/bin/sh\n")
+    env = {**os.environ, "PATH": f"{tmp_path / 'missing'}:{bin_dir}:/usr/bin:/bin"}
+    proc = srun.popen(["distlaunch-fake-srun", "x"], env)
+    proc.stdin.close()
+    assert proc.stdout.read() == b"found x\n" and proc.wait() == 0
+    proc.stdout.close()
+    proc.stderr.close()
+    for name, error in (("distlaunch-not-executable", PermissionError), ("no-such", FileNotFoundError)):
+        with pytest.raises(error) as ours:
+            srun.popen([name], env)
+        with pytest.raises(error) as theirs:
+            subprocess.Popen([name], env=env)
+        assert ours.value.filename == theirs.value.filename == name
 
 
 def test_a_failure_before_srun_runs_leaves_no_child(monkeypatch):

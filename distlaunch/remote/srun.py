@@ -2,7 +2,7 @@
 agent's pick of its own spec from the step's one line (``select_spec``).
 
 Light on purpose (the standard library without ``subprocess``, ``re``, ``shlex`` or
-``signal``: srun starts through ``os.posix_spawnp``, ``popen``; ``remote.command`` and
+``signal``: srun starts through ``os.posix_spawn``, ``popen``; ``remote.command`` and
 ``hostlist``, which load none of them, where the step's command line is built; outside
 the ``engine`` package, whose registry costs more to import): ``python -m distlaunch
 run`` inside an allocation starts the agent step from here before the CLI's own
@@ -181,11 +181,12 @@ def popen(argv: list[str], env: dict[str, str]) -> Srun:
     """Start srun as ``subprocess.Popen(argv, env=env, stdin=PIPE, stdout=PIPE,
     stderr=PIPE, start_new_session=True)`` would (the head handles Ctrl-C; srun must not
     see it: a session of its own; SIGPIPE and SIGXFSZ back to their defaults; no
-    descriptor but the pipes inherited), but through ``os.posix_spawnp``: importing
+    descriptor but the pipes inherited), but through ``os.posix_spawn``: importing
     ``subprocess`` costs ~10 ms of CPU, which the early start (``start_early``) would
-    spend before the step can start. ``argv[0]`` is looked up on ``PATH``. Through
-    ``subprocess`` where this Python's posix_spawn cannot start a session. Raises
-    OSError (no srun: FileNotFoundError)."""
+    spend before the step can start. ``argv[0]`` without a ``/`` is looked up on
+    ``env``'s ``PATH`` (``os.defpath`` without one), as Popen. Through ``subprocess``
+    where this Python's posix_spawn cannot start a session. Raises OSError as Popen
+    (no such program: FileNotFoundError; not executable: PermissionError)."""
     try:
         return _spawn(argv, env)
     except NotImplementedError:  # built without POSIX_SPAWN_SETSID (glibc < 2.26)
@@ -204,7 +205,7 @@ def popen(argv: list[str], env: dict[str, str]) -> Srun:
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> Srun:
-    """``popen`` through ``os.posix_spawnp``. Raises OSError, NotImplementedError."""
+    """``popen`` through ``os.posix_spawn``. Raises OSError, NotImplementedError."""
     ends: list[int] = []  # closed on the way out (the parent's three once files own them)
     files: list[IO[bytes]] = []
     try:
@@ -224,14 +225,7 @@ def _spawn(argv: list[str], env: dict[str, str]) -> Srun:
         # the pipes are close-on-exec; descriptors this process inherited as
         # inheritable are closed too (Popen's close_fds)
         actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inheritable()]
-        pid = os.posix_spawnp(
-            argv[0],
-            argv,
-            env,
-            file_actions=actions,
-            setsid=True,
-            setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),  # ignored by Python (Popen's restore_signals)
-        )
+        pid = _spawn_on_path(argv, env, actions)
     except BaseException:
         for f in files:
             f.close()
@@ -241,6 +235,34 @@ def _spawn(argv: list[str], env: dict[str, str]) -> Srun:
             os.close(fd)
     stdin, stdout, stderr = files
     return Srun(pid, stdin, stdout, stderr)
+
+
+def _spawn_on_path(argv: list[str], env: dict[str, str], actions: list[tuple[int, ...]]) -> int:
+    """``os.posix_spawn`` of ``argv[0]`` as Popen's exec finds it: itself if it holds a
+    ``/``, else the first of ``env``'s ``PATH`` (``os.get_exec_path``) that starts; the
+    error of the first that exists but cannot start (else FileNotFoundError), naming
+    ``argv[0]``. Raises OSError, NotImplementedError."""
+    program = argv[0]
+    paths = [program] if "/" in program else [os.path.join(d, program) for d in os.get_exec_path(env)]
+    first: OSError | None = None
+    for path in paths:
+        try:
+            os.stat(path)  # (a spawn, a clone of this process, only where there is a file)
+            return os.posix_spawn(
+                path,
+                argv,
+                env,
+                file_actions=actions,
+                setsid=True,
+                setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),  # ignored by Python (Popen's restore_signals)
+            )
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            first = first or e
+    if first is None:
+        first = FileNotFoundError(2, os.strerror(2))  # ENOENT
+    raise OSError(first.errno, first.strerror, program)  # (OSError picks the subclass)
 
 
 def _inheritable() -> list[int]:
