@@ -204,6 +204,39 @@ def test_srun_is_started_as_popen_would(tmp_path, monkeypatch, way):
         srun.popen(["distlaunch-no-such-srun"], dict(os.environ))
 
 
+@pytest.mark.parametrize("reap", ["poll", "wait"])
+def test_a_poll_from_a_signal_handler_does_not_lose_the_exit_code(monkeypatch, reap):
+    """A signal handler's poll (the engine's signal_group, SIGUSR1 relayed) that runs
+    while Srun is reaping, just before its waitpid, must not reap srun itself: the
+    interrupted waitpid would find no child and the exit code (7) would read 0. As
+    Popen's _waitpid_lock, the nested poll says None and the reap gets 7."""
+    import signal
+
+    proc = srun.popen([sys.executable, "-c", "import sys; sys.exit(7)"], dict(os.environ))
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        f.close()
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+    nested, raised = [], []
+    waitpid = os.waitpid
+
+    def handler(signum, frame):
+        nested.append(proc.poll())
+
+    def waitpid_after_a_signal(pid, options):
+        if not raised:  # the handler runs here, between the reap's check and its waitpid
+            raised.append(signal.SIGUSR1)
+            signal.raise_signal(signal.SIGUSR1)
+        return waitpid(pid, options)
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    monkeypatch.setattr(os, "waitpid", waitpid_after_a_signal)
+    try:
+        code = proc.poll() if reap == "poll" else proc.wait()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert (code, proc.returncode, nested) == (7, 7, [None])
+
+
 def test_srun_is_found_on_the_path_of_its_environment(tmp_path):
     """As Popen(env=...), a program without a ``/`` is looked up on the PATH of the
     environment it is given, not this process's; one that is there but not executable

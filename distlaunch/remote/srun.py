@@ -23,6 +23,7 @@ and they end having started nothing.
 from __future__ import annotations
 
 import _signal  # signal's C module, loaded at start-up (signal builds its enums: ~4 ms)
+import _thread  # (threading's C module, loaded at start-up)
 import os
 import sys
 import time
@@ -129,9 +130,14 @@ class Srun:
         self.pid, self.stdin, self.stdout, self.stderr = pid, stdin, stdout, stderr
         self.returncode: int | None = None
         self._popen = popen
+        # held while reaping, as Popen's _waitpid_lock: a poll from a signal handler (the
+        # engine's signal_group) that interrupts a reap returns None instead of reaping
+        # srun itself, which would leave the interrupted waitpid ECHILD and no status
+        self._lock = _thread.allocate_lock()
 
     def poll(self) -> int | None:
-        """srun's exit code once it ended (reaping it), else None. Never blocks."""
+        """srun's exit code once it ended (reaping it), else None (also while another
+        call is reaping it). Never blocks."""
         return self._reap(True)
 
     def wait(self, timeout: float | None = None) -> int | None:
@@ -149,16 +155,25 @@ class Srun:
         return self.returncode
 
     def _reap(self, nohang: bool) -> int | None:
-        if self.returncode is None:
-            if self._popen is not None:
-                self.returncode = self._popen.poll() if nohang else self._popen.wait()
-                return self.returncode
-            try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG if nohang else 0)
-            except ChildProcessError:  # reaped elsewhere: unknown, as Popen says 0
-                pid, status = self.pid, 0
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+        if self.returncode is not None:
+            return self.returncode
+        if self._popen is not None:
+            self.returncode = self._popen.poll() if nohang else self._popen.wait()
+            return self.returncode
+        if not self._lock.acquire(not nohang):  # reaping elsewhere (this thread, interrupted)
+            return None
+        try:
+            while self.returncode is None:  # (set meanwhile by the holder we waited for)
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG if nohang else 0)
+                except ChildProcessError:  # reaped outside this object: unknown, as Popen says 0
+                    pid, status = self.pid, 0
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+                elif nohang:
+                    break
+        finally:
+            self._lock.release()
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
