@@ -196,7 +196,9 @@ def test_srun_is_started_as_popen_would(tmp_path, monkeypatch, way):
     assert outs[0] == outs[1] and outs[0][0].startswith(b"True True True [0, 1, 2, 3] x y spec"), outs
     assert ours.returncode == theirs.returncode == 3 and ours.poll() == 3
     sleeper = srun.popen([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
-    assert sleeper.poll() is None and sleeper.wait(0.05) is None
+    assert sleeper.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):  # as Popen.wait
+        sleeper.wait(0.05)
     sleeper.terminate()
     assert sleeper.wait(10) == -15 and sleeper.returncode == -15
     sleeper.kill()  # reaped: nothing to signal, no error

@@ -140,19 +140,23 @@ class Srun:
         call is reaping it). Never blocks."""
         return self._reap(True)
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        """srun's exit code, waiting for it up to ``timeout`` s (None: for good); None
-        when it still runs then."""
+    def wait(self, timeout: float | None = None) -> int:
+        """srun's exit code, waiting for it up to ``timeout`` s (None: for good). Raises
+        ``subprocess.TimeoutExpired`` when it still runs then, as Popen.wait."""
         if timeout is None:
-            return self._reap(False)
+            code = self._reap(False)
+            assert code is not None  # (a blocking reap)
+            return code
         deadline, pause = time.monotonic() + timeout, 0.0005
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             left = deadline - time.monotonic()
             if left <= 0:
-                return None
+                from subprocess import TimeoutExpired  # (only now: see the module's docstring)
+
+                raise TimeoutExpired(["srun"], timeout)
             time.sleep(min(pause, left))
             pause = min(2 * pause, 0.05)  # as Popen.wait's polling
-        return self.returncode
+        return code
 
     def _reap(self, nohang: bool) -> int | None:
         if self.returncode is not None:
@@ -402,6 +406,8 @@ def _end(proc: Srun) -> None:
         if f is not None:
             f.close()
     proc.terminate()
-    if proc.wait(5.0) is None:
+    try:
+        proc.wait(5.0)
+    except Exception:  # subprocess.TimeoutExpired
         proc.kill()
         proc.wait()
