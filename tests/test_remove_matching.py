@@ -93,3 +93,34 @@ def test_plain_removals_import_neither_glob_nor_shutil(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dl_other"]
+
+
+@pytest.mark.parametrize("pattern", ["seg", "se*"])
+def test_a_link_swapped_in_for_a_directory_keeps_its_target(tmp_path, monkeypatch, pattern):
+    """/dev/shm is world-writable: a directory replaced by a link to another directory
+    after it was checked (here the instant the old check, os.path.islink, returned) must
+    not have the target's files removed (shutil.rmtree refused the same); the link goes as
+    a plain path, as glob and unlink did, and a link there from the start too."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("")
+    seg = tmp_path / "seg"
+    seg.mkdir()
+    (seg / "f").write_text("")
+    islink = os.path.islink
+
+    def swapped_after_the_check(path):
+        answer = islink(path)
+        if os.fspath(path) == str(seg) and not islink(seg):
+            shutil.rmtree(seg)
+            os.symlink(target, seg)
+        return answer
+
+    monkeypatch.setattr(os.path, "islink", swapped_after_the_check)
+    remove_matching(str(tmp_path / pattern))
+    monkeypatch.undo()
+    assert (target / "keep").exists()
+    if not os.path.lexists(seg):  # (a link from the start)
+        os.symlink(target, seg)
+    remove_matching(str(tmp_path / pattern))
+    assert not os.path.lexists(seg) and (target / "keep").exists()

@@ -373,7 +373,8 @@ def remove_matching(pattern: str) -> None:
     The patterns agents use go with os alone (glob and shutil, with shutil's bz2 and
     lzma, cost ~3-10 ms of CPU to import at every agent's end): a path without glob
     characters (the scratch directory) and ``DIR/PREFIX*`` (a round's shared-memory
-    segments; PREFIX plain, not starting with a dot, which ``*`` would not match)."""
+    segments; PREFIX plain, not starting with a dot, which ``*`` would not match),
+    for agents and the fast lane alike (``quick.finish``'s removals are these two)."""
     parent, name = os.path.split(pattern)
     if not _MAGIC & set(parent):
         prefix = name[:-1] if name.endswith("*") else None
@@ -397,22 +398,31 @@ def remove_matching(pattern: str) -> None:
 
 
 def _remove(path: str) -> None:
-    """A file or link, or a directory tree, removed; never raises. A directory of files
-    goes with os alone, anything deeper through ``shutil.rmtree``."""
-    if os.path.isdir(path) and not os.path.islink(path):
+    """A file or link (the link itself), or a directory tree, removed; never raises. A
+    directory of files goes with os alone, through a descriptor opened without following
+    a link (``/dev/shm`` is world-writable: a directory swapped for a link after a check
+    must not have the link's target emptied, which ``shutil.rmtree`` refuses too);
+    anything deeper through ``shutil.rmtree``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # not a directory (a link to one included), or gone
         try:
-            for entry in os.listdir(path):
-                os.unlink(os.path.join(path, entry))  # (IsADirectoryError: a subdirectory)
-            os.rmdir(path)
-            return
+            os.unlink(path)
         except OSError:
             pass
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
         return
     try:
-        os.unlink(path)
+        for entry in os.listdir(fd):
+            os.unlink(entry, dir_fd=fd)  # (IsADirectoryError: a subdirectory)
+    except OSError:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)  # (refuses a link, as the open above)
+        return
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
     except OSError:
         pass
 
