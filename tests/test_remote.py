@@ -727,6 +727,9 @@ def test_shipped_env_explicit_name_beats_exclusion():
         (["MISSING"], "not set in this environment"),
         (["BAD-NAME=1"], "not a variable name"),
         (["=1"], "not a variable name"),
+        (["FOO\n=1"], "not a variable name"),  # (re's $ took a trailing newline)
+        (["1FOO=1"], "not a variable name"),
+        (["FÖO=1"], "not a variable name"),
         (["DISTLAUNCH_STORE_TOKEN"], "never shipped"),
         (["DISTLAUNCH_STORE_TOKEN=x"], "never shipped"),
     ],
@@ -734,6 +737,16 @@ def test_shipped_env_explicit_name_beats_exclusion():
 def test_shipped_env_errors(names, words):
     with pytest.raises(ConfigError, match=words):
         shipped_env(ENV, names, env_all=False)
+
+
+def test_remote_command_refuses_a_name_with_a_newline():
+    """A variable name is ASCII letters, digits and ``_``, not starting with a digit:
+    ``FOO\\n`` (which re's ``$`` matched) and non-ASCII letters are refused."""
+    for name in ("FOO\n", "FOO\nBAR", "1A", "É", ""):
+        with pytest.raises(ConfigError, match="not a variable name"):
+            remote_command("python3", "/tmp", [], {name: "1"})
+    line = remote_command("python3", "/tmp", [], {"_a1": "1", "if": "2"})
+    assert line.endswith("exec env _a1=1 if=2 python3")
 
 
 def test_host_specific_documents_the_obvious_ones():

@@ -82,8 +82,8 @@ HOST_SPECIFIC = (
 )
 
 _SECRET = "DISTLAUNCH_STORE_TOKEN"
-_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-_GLOB = r"^[A-Za-z0-9_*?\[\]!]+$"
+# the characters of a -x glob (a name's and fnmatch's)
+_GLOB = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_*?[]!")
 # shlex.quote's safe characters (its ``[^\w@%+=:,./-]`` with re.ASCII)
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+=:,./-")
 
@@ -99,10 +99,9 @@ def quote(text: str) -> str:
 
 
 def _is_name(name: str) -> bool:
-    """A shell variable name (letters, digits, ``_``; not starting with a digit)."""
-    import re  # (not at load: see the module's docstring; re caches the pattern)
-
-    return re.match(_NAME, name) is not None
+    """A shell variable name (POSIX: ASCII letters, digits, ``_``; not starting with a
+    digit), which an ASCII identifier is exactly."""
+    return name.isascii() and name.isidentifier()
 
 
 def _host_specific(name: str) -> bool:
@@ -127,7 +126,6 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
     (letters, digits, ``_``) or glob, or ``DISTLAUNCH_STORE_TOKEN`` (secrets are never
     shipped this way).
     """
-    import re
     from fnmatch import fnmatchcase
 
     out: dict[str, str] = {}
@@ -146,7 +144,7 @@ def shipped_env(environ: Mapping[str, str], names: list[str], env_all: bool) -> 
         out["PYTHONPATH"] = environ["PYTHONPATH"]
     for item in names:
         name, eq, value = item.partition("=")
-        if not eq and re.match(_GLOB, name) and set(name) & set("*?["):
+        if not eq and name and _GLOB.issuperset(name) and set(name) & set("*?["):
             out.update((k, v) for k, v in environ.items() if fnmatchcase(k, name) and k != _SECRET)
             continue
         if not _is_name(name):
