@@ -145,6 +145,14 @@ def main(argv: list[str]) -> None:
     run(parsed)
 
 
+def in_slurm_job(environ: Mapping[str, str]) -> bool:
+    """Whether this process runs in a Slurm job (``SLURM_JOB_ID`` set: an allocation's
+    head, which starts its agents through srun, or a step's task), where the fast lane
+    (``quick.start``) declines. The one rule for both: the head need not load the lane
+    there. Pure."""
+    return "SLURM_JOB_ID" in environ
+
+
 def run(parsed: Parsed) -> NoReturn:
     """Run a pre-parsed `run` to its end and exit with ``cli.main``'s code and report:
     through the fast lane (``quick.py``) where it takes the job, else the full path."""
@@ -152,15 +160,19 @@ def run(parsed: Parsed) -> NoReturn:
     import time
 
     start_cpu = time.process_time()  # (quick.Early.import_delay)
-    from . import quick
     from .errors import DistlaunchError
     from .report import Reporter, install
     from .startup import leave, pause_gc
 
+    # The fast lane declines in a Slurm job (quick.start): its head does not load it (~6 ms
+    # of CPU while the agent step starts: guard, relay, threading, ctypes).
+    lane = not in_slurm_job(os.environ)
+    if lane:
+        from . import quick
     pause_gc()  # until the workers' supervision starts (startup.py)
     install(Reporter(live=sys.stderr.isatty()))  # as cli.main
     try:
-        early = quick.start(parsed)
+        early = quick.start(parsed) if lane else None
         if early is not None:
             if quick.wait(early, early.import_delay(start_cpu)):
                 quick.finish(early)
@@ -183,6 +195,7 @@ def run(parsed: Parsed) -> NoReturn:
             raise
         leave(1)
     finally:
-        if quick.early is not None:  # started, never taken over (an error on the full path)
-            quick.early.abandon()
+        loaded = sys.modules.get("distlaunch.quick")  # (whether or not the lane was tried)
+        if loaded is not None and loaded.early is not None:  # never taken over (an error on the full path)
+            loaded.early.abandon()
     leave(0)

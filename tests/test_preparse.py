@@ -312,3 +312,18 @@ def test_the_fast_lane_gives_the_launchers_environment(tmp_path):
         return ranks
 
     assert dumped({}, "fast") == dumped({"DISTLAUNCH_FORCE_CLICK": "1"}, "click")
+
+
+@pytest.mark.parametrize("extra", [{"SLURM_JOB_ID": "7"}, {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}])
+def test_the_fast_lane_declines_where_the_head_does_not_load_it(tmp_path, extra):
+    """preparse.in_slurm_job, the rule by which a Slurm head does not load the fast lane,
+    holds wherever the lane declines for Slurm (quick.start: None, nothing started)."""
+    from distlaunch import quick
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    env = {**BASE_ENV, **extra}
+    parsed = preparse.parse(["run", str(script)], env)
+    assert parsed is not None and preparse.in_slurm_job(env) and not preparse.in_slurm_job(BASE_ENV)
+    with mock.patch.dict(os.environ, extra):
+        assert quick.start(parsed) is None and quick.early is None

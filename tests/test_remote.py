@@ -7,7 +7,9 @@ node2-via-node1). The environment-shipping rules are pure and need no server.
 import json
 import os
 import pathlib
+import random
 import selectors
+import shlex
 import shutil
 import socket
 import struct
@@ -24,7 +26,7 @@ import distlaunch
 from distlaunch.errors import ConfigError
 from distlaunch.hosts import Host
 from distlaunch.remote import RemoteError
-from distlaunch.remote.command import HOST_SPECIFIC, checked_command, remote_command, shipped_env
+from distlaunch.remote.command import HOST_SPECIFIC, checked_command, quote, remote_command, shipped_env
 from distlaunch.remote.preflight import HostReport, preflight, start_checked
 from distlaunch.remote.ssh import SSHConnection, connect_all
 
@@ -725,6 +727,9 @@ def test_shipped_env_explicit_name_beats_exclusion():
         (["MISSING"], "not set in this environment"),
         (["BAD-NAME=1"], "not a variable name"),
         (["=1"], "not a variable name"),
+        (["FOO\n=1"], "not a variable name"),  # (re's $ took a trailing newline)
+        (["1FOO=1"], "not a variable name"),
+        (["FÖO=1"], "not a variable name"),
         (["DISTLAUNCH_STORE_TOKEN"], "never shipped"),
         (["DISTLAUNCH_STORE_TOKEN=x"], "never shipped"),
     ],
@@ -734,6 +739,28 @@ def test_shipped_env_errors(names, words):
         shipped_env(ENV, names, env_all=False)
 
 
+def test_remote_command_refuses_a_name_with_a_newline():
+    """A variable name is ASCII letters, digits and ``_``, not starting with a digit:
+    ``FOO\\n`` (which re's ``$`` matched) and non-ASCII letters are refused."""
+    for name in ("FOO\n", "FOO\nBAR", "1A", "É", ""):
+        with pytest.raises(ConfigError, match="not a variable name"):
+            remote_command("python3", "/tmp", [], {name: "1"})
+    line = remote_command("python3", "/tmp", [], {"_a1": "1", "if": "2"})
+    assert line.endswith("exec env _a1=1 if=2 python3")
+
+
 def test_host_specific_documents_the_obvious_ones():
     for name in ("SSH_*", "DISPLAY", "HOSTNAME", "PWD", "OLDPWD", "TERM", "SHLVL", "_", "HOME"):
         assert name in HOST_SPECIFIC
+
+
+def test_quote_is_shlex_quote():
+    """remote.command.quote (the early Slurm start builds its command line without
+    importing shlex and re) gives shlex.quote's word for every string: generated from
+    safe and unsafe characters, quotes, white space, non-ASCII letters and digits."""
+    rnd = random.Random(27)
+    alphabet = list("azAZ09_@%+=:,./-") + list(" '\"$;*?[]!~#&|<>()\\\n\t\x00") + ["é", "١", "²", "\u2028"]
+    words = ["", "'", "''", "a b", "--x=1", "-"] + [
+        "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 10))) for _ in range(20000)
+    ]
+    assert [quote(w) for w in words] == [shlex.quote(w) for w in words]

@@ -146,6 +146,155 @@ def test_early_start_only_for_a_launch_the_command_line_decides(tmp_path):
         assert srun.early_script(args, env) is None, (args, env)
 
 
+SPAWN_PROBE = """\
+import os, signal, sys
+ignored = int(sys.argv[1], 16)  # the shell's SigIgn, as exec gave it (Python ignores both itself)
+default = [not ignored & (1 << s - 1) for s in (signal.SIGPIPE, signal.SIGXFSZ)]
+print(os.getsid(0) == os.getpid(), *default, sorted(int(f) for f in os.listdir("/proc/self/fd")),
+      os.environ.get("PROBE_VAR"), sys.stdin.read(), flush=True)
+print("err", file=sys.stderr)
+sys.exit(int(os.environ["PROBE_CODE"]))
+"""
+
+
+@pytest.mark.parametrize("way", ["posix_spawn", "no-setsid"])
+def test_srun_is_started_as_popen_would(tmp_path, monkeypatch, way):
+    """remote.srun.popen starts srun through os.posix_spawn (no subprocess import before
+    the step starts) as ``subprocess.Popen(..., stdin/stdout/stderr=PIPE,
+    start_new_session=True)`` would: a session of its own, SIGPIPE and SIGXFSZ at their
+    defaults, no inherited descriptor but the three pipes (one inheritable here is
+    not passed on), its environment, stdin written and closed, and Popen's exit codes
+    (-N for a signal); a missing program raises FileNotFoundError. The same through
+    subprocess where posix_spawn cannot start a session (no-setsid: a Python built
+    without POSIX_SPAWN_SETSID raises NotImplementedError)."""
+    if way == "no-setsid":
+
+        def no_setsid(*args, **kwargs):
+            raise NotImplementedError("setsid")
+
+        monkeypatch.setattr(os, "posix_spawn", no_setsid)
+    probe = tmp_path / "probe.py"
+    probe.write_text(SPAWN_PROBE)
+    shell = f"exec {sys.executable} {probe} $(sed -n 's/^SigIgn:\\t//p' /proc/$$/status)"
+    argv = ["sh", "-c", shell]
+    env = {**os.environ, "PROBE_VAR": "x y", "PROBE_CODE": "3"}
+    leak_r, leak_w = os.pipe()
+    os.set_inheritable(leak_w, True)
+    try:
+        ours = srun.popen(argv, env)
+        theirs = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        outs = []
+        for p in (ours, theirs):
+            p.stdin.write(b"spec\n")
+            p.stdin.close()
+            outs.append((p.stdout.read(), p.stderr.read()))
+            p.wait()
+    finally:
+        os.close(leak_r)
+        os.close(leak_w)
+    assert outs[0] == outs[1] and outs[0][0].startswith(b"True True True [0, 1, 2, 3] x y spec"), outs
+    assert ours.returncode == theirs.returncode == 3 and ours.poll() == 3
+    sleeper = srun.popen([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    assert sleeper.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):  # as Popen.wait
+        sleeper.wait(0.05)
+    sleeper.terminate()
+    assert sleeper.wait(10) == -15 and sleeper.returncode == -15
+    sleeper.kill()  # reaped: nothing to signal, no error
+    with pytest.raises(FileNotFoundError):
+        srun.popen(["distlaunch-no-such-srun"], dict(os.environ))
+
+
+@pytest.mark.parametrize("reap", ["poll", "wait"])
+def test_a_poll_from_a_signal_handler_does_not_lose_the_exit_code(monkeypatch, reap):
+    """A signal handler's poll (the engine's signal_group, SIGUSR1 relayed) that runs
+    while Srun is reaping, just before its waitpid, must not reap srun itself: the
+    interrupted waitpid would find no child and the exit code (7) would read 0. As
+    Popen's _waitpid_lock, the nested poll says None and the reap gets 7."""
+    import signal
+
+    proc = srun.popen([sys.executable, "-c", "import sys; sys.exit(7)"], dict(os.environ))
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        f.close()
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+    nested, raised = [], []
+    waitpid = os.waitpid
+
+    def handler(signum, frame):
+        nested.append(proc.poll())
+
+    def waitpid_after_a_signal(pid, options):
+        if not raised:  # the handler runs here, between the reap's check and its waitpid
+            raised.append(signal.SIGUSR1)
+            signal.raise_signal(signal.SIGUSR1)
+        return waitpid(pid, options)
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    monkeypatch.setattr(os, "waitpid", waitpid_after_a_signal)
+    try:
+        code = proc.poll() if reap == "poll" else proc.wait()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert (code, proc.returncode, nested) == (7, 7, [None])
+
+
+def test_srun_is_found_on_the_path_of_its_environment(tmp_path):
+    """As Popen(env=...), a program without a ``/`` is looked up on the PATH of the
+    environment it is given, not this process's; one that is there but not executable
+    raises PermissionError, none FileNotFoundError, both naming it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "distlaunch-fake-srun"
+    fake.write_text("#!/bin/sh\necho found $1\n")
+    fake.chmod(0o755)
+    (bin_dir / "distlaunch-not-executable").write_text("#!/bin/sh\n")
+    env = {**os.environ, "PATH": f"{tmp_path / 'missing'}:{bin_dir}:/usr/bin:/bin"}
+    proc = srun.popen(["distlaunch-fake-srun", "x"], env)
+    proc.stdin.close()
+    assert proc.stdout.read() == b"found x\n" and proc.wait() == 0
+    proc.stdout.close()
+    proc.stderr.close()
+    for name, error in (("distlaunch-not-executable", PermissionError), ("no-such", FileNotFoundError)):
+        with pytest.raises(error) as ours:
+            srun.popen([name], env)
+        with pytest.raises(error) as theirs:
+            subprocess.Popen([name], env=env)
+        assert ours.value.filename == theirs.value.filename == name
+
+
+def test_a_failure_before_srun_runs_leaves_no_child(monkeypatch):
+    """An error while srun's pipes are set up (here the third file's open) raises with
+    no srun started: none left running unreaped, nothing of it to supervise."""
+    import builtins
+
+    spawned, opened = [], []
+    real_open = builtins.open
+
+    def recording(spawn):
+        def recording_spawn(*args, **kwargs):
+            spawned.append(spawn(*args, **kwargs))
+            return spawned[-1]
+
+        return recording_spawn
+
+    def failing_open(fd, *args, **kwargs):
+        opened.append(fd)
+        if len(opened) == 3:
+            raise MemoryError("open")
+        return real_open(fd, *args, **kwargs)
+
+    for name in ("posix_spawn", "posix_spawnp"):
+        monkeypatch.setattr(os, name, recording(getattr(os, name)))
+    monkeypatch.setattr(srun, "open", failing_open, raising=False)
+    with pytest.raises(MemoryError):
+        srun.popen([sys.executable, "-c", "import time; time.sleep(30)"], dict(os.environ))
+    for pid in spawned:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert spawned == []
+
+
 FAKE_SRUN = """#!/bin/sh
 echo $$ > {pid}
 exec sleep 60

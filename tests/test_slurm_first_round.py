@@ -30,8 +30,10 @@ AFTER_SPAWN = {
 # what an agent never imports, in a job that succeeds: `run`'s options (the CLI's), GPU
 # discovery (a restart's GPU release wait), the events (the head reports the rounds),
 # the engine registry, the Slurm engine and the step's command line (remote.srun picks
-# the agent's spec), the idna codec (store addresses are resolved as bytes)
+# the agent's spec), the idna codec (store addresses are resolved as bytes), glob (the
+# scratch directory and the segments are removed with os alone)
 NEVER = {
+    "glob",
     "encodings.idna",
     "distlaunch.remote.command",
     "distlaunch.run_options",

@@ -202,10 +202,12 @@ def test_head_starts_the_agent_step_first_and_imports_no_click(slurm_cluster, tm
     """`python -m distlaunch run --nproc-per-node 2 SCRIPT` in an allocation starts the
     agent step before its next import (remote/srun.py), having imported none of the
     heavier modules the rest of the head needs (dataclasses, inspect, our env and
-    config; typing too, where the interpreter's site does not load it): with that
-    import held until the job has the step (tests/slurm_programs/head_gate), the job
-    still runs; and the head takes the common form without click (preparse), and
-    resolves addresses without the idna codec."""
+    config; typing too, where the interpreter's site does not load it), and srun
+    started without subprocess, re, shlex, fnmatch or signal (~15 ms of CPU before
+    the step could start; where the site has not loaded them): with that import held
+    until the job has the step (tests/slurm_programs/head_gate), the job still runs;
+    and the head takes the common form without click (preparse) and without loading
+    the single-node fast lane, and resolves addresses without the idna codec."""
     gate = ROOT / "tests" / "slurm_programs" / "head_gate"
     path = os.pathsep.join([str(gate), os.environ.get("PYTHONPATH", "")])
     modules = tmp_path / "head_modules.json"
@@ -214,7 +216,21 @@ def test_head_starts_the_agent_step_first_and_imports_no_click(slurm_cluster, tm
     assert len(ranks(cp)) == 4, cp.stdout
     loaded = json.loads(modules.read_text())
     assert "distlaunch.head" in loaded and "click" not in loaded, [m for m in loaded if "click" in m]
+    assert "distlaunch.quick" not in loaded  # the fast lane declines in an allocation: never loaded
     assert "encodings.idna" not in loaded  # addresses are resolved as bytes: no idna codec
     at_step = set(json.loads((tmp_path / "head_modules.json.step").read_text()))
     heavier = {"dataclasses", "inspect", "distlaunch.env", "distlaunch.config"}
     assert "distlaunch.remote.srun" in at_step and not heavier & at_step, sorted(heavier & at_step)
+    at_srun = set((tmp_path / "head_modules.json.srun").read_text().split())
+    spawning = {
+        "subprocess",
+        "re",
+        "shlex",
+        "fnmatch",
+        "signal",
+        "selectors",
+        "enum",
+        "typing",
+        "dataclasses",
+    }
+    assert "distlaunch.remote.srun" in at_srun and not spawning & at_srun, sorted(spawning & at_srun)

@@ -63,7 +63,7 @@ from ..env import in_slurm_step, lookup, route_source, slurm_node_addresses
 from ..errors import ConfigError
 from ..hostlist import expand_hostlist
 from ..remote.command import AGENT_HELLO, CHECK_MARK, check_problem, version_mismatch
-from ..remote.srun import AGENT_ARGV, SPECS_KEY, popen, select_spec, srun_argv, srun_env, take_early
+from ..remote.srun import AGENT_ARGV, SPECS_KEY, Srun, popen, select_spec, srun_argv, srun_env, take_early
 from ..report import progress, say
 from . import AgentLaunch, EnginePlugin, OnEnd, Placement
 
@@ -135,7 +135,7 @@ class SlurmEngine:
         self.addresses: dict[str, str] = {}  # node name -> address, set by connect
         self.python, self.cwd, self.cmd_env, self.version = python, cwd, dict(cmd_env), version
         self.agent_argv = list(agent_argv)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Srun | None = None
         # readable once srun exited (its output may close a little before: that wait
         # must not be a sleep); None where the kernel gives none (before Linux 5.3)
         self._exit_fd: int | None = None

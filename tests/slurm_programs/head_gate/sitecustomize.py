@@ -2,24 +2,39 @@
 lets ``distlaunch.preparse``, the first import after ``remote.srun.start_early``, load
 only once the job has its agent step (``squeue -s`` lists ``distlaunch-agents``), so a
 head that imports anything more before starting the step fails with one line (at most
-20 s); writes the modules the head had loaded by then to ``$HEAD_MODULES.step``, and
-those it loaded by its exit to ``$HEAD_MODULES``."""
+20 s); writes the modules the head had loaded when it started srun, beyond those the
+interpreter had loaded before this file, to ``$HEAD_MODULES.srun`` (one a line), the
+modules loaded by the gate to ``$HEAD_MODULES.step``, and those loaded by its exit to
+``$HEAD_MODULES``. Imports nothing itself before the gate (``time`` is built in)."""
 
 import os
 import sys
 
 if sys.orig_argv[-4:-2] == ["run", "--nproc-per-node"] and "SLURM_STEP_ID" not in os.environ:
-    import json
-    import subprocess
     import time
+
+    _before = set(sys.modules)
+
+    def _spawned(event, args):
+        if event in ("os.posix_spawn", "subprocess.Popen") and os.path.basename(str(args[1][0])) == "srun":
+            path = os.environ["HEAD_MODULES"] + ".srun"
+            if not os.path.exists(path):  # the first srun: the agent step's
+                with open(path, "w") as f:
+                    f.write("\n".join(sorted(set(sys.modules) - _before)))
+
+    sys.addaudithook(_spawned)
 
     class _Gate:
         def find_spec(self, name, path=None, target=None):
             if name != "distlaunch.preparse":
                 return None
             sys.meta_path.remove(self)
+            loaded = sorted(sys.modules)
+            import json
+            import subprocess
+
             with open(os.environ["HEAD_MODULES"] + ".step", "w") as f:
-                json.dump(sorted(sys.modules), f)
+                json.dump(loaded, f)
             job, deadline = os.environ["SLURM_JOB_ID"], time.monotonic() + 20
             while True:
                 steps = subprocess.run(
@@ -35,6 +50,8 @@ if sys.orig_argv[-4:-2] == ["run", "--nproc-per-node"] and "SLURM_STEP_ID" not i
     _leave = os._exit
 
     def _exit(code):
+        import json
+
         with open(os.environ["HEAD_MODULES"], "w") as f:
             json.dump(sorted(sys.modules), f)
         _leave(code)
