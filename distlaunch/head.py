@@ -88,7 +88,8 @@ def run_hosts(
             )
         token = os.urandom(16).hex()
         server = StoreServer(store_addr, 0, token=token)
-        server.start()
+        with relay.shielded():  # (a thread's start: each one below too)
+            server.start()
         assert server.port is not None  # bound by start()
         store = StoreAddress(store_addr, server.port, token)
         client = StoreAddress(store_addr, server.port, token, server.connect_local).connect(30)
@@ -126,14 +127,15 @@ def run_hosts(
         from .events import EventLog
         from .head_controller import HeadController
 
-        controller = HeadController(
-            client.clone(),
-            cfg,
-            hosts,
-            head.min_nodes or len(hosts),
-            EventLog(cfg.log_dir, cfg.run_id),
-            kill,
-        )
+        with relay.shielded():
+            controller = HeadController(
+                client.clone(),
+                cfg,
+                hosts,
+                head.min_nodes or len(hosts),
+                EventLog(cfg.log_dir, cfg.run_id),
+                kill,
+            )
         say(f"started agents on {len(hosts)} host(s): " + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
         startup.close()
         relay.restore()

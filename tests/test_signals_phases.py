@@ -584,4 +584,39 @@ def test_a_head_mode_agent_waiting_for_its_plan_stops_on_a_signal_to_another_thr
                 proc.wait()
 
 
+SIGNAL_IN_THREAD_START = """import os, signal, threading, time
+_real = threading._start_new_thread
+def _start(fn, args):  # SIGTERM to the head inside Thread.start, once its thread runs
+    ident = _real(fn, args)
+    if getattr(getattr(fn, "__self__", None), "name", "").startswith({name!r}) and not os.environ.get("SENT"):
+        os.environ["SENT"] = "1"
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs here; the new thread has left threading's _limbo
+    return ident
+threading._start_new_thread = _start
+"""
+
+
+@pytest.mark.parametrize("thread", ["distlaunch-store", "head-controller"])
+def test_signal_while_the_head_starts_a_thread(tmp_path, thread):
+    """A stop signal that lands inside the head's start of its store's or controller's
+    thread (found under load: LaunchInterrupted raised inside Thread.start left a running
+    thread threading could not join, and the head ended with a KeyError traceback and
+    exit code 1): the head stops as for any signal while it starts, 143 and one line."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SIGNAL_IN_THREAD_START.format(name=thread))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        dl_cmd("run", "-H", "localhost:1", WORKERS / "actor.py"),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "stopped by signal 15" in proc.stderr, proc.stderr
+
+
 from sshd import sshd_hosts  # noqa: E402,F401  (session fixture)

@@ -134,6 +134,13 @@ class SignalRelay:
         point (a store call so interrupted closes its connection). Main thread only."""
         return Interruptible(self)
 
+    def shielded(self) -> Shielded:
+        """Run the block (a thread's start: Python's ``Thread.start`` abandoned half-way
+        leaves the thread running and unjoinable) with a stopping signal recorded and
+        forwarded but not raised; inside ``interruptible()``, one that came meanwhile
+        raises LaunchInterrupted at the block's end. Main thread only."""
+        return Shielded(self)
+
     def drain(self) -> None:
         try:
             while os.read(self.wakeup_fd, 512):
@@ -171,3 +178,25 @@ class Interruptible:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.relay._raising = False
+
+
+class Shielded:
+    """``SignalRelay.shielded``'s context manager."""
+
+    __slots__ = ("relay", "raising")
+
+    def __init__(self, relay: SignalRelay) -> None:
+        self.relay = relay
+        self.raising = False
+
+    def __enter__(self) -> None:
+        self.raising, self.relay._raising = self.relay._raising, False
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        relay = self.relay
+        relay._raising = self.raising
+        if self.raising and kind is None and relay.pending is not None:
+            relay._raising = False  # (as _handle: once)
+            raise relay._interrupted()
