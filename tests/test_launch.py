@@ -740,6 +740,57 @@ def test_the_full_path_is_imported_once_the_workers_have_started(tmp_path):
     assert waited >= min(seen["start_cpu"], quick.MAX_IMPORT_DELAY), seen
 
 
+# The fast lane's imports of the full path would wait 30 s (MAX_IMPORT_DELAY, START_MARGIN
+# huge): what ends a job sooner is the fast lane's own doing. At the launcher's exit:
+# whether its import thread ever started.
+SLOW_IMPORTS_PROBE = """
+import os, sys, threading
+me, started = os.getpid(), []
+thread_start = threading.Thread.start
+def start(self):
+    started.append(self.name)
+    thread_start(self)
+threading.Thread.start = start
+leave = os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        print("IMPORT THREAD " + str("distlaunch-imports" in started), flush=True)
+    leave(code)
+os._exit = exit_
+import distlaunch.quick as quick
+quick.MAX_IMPORT_DELAY, quick.START_MARGIN = 30.0, 1e9
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+STORE_USER = """
+import os
+from distlaunch.store import StoreClient
+rank, port = os.environ["RANK"], int(os.environ["DISTLAUNCH_STORE_PORT"])
+with StoreClient(os.environ["DISTLAUNCH_STORE_ADDR"], port, timeout=60) as c:
+    c.set("rank" + rank, rank.encode())
+    c.wait(["rank0", "rank1"])
+print("stored", rank)
+"""
+
+
+def test_a_worker_at_the_store_starts_the_full_path_at_once(tmp_path):
+    """A worker that connects to the job's store before the fast lane's imports were due
+    (here: 30 s on) has them start at once: the store is served as soon as the full path
+    can take it over, not once the workers should have started."""
+    script = tmp_path / "store_user.py"
+    script.write_text(STORE_USER)
+    began = time.monotonic()
+    res = probe_run(SLOW_IMPORTS_PROBE, "x", str(script))
+    took = time.monotonic() - began
+    assert res.returncode == 0, res.stderr
+    stored = sorted(ln for ln in res.stdout.splitlines() if "stored" in ln)
+    assert stored == ["[0]: stored 0", "[1]: stored 1"], res.stdout
+    assert took < 15.0, (took, res.stderr)  # (not the 30 s delay: generous for a loaded machine)
+    assert "IMPORT THREAD True" in res.stdout.splitlines(), res.stdout
+
+
 # Holds the fast lane's imports of the full path (quick.wait's thread) until a file exists,
 # so that a test can act while the workers run and the launcher has not taken them over.
 HOLD_PROBE = """
