@@ -725,6 +725,12 @@ def start(self):
         seen["imports"] = time.monotonic()
     thread_start(self)
 threading.Thread.start = start
+import distlaunch.quick as quick
+delay_of = quick.Early.import_delay
+def import_delay(self, start_cpu):
+    seen["delay"] = delay_of(self, start_cpu)
+    return seen["delay"]
+quick.Early.import_delay = import_delay
 leave = os._exit
 def exit_(code):
     if os.getpid() == me:  # not the forked guard
@@ -741,9 +747,10 @@ def test_the_full_path_is_imported_once_the_workers_have_started(tmp_path):
     """The fast lane imports the full path (~40 ms of CPU) only once its workers have
     had the time an interpreter's start takes (this launcher's own start, measured), not
     beside their starts, where it would take a CPU from them; a job that outlasts that
-    is then handed over to the launcher as before (its output, exit 0)."""
+    is then handed over to the launcher as before (its output, exit 0). Nor much later
+    than that: at most MAX_IMPORT_DELAY (plus a loaded machine's slack)."""
     script = tmp_path / "sleeper.py"
-    script.write_text("import os, time\ntime.sleep(0.5)\nprint('done', os.environ['RANK'])\n")
+    script.write_text("import os, time\ntime.sleep(2.0)\nprint('done', os.environ['RANK'])\n")
     res = probe_run(IMPORT_START_PROBE, "x", str(script))
     assert res.returncode == 0, res.stderr
     assert sorted(ln for ln in res.stdout.splitlines() if "done" in ln) == ["[0]: done 0", "[1]: done 1"]
@@ -751,6 +758,9 @@ def test_the_full_path_is_imported_once_the_workers_have_started(tmp_path):
     assert "imports" in seen, seen  # the job outlasted the delay: the thread did import
     waited = seen["imports"] - seen["spawned"]
     assert waited >= min(seen["start_cpu"], quick.MAX_IMPORT_DELAY), seen
+    # and not far later: the delay it computed (bounded), plus a loaded machine's slack
+    assert seen["delay"] <= quick.MAX_IMPORT_DELAY, seen
+    assert waited <= seen["delay"] + 1.0, seen  # (the job outlasts that: it runs 2 s)
 
 
 def pinned(delay: float, probe: str = "") -> str:
