@@ -203,7 +203,12 @@ class OrphanGuard:
         if self._pidfd is not None:  # else a death is noticed at the next message
             self._watching = _thread.allocate_lock()
             self._watching.acquire()
-            _thread.start_new_thread(self._watch, ())  # (as a daemon thread)
+            try:
+                _thread.start_new_thread(self._watch, ())  # (as a daemon thread)
+            except RuntimeError:  # no thread to be had: a death is noticed at the next
+                # message, as without a pidfd; held, every close would wait its full second
+                self._watching.release()
+                self._watching = None
 
     def _started(self, pid: int, w: int) -> None:
         self.pid = pid
