@@ -17,16 +17,18 @@ environment the agent would give it (``workerenv.build_worker_env``).
 Then a thread imports the full path while the main thread waits on the workers' pidfds
 and the relay, from once the workers should have started (``Early.import_delay``): the
 imports beside the workers' interpreter starts would take a CPU from them (and the
-interpreter from the main thread at the job's end). If every worker exits with 0 and its
-pipes are closed first, the job ends here (``finish``): output drained with the usual
-prefixes, workers reaped, leftovers and strays killed as a group's end kills them,
-scratch and segments removed, the guard told to quit, exit 0. Anything else (a worker
-failing or still running when the imports are done, a signal, pipes still held open; the
-imports not done by then are made on the main thread) hands over to the full path
-(``command.run_parsed``), whose launcher takes these workers over
-(``specs.adopt_first_round``, which checks that each was started exactly as it would
-start it) and supervises them as its own from there: failures, restarts, stop signals,
-hang watch, exit barrier. ``start`` declines (returns None) anything it does not handle.
+interpreter from the main thread at the job's end). A worker's connection to the store
+(served by the full path only: it waits in the listener's backlog) starts them at once.
+If every worker exits with 0 and its pipes are closed first, the job ends here
+(``finish``): output drained with the usual prefixes, workers reaped, leftovers and
+strays killed as a group's end kills them, scratch and segments removed, the guard told
+to quit, exit 0. Anything else (a worker failing or still running when the imports are
+done, a signal, pipes still held open; the imports not done by then are made on the main
+thread) hands over to the full path (``command.run_parsed``), whose launcher takes these
+workers over (``specs.adopt_first_round``, which checks that each was started exactly as
+it would start it) and supervises them as its own from there: failures, restarts, stop
+signals, hang watch, exit barrier. ``start`` declines (returns None) anything it does
+not handle.
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ class Early:
         ours: an interpreter's start on this machine, as each worker's): the workers'
         interpreters start in ceil(workers / CPUs) waves. Imports beside the workers'
         starts would take a CPU from them (a no-op job then waits for both); a job that
-        outlasts its start is handed over this much later, a failure or signal at once."""
+        outlasts its start is handed over this much later, unless a worker connects to
+        the store first (``wait``: the imports start then), a failure or signal at once."""
         waves = -(-len(self.workers) // self.cpus)
         return min(MAX_IMPORT_DELAY, START_MARGIN * start_cpu * waves)
 
@@ -347,7 +350,8 @@ def _spawn_one(e: Early, w: Worker, closes: list[tuple[int, int]]) -> None:
 
 def wait(e: Early, delay: float) -> bool:
     """Wait for the workers, importing the full path on a thread from ``delay`` seconds
-    on (see ``import_delay``): True when every worker exited with 0 and its pipes are
+    on (see ``import_delay``), or from a worker's first connection to the store (served
+    by the full path): True when every worker exited with 0 and its pipes are
     closed before the imports are done, and no stop signal came (``finish`` may end the
     job), False otherwise: a worker failed, a signal came, or the imports are done while
     a worker runs (hand over then; the imports not started by then are the caller's)."""
@@ -367,6 +371,11 @@ def wait(e: Early, delay: float) -> bool:
     poller = select.poll()
     poller.register(done_r, select.POLLIN)
     poller.register(e.relay.wakeup_fd, select.POLLIN)
+    # readable: a worker's connection waits in its backlog, for the full path's store
+    # (not accepted here), so the imports start at once
+    listener = e.listener
+    if listener is not None:
+        poller.register(listener, select.POLLIN)
     watching = {w.pidfd: w for w in e.workers if w.pidfd is not None}
     for fd in watching:
         poller.register(fd, select.POLLIN)
@@ -376,14 +385,19 @@ def wait(e: Early, delay: float) -> bool:
         while ok and watching:
             timeout = None if thread is not None else max(0.0, start_at - time.monotonic())
             events = poller.poll(None if timeout is None else 1e3 * timeout)
-            if not events:  # the workers outlast their start: the full path is needed
+            if thread is None and (not events or any(fd == listener for fd, _ in events)):
+                # the full path is needed: the workers outlast their start, or one is at
+                # the store (its listener stays readable until the store accepts)
+                if listener is not None:
+                    poller.unregister(listener)
                 import threading  # (here: not loaded by a job that ends before)
 
                 sys.setswitchinterval(0.0005)  # the main thread gets the interpreter soon after a wake
                 thread = threading.Thread(target=imports, name="distlaunch-imports", daemon=True)
                 thread.start()
-                continue
             for fd, _ in events:
+                if fd == listener:
+                    continue
                 w = watching.pop(fd, None)
                 if w is None:  # the imports are done, or a signal came: hand over
                     ok = False

@@ -668,28 +668,41 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.parametrize("thread", [True, False], ids=["imports-on-thread", "imports-on-main"])
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.02, 0.04, 0.06, 0.1, 0.2, 0.5])
-def test_sigterm_right_after_start_leaves_nothing(tmp_path, delay):
+def test_sigterm_right_after_start_leaves_nothing(tmp_path, delay, thread):
     """SIGTERM to the launcher of the narrow form at any moment of its start (before,
     during and after the fast lane's spawns, around its hand-over to the launcher): it
     ends with 128+15 and says why (or, before its handlers exist, dies of the signal
-    having started nothing), and leaves no worker running and no scratch directory."""
+    having started nothing), and leaves no worker running and no scratch directory;
+    with the full path imported on the fast lane's thread (started at once) or at the
+    hand-over (its thread waits 30 s)."""
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
     pids, tmp = tmp_path / "pids", tmp_path / "tmp"
     pids.mkdir()
     tmp.mkdir()
     env = narrow_env()
-    cmd = [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "2", str(script), str(pids)]
-    p = subprocess.Popen(cmd, env={**env, "TMPDIR": str(tmp)}, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    probe = pinned(IMPORT_PATHS[thread])
+    cmd = [sys.executable, "-c", probe, "x", "run", "--nproc-per-node", "2", str(script), str(pids)]
+    p = subprocess.Popen(
+        cmd,
+        env={**env, "TMPDIR": str(tmp)},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(delay)
     p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
+    out, err = p.communicate(timeout=60)
     if p.returncode == -signal.SIGTERM:  # before the relay was installed
         assert not os.listdir(pids)
     else:
         assert p.returncode == 128 + signal.SIGTERM, err
         assert "stopped by signal 15" in err, err
+        if not thread:  # (on the thread: it may come before the thread starts)
+            assert "IMPORT THREAD False" in out.splitlines(), out
     for name in os.listdir(pids):
         assert not _alive(int((pids / name).read_text())), name
     assert os.listdir(tmp) == []
@@ -712,6 +725,12 @@ def start(self):
         seen["imports"] = time.monotonic()
     thread_start(self)
 threading.Thread.start = start
+import distlaunch.quick as quick
+delay_of = quick.Early.import_delay
+def import_delay(self, start_cpu):
+    seen["delay"] = delay_of(self, start_cpu)
+    return seen["delay"]
+quick.Early.import_delay = import_delay
 leave = os._exit
 def exit_(code):
     if os.getpid() == me:  # not the forked guard
@@ -728,9 +747,10 @@ def test_the_full_path_is_imported_once_the_workers_have_started(tmp_path):
     """The fast lane imports the full path (~40 ms of CPU) only once its workers have
     had the time an interpreter's start takes (this launcher's own start, measured), not
     beside their starts, where it would take a CPU from them; a job that outlasts that
-    is then handed over to the launcher as before (its output, exit 0)."""
+    is then handed over to the launcher as before (its output, exit 0). Nor much later
+    than that: at most MAX_IMPORT_DELAY (plus a loaded machine's slack)."""
     script = tmp_path / "sleeper.py"
-    script.write_text("import os, time\ntime.sleep(0.5)\nprint('done', os.environ['RANK'])\n")
+    script.write_text("import os, time\ntime.sleep(2.0)\nprint('done', os.environ['RANK'])\n")
     res = probe_run(IMPORT_START_PROBE, "x", str(script))
     assert res.returncode == 0, res.stderr
     assert sorted(ln for ln in res.stdout.splitlines() if "done" in ln) == ["[0]: done 0", "[1]: done 1"]
@@ -738,11 +758,161 @@ def test_the_full_path_is_imported_once_the_workers_have_started(tmp_path):
     assert "imports" in seen, seen  # the job outlasted the delay: the thread did import
     waited = seen["imports"] - seen["spawned"]
     assert waited >= min(seen["start_cpu"], quick.MAX_IMPORT_DELAY), seen
+    # and not far later: the delay it computed (bounded), plus a loaded machine's slack
+    assert seen["delay"] <= quick.MAX_IMPORT_DELAY, seen
+    assert waited <= seen["delay"] + 1.0, seen  # (the job outlasts that: it runs 2 s)
 
 
-# Holds the fast lane's imports of the full path (quick.wait's thread) until a file exists,
+def pinned(delay: float, probe: str = "") -> str:
+    """A probe whose fast lane imports the full path ``delay`` seconds after its spawns
+    (``quick.import_delay`` pinned: the path a test takes is not left to timing) and
+    prints at the launcher's exit whether its import thread ever started, then runs
+    ``probe`` (the launcher's main, if empty; its arguments from argv[2:])."""
+    return f"""
+import os, threading
+import distlaunch.quick as quick
+quick.MAX_IMPORT_DELAY, quick.START_MARGIN = {delay!r}, 1e9
+pin_me, pin_started, pin_start, pin_leave = os.getpid(), [], threading.Thread.start, os._exit
+def pin_record(self):
+    pin_started.append(self.name)
+    pin_start(self)
+threading.Thread.start = pin_record
+def pin_exit(code):
+    if os.getpid() == pin_me:  # not the forked guard
+        print("IMPORT THREAD " + str("distlaunch-imports" in pin_started), flush=True)
+    pin_leave(code)
+os._exit = pin_exit
+""" + (probe or LAUNCH)
+
+
+LAUNCH = """
+import sys
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+# The fast lane's imports wait 30 s: what ends a job sooner is not that delay.
+SLOW_IMPORTS_PROBE = pinned(30.0)
+# the fast lane's import thread: started at once (True), or never (False: a 30 s delay)
+IMPORT_PATHS = {True: 0.0, False: 30.0}
+
+# Rank 1 fails at once, rank 0 runs on (its pid in argv[1]).
+ONE_FAILS = """
+import os, sys, time
+with open(os.path.join(sys.argv[1], f"pid.{os.environ['RANK']}"), "w") as f:
+    f.write(str(os.getpid()))
+if os.environ["RANK"] == "1":
+    sys.exit(3)
+time.sleep(60)
+"""
+
+
+def test_a_failure_within_the_import_delay_hands_over_at_once(tmp_path):
+    """A worker failing before the fast lane's imports were due (30 s on) hands the job
+    over at once, the full path imported on the main thread (the import thread never
+    started): the failed rank is the root cause, its exit code the job's, the other
+    worker is stopped, no scratch directory is left."""
+    script, pids, tmp = tmp_path / "fails.py", tmp_path / "pids", tmp_path / "tmp"
+    script.write_text(ONE_FAILS)
+    pids.mkdir()
+    tmp.mkdir()
+    cmd = [
+        sys.executable,
+        "-c",
+        SLOW_IMPORTS_PROBE,
+        "x",
+        "run",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(pids),
+    ]
+    began = time.monotonic()
+    env = {**narrow_env(), "TMPDIR": str(tmp)}
+    res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - began
+    assert res.returncode == 3, res.stderr
+    assert re.search(r"rank 1 \(local rank 1\).*exit code 3", res.stderr), res.stderr
+    assert "IMPORT THREAD False" in res.stdout.splitlines(), res.stdout
+    assert took < 15.0, (took, res.stderr)  # (not the 30 s delay: generous for a loaded machine)
+    for name in os.listdir(pids):
+        assert not _alive(int((pids / name).read_text())), name
+    assert os.listdir(tmp) == []
+
+
+def test_a_stop_signal_within_the_import_delay_hands_over_at_once(tmp_path):
+    """SIGTERM to the launcher while its workers run, before the fast lane's imports were
+    due (30 s on): the job is handed over at once, the full path imported on the main
+    thread (the import thread never started), and ends with 128+15 saying why, no
+    worker left running and no scratch directory."""
+    script, pids, tmp = tmp_path / "sleeper.py", tmp_path / "pids", tmp_path / "tmp"
+    script.write_text(SLEEPER)
+    pids.mkdir()
+    tmp.mkdir()
+    cmd = [
+        sys.executable,
+        "-c",
+        SLOW_IMPORTS_PROBE,
+        "x",
+        "run",
+        "--nproc-per-node",
+        "2",
+        str(script),
+        str(pids),
+    ]
+    env = {**narrow_env(), "TMPDIR": str(tmp)}
+    began = time.monotonic()
+    p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(pids / "pid.0", pids / "pid.1")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    took = time.monotonic() - began
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by signal 15" in err, err
+    assert "IMPORT THREAD False" in out.splitlines(), out
+    assert took < 15.0, (took, err)  # (not the 30 s delay: generous for a loaded machine)
+    for name in os.listdir(pids):
+        assert not _alive(int((pids / name).read_text())), name
+    assert os.listdir(tmp) == []
+
+
+STORE_USER = """
+import os
+from distlaunch.store import StoreClient
+rank, port = os.environ["RANK"], int(os.environ["DISTLAUNCH_STORE_PORT"])
+with StoreClient(os.environ["DISTLAUNCH_STORE_ADDR"], port, timeout=60) as c:
+    c.set("rank" + rank, rank.encode())
+    c.wait(["rank0", "rank1"])
+print("stored", rank)
+"""
+
+
+def test_a_worker_at_the_store_starts_the_full_path_at_once(tmp_path):
+    """A worker that connects to the job's store before the fast lane's imports were due
+    (here: 30 s on) has them start at once: the store is served as soon as the full path
+    can take it over, not once the workers should have started."""
+    script = tmp_path / "store_user.py"
+    script.write_text(STORE_USER)
+    began = time.monotonic()
+    res = probe_run(SLOW_IMPORTS_PROBE, "x", str(script))
+    took = time.monotonic() - began
+    assert res.returncode == 0, res.stderr
+    stored = sorted(ln for ln in res.stdout.splitlines() if "stored" in ln)
+    assert stored == ["[0]: stored 0", "[1]: stored 1"], res.stdout
+    assert took < 15.0, (took, res.stderr)  # (not the 30 s delay: generous for a loaded machine)
+    assert "IMPORT THREAD True" in res.stdout.splitlines(), res.stdout
+
+
+# Holds the fast lane's imports of the full path (quick.wait's thread, started at once)
+# until a file exists,
 # so that a test can act while the workers run and the launcher has not taken them over.
-HOLD_PROBE = """
+HOLD_PROBE = pinned(  # (the imports start at once: on the thread)
+    0.0,
+    """
 import os, sys, time
 hold = sys.argv[1]
 class Hold:
@@ -752,10 +922,9 @@ class Hold:
                 time.sleep(0.005)
         return None
 sys.meta_path.insert(0, Hold())
-from distlaunch.__main__ import main
-sys.argv[1:] = sys.argv[2:]
-main()
 """
+    + LAUNCH,
+)
 
 COUNT_TERMS = """
 import os, signal, sys, time
@@ -896,8 +1065,8 @@ def test_an_error_before_the_hand_over_leaves_no_scratch(tmp_path, case):
 
 # SIGTERM to the launcher itself as its fast lane finds its last worker exited with 0
 # (quick.wait's peek): the signal and the last exit come together. The full path's
-# imports wait for that.
-TERM_AT_LAST_EXIT_PROBE = """
+# imports wait for that (on the thread, or on the main thread at the hand-over).
+TERM_AT_LAST_EXIT = """
 import os, signal, sys, time
 me, peeks, waitid = os.getpid(), [], os.waitid
 def peek(*a):
@@ -913,20 +1082,20 @@ class Hold:
         while name == "distlaunch.command" and len(peeks) < 2:
             time.sleep(0.005)
 sys.meta_path.insert(0, Hold())
-from distlaunch.__main__ import main
-sys.argv[1:] = sys.argv[2:]
-main()
 """
 
 
-def test_a_stop_signal_with_the_last_exit_stops_the_job(tmp_path):
+@pytest.mark.parametrize("thread", [True, False], ids=["imports-on-thread", "imports-on-main"])
+def test_a_stop_signal_with_the_last_exit_stops_the_job(tmp_path, thread):
     """A stop signal that comes as the fast lane sees its last worker exit with 0 is not
-    lost: the job ends with 128+N, as the launcher ends it (not 0)."""
+    lost: the job ends with 128+N, as the launcher ends it (not 0), whether the full
+    path was being imported on the lane's thread or is imported at the hand-over."""
     script = tmp_path / "ok.py"
     script.write_text("print('done')\n")
-    res = probe_run(TERM_AT_LAST_EXIT_PROBE, "unused", str(script))
+    res = probe_run(pinned(IMPORT_PATHS[thread], TERM_AT_LAST_EXIT + LAUNCH), "unused", str(script))
     assert res.returncode == 128 + signal.SIGTERM, res.stderr
     assert "stopped by signal 15" in res.stderr, res.stderr
+    assert f"IMPORT THREAD {thread}" in res.stdout.splitlines(), res.stdout
 
 
 # The launcher's WorkerGroup.start fails as it takes over the fast lane's workers.

@@ -321,6 +321,45 @@ def test_restarted_guard_still_kills_the_workers_of_a_killed_launcher(marks):
     assert wait_for(lambda: not alive(workers + [new]), 5), alive(workers + [new])
 
 
+# An OrphanGuard where no thread can start (1 GiB thread stacks, the address space capped
+# 256 MiB above what the process uses: pthread_create fails, the guard's fork does not),
+# then closed: how long that took, and whether the guard was reaped.
+NO_THREAD = """
+import _thread, os, resource, time
+from distlaunch.agent.guard import OrphanGuard
+_thread.stack_size(1 << 30)
+vm = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmSize:")) << 10
+resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
+try:
+    _thread.start_new_thread(lambda: None, ())
+    print("a thread started")
+except RuntimeError:
+    pass
+guard = OrphanGuard()
+began = time.monotonic()
+guard.close(wait=1.0)
+took = time.monotonic() - began
+try:
+    os.waitpid(guard.pid, os.WNOHANG)
+    print("not reaped")
+except ChildProcessError:
+    print(f"closed in {took:.3f} s")
+"""
+
+
+def test_a_guard_without_its_watcher_thread_works_and_closes_at_once():
+    """No thread to be had for the guard's watcher (pthread_create fails): the guard
+    starts anyway (a death then noticed at the next message, as without a pidfd), and
+    its close does not wait a second for a watcher that never ran."""
+    res = subprocess.run(
+        [sys.executable, "-c", NO_THREAD], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    (line,) = res.stdout.splitlines()
+    assert line.startswith("closed in "), res.stdout
+    assert float(line.split()[2]) < 0.9, line  # (not the watcher's full second: ms when quiet)
+
+
 def test_killed_guard_without_pidfd_is_noticed_at_the_next_message(marks):
     """Without a pidfd to watch, the guard's death is noticed when the launcher next
     tells it something (the group's end): the same one line, and the job succeeds."""

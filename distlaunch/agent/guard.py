@@ -203,7 +203,12 @@ class OrphanGuard:
         if self._pidfd is not None:  # else a death is noticed at the next message
             self._watching = _thread.allocate_lock()
             self._watching.acquire()
-            _thread.start_new_thread(self._watch, ())  # (as a daemon thread)
+            try:
+                _thread.start_new_thread(self._watch, ())  # (as a daemon thread)
+            except RuntimeError:  # no thread to be had: a death is noticed at the next
+                # message, as without a pidfd; held, every close would wait its full second
+                self._watching.release()
+                self._watching = None
 
     def _started(self, pid: int, w: int) -> None:
         self.pid = pid
@@ -363,12 +368,13 @@ class OrphanGuard:
                 reaped = self._reap(0)
             else:
                 end = time.monotonic() + wait
+                poller = select.poll()  # readable at its exit: no sleep's granularity
+                if self._pidfd is not None:
+                    poller.register(self._pidfd, select.POLLIN)
                 while not (reaped := self._reap(os.WNOHANG)) and (left := end - time.monotonic()) > 0:
                     if self._pidfd is None:
                         time.sleep(0.0005)  # it quits within ~1 ms when it can run
-                    else:  # readable at its exit: no sleep's granularity
-                        poller = select.poll()
-                        poller.register(self._pidfd, select.POLLIN)
+                    else:
                         poller.poll(1e3 * left)
         if self._watching is not None and reaped and self._watching.acquire(timeout=1.0):
             self._watching.release()  # (the watcher has ended)
