@@ -45,6 +45,7 @@ from .agent.output import StreamSink
 from .agent.signals import SignalRelay
 from .cpus import cpu_sets
 from .errors import LaunchInterrupted, SpawnError
+from .preparse import in_slurm_job
 from .report import say
 from .workerenv import (
     MAX_RESTARTS,
@@ -198,7 +199,7 @@ def start(parsed: Parsed) -> Early | None:
         not 1 <= count <= MAX_WORKERS
         # a Slurm allocation's head runs a job over its nodes; in a step the relay's
         # forwarding differs (signals.py)
-        or "SLURM_JOB_ID" in environ
+        or in_slurm_job(environ)
         or not os.path.isabs(python)  # (subprocess searches the worker's PATH)
         or not hasattr(os, "pidfd_open")
         or options["max_restarts"] > MAX_RESTARTS  # (the full path's error)
