@@ -456,29 +456,8 @@ def finish(e: Early) -> None:
         w.pidfd = None
     e.guard.kill_strays()  # (after the reaping: an unreaped leader would count as one)
     e.workers = []
-    _remove(e.scratch)
+    remove_matching(e.scratch)  # (os alone, for these two patterns: guard.py)
     e.scratch = ""
-    prefix = shm_prefix(e.run_id, os.getpid())  # the segments, as node.py removes them
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        names = []
-    for name in names:
-        if name.startswith(prefix):
-            _remove(os.path.join(SHM_DIR, name))
+    # the segments, as node.py removes them
+    remove_matching(os.path.join(SHM_DIR, shm_prefix(e.run_id, os.getpid()) + "*"))
     e.abandon()  # (nothing left to kill): the listener, the relay, the guard
-
-
-def _remove(path: str) -> None:
-    """A file, or a directory of files, removed with os alone (``remove_matching`` for
-    anything else: its import of glob and shutil, ~10 ms cold, is for that case only)."""
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            for name in os.listdir(path):
-                os.unlink(os.path.join(path, name))
-            os.rmdir(path)
-        else:
-            os.unlink(path)
-    except OSError:
-        if os.path.lexists(path):  # (else gone already)
-            remove_matching(path)
