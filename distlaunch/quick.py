@@ -40,7 +40,7 @@ import sys
 import time
 from types import SimpleNamespace
 
-from .agent.guard import OrphanGuard, remove_matching
+from .agent.guard import OrphanGuard, remove_matching, remove_tree
 from .agent.output import StreamSink
 from .agent.signals import SignalRelay
 from .cpus import cpu_sets
@@ -178,7 +178,7 @@ class Early:
             w.stdout = w.stderr = -1
             w.pidfd = None
         if self.scratch:
-            remove_matching(self.scratch)
+            remove_tree(self.scratch)
             self.scratch = ""
         if self.listener is not None:
             os.close(self.take_listener())
@@ -456,7 +456,7 @@ def finish(e: Early) -> None:
         w.pidfd = None
     e.guard.kill_strays()  # (after the reaping: an unreaped leader would count as one)
     e.workers = []
-    remove_matching(e.scratch)  # (os alone, for these two patterns: guard.py)
+    remove_tree(e.scratch)  # (os alone: guard.py)
     e.scratch = ""
     # the segments, as node.py removes them
     remove_matching(os.path.join(SHM_DIR, shm_prefix(e.run_id, os.getpid()) + "*"))

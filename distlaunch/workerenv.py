@@ -54,7 +54,7 @@ def make_scratch(run_id: str, guard: OrphanGuard) -> str:
                 continue
             except OSError:
                 break
-            guard.clean_up(path)
+            guard.clean_up(guard.literal(path))  # (a pattern: $TMPDIR may hold "[")
             guard.clean_up(os.path.join(SHM_DIR, shm_prefix(run_id, os.getpid())) + "*")
             return path
     raise FileNotFoundError(2, f"No usable temporary directory found in {dirs}")

@@ -1233,3 +1233,38 @@ def test_a_short_job_ends_in_the_fast_lane_and_leaves_nothing(tmp_path):
     assert sorted(ln for ln in res.stdout.splitlines() if "made" in ln) == ["[0]: made 0", "[1]: made 1"]
     end = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("END "))[4:])
     assert end == {"full": [], "tmp": [], "shm": [], "n": 2}, end
+
+
+@pytest.mark.parametrize("case", ["ok", "fails", "launcher-killed"])
+def test_scratch_is_removed_under_a_tmpdir_with_glob_characters(tmp_path, case):
+    """$TMPDIR is the user's, and may hold glob's special characters: the scratch
+    directory under it is removed as the path it is (review finding: the fast lane's
+    end, the agent's and the guard's took it as a glob pattern that named nothing, and
+    left it), whether the job ends in the fast lane, through the launcher, or with the
+    launcher killed (its guard removes it)."""
+    tmp = tmp_path / "t[1]*?"
+    tmp.mkdir()
+    mark = tmp_path / "started"
+    script = tmp_path / "w.py"
+    body = {"ok": "pass", "fails": "sys.exit(3)", "launcher-killed": "time.sleep(60)"}[case]
+    script.write_text(f"import pathlib, sys, time\npathlib.Path({str(mark)!r}).write_text('x')\n{body}\n")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "distlaunch", "run", "--nproc-per-node", "1", str(script)],
+        env={**os.environ, "TMPDIR": str(tmp)},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if case == "launcher-killed":
+        deadline = time.monotonic() + 60
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists(), "the worker did not start"
+        p.kill()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == {"ok": 0, "fails": 3, "launcher-killed": -signal.SIGKILL}[case], err
+    deadline = time.monotonic() + 20  # (the guard removes it once it sees the launcher gone)
+    while os.listdir(tmp) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.listdir(tmp), os.listdir(tmp)

@@ -159,6 +159,15 @@ def kill_processes(find: Callable[[dict[int, Proc]], set[int]]) -> set[int]:
     return stopped
 
 
+_MAGIC = frozenset("*?[")  # glob's special characters
+
+
+def glob_escape(path: str) -> str:
+    """``path`` as a glob pattern that names only it (``glob.escape``, without loading
+    glob at start-up). Pure."""
+    return "".join(f"[{c}]" if c in _MAGIC else c for c in path)
+
+
 class OrphanGuard:
     """Fork the guard now (call before any thread is started), and make this process a
     child subreaper. Children this process already has are never treated as strays.
@@ -340,9 +349,11 @@ class OrphanGuard:
             self._groups.discard(pgid)
             self._send(b"-%d\n" % pgid)
 
+    literal = staticmethod(glob_escape)
+
     def clean_up(self, path: str) -> None:
         """Remove what the glob pattern ``path`` names (files or directory trees) if the
-        launcher dies first."""
+        launcher dies first (``literal`` makes a plain path one)."""
         with self._lock:
             self._paths.append(os.fsencode(path))
             self._send(self._paths[-1].join((b"p", b"\n")))
@@ -389,9 +400,6 @@ class OrphanGuard:
                 self._restart()  # tells the new guard everything, this message included
 
 
-_MAGIC = frozenset("*?[")  # glob's special characters
-
-
 def remove_matching(pattern: str) -> None:
     """Remove every file or directory tree the glob ``pattern`` names; never raises.
     The patterns agents use go with os alone (glob and shutil, with shutil's bz2 and
@@ -404,7 +412,7 @@ def remove_matching(pattern: str) -> None:
         prefix = name[:-1] if name.endswith("*") else None
         if not _MAGIC & set(name):  # glob names it if it exists (a dangling link too)
             if os.path.lexists(pattern):
-                _remove(pattern)
+                remove_tree(pattern)
             return
         if prefix and prefix[0] != "." and not _MAGIC & set(prefix):
             try:
@@ -413,16 +421,18 @@ def remove_matching(pattern: str) -> None:
                 return
             for entry in names:
                 if entry.startswith(prefix):
-                    _remove(os.path.join(parent, entry))
+                    remove_tree(os.path.join(parent, entry))
             return
     import glob
 
     for path in glob.glob(pattern):
-        _remove(path)
+        remove_tree(path)
 
 
-def _remove(path: str) -> None:
-    """A file or link (the link itself), or a directory tree, removed; never raises. A
+def remove_tree(path: str) -> None:
+    """The file or link (the link itself), or the directory tree, at ``path`` (taken as
+    it is: no glob, which a scratch directory under a $TMPDIR holding ``[`` would
+    defeat), removed; never raises. A
     directory of files goes with os alone, through a descriptor opened without following
     a link (``/dev/shm`` is world-writable: a directory swapped for a link after a check
     must not have the link's target emptied, which ``shutil.rmtree`` refuses too);

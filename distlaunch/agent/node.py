@@ -28,7 +28,7 @@ from ..rounds import Cause, Failure, Join, Lost, Over, Signal, WorkerFailure
 from ..topology import WorkerSlot, seat_slots
 from ..workerenv import SHM_DIR, shm_prefix
 from .group import LaunchSpec, WorkerGroup
-from .guard import OrphanGuard, remove_matching
+from .guard import OrphanGuard, remove_matching, remove_tree
 from .kill import with_start_times
 from .observer import Observer
 from .phases import AgentEvent, AgentPhase, advance, spreads_signal
@@ -205,7 +205,7 @@ class NodeAgent:
                 observer.stop()
             if client is not None:
                 client.close()
-            remove_matching(self.scratch)
+            remove_tree(self.scratch)
 
     def _interruptible(self, relay: SignalRelay) -> contextlib.AbstractContextManager[None]:
         """``relay.interruptible()``, except while round 0's early workers wait for their

@@ -21,7 +21,7 @@ from ..numa import rank_bindings
 from ..topology import WorkerSlot
 from ..workerenv import shm_prefix
 from .group import LaunchSpec, WorkerGroup
-from .guard import OrphanGuard, remove_matching
+from .guard import OrphanGuard, remove_tree
 from .output import DuplicateLines, StreamSink, warn_once
 from .process import WorkerProcess
 from .signals import SignalRelay, parse_signals
@@ -232,7 +232,7 @@ class FirstRound:
         --stop-timeout (``WorkerGroup.close``; a no-op once the agent ran the group) and
         remove the scratch directory."""
         self.group.close()
-        remove_matching(self.scratch)
+        remove_tree(self.scratch)
 
 
 def start_first_round(
@@ -283,7 +283,7 @@ def _start_round_zero(
     except BaseException:
         if group is not None:
             group.close()
-        remove_matching(scratch)
+        remove_tree(scratch)
         raise
     return FirstRound(group, scratch, master[1])
 
