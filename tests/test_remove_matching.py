@@ -98,25 +98,25 @@ def test_plain_removals_import_neither_glob_nor_shutil(tmp_path):
 @pytest.mark.parametrize("pattern", ["seg", "se*"])
 def test_a_link_swapped_in_for_a_directory_keeps_its_target(tmp_path, monkeypatch, pattern):
     """/dev/shm is world-writable: a directory replaced by a link to another directory
-    after it was checked (here the instant the old check, os.path.islink, returned) must
-    not have the target's files removed (shutil.rmtree refused the same); the link goes as
-    a plain path, as glob and unlink did, and a link there from the start too."""
+    after it was checked (here the instant before its files are listed by path, which
+    the old removal did after its isdir/islink check) must not have the target's files
+    removed (shutil.rmtree refused the same); the link goes as a plain path, as glob and
+    unlink did, and a link there from the start too."""
     target = tmp_path / "target"
     target.mkdir()
     (target / "keep").write_text("")
     seg = tmp_path / "seg"
     seg.mkdir()
     (seg / "f").write_text("")
-    islink = os.path.islink
+    listdir = os.listdir
 
-    def swapped_after_the_check(path):
-        answer = islink(path)
-        if os.fspath(path) == str(seg) and not islink(seg):
+    def swapped_before_the_listing(path="."):
+        if not isinstance(path, int) and os.fspath(path) == str(seg) and not os.path.islink(seg):
             shutil.rmtree(seg)
             os.symlink(target, seg)
-        return answer
+        return listdir(path)
 
-    monkeypatch.setattr(os.path, "islink", swapped_after_the_check)
+    monkeypatch.setattr(os, "listdir", swapped_before_the_listing)
     remove_matching(str(tmp_path / pattern))
     monkeypatch.undo()
     assert (target / "keep").exists()

@@ -406,8 +406,10 @@ def _end(proc: Srun) -> None:
         if f is not None:
             f.close()
     proc.terminate()
+    from subprocess import TimeoutExpired  # (as Srun.wait: not at start-up)
+
     try:
         proc.wait(5.0)
-    except Exception:  # subprocess.TimeoutExpired
+    except TimeoutExpired:
         proc.kill()
         proc.wait()
