@@ -807,28 +807,25 @@ time.sleep(60)
 """
 
 
+def _within_the_delay(tmp_path, program: str) -> tuple:
+    """A 2-worker launch of ``program`` through SLOW_IMPORTS_PROBE (the fast lane's
+    imports due 30 s on): its command, environment, pid directory and $TMPDIR."""
+    script, pids, tmp = tmp_path / "w.py", tmp_path / "pids", tmp_path / "tmp"
+    script.write_text(program)
+    pids.mkdir()
+    tmp.mkdir()
+    cmd = [sys.executable, "-c", SLOW_IMPORTS_PROBE, "x", "run", "--nproc-per-node", "2"]
+    cmd += [str(script), str(pids)]
+    return cmd, {**narrow_env(), "TMPDIR": str(tmp)}, pids, tmp
+
+
 def test_a_failure_within_the_import_delay_hands_over_at_once(tmp_path):
     """A worker failing before the fast lane's imports were due (30 s on) hands the job
     over at once, the full path imported on the main thread (the import thread never
     started): the failed rank is the root cause, its exit code the job's, the other
     worker is stopped, no scratch directory is left."""
-    script, pids, tmp = tmp_path / "fails.py", tmp_path / "pids", tmp_path / "tmp"
-    script.write_text(ONE_FAILS)
-    pids.mkdir()
-    tmp.mkdir()
-    cmd = [
-        sys.executable,
-        "-c",
-        SLOW_IMPORTS_PROBE,
-        "x",
-        "run",
-        "--nproc-per-node",
-        "2",
-        str(script),
-        str(pids),
-    ]
+    cmd, env, pids, tmp = _within_the_delay(tmp_path, ONE_FAILS)
     began = time.monotonic()
-    env = {**narrow_env(), "TMPDIR": str(tmp)}
     res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     took = time.monotonic() - began
     assert res.returncode == 3, res.stderr
@@ -845,22 +842,7 @@ def test_a_stop_signal_within_the_import_delay_hands_over_at_once(tmp_path):
     due (30 s on): the job is handed over at once, the full path imported on the main
     thread (the import thread never started), and ends with 128+15 saying why, no
     worker left running and no scratch directory."""
-    script, pids, tmp = tmp_path / "sleeper.py", tmp_path / "pids", tmp_path / "tmp"
-    script.write_text(SLEEPER)
-    pids.mkdir()
-    tmp.mkdir()
-    cmd = [
-        sys.executable,
-        "-c",
-        SLOW_IMPORTS_PROBE,
-        "x",
-        "run",
-        "--nproc-per-node",
-        "2",
-        str(script),
-        str(pids),
-    ]
-    env = {**narrow_env(), "TMPDIR": str(tmp)}
+    cmd, env, pids, tmp = _within_the_delay(tmp_path, SLEEPER)
     began = time.monotonic()
     p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
