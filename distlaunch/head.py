@@ -127,15 +127,16 @@ def run_hosts(
         from .events import EventLog
         from .head_controller import HeadController
 
+        controller = HeadController(
+            client.clone(),
+            cfg,
+            hosts,
+            head.min_nodes or len(hosts),
+            EventLog(cfg.log_dir, cfg.run_id),
+            kill,
+        )
         with relay.shielded():
-            controller = HeadController(
-                client.clone(),
-                cfg,
-                hosts,
-                head.min_nodes or len(hosts),
-                EventLog(cfg.log_dir, cfg.run_id),
-                kill,
-            )
+            controller.start()
         say(f"started agents on {len(hosts)} host(s): " + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
         startup.close()
         relay.restore()

@@ -56,6 +56,9 @@ class HeadController:
         self._gone: queue.SimpleQueue[tuple[int, int | None]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="head-controller", daemon=True)
+
+    def start(self) -> None:
+        """Start the controller's thread (plan 0 is published already)."""
         self.thread.start()
 
     def agent_gone(self, node_id: int, status: int | None) -> None:
@@ -63,7 +66,8 @@ class HeadController:
 
     def stop(self) -> None:
         self._stop.set()
-        self.thread.join(2.0)
+        if self.thread.ident is not None:  # (started)
+            self.thread.join(2.0)
 
     def _wait(self, key: str) -> bool:
         while not self._stop.is_set():
