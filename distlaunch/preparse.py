@@ -23,6 +23,8 @@ import os
 import sys
 from collections.abc import Mapping
 
+from .workerenv import in_slurm_job
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms)
 if TYPE_CHECKING:
     from typing import Any, NoReturn
@@ -143,14 +145,6 @@ def main(argv: list[str]) -> None:
     if parsed is None:
         return
     run(parsed)
-
-
-def in_slurm_job(environ: Mapping[str, str]) -> bool:
-    """Whether this process runs in a Slurm job (``SLURM_JOB_ID`` set: an allocation's
-    head, which starts its agents through srun, or a step's task), where the fast lane
-    (``quick.start``) declines. The one rule for both: the head need not load the lane
-    there. Pure."""
-    return "SLURM_JOB_ID" in environ
 
 
 def run(parsed: Parsed) -> NoReturn:

@@ -45,13 +45,13 @@ from .agent.output import StreamSink
 from .agent.signals import SignalRelay
 from .cpus import cpu_sets
 from .errors import LaunchInterrupted, SpawnError
-from .preparse import in_slurm_job
 from .report import say
 from .workerenv import (
     MAX_RESTARTS,
     SHM_DIR,
     STORE_HOST,
     create_progress,
+    in_slurm_job,
     make_scratch,
     omp_notice,
     shm_prefix,

@@ -26,6 +26,14 @@ PROGRESS_MAGIC = b"DLP1"
 SHM_DIR = "/dev/shm"
 
 
+def in_slurm_job(environ: Mapping[str, str]) -> bool:
+    """Whether this process runs in a Slurm job (``SLURM_JOB_ID`` set: an allocation's
+    head, which starts its agents through srun, or a step's task), where the fast lane
+    (``quick.start``) declines. The one rule for both: the head need not load the lane
+    there. Pure."""
+    return "SLURM_JOB_ID" in environ
+
+
 def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
     """Name prefix of the shared-memory segments of one agent's workers (in one round)."""
     return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")
