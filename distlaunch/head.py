@@ -88,8 +88,7 @@ def run_hosts(
             )
         token = os.urandom(16).hex()
         server = StoreServer(store_addr, 0, token=token)
-        with relay.shielded():  # (a thread's start: each one below too)
-            server.start()
+        server.start()
         assert server.port is not None  # bound by start()
         store = StoreAddress(store_addr, server.port, token)
         client = StoreAddress(store_addr, server.port, token, server.connect_local).connect(30)
@@ -135,8 +134,6 @@ def run_hosts(
             EventLog(cfg.log_dir, cfg.run_id),
             kill,
         )
-        with relay.shielded():
-            controller.start()
         say(f"started agents on {len(hosts)} host(s): " + ", ".join(f"{h.name}:{h.slots}" for h in hosts))
         startup.close()
         relay.restore()

@@ -56,9 +56,6 @@ class HeadController:
         self._gone: queue.SimpleQueue[tuple[int, int | None]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="head-controller", daemon=True)
-
-    def start(self) -> None:
-        """Start the controller's thread (plan 0 is published already)."""
         self.thread.start()
 
     def agent_gone(self, node_id: int, status: int | None) -> None:
@@ -66,8 +63,7 @@ class HeadController:
 
     def stop(self) -> None:
         self._stop.set()
-        if self.thread.ident is not None:  # (started)
-            self.thread.join(2.0)
+        self.thread.join(2.0)
 
     def _wait(self, key: str) -> bool:
         while not self._stop.is_set():

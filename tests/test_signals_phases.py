@@ -597,22 +597,27 @@ threading._start_new_thread = _start
 """
 
 
-@pytest.mark.parametrize("thread", ["distlaunch-store", "head-controller"])
-def test_signal_while_the_head_starts_a_thread(tmp_path, thread):
-    """A stop signal that lands inside the head's start of its store's or controller's
-    thread (found under load: LaunchInterrupted raised inside Thread.start left a running
-    thread threading could not join, and the head ended with a KeyError traceback and
-    exit code 1): the head stops as for any signal while it starts, 143 and one line."""
+@pytest.mark.parametrize("thread", ["distlaunch-store", "head-controller", "distlaunch-ssh"])
+def test_signal_while_the_head_starts_a_thread(tmp_path, thread, request):
+    """A stop signal that lands inside threading's start of a thread the head makes (its
+    store's, its controller's, an SSH connection pool's) is raised once that call has
+    returned (found under load: LaunchInterrupted raised inside Thread.start left a
+    running thread threading could not join, and the head ended with a KeyError
+    traceback and exit code 1): the head stops as for any signal while it starts, 143
+    and one line."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SIGNAL_IN_THREAD_START.format(name=thread))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    if thread == "distlaunch-ssh":  # a host over SSH, whose "sshd" accepts and never speaks
+        hosts = request.getfixturevalue("sshd_hosts")
+        silent = socket.create_server(("127.0.0.5", 0))
+        request.addfinalizer(silent.close)
+        args = ["--ssh-config", hosts.ssh_config, "-H", "127.0.0.5:1", "--ssh-port", silent.getsockname()[1]]
+    else:
+        args = ["-H", "localhost:1"]
     proc = subprocess.run(
-        dl_cmd("run", "-H", "localhost:1", WORKERS / "actor.py"),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
+        dl_cmd("run", *args, WORKERS / "actor.py"), capture_output=True, text=True, env=env, timeout=60
     )
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
 
@@ -117,6 +118,10 @@ class SignalRelay:
                 w.signal_group(sig)
         if self._raising and signum in self._stopping:
             self._raising = False  # once: the code that handles it must not be interrupted
+            unfinished = _in_threading(_frame)
+            if unfinished is not None:  # raised once that call has returned
+                _raise_at_return(unfinished, self._interrupted())
+                return
             raise self._interrupted()
 
     def _interrupted(self) -> LaunchInterrupted:
@@ -133,13 +138,6 @@ class SignalRelay:
         pending on entry raises at entry. Only for code that may be abandoned at any
         point (a store call so interrupted closes its connection). Main thread only."""
         return Interruptible(self)
-
-    def shielded(self) -> Shielded:
-        """Run the block (a thread's start: Python's ``Thread.start`` abandoned half-way
-        leaves the thread running and unjoinable) with a stopping signal recorded and
-        forwarded but not raised; inside ``interruptible()``, one that came meanwhile
-        raises LaunchInterrupted at the block's end. Main thread only."""
-        return Shielded(self)
 
     def drain(self) -> None:
         try:
@@ -180,23 +178,37 @@ class Interruptible:
         self.relay._raising = False
 
 
-class Shielded:
-    """``SignalRelay.shielded``'s context manager."""
+def _in_threading(frame: FrameType | None) -> FrameType | None:
+    """The outermost frame of threading's or concurrent.futures' code on the main
+    thread's stack, if any: such a call abandoned half-way (``Thread.start`` between
+    starting the thread and recording it; a pool's ``submit`` between the two) leaves a
+    running thread the module no longer knows (a KeyError from ``Thread.start``, a
+    thread nobody joins). None when neither is loaded."""
+    threading = sys.modules.get("threading")
+    if threading is None:
+        return None
+    futures = sys.modules.get("concurrent.futures")
+    pool = os.path.dirname(futures.__file__) + os.sep if futures and futures.__file__ else None
+    outermost = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name == threading.__file__ or (pool and name.startswith(pool)):
+            outermost = frame
+        frame = frame.f_back
+    return outermost
 
-    __slots__ = ("relay", "raising")
 
-    def __init__(self, relay: SignalRelay) -> None:
-        self.relay = relay
-        self.raising = False
+def _raise_at_return(frame: FrameType, exc: BaseException) -> None:
+    """Raise ``exc`` in the main thread as ``frame`` returns (from the profile hook on
+    its return event, which Python propagates to the frame's caller), then put back
+    the profile function found."""
+    previous = sys.getprofile()
 
-    def __enter__(self) -> None:
-        self.raising, self.relay._raising = self.relay._raising, False
+    def hook(f: FrameType, event: str, arg: object) -> None:
+        if previous is not None:
+            previous(f, event, arg)  # type: ignore[arg-type]
+        if f is frame and event == "return":
+            sys.setprofile(previous)
+            raise exc
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        relay = self.relay
-        relay._raising = self.raising
-        if self.raising and kind is None and relay.pending is not None:
-            relay._raising = False  # (as _handle: once)
-            raise relay._interrupted()
+    sys.setprofile(hook)
