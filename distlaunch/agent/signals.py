@@ -16,7 +16,9 @@ are not in; Slurm's documentation advises against it.)
 While no workers run (connecting to the store, rendezvous, the exit barrier) the agent
 waits inside ``interruptible()``: there a stopping signal raises LaunchInterrupted in
 the main thread at once, whatever call it is blocked in (Python retries a system call
-a signal interrupted unless the handler raises, so a flag alone would wait out the call).
+a signal interrupted unless the handler raises, so a flag alone would wait out the call);
+inside threading's or concurrent.futures' code (a thread's start, a pool's submit), which
+abandoned half-way leaves a thread they no longer know, it is raised as that call returns.
 """
 
 from __future__ import annotations
