@@ -3,6 +3,8 @@ generated command lines and environments it either declines or gives `run` exact
 click's own parsing gives it (run for real, up to the call into ``command.run_parsed``)."""
 
 import os
+import subprocess
+import sys
 from unittest import mock
 
 import click
@@ -204,6 +206,28 @@ def test_cli_refuses_to_load_when_the_defaults_miss_an_option():
 # --- the whole command, quick path against click's -----------------------------------
 
 
+def _lane_env() -> dict[str, str]:
+    """This environment without what makes the narrow form decline or the fast lane
+    stand aside (a Slurm job)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(preparse.DECLINE_PREFIXES)}
+    env.pop("SLURM_JOB_ID", None)
+    return env
+
+
+def _launch(argv: list[str], extra: dict[str, str]) -> subprocess.CompletedProcess:
+    """``python -m distlaunch *argv`` in _lane_env() plus ``extra``, from the project root."""
+    from conftest import ROOT
+
+    return subprocess.run(
+        [sys.executable, "-m", "distlaunch", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**_lane_env(), **extra},
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -244,16 +268,7 @@ def test_the_quick_path_ends_as_the_click_path(case):
     from conftest import ROOT
 
     def run(extra):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(preparse.DECLINE_PREFIXES)}
-        env.pop("SLURM_JOB_ID", None)
-        res = subprocess.run(
-            [sys.executable, "-m", "distlaunch", *case],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            env={**env, **extra},
-            timeout=60,
-        )
+        res = _launch(case, extra)
         # what differs from run to run: pids, run ids, times, temporary paths; the other
         # ranks' stacks at a failure (py-spy samples them as they exit)
         text = re.sub(
@@ -283,18 +298,9 @@ def test_the_fast_lane_gives_the_launchers_environment(tmp_path):
     def dumped(extra, name):
         out = tmp_path / name
         out.mkdir()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(preparse.DECLINE_PREFIXES)}
-        env.pop("SLURM_JOB_ID", None)
         argv = ["run", "--nproc-per-node", "2", "tests/workers/actor.py", "--dump-env", str(out)]
-        assert preparse.parse(argv, env) is not None
-        res = subprocess.run(
-            [sys.executable, "-m", "distlaunch", *argv],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            env={**env, **extra},
-            timeout=60,
-        )
+        assert preparse.parse(argv, _lane_env()) is not None
+        res = _launch(argv, extra)
         assert res.returncode == 0, res.stderr
         ranks = []
         for rank in (0, 1):
