@@ -3,6 +3,7 @@ that joins mid-run triggers a new round (not a restart); a lost node is dropped 
 least MIN remain."""
 
 import json
+import socket
 import time
 
 from conftest import WORKERS, dl_popen
@@ -45,12 +46,22 @@ def test_late_joiner_starts_a_new_round_not_a_restart(tmp_path):
     assert "a node joined: new rendezvous round 1 (not a restart)" in results[0][1]
 
 
+def _listening(endpoint: str) -> bool:
+    """Whether something accepts connections at ``endpoint`` (host:port)."""
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def test_lost_node_dropped_while_min_remain(tmp_path):
     ep = f"127.0.0.1:{free_port()}"
     procs = []
     for _ in range(3):
         procs.append(node(ep, "2:3", "--dump-env", tmp_path, "--mark-dir", tmp_path, "--sleep", "8"))
-        time.sleep(0.2)
+        assert wait_for(lambda: _listening(ep), 30)  # the first one hosts the store
     assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(3)), 30)
     procs[2].kill()  # not the first launcher, which hosts the store
     results = finish(procs[:2], timeout=90)
@@ -62,7 +73,9 @@ def test_lost_node_dropped_while_min_remain(tmp_path):
 def test_lost_node_below_min_stops_with_clear_error(tmp_path):
     ep = f"127.0.0.1:{free_port()}"
     procs = [node(ep, "2:3", "--mark-dir", tmp_path, "--sleep", "60")]
-    time.sleep(0.2)
+    # the first one hosts the store (a fixed head start lost to the second under load:
+    # killing that one then lost the store, not a node)
+    assert wait_for(lambda: _listening(ep), 30)
     procs.append(node(ep, "2:3", "--mark-dir", tmp_path, "--sleep", "60"))
     assert wait_for(lambda: all((tmp_path / f"started.{r}.0").exists() for r in range(2)), 30)
     procs[1].kill()
