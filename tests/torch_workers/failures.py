@@ -40,6 +40,18 @@ if len(sys.argv) > 2:  # started by hand: init method, rank, world size
         timeout=datetime.timedelta(seconds=timeout),
     )
 else:
+    if mode == "timeout":
+        # init_process_group's timeout also bounds torch's own store: rank 0 binds MASTER_PORT
+        # and waits for every rank, the others retry their connection. Under load one rank's
+        # start (torch's import) can lag another's by more than 3 s, so the ranks meet on the
+        # launcher's store first, with a long timeout: the 3 s are for the all_reduce.
+        from distlaunch.store.client import StoreClient
+
+        meet = StoreClient(os.environ["DISTLAUNCH_STORE_ADDR"], int(os.environ["DISTLAUNCH_STORE_PORT"]), timeout=90)
+        if meet.add("failures/started") == int(os.environ["WORLD_SIZE"]):
+            meet.set("failures/go", b"1")
+        meet.get("failures/go")
+        meet.close()
     dist.init_process_group("distlaunch", timeout=datetime.timedelta(seconds=timeout))
 rank, n = dist.get_rank(), dist.get_world_size()
 dist.all_reduce(torch.ones(4))  # the group works (and has chosen its transport)
