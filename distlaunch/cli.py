@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import click
 
 from . import __version__
-from .command import leave, one_line, report_error, run_parsed
+from .command import leave, one_line, report_abort, report_error, run_parsed
 from .engine import NAMES as ENGINE_NAMES
 from .errors import ConfigError, DistlaunchError
 from .report import Reporter, install, say
@@ -998,8 +998,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         cmd = e.ctx.command_path if e.ctx else "distlaunch"
         say(f"error: {e.format_message()} (see '{cmd} --help')")
         _leave(2)
-    except click.Abort:
-        _leave(130)
+    except click.Abort as e:  # click wrote a blank line
+        _leave(report_abort(e, blank=False))
     except DistlaunchError as e:
         _report(e)
         _leave(e.exit_code)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import DistlaunchError, LaunchInterrupted, WorkerFailedError
+from .errors import DistlaunchError, LaunchInterrupted, WorkerFailedError, stop_behind
 from .report import say
 from .startup import leave as leave  # re-exported: the CLI's way out
 
@@ -94,6 +94,20 @@ def report_error(e: DistlaunchError) -> None:
         say(f"stopped by signal {e.signum}; workers stopped")
     else:
         say(f"error: {one_line(str(e))}")
+
+
+def report_abort(e: BaseException, blank: bool = True) -> int:
+    """The exit code of a launcher ended by Ctrl-C's KeyboardInterrupt (or click's Abort,
+    after which click wrote the blank line itself: ``blank=False``): 130 after a blank
+    line, as click; but a second Ctrl-C that cut short the handling of the first stop
+    signal reports that stop (one line, its code)."""
+    stop = stop_behind(e)
+    if stop is None:
+        if blank:
+            sys.stderr.write("\n")
+        return 130
+    report_error(stop)
+    return stop.exit_code
 
 
 def one_line(text: str) -> str:

@@ -85,6 +85,19 @@ class LaunchInterrupted(DistlaunchError):
         self.exit_code = 128 + signum
 
 
+def stop_behind(e: BaseException) -> LaunchInterrupted | None:
+    """The stop signal's LaunchInterrupted whose handling ``e`` cut short, if any: a
+    KeyboardInterrupt from a second Ctrl-C that landed once the signal relay had put
+    Python's handler back, while the first was still being handled (or click's Abort
+    made of it)."""
+    seen: BaseException | None = e
+    for _ in range(16):  # a chain, not a cycle, but bounded all the same
+        if seen is None or isinstance(seen, LaunchInterrupted):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 # --- collectives ---------------------------------------------------------------------------
 
 

@@ -176,9 +176,10 @@ def run(parsed: Parsed) -> NoReturn:
         from .command import run_parsed
 
         run_parsed(*parsed)
-    except (EOFError, KeyboardInterrupt):  # click's Abort: a blank line, exit 130
-        sys.stderr.write("\n")
-        leave(130)
+    except (EOFError, KeyboardInterrupt) as e:  # click's Abort: a blank line, exit 130
+        from .command import report_abort
+
+        leave(report_abort(e))
     except DistlaunchError as e:
         from .command import report_error
 

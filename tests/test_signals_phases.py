@@ -30,8 +30,8 @@ PROMPT = 5.0
 class Launcher:
     """A launcher process whose stderr is collected line by line as it comes."""
 
-    def __init__(self, *args):
-        self.proc = dl_popen(*args, env=ENV)
+    def __init__(self, *args, env=None):
+        self.proc = dl_popen(*args, env=env or ENV)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -69,8 +69,8 @@ class Launcher:
 def launchers():
     started = []
 
-    def start(*args):
-        started.append(Launcher(*args))
+    def start(*args, **kw):
+        started.append(Launcher(*args, **kw))
         return started[-1]
 
     yield start
@@ -78,7 +78,7 @@ def launchers():
         la.kill()
 
 
-def node(start, rank, port, *worker_args, nnodes=2, run_id="sig", conf="join_timeout=60"):
+def node(start, rank, port, *worker_args, nnodes=2, run_id="sig", conf="join_timeout=60", env=None):
     return start(
         "run",
         "--nnodes",
@@ -98,6 +98,7 @@ def node(start, rank, port, *worker_args, nnodes=2, run_id="sig", conf="join_tim
         "--rdzv-conf",
         conf,
         *(worker_args or (WORKERS / "actor.py",)),
+        env=env,
     )
 
 
@@ -185,6 +186,35 @@ def test_signal_while_waiting_for_a_node_to_join(launchers, sigs):
     n0.signal(*sigs)
     assert_stopped_by(n0, sigs[0])
     assert time.monotonic() - t0 < PROMPT
+
+
+SIGINT_AT_RESTORE = """import os, signal
+_real = signal.set_wakeup_fd
+def _set(fd, *a, **k):  # a second Ctrl-C once the relay has put Python's handlers back
+    old = _real(fd, *a, **k)
+    if fd == -1 and not os.environ.get("SENT"):
+        os.environ["SENT"] = "1"
+        os.kill(os.getpid(), signal.SIGINT)
+    return old
+signal.set_wakeup_fd = _set
+"""
+
+
+def test_second_ctrl_c_while_the_stop_is_handled_keeps_its_report(tmp_path, launchers):
+    """Ctrl-C twice: the second lands after the relay restored Python's handler, while the
+    first's stop is still being handled, and raises KeyboardInterrupt there (found under
+    load: the launcher then ended with 130 and a blank line, as for a Ctrl-C before it
+    started): it still says it was stopped by the signal."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SIGINT_AT_RESTORE)
+    port = free_port()
+    env = dict(ENV, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    n0 = node(launchers, 0, port, env=env)
+    assert wait_for(lambda: accepts(port) and joined(port, "sig", 0), 30), n0.lines
+    n0.signal(signal.SIGINT)
+    assert_stopped_by(n0, signal.SIGINT)
+    assert not n0.said("Traceback"), n0.lines
 
 
 def test_waiting_for_a_node_is_not_silent(launchers):
