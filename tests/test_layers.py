@@ -385,10 +385,61 @@ def test_checker_finds_cycles_and_upward_imports(tmp_path):
     assert [(i.target, i.in_function) for i in imps] == [("p.low", False), ("p.high", True)]
 
 
-@pytest.mark.parametrize("module", sorted(m for m in layer_of() if m != "distlaunch.__main__"))
-def test_module_imports_alone_in_a_fresh_interpreter(module):
-    """Each module imports first in its interpreter (no import-order dependence)."""
-    p = subprocess.run(
-        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, cwd=ROOT, timeout=60
+# One interpreter that has imported numpy and torch (third-party, ~2 s of CPU for torch
+# alone) but nothing of distlaunch forks a child per module: the child imports the module
+# first of distlaunch's, as a fresh interpreter would, without paying for the
+# interpreter's and torch's start again (~100 interpreters were ~80 s of the suite).
+FORKER = """import json, os, sys, traceback
+for name in ("numpy", "torch"):
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+assert not [m for m in sys.modules if m.split(".")[0] == "distlaunch"]
+for line in sys.stdin:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            __import__(line.strip())
+            err = ""
+        except BaseException:
+            err = traceback.format_exc()
+        os.write(w, err.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps(err or ("" if status == 0 else f"the child ended with status {status}")), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_import():
+    """``fresh_import(module)``: the traceback of importing ``module`` first, "" if it imports."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
-    assert p.returncode == 0, p.stderr[-3000:]
+
+    def run(module: str) -> str:
+        import json
+
+        proc.stdin.write(module + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        assert line, f"the importing interpreter ended (code {proc.wait()})"
+        return json.loads(line)
+
+    yield run
+    proc.kill()  # (its exit would unload torch: ~2 s)
+    proc.wait()
+
+
+@pytest.mark.parametrize("module", sorted(m for m in layer_of() if m != "distlaunch.__main__"))
+def test_module_imports_alone_in_a_fresh_interpreter(module, fresh_import):
+    """Each module imports first of distlaunch's in its interpreter (no import-order
+    dependence)."""
+    err = fresh_import(module)
+    assert err == "", err[-3000:]
