@@ -21,8 +21,15 @@ W = ROOT / "tests" / "torch_workers"
 _matrix: dict = {}
 
 
+def worlds(*sizes: int) -> list:
+    """World sizes for tests of ``matrix(world)``: under pytest-xdist every test of one
+    world size runs in the same worker, which launches that world's matrix once."""
+    return [pytest.param(w, marks=pytest.mark.xdist_group(f"torch_ops_matrix_{w}")) for w in sizes]
+
+
 def matrix(world: int) -> subprocess.CompletedProcess:
-    """ops_matrix.py under `distlaunch run` at ``world`` (run once, shared by the tests)."""
+    """ops_matrix.py under `distlaunch run` at ``world`` (run once per process, shared by
+    the tests)."""
     if world not in _matrix:
         _matrix[world] = dl("run", "--nproc-per-node", world, W / "ops_matrix.py", timeout=120)
     return _matrix[world]
@@ -33,20 +40,20 @@ def lines(res: subprocess.CompletedProcess, what: str) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", worlds(1, 2, 3, 4))
 def test_every_op_and_dtype_matches_gloo(world):
     res = matrix(world)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert sorted(lines(res, r"ops ok \d+")) == [str(r) for r in range(world)]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("world", worlds(1, 2, 3, 4))
 def test_async_work_and_futures(world):
     res = matrix(world)
     assert sorted(lines(res, "futures ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", worlds(2, 3, 4))
 def test_large_all_reduce_has_the_bits_of_the_rank_order_sum(world):
     # multi-chunk float32 with NaN payloads: every rank's result is x0 + x1 + ... bit for
     # bit, blocking and async (two ranks: the one-phase pair algorithm; more: two-phase)
@@ -54,7 +61,7 @@ def test_large_all_reduce_has_the_bits_of_the_rank_order_sum(world):
     assert sorted(lines(res, "large ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", worlds(2, 4))
 def test_ddp_ends_with_identical_parameters(world):
     # every rank checks its parameters against all others' and against DDP over gloo
     res = matrix(world)
