@@ -67,7 +67,10 @@ def _capture(addr: str, pcap) -> subprocess.Popen:
     if tcpdump is None:
         pytest.skip("tcpdump is not installed (apt-get install tcpdump)")
     proc = subprocess.Popen(
-        [tcpdump, "-i", "lo", "-s", "0", "-U", "--immediate-mode", "-B", "16384", "-Z", "root",
+        # snap length: lo's MTU (65536) and the Ethernet header, not tcpdump's 262144, whose
+        # frames let a 16 MiB ring hold 64 packets (it dropped packets under load); the ring
+        # (-B, KiB) holds ~2000 such frames; `_streams` checks that no packet was cut
+        [tcpdump, "-i", "lo", "-s", "65552", "-U", "--immediate-mode", "-B", "131072", "-Z", "root",
          "-w", str(pcap), f"host {addr}"],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -91,7 +94,8 @@ def _streams(pcap) -> dict:
     streams: dict = {}
     pos = 24
     while pos + 16 <= len(data):
-        incl = struct.unpack(end + "I", data[pos + 8 : pos + 12])[0]
+        incl, orig = struct.unpack(end + "II", data[pos + 8 : pos + 16])
+        assert incl == orig, f"a packet of {orig} bytes was captured cut to {incl}"
         pkt = data[pos + 16 : pos + 16 + incl]
         pos += 16 + incl
         if len(pkt) < 14 + 20 or pkt[12:14] != b"\x08\x00" or pkt[14 + 9] != 6:
