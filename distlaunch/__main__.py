@@ -18,19 +18,25 @@ def main() -> None:
 
         agent_main()
         return
-    if sys.argv[1:2] == ["run"]:
-        if "SLURM_JOB_ID" in os.environ:
-            # the head over a Slurm allocation: the agent step may start before anything else
-            from .remote.srun import start_early
+    try:
+        if sys.argv[1:2] == ["run"]:
+            if "SLURM_JOB_ID" in os.environ:
+                # the head over a Slurm allocation: the agent step may start before anything else
+                from .remote.srun import start_early
 
-            start_early(sys.argv[2:])
-        # the common form, without click (it declines anything else)
-        from .preparse import main as quick_main
+                start_early(sys.argv[2:])
+            # the common form, without click (it declines anything else)
+            from .preparse import main as quick_main
 
-        quick_main(sys.argv[1:])
-    from .cli import main as cli_main
+            quick_main(sys.argv[1:])
+        from .cli import main as cli_main
 
-    cli_main()
+        cli_main()
+    except KeyboardInterrupt:  # Ctrl-C while the CLI loads, before its own handling:
+        from .startup import leave  # as click's Abort (no traceback of the imports), and
+
+        sys.stderr.write("\n")
+        leave(130)  # an early agent step is ended
 
 
 if __name__ == "__main__":

@@ -654,4 +654,32 @@ def test_signal_while_the_head_starts_a_thread(tmp_path, thread, request):
     assert "stopped by signal 15" in proc.stderr, proc.stderr
 
 
+SIGINT_AT_IMPORT = """import importlib.abc, os, signal, sys
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):  # Ctrl-C as the launcher imports {name}
+        if name == {name!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, _Finder())
+"""
+
+
+@pytest.mark.parametrize("module", ["distlaunch.preparse", "click"])
+def test_ctrl_c_while_the_launcher_loads_is_one_blank_line(tmp_path, module):
+    """Ctrl-C before the launcher's own handling is in place (it is importing the CLI)
+    ends it as click's Abort does, 130 and a blank line, not with a traceback of the
+    imports."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SIGINT_AT_IMPORT.format(name=module))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    args = ("--nnodes", 2) if module == "click" else ()  # (the click-less form declines it)
+    proc = subprocess.run(
+        dl_cmd("run", *args, WORKERS / "actor.py"), capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr == "\n", proc.stderr
+
+
 from sshd import sshd_hosts  # noqa: E402,F401  (session fixture)
