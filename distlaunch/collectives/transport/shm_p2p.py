@@ -598,6 +598,10 @@ class ShmLinks:
             stop = at + ring  # the ring's end in the mapping
             f: Any = True
             k = 0
+            # a window's receives mostly share their expect and buffer view: their
+            # lengths are looked up once for a run of the same objects
+            last_expect = last_buf = None
+            m = size = 0
             try:
                 for item in recvs:  # taken ones leave recvs at the end (one del for the run)
                     expect = item.expect
@@ -608,13 +612,17 @@ class ShmLinks:
                         f = None
                         break
                     a = at + pos % ring
-                    m = len(expect)
+                    if expect is not last_expect:
+                        m = len(expect)
+                        last_expect = expect
                     if mm[a : a + m] != expect:
                         f = ()
                         break
                     n = quads[(a >> 3) + 5]  # nbytes
                     buf = item.direct
-                    size = len(buf)
+                    if buf is not last_buf:
+                        size = len(buf)
+                        last_buf = buf
                     if n > size or n > head - pos - _REC:  # a partial one streams: route it
                         f = ()
                         break
