@@ -969,6 +969,9 @@ class Request:
                 r._op = None
                 continue
             if tp is DirectRecv:
+                if op.msg is SERVED:  # type: ignore[union-attr]  # the run's first wait took it
+                    r._op = None
+                    continue
                 if op.msg is None and op.error is None:  # type: ignore[union-attr]
                     # with the window's last receive when it is from the same rank: one
                     # wait serves the whole run as its messages come (Engine.serve takes

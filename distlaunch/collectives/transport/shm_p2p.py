@@ -603,13 +603,17 @@ class ShmLinks:
             last_expect = last_buf = None
             m = size = 0
             try:
+                if recvs and recvs[0].src != src:
+                    return ()
                 for item in recvs:  # taken ones leave recvs at the end (one del for the run)
                     expect = item.expect
-                    if item.src != src or expect is None:
+                    # (a later item for another rank: its expect names that rank, which
+                    # no header in this ring has)
+                    if expect is None:
                         f = ()
                         break
                     if head == pos:
-                        f = None
+                        f = None if item.src == src else ()
                         break
                     a = at + pos % ring
                     if expect is not last_expect:
