@@ -28,8 +28,8 @@ matching order cannot differ -- takes it straight from the sender's ring into th
 (:meth:`Engine.take_now`, :meth:`ShmLinks.take_prefix`); anything else goes the general
 way. Isend does the same without waiting and returns an already complete Request
 (:meth:`ShmLinks.putter`: the message is published at once, MPI's progress rule). Irecv
-from a peer on this node only posts the receive (:meth:`Engine.irecv`: one object, its
-own op); posted receives are served straight from the ring, in posting order, while the
+from a peer on this node only posts the receive (``Comm.Irecv``: one object, its own
+op); posted receives are served straight from the ring, in posting order, while the
 first posted one is what the next message of its sender matches (:meth:`Engine.serve`,
 :meth:`ShmLinks.take_run`: a window's run under one lock with one tail publication, in
 Waitall/Wait), else routed (Test, probes, other waits).
@@ -496,7 +496,7 @@ class Engine:
         return PostedRecv(ctx, src, tag, None, buf, expect)
 
     def _take_key(self, src: int, ctx: int, tag: int) -> tuple:
-        """What :meth:`take_now` and :meth:`irecv` need for a message of global rank
+        """What :meth:`take_now` and ``Comm.Irecv`` need for a message of global rank
         ``src``, ``ctx`` and ``tag``: (``ctx``, ``src``, :meth:`_expect`, ``src``'s local
         index); ``()``: not a peer on this node. Remembered, as _expect."""
         links = self.links
@@ -539,32 +539,6 @@ class Engine:
                 recv.error = self.error
             else:
                 self.posted.append(recv)
-
-    def irecv(self, got: tuple, tag: int, buf: memoryview, source: int) -> Request | None:
-        """MPI_Irecv into ``buf`` (a writable flat byte memoryview) of ``tag`` from a rank
-        on this node, ``got`` (context id, the rank's global rank, ...: :meth:`_take_key`),
-        ``source`` its communicator rank: the receive is only
-        posted -- nothing is taken from the ring here -- so a window of Irecv costs one
-        :class:`DirectRecv` and its Request a message (both made without ``__init__``:
-        a third of an Irecv's cost was the calls of the classes) and its Waitall takes
-        the messages as one run (:meth:`serve`). None when it cannot be posted so (a
-        kept message that may match first, a failed engine): the caller takes the
-        general way."""
-        p = _new(DirectRecv)
-        p.ctx, p.src, p.expect, _ = got
-        p.tag, p.direct, p.source, p.engine = tag, buf, source, self
-        p.deliver = p.msg = p.error = None
-        # (what the pump holds comes from remote ranks: it cannot match this receive)
-        self._acquire()
-        try:
-            if self.inbox or self.error is not None:
-                return None
-            self.posted.append(p)
-        finally:
-            self._release()
-        r = _new(Request)
-        r._op, r._engine = p, self
-        return r
 
     def cancel(self, recv: PostedRecv) -> bool:
         with self.lock:
@@ -791,7 +765,7 @@ class RecvOp(_Op):
 
 class DirectRecv(PostedRecv, _Op):
     """An Irecv of a contiguous buffer from one rank on this node, made by
-    :meth:`Engine.irecv` (no ``__init__``): the posted receive is its own op (one object
+    ``Comm.Irecv`` (no ``__init__``): the posted receive is its own op (one object
     a message), ``engine`` its engine, ``source`` its communicator rank. Its message is
     copied straight from the ring by a Wait/Waitall (:meth:`Engine.serve`: a window's
     run at once), else routed to it (:meth:`Engine._local_route`: Test, probes, other
@@ -995,6 +969,9 @@ class Request:
                 r._op = None
                 continue
             if tp is DirectRecv:
+                if op.msg is SERVED:  # type: ignore[union-attr]  # the run's first wait took it
+                    r._op = None
+                    continue
                 if op.msg is None and op.error is None:  # type: ignore[union-attr]
                     # with the window's last receive when it is from the same rank: one
                     # wait serves the whole run as its messages come (Engine.serve takes

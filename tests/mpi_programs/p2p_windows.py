@@ -6,8 +6,9 @@ Testany / Waitany / Waitsome over a window, a blocking Recv behind posted receiv
 receives of one sender posted before ANY_SOURCE ones; a window taken as one run while
 messages of another tag or sender sit between its messages (posted before and after
 they came), a cancelled receive inside a Waitall's run, Waitall over sends and
-receives mixed. 2 or 3 ranks: rank 0 receives and prints, the others send; every
-window is posted before the senders are let go (a Barrier) unless said otherwise."""
+receives mixed, one window of receives from the senders in turn. 2 or 3 ranks: rank 0
+receives and prints, the others send; every window is posted before the senders are
+let go (a Barrier) unless said otherwise."""
 
 import numpy as np
 from mpi4py import MPI
@@ -229,3 +230,24 @@ for with_status in (False, True):
             MPI.Request.Waitall(reqs)
             show("mixed waitall", rank, [int(b[0]) for b in bufs], all(not r for r in reqs))
     go()
+
+# 9. one window of receives from the senders in turn (1, 2, 1, 2, ...; 1 only with 2
+# ranks), Waitall without Statuses: a run of one sender's ring stops at the next
+# sender's receive, whether that sender's message is there yet or not
+for when in ("before", "after"):
+    if rank == 0:
+        srcs = [senders[k % len(senders)] for k in range(6)]
+        bufs = [np.zeros(8, np.uint8) for _ in srcs]
+        if when == "before":
+            reqs = [comm.Irecv([b, 8, MPI.BYTE], s, 15) for b, s in zip(bufs, srcs)]
+        go()
+        go()  # every message is in place
+        if when == "after":
+            reqs = [comm.Irecv([b, 8, MPI.BYTE], s, 15) for b, s in zip(bufs, srcs)]
+        MPI.Request.Waitall(reqs)
+        show("senders in turn", when, [int(b[0]) for b in bufs], all(not r for r in reqs))
+    else:
+        go()
+        for k in range(6 // len(senders)):
+            comm.Send(sent(10 * rank + k, 15, 8), 0, 15)
+        go()
