@@ -124,14 +124,22 @@ class Early:
     """What the fast lane started: guard, relay, the store's listening socket (a file
     descriptor), the scratch directory and round 0's workers."""
 
-    def __init__(self, run_id: str, guard: OrphanGuard, relay: SignalRelay) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        guard: OrphanGuard,
+        relay: SignalRelay,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
+        """``base_env``: the workers' environment before their own variables (default
+        this process's)."""
         self.run_id, self.guard, self.relay = run_id, guard, relay
         self.listener: int | None = None
         self.token = os.urandom(16).hex()
         self.master_port = 0
         self.store_port = 0
         self.scratch = ""
-        self.base_env = dict(os.environ)
+        self.base_env = dict(os.environ) if base_env is None else base_env
         self.workers: list[Worker] = []
         self.cpus = 1  # how many CPUs the workers share
 
@@ -214,7 +222,14 @@ def start(parsed: Parsed) -> Early | None:
         if e.scratch == "":  # no temporary directory this lane can use: the full path's errors
             e.abandon()
             return None
-        _spawn(e, count, [python, script, *script_args], options)
+        slots = [  # (topology.WorkerSlot: a dataclass)
+            SimpleNamespace(
+                rank=r, local_rank=r, world_size=count, local_world_size=count, node_rank=0, num_nodes=1
+            )
+            for r in range(count)
+        ]
+        store = (STORE_HOST, e.store_port, e.token)
+        spawn(e, slots, [python, script, *script_args], options, ("localhost", e.master_port), store)
     except NotImplementedError:  # posix_spawn without setsid (an old libc): the full path's
         e.abandon()
         return None
@@ -250,7 +265,22 @@ def _prepare(e: Early) -> None:
         e.scratch = ""
 
 
-def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> None:
+def spawn(
+    e: Early,
+    slots: list[Any],
+    argv: list[str],
+    options: dict[str, Any],
+    master: tuple[str, int],
+    store: tuple[str, int, str],
+) -> None:
+    """Spawn round 0's worker of each of ``slots`` (anything with a ``WorkerSlot``'s
+    fields) with ``argv``, as the launcher's agent would (``specs.build_specs``: the
+    environment of ``workerenv.slot_env``, error and progress files in ``e.scratch``,
+    CPUs by ``options["bind_to"]``, stdin for rank 0, as ``--stdin 0``), each watched
+    by the guard and reached by the relay from its spawn; ``options``: ``max_restarts``,
+    ``role`` and ``bind_to`` as the launcher's configuration has them. Raises
+    LaunchInterrupted (a stop signal before the first spawn) or SpawnError; the caller
+    undoes what was started (``Early.abandon``)."""
     # descriptors this process inherited without close-on-exec: subprocess's close_fds
     closes = [
         (os.POSIX_SPAWN_CLOSE, fd)
@@ -259,12 +289,13 @@ def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> No
     ]
     usable = os.sched_getaffinity(0)
     e.cpus = max(1, len(usable))
-    cpus = cpu_sets(options["bind_to"], count, usable)
+    cpus = cpu_sets(options["bind_to"], len(slots), usable)
     shm = shm_prefix(e.run_id, os.getpid(), 0)
     e.relay.targets = lambda: e.workers
     if e.relay.stop_signal is not None:  # stopped before anything started: start nothing
         raise LaunchInterrupted(e.relay.stop_signal)
-    for rank in range(count):
+    for slot in slots:
+        rank = slot.rank
         error_file = os.path.join(e.scratch, f"error_0_{rank}.json")
         path = os.path.join(e.scratch, f"progress_0_{rank}")
         try:
@@ -272,25 +303,22 @@ def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> No
             progress: str | None = path
         except OSError:  # the scratch dir's disk is full: the rank is watched by its output
             progress = None
-        slot = SimpleNamespace(  # (topology.WorkerSlot: a dataclass)
-            rank=rank, local_rank=rank, world_size=count, local_world_size=count, node_rank=0, num_nodes=1
-        )
         env = slot_env(
-            slot,  # type: ignore[arg-type]
+            slot,
             e.base_env,
             run_id=e.run_id,
             restart_count=0,
             max_restarts=options["max_restarts"],
             role=options["role"],
-            master=("localhost", e.master_port),
-            store=(STORE_HOST, e.store_port, e.token),
+            master=master,
+            store=store,
             error_file=error_file,
             shm=shm,
             agent_store=False,
             progress_file=progress,
             python=True,
         )
-        w = Worker(rank, argv, env, cpus[rank], rank == 0)  # --stdin 0
+        w = Worker(rank, argv, env, cpus[slot.local_rank], rank == 0)  # --stdin 0
         _spawn_one(e, w, closes)
         e.workers.append(w)  # (the relay's targets: started workers only)
     if e.relay.stop_signal is not None:  # it came during the spawns: reach every worker once
