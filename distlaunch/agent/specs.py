@@ -27,7 +27,7 @@ from .process import WorkerProcess
 from .signals import SignalRelay, parse_signals
 
 if TYPE_CHECKING:
-    from ..quick import Early
+    from .lane import Started
     from .merged import DedupConsole
 
 
@@ -293,7 +293,7 @@ def adopt_first_round(
     slots: list[WorkerSlot],
     master_addr: str,
     store: StoreFields,
-    early: Early,
+    early: Started,
 ) -> FirstRound:
     """Round 0's workers of a single node as the fast lane (``quick.py``) started them,
     taken over: their specs are built here as ``start_first_round`` would build them,
