@@ -7,8 +7,9 @@ signal relay from its spawn. ``Started`` holds what was started until the launch
 agent takes it over (``specs.adopt_first_round``, which checks each worker was started
 as it would start it) or undoes it (``Started.abandon``).
 
-The single-node fast lane (``quick.py``, whose ``Early`` adds the store's listener)
-spawns with it before anything heavier is loaded: the standard library's ``os``,
+The single-node fast lane (``quick.py``, whose ``Early`` adds the store's listener) and
+a Slurm agent's head-planned round 0 (``agent/entry.py``) spawn with it before anything
+heavier is loaded: the standard library's ``os``,
 ``signal`` and ``ctypes`` (the guard), and our light modules; no ``typing``,
 ``dataclasses``, ``socket``, ``subprocess`` or ``tempfile``.
 """
@@ -124,13 +125,15 @@ def spawn(
     options: dict[str, Any],
     master: tuple[str, int],
     store: tuple[str, int, str],
+    base: dict[str, str] | None = None,
 ) -> None:
     """Spawn round 0's worker of each of ``slots`` (anything with a ``WorkerSlot``'s
     fields) with ``argv``, as the launcher's agent would (``specs.build_specs``: the
     environment of ``workerenv.slot_env``, error and progress files in ``e.scratch``,
     CPUs by ``options["bind_to"]``, stdin for rank 0, as ``--stdin 0``), each watched
     by the guard and reached by the relay from its spawn; ``options``: ``max_restarts``,
-    ``role`` and ``bind_to`` as the launcher's configuration has them. Raises
+    ``role`` and ``bind_to`` as the launcher's configuration has them; ``base``: the
+    environment their variables are added to (default ``e.base_env``). Raises
     LaunchInterrupted (a stop signal before the first spawn) or SpawnError; the caller
     undoes what was started (``Early.abandon``)."""
     # descriptors this process inherited without close-on-exec: subprocess's close_fds
@@ -143,6 +146,8 @@ def spawn(
     e.cpus = max(1, len(usable))
     cpus = cpu_sets(options["bind_to"], len(slots), usable)
     shm = shm_prefix(e.run_id, os.getpid(), 0)
+    if base is None:
+        base = e.base_env
     e.relay.targets = lambda: e.workers
     if e.relay.stop_signal is not None:  # stopped before anything started: start nothing
         raise LaunchInterrupted(e.relay.stop_signal)
@@ -157,7 +162,7 @@ def spawn(
             progress = None
         env = slot_env(
             slot,
-            e.base_env,
+            base,
             run_id=e.run_id,
             restart_count=0,
             max_restarts=options["max_restarts"],
