@@ -176,6 +176,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "the agent's entry point, the engines (SSH, Slurm, pods, SkyPilot)",
         [
+            "distlaunch.agent.jobspec",
             "distlaunch.agent.entry",
             "distlaunch.engine.ssh",
             "distlaunch.engine.slurm",

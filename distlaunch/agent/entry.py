@@ -8,7 +8,7 @@ its own, and an agent whose head found a problem on any host reads end-of-file a
 without starting anything. ``python -m distlaunch agent`` comes here without the
 CLI's imports (``__main__``).
 
-The line is one node's :class:`JobSpec` (``JobSpec.to_dict``), or a message of the
+The line is one node's ``jobspec.JobSpec`` (``JobSpec.to_dict``), or a message of the
 engine that started the agent, naming it (``{"engine": NAME, ...}``: Slurm's one line
 for every node), from which the engine's plug-in picks this node's spec.
 
@@ -30,98 +30,19 @@ import json
 import os
 import sys
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 from .. import AGENT_HELLO, __version__
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms before a spawn)
 if TYPE_CHECKING:
-    from ..config import LaunchConfig
+    from typing import Any, NoReturn
+
     from ..store.client import StoreAddress
-    from ..topology import WorkerSlot
     from .guard import OrphanGuard
+    from .jobspec import JobSpec
     from .lane import Started
     from .signals import SignalRelay
     from .specs import FirstRound
-
-
-class PlannedSeat(NamedTuple):
-    """Round 0's seat of one node as the head plans it (head mode: plan 0 has every host,
-    in host order, so ranks follow from the hosts' slots), with node 0's address and the
-    MASTER_PORT the head chose (free on node 0's machine, which the head found it runs
-    on): the agent starts its round-0 workers from it before it meets the rendezvous
-    (``specs.start_planned_round``), which then seats it the same (the node agent checks).
-    Here, not in ``specs``: the head builds it without importing what starts workers."""
-
-    node_rank: int
-    num_nodes: int
-    first_rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-
-    def slots(self, count: int) -> list[WorkerSlot]:
-        """This node's ``count`` worker slots in the planned seat."""
-        from ..topology import seat_slots
-
-        return seat_slots(self.first_rank, count, self.node_rank, self.world_size, self.num_nodes)
-
-
-def plan_first_round(slots: list[int], master_addr: str, master_port: int) -> dict[int, PlannedSeat]:
-    """Round 0 as the head plans it for hosts with ``slots`` workers each (host order =
-    node rank, as plan 0 lists every host), MASTER_ADDR:PORT ``master_addr``:``master_port``
-    for all. Pure."""
-    from itertools import accumulate
-
-    firsts = [0, *accumulate(slots)]
-    world = firsts.pop()
-    return {k: PlannedSeat(k, len(slots), f, world, master_addr, master_port) for k, f in enumerate(firsts)}
-
-
-class JobSpec(NamedTuple):
-    """What the head sends one node's agent (it holds the store's secret: stdin only).
-    As JSON (``to_dict``): ``{"config": LaunchConfig.to_dict(), "store": [host, port],
-    "token": secret, "node": NodeOptions' keyword arguments (node_id set; the others
-    default), "env": {variables for the agent and its workers}, "master_addr": the
-    address to announce as MASTER_ADDR, "first": PlannedSeat's fields, or absent}``.
-    ``node`` is kept as keyword arguments so that the head need not import the node
-    agent's module to build a spec. ``first`` (head mode): round 0 as the head planned
-    it; the agent starts its workers from it at once."""
-
-    config: LaunchConfig
-    store: StoreAddress
-    node: dict[str, Any]  # NodeOptions(**node)
-    env: dict[str, str]  # --env-all: set in the agent, which its workers inherit
-    master_addr: str
-    first: PlannedSeat | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {
-            "config": self.config.to_dict(),
-            "store": [self.store.host, self.store.port],
-            "token": self.store.token,
-            "node": dict(self.node),
-            "env": self.env,
-            "master_addr": self.master_addr,
-        }
-        if self.first is not None:
-            d["first"] = self.first._asdict()
-        return d
-
-    @classmethod
-    def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
-        from ..config import LaunchConfig
-        from ..store.client import StoreAddress
-
-        host, port = spec["store"]
-        first = spec.get("first")
-        return cls(
-            LaunchConfig.from_dict(spec["config"]),
-            StoreAddress(host, port, spec["token"]),
-            dict(spec["node"]),
-            spec.get("env", {}),
-            spec["master_addr"],
-            PlannedSeat(**first) if first is not None else None,
-        )
 
 
 def run_agent(spec: dict[str, Any]) -> int:
@@ -139,6 +60,7 @@ def run_agent(spec: dict[str, Any]) -> int:
     dataclasses and typing are most of an agent's start), and taken over once they are
     (``specs.adopt_first_round``, which checks each was started exactly so)."""
     from .guard import OrphanGuard
+    from .jobspec import JobSpec
     from .signals import SignalRelay, parse_signals
 
     os.environ.update(spec.get("env", {}))  # --env-all: the agent and its workers inherit them

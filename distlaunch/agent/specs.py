@@ -352,7 +352,7 @@ def adopt_first_round(
 
 
 if TYPE_CHECKING:  # the head builds it without importing this module
-    from .entry import PlannedSeat
+    from .jobspec import PlannedSeat
 
 
 def start_planned_round(
