@@ -121,9 +121,9 @@ def _spawn_planned(
     """Round 0's workers of a head-planned ``spec`` (a dict) started by the fast lane's
     spawn (``lane.spawn``: guard watching, ``relay`` forwarding from each spawn,
     scratch directory the guard's to clean up), or None where its configuration starts
-    them otherwise (``_LANE_CONFIG``), or the lane cannot (no
-    absolute interpreter, no pidfd, no usable temporary directory, a posix_spawn without
-    setsid): then nothing was started and ``specs.start_planned_round`` starts them.
+    them otherwise (``_LANE_CONFIG``) or the lane cannot (no absolute interpreter, no
+    pidfd, no usable temporary directory, a posix_spawn without setsid): then nothing
+    was started and ``specs.start_planned_round`` starts them.
     Raises LaunchInterrupted (a stop signal before the first spawn) or SpawnError, with
     nothing left running."""
     from ..workerenv import make_scratch
