@@ -28,6 +28,7 @@ from .hostlist import expand_hostlist, parse_tasks_per_node
 from .workerenv import MPI_VARS as MPI_VARS
 from .workerenv import STALE_VARS as STALE_VARS
 from .workerenv import build_worker_env as build_worker_env
+from .workerenv import in_slurm_step as in_slurm_step
 
 # name -> meaning. The builder sets every one of these (OMP_NUM_THREADS only when unset).
 TORCHRUN_VARS = {
@@ -274,13 +275,6 @@ def python_exec(environ: Mapping[str, str] | None = None) -> str:
     """The interpreter that runs the workers' scripts: ``PYTHON_EXEC`` when set (torchrun's
     override, read on each node), else this interpreter (``sys.executable``)."""
     return lookup("PYTHON_EXEC", environ) or sys.executable
-
-
-def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
-    """True in a task started by ``srun`` (``SLURM_STEP_ID`` and ``SLURM_PROCID`` set;
-    a batch script or salloc's shell has no ``SLURM_STEP_ID``). Pure."""
-    env = os.environ if environ is None else environ
-    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
 
 
 def resolver_name(host: str) -> bytes:

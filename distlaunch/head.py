@@ -23,7 +23,7 @@ from .modes import STORE_HOST, HeadOptions
 from .report import say
 
 if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this module
-    from .agent.entry import PlannedSeat
+    from .agent.jobspec import PlannedSeat
     from .engine import AgentEngine, AgentLaunch, OnEnd
     from .head_controller import HeadController
     from .hosts import Host
@@ -75,7 +75,7 @@ def run_hosts(
         # Only what the agents' specs need before they are sent: an agent waits for its
         # spec, and CPU the head spends meanwhile (the controller, the node agent's
         # modules) is CPU the starting agents lack where they share cores with the head.
-        from .agent.entry import JobSpec
+        from .agent.jobspec import JobSpec
         from .rendezvous import Rendezvous
         from .store import StoreServer
         from .store.client import StoreAddress
@@ -201,7 +201,7 @@ def _first_round(cfg: LaunchConfig, hosts: list[Host], engine: AgentEngine) -> d
     before) when node 0's address is not one of this machine's."""
     import socket
 
-    from .agent.entry import plan_first_round
+    from .agent.jobspec import plan_first_round
     from .env import resolver_name
     from .hosts import slots_of
 

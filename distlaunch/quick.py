@@ -8,8 +8,8 @@ wall time. Here, before the first spawn, only ``os``, ``signal``, ``select``,
 (no ``typing``, ``dataclasses``, ``socket``, ``subprocess``, ``tempfile``,
 ``threading``, ``contextlib``), in the order the full path keeps: the orphan guard is
 forked, the signal relay installed, the store's listening socket bound, the scratch
-directory made and handed to the guard, then every worker is spawned
-(``os.posix_spawn``: its own session, stdout and stderr on pipes, stdin as
+directory made and handed to the guard, then every worker is spawned (``agent/lane.py``:
+``os.posix_spawn``: its own session, stdout and stderr on pipes, stdin as
 ``subprocess`` would give it, inherited descriptors closed, SIGPIPE and SIGXFSZ back to
 their defaults, bound to its CPUs) and watched by the guard from its spawn, with the
 environment the agent would give it (``workerenv.build_worker_env``).
@@ -41,27 +41,23 @@ import time
 from types import SimpleNamespace
 
 from .agent.guard import OrphanGuard, remove_matching, remove_tree
+from .agent.lane import Started, spawn
 from .agent.output import StreamSink
 from .agent.signals import SignalRelay
-from .cpus import cpu_sets
-from .errors import LaunchInterrupted, SpawnError
 from .report import say
 from .workerenv import (
     MAX_RESTARTS,
     SHM_DIR,
     STORE_HOST,
-    create_progress,
     in_slurm_job,
     make_scratch,
     omp_notice,
     shm_prefix,
-    slot_env,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
     import threading
-    from typing import Any
 
     from .preparse import Parsed
 
@@ -83,57 +79,15 @@ MAX_IMPORT_DELAY = 0.25
 early: Early | None = None  # started here, not yet taken over by the launcher
 
 
-class Worker:
-    """One worker started here: what it was started with, and its ends of the pipes."""
-
-    __slots__ = (
-        "rank",
-        "argv",
-        "env",
-        "cpus",
-        "stdin",
-        "pid",
-        "stdout",
-        "stderr",
-        "pidfd",
-        "signalled",
-        "exited",
-    )
-
-    def __init__(
-        self, rank: int, argv: list[str], env: dict[str, str], cpus: frozenset[int] | None, stdin: bool
-    ):
-        self.rank, self.argv, self.env, self.cpus, self.stdin = rank, argv, env, cpus, stdin
-        self.pid = self.stdout = self.stderr = -1
-        self.pidfd: int | None = None
-        self.signalled: set[int] = set()  # what was sent (the launcher does not send it again)
-        self.exited: float | None = None  # time.time() when wait() saw it exit
-
-    def signal_group(self, sig: int) -> None:
-        """As ``WorkerProcess.signal_group`` (the relay's target until the take-over)."""
-        if self.pid <= 0:  # not started, or reaped (killpg(-1) would fail: EINVAL)
-            return
-        self.signalled.add(sig)
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-class Early:
-    """What the fast lane started: guard, relay, the store's listening socket (a file
-    descriptor), the scratch directory and round 0's workers."""
+class Early(Started):
+    """What the fast lane started: ``Started``'s (guard, relay, the scratch directory
+    and round 0's workers) and the store's listening socket (a file descriptor)."""
 
     def __init__(self, run_id: str, guard: OrphanGuard, relay: SignalRelay) -> None:
-        self.run_id, self.guard, self.relay = run_id, guard, relay
+        super().__init__(run_id, guard, relay)
         self.listener: int | None = None
         self.token = os.urandom(16).hex()
-        self.master_port = 0
         self.store_port = 0
-        self.scratch = ""
-        self.base_env = dict(os.environ)
-        self.workers: list[Worker] = []
-        self.cpus = 1  # how many CPUs the workers share
 
     def import_delay(self, start_cpu: float) -> float:
         """Seconds after the spawns before ``wait`` imports the full path, given the CPU
@@ -158,32 +112,10 @@ class Early:
         early = None
 
     def abandon(self) -> None:
-        """Undo everything (a start that failed, or one the launcher could not take
-        over): SIGKILL each worker's group, reap it, close its pipes, remove the scratch
-        directory, restore the signals, quit the guard. Idempotent."""
-        self.taken()
-        self.relay.targets = lambda: ()  # (a signal now must not reach a reaped pid)
-        live = [w for w in self.workers if w.pid > 0]
-        for w in live:  # every group before any leader is reaped (as finish)
-            w.signal_group(signal.SIGKILL)
-        for w in live:
-            os.waitpid(w.pid, 0)
-            w.pid = -1
-        if live:
-            self.guard.kill_strays()  # what they moved out of their groups (as a group's close)
-        for w in self.workers:
-            for fd in (w.stdout, w.stderr, w.pidfd):
-                if fd is not None and fd >= 0:
-                    os.close(fd)
-            w.stdout = w.stderr = -1
-            w.pidfd = None
-        if self.scratch:
-            remove_tree(self.scratch)
-            self.scratch = ""
+        """``Started.abandon``, and the store's listener closed. Idempotent."""
         if self.listener is not None:
             os.close(self.take_listener())
-        self.relay.restore()
-        self.guard.close(wait=1.0)
+        super().abandon()
 
 
 def start(parsed: Parsed) -> Early | None:
@@ -214,7 +146,14 @@ def start(parsed: Parsed) -> Early | None:
         if e.scratch == "":  # no temporary directory this lane can use: the full path's errors
             e.abandon()
             return None
-        _spawn(e, count, [python, script, *script_args], options)
+        slots = [  # (topology.WorkerSlot: a dataclass)
+            SimpleNamespace(
+                rank=r, local_rank=r, world_size=count, local_world_size=count, node_rank=0, num_nodes=1
+            )
+            for r in range(count)
+        ]
+        store = (STORE_HOST, e.store_port, e.token)
+        spawn(e, slots, [python, script, *script_args], options, ("localhost", e.master_port), store)
     except NotImplementedError:  # posix_spawn without setsid (an old libc): the full path's
         e.abandon()
         return None
@@ -248,105 +187,6 @@ def _prepare(e: Early) -> None:
         e.scratch = make_scratch(e.run_id, e.guard)
     except OSError:  # no usable temporary directory: declined (the full path's error)
         e.scratch = ""
-
-
-def _spawn(e: Early, count: int, argv: list[str], options: dict[str, Any]) -> None:
-    # descriptors this process inherited without close-on-exec: subprocess's close_fds
-    closes = [
-        (os.POSIX_SPAWN_CLOSE, fd)
-        for fd in map(int, os.listdir("/proc/self/fd"))
-        if fd > 2 and _inheritable(fd)
-    ]
-    usable = os.sched_getaffinity(0)
-    e.cpus = max(1, len(usable))
-    cpus = cpu_sets(options["bind_to"], count, usable)
-    shm = shm_prefix(e.run_id, os.getpid(), 0)
-    e.relay.targets = lambda: e.workers
-    if e.relay.stop_signal is not None:  # stopped before anything started: start nothing
-        raise LaunchInterrupted(e.relay.stop_signal)
-    for rank in range(count):
-        error_file = os.path.join(e.scratch, f"error_0_{rank}.json")
-        path = os.path.join(e.scratch, f"progress_0_{rank}")
-        try:
-            create_progress(path)
-            progress: str | None = path
-        except OSError:  # the scratch dir's disk is full: the rank is watched by its output
-            progress = None
-        slot = SimpleNamespace(  # (topology.WorkerSlot: a dataclass)
-            rank=rank, local_rank=rank, world_size=count, local_world_size=count, node_rank=0, num_nodes=1
-        )
-        env = slot_env(
-            slot,  # type: ignore[arg-type]
-            e.base_env,
-            run_id=e.run_id,
-            restart_count=0,
-            max_restarts=options["max_restarts"],
-            role=options["role"],
-            master=("localhost", e.master_port),
-            store=(STORE_HOST, e.store_port, e.token),
-            error_file=error_file,
-            shm=shm,
-            agent_store=False,
-            progress_file=progress,
-            python=True,
-        )
-        w = Worker(rank, argv, env, cpus[rank], rank == 0)  # --stdin 0
-        _spawn_one(e, w, closes)
-        e.workers.append(w)  # (the relay's targets: started workers only)
-    if e.relay.stop_signal is not None:  # it came during the spawns: reach every worker once
-        for w in e.workers:
-            if e.relay.stop_signal not in w.signalled:
-                w.signal_group(e.relay.stop_signal)
-
-
-def _inheritable(fd: int) -> bool:
-    try:
-        return os.get_inheritable(fd)
-    except OSError:  # the listing's own descriptor, closed by now
-        return False
-
-
-def _spawn_one(e: Early, w: Worker, closes: list[tuple[int, int]]) -> None:
-    """As ``process.WorkerProcess`` spawns (see the module docstring)."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    actions: list[tuple[object, ...]] = list(closes)
-    if not w.stdin:
-        actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDWR, 0))
-    actions += [(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2)]
-    before = None
-    if w.cpus is not None:  # the spawning thread's CPUs are the worker's (process._bind_thread)
-        before = os.sched_getaffinity(0)
-        try:
-            os.sched_setaffinity(0, w.cpus)
-        except OSError:
-            before = None
-    try:
-        w.pid = os.posix_spawn(
-            w.argv[0],
-            w.argv,
-            w.env,
-            file_actions=actions,
-            setsid=True,
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-        )
-    except BaseException as err:
-        os.close(out_r)
-        os.close(err_r)
-        if isinstance(err, OSError):
-            raise SpawnError(f"cannot start rank {w.rank}: {w.argv[0]!r}: {err.strerror}") from err
-        raise
-    finally:
-        os.close(out_w)
-        os.close(err_w)
-        if before is not None:
-            os.sched_setaffinity(0, before)
-    w.stdout, w.stderr = out_r, err_r
-    e.guard.watch(w.pid)
-    try:
-        w.pidfd = os.pidfd_open(w.pid)
-    except OSError:  # out of descriptors: the full path polls it
-        w.pidfd = None
 
 
 def wait(e: Early, delay: float) -> bool:

@@ -34,6 +34,15 @@ def in_slurm_job(environ: Mapping[str, str]) -> bool:
     return "SLURM_JOB_ID" in environ
 
 
+def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
+    """True in a task started by ``srun`` (``SLURM_STEP_ID`` and ``SLURM_PROCID`` set;
+    a batch script or salloc's shell has no ``SLURM_STEP_ID``). Here, below ``env``
+    (which re-exports it): a Slurm agent's signal relay asks it before its workers'
+    spawn. Pure."""
+    env = os.environ if environ is None else environ
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+
+
 def shm_prefix(run_id: str, agent_pid: int, rnd: int | None = None) -> str:
     """Name prefix of the shared-memory segments of one agent's workers (in one round)."""
     return f"distlaunch_{run_id}_{agent_pid}_" + ("" if rnd is None else f"r{rnd}_")

@@ -58,7 +58,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ),
     (
         "one node's worker supervision (agent/): process records, output sinks, worker processes, "
-        "signals, the orphan guard, one attempt's worker group",
+        "signals, the orphan guard, round 0's light spawn, one attempt's worker group",
         [
             "distlaunch.agent",
             "distlaunch.agent.kill",
@@ -66,6 +66,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "distlaunch.agent.process",
             "distlaunch.agent.signals",
             "distlaunch.agent.guard",
+            "distlaunch.agent.lane",
             "distlaunch.agent.group",
         ],
     ),
@@ -175,6 +176,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "the agent's entry point, the engines (SSH, Slurm, pods, SkyPilot)",
         [
+            "distlaunch.agent.jobspec",
             "distlaunch.agent.entry",
             "distlaunch.engine.ssh",
             "distlaunch.engine.slurm",

@@ -42,6 +42,21 @@ NEVER = {
     "distlaunch.engine",
     "distlaunch.engine.slurm",
 }
+# what an agent has not imported at its first spawn either: its workers start from the
+# spec's dict with the fast lane's spawn (agent.lane.spawn) before the configuration, the
+# store client and the worker group are built (their dataclasses and typing: most of an
+# agent's start); the sitecustomize below loads json and subprocess itself
+BEFORE_SPAWN_NEVER = {
+    "dataclasses",
+    "inspect",
+    "socket",
+    "distlaunch.env",
+    "distlaunch.config",
+    "distlaunch.store.client",
+    "distlaunch.agent.specs",
+    "distlaunch.agent.group",
+    "distlaunch.agent.process",
+}
 DELAY = 1.5  # seconds the agents' import of the node agent takes here
 
 AGENT_SITE = """\
@@ -49,18 +64,25 @@ import json, os, subprocess, sys, time
 if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
     marks, node = {marks!r}, os.environ["SLURMD_NODENAME"]
     spawned = []
-    execute = subprocess.Popen._execute_child
+    execute, pspawn = subprocess.Popen._execute_child, os.posix_spawn
 
-    def execute_child(self, *a, **k):
+    def spawning():
         if os.environ.get("FAIL_SPAWN_ON") == node:  # this node cannot start its workers
             raise PermissionError(13, "Permission denied (test)")
         if not spawned:
             with open(os.path.join(marks, "spawn." + node), "w") as f:
                 json.dump(sorted(sys.modules), f)
         spawned.append(1)
+
+    def execute_child(self, *a, **k):
+        spawning()
         return execute(self, *a, **k)
 
-    subprocess.Popen._execute_child = execute_child
+    def posix_spawn(*a, **k):  # the fast lane's spawn (agent.lane.spawn)
+        spawning()
+        return pspawn(*a, **k)
+
+    subprocess.Popen._execute_child, os.posix_spawn = execute_child, posix_spawn
     me, leave = os.getpid(), os._exit
 
     def exit_(code):
@@ -153,6 +175,7 @@ def test_agents_spawn_before_the_node_agent_is_imported(slurm_cluster, tmp_path)
     for node in ("n1", "n2"):
         seen = set(json.loads((marks / f"spawn.{node}").read_text()))
         assert not AFTER_SPAWN & seen, (node, sorted(AFTER_SPAWN & seen))
+        assert not BEFORE_SPAWN_NEVER & seen, (node, sorted(BEFORE_SPAWN_NEVER & seen))
         at_exit = set(json.loads((marks / f"exit.{node}").read_text()))
         assert "distlaunch.agent.node" in at_exit and not NEVER & at_exit, (node, sorted(NEVER & at_exit))
     assert all(m["spawned_before"] for m in _node_marks(marks).values()), _node_marks(marks)

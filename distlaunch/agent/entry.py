@@ -8,16 +8,20 @@ its own, and an agent whose head found a problem on any host reads end-of-file a
 without starting anything. ``python -m distlaunch agent`` comes here without the
 CLI's imports (``__main__``).
 
-The line is one node's :class:`JobSpec` (``JobSpec.to_dict``), or a message of the
+The line is one node's ``jobspec.JobSpec`` (``JobSpec.to_dict``), or a message of the
 engine that started the agent, naming it (``{"engine": NAME, ...}``: Slurm's one line
 for every node), from which the engine's plug-in picks this node's spec.
 
-Before the spec, only what starting workers needs is imported (``agent/specs.py``). A
-spec with the head's plan of round 0 (``first``: this node's seat and MASTER_PORT) has
-its workers started at once, with the orphan guard watching them and the signal relay
-in place from the first spawn; the store client, the rendezvous, the observer and the
-node agent load while their interpreters start, and the agent joins round 0 with them
-(as the single-node launcher's first round, ``launcher._run_single``).
+Under Slurm, before the spec, only what starting workers needs is imported: the fast
+lane's spawn (``agent/lane.py``: ``os.posix_spawn``, the orphan guard, the signal relay,
+``workerenv``; no dataclasses, ``socket`` or ``subprocess``). A spec with the head's
+plan of round 0 (``first``: this node's seat and MASTER_PORT) has its workers started
+from its dict at once (``_spawn_planned``), with the orphan guard watching them and the
+signal relay in place from the first spawn; the configuration, the store client, the
+rendezvous, the observer and the node agent load while their interpreters start, the
+agent takes them over as its own (``specs.adopt_first_round``, which checks each was
+started as it would start it) and joins round 0 with them (as the single-node
+launcher's first round, ``launcher._run_single``).
 """
 
 from __future__ import annotations
@@ -25,97 +29,20 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
+from types import SimpleNamespace
 
 from .. import AGENT_HELLO, __version__
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (~3 ms before a spawn)
 if TYPE_CHECKING:
-    from ..config import LaunchConfig
+    from typing import Any, NoReturn
+
     from ..store.client import StoreAddress
-    from ..topology import WorkerSlot
     from .guard import OrphanGuard
+    from .jobspec import JobSpec
+    from .lane import Started
     from .signals import SignalRelay
     from .specs import FirstRound
-
-
-class PlannedSeat(NamedTuple):
-    """Round 0's seat of one node as the head plans it (head mode: plan 0 has every host,
-    in host order, so ranks follow from the hosts' slots), with node 0's address and the
-    MASTER_PORT the head chose (free on node 0's machine, which the head found it runs
-    on): the agent starts its round-0 workers from it before it meets the rendezvous
-    (``specs.start_planned_round``), which then seats it the same (the node agent checks).
-    Here, not in ``specs``: the head builds it without importing what starts workers."""
-
-    node_rank: int
-    num_nodes: int
-    first_rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-
-    def slots(self, count: int) -> list[WorkerSlot]:
-        """This node's ``count`` worker slots in the planned seat."""
-        from ..topology import seat_slots
-
-        return seat_slots(self.first_rank, count, self.node_rank, self.world_size, self.num_nodes)
-
-
-def plan_first_round(slots: list[int], master_addr: str, master_port: int) -> dict[int, PlannedSeat]:
-    """Round 0 as the head plans it for hosts with ``slots`` workers each (host order =
-    node rank, as plan 0 lists every host), MASTER_ADDR:PORT ``master_addr``:``master_port``
-    for all. Pure."""
-    from itertools import accumulate
-
-    firsts = [0, *accumulate(slots)]
-    world = firsts.pop()
-    return {k: PlannedSeat(k, len(slots), f, world, master_addr, master_port) for k, f in enumerate(firsts)}
-
-
-class JobSpec(NamedTuple):
-    """What the head sends one node's agent (it holds the store's secret: stdin only).
-    As JSON (``to_dict``): ``{"config": LaunchConfig.to_dict(), "store": [host, port],
-    "token": secret, "node": NodeOptions' keyword arguments (node_id set; the others
-    default), "env": {variables for the agent and its workers}, "master_addr": the
-    address to announce as MASTER_ADDR, "first": PlannedSeat's fields, or absent}``.
-    ``node`` is kept as keyword arguments so that the head need not import the node
-    agent's module to build a spec. ``first`` (head mode): round 0 as the head planned
-    it; the agent starts its workers from it at once."""
-
-    config: LaunchConfig
-    store: StoreAddress
-    node: dict[str, Any]  # NodeOptions(**node)
-    env: dict[str, str]  # --env-all: set in the agent, which its workers inherit
-    master_addr: str
-    first: PlannedSeat | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {
-            "config": self.config.to_dict(),
-            "store": [self.store.host, self.store.port],
-            "token": self.store.token,
-            "node": dict(self.node),
-            "env": self.env,
-            "master_addr": self.master_addr,
-        }
-        if self.first is not None:
-            d["first"] = self.first._asdict()
-        return d
-
-    @classmethod
-    def from_dict(cls, spec: dict[str, Any]) -> JobSpec:
-        from ..config import LaunchConfig
-        from ..store.client import StoreAddress
-
-        host, port = spec["store"]
-        first = spec.get("first")
-        return cls(
-            LaunchConfig.from_dict(spec["config"]),
-            StoreAddress(host, port, spec["token"]),
-            dict(spec["node"]),
-            spec.get("env", {}),
-            spec["master_addr"],
-            PlannedSeat(**first) if first is not None else None,
-        )
 
 
 def run_agent(spec: dict[str, Any]) -> int:
@@ -125,23 +52,35 @@ def run_agent(spec: dict[str, Any]) -> int:
     planned by the head). Records its end in the store so the head can tell a finished
     agent from a lost one; not when its planned workers could not start: it never
     joined round 0, and the head, seeing it end unrecorded, stops the round for the
-    others (``HeadController.agent_gone``) instead of their waiting out the rendezvous."""
+    others (``HeadController.agent_gone``) instead of their waiting out the rendezvous.
+
+    A head-planned round 0 whose workers the fast lane's spawn can start
+    (``_spawn_planned``) has them started from the spec's dict, before the
+    configuration, the store client and the agent's own modules are loaded (their
+    dataclasses and typing are most of an agent's start), and taken over once they are
+    (``specs.adopt_first_round``, which checks each was started exactly so)."""
     from .guard import OrphanGuard
+    from .jobspec import JobSpec
     from .signals import SignalRelay, parse_signals
 
-    job = JobSpec.from_dict(spec)
-    cfg, store = job.config, job.store
-    os.environ.update(job.env)  # --env-all: the agent and its workers inherit them
+    os.environ.update(spec.get("env", {}))  # --env-all: the agent and its workers inherit them
     base_env = dict(os.environ)
-    devices = job.node.get("devices")
+    devices = spec["node"].get("devices")
     if devices is not None:  # as NodeAgent sets it for its rounds
         base_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     guard = OrphanGuard()  # before any thread
-    relay = first = None
+    relay = first = early = job = None
     ran = False
     try:
-        if job.first is not None:  # the head planned round 0: its workers start now
-            relay = SignalRelay(lambda: (), also_stop=parse_signals(cfg.signals_to_handle))
+        if spec.get("first") is not None:  # the head planned round 0: its workers start now
+            relay = SignalRelay(lambda: (), also_stop=parse_signals(spec["config"]["signals_to_handle"]))
+            early = _spawn_planned(spec, base_env, guard, relay)
+        job = JobSpec.from_dict(spec)
+        cfg, store = job.config, job.store
+        if early is not None:
+            first = _adopt_planned(job, early)
+            early = None  # (its workers are the group's now)
+        elif relay is not None:
             first = _start_planned(job, base_env, guard, relay)
         from .node import NodeAgent, NodeOptions
 
@@ -151,11 +90,110 @@ def run_agent(spec: dict[str, Any]) -> int:
     finally:
         if first is not None:  # the agent never got to run them: stop them now
             first.discard()
+        elif early is not None:  # never taken over (a bug found by adopt_first_round)
+            early.abandon()
         if relay is not None:
             relay.restore()
         guard.close()
-        if ran:
-            _record_exit(cfg.run_id, store, job.node["node_id"])
+        if ran and job is not None:
+            _record_exit(job.config.run_id, job.store, job.node["node_id"])
+
+
+# LaunchConfig's fields (as ``to_dict`` has them) under which ``specs.build_specs`` starts
+# a worker as the fast lane's spawn does (``python SCRIPT ARGS``, the environment of
+# ``workerenv.slot_env`` alone, ``--bind-to``'s CPUs without devices, stdin for rank 0);
+# with no --signals-to-handle or --hang-timeout (--env is applied as worker_env does),
+# the rest changes only what the agent builds at the take-over (sinks, log files, watchdog).
+_LANE_CONFIG = {
+    "no_python": False,
+    "module": False,
+    "run_path": False,
+    "gpus_per_rank": None,
+    "virtual_local_rank": False,
+    "numa_binding": None,
+    "stdin": "0",
+}
+
+
+def _spawn_planned(
+    spec: dict[str, Any], base_env: dict[str, str], guard: OrphanGuard, relay: SignalRelay
+) -> Started | None:
+    """Round 0's workers of a head-planned ``spec`` (a dict) started by the fast lane's
+    spawn (``lane.spawn``: guard watching, ``relay`` forwarding from each spawn,
+    scratch directory the guard's to clean up), or None where its configuration starts
+    them otherwise (``_LANE_CONFIG``) or the lane cannot (no absolute interpreter, no
+    pidfd, no usable temporary directory, a posix_spawn without setsid): then nothing
+    was started and ``specs.start_planned_round`` starts them.
+    Raises LaunchInterrupted (a stop signal before the first spawn) or SpawnError, with
+    nothing left running."""
+    from ..workerenv import make_scratch
+    from .guard import remove_tree
+    from .lane import Started, spawn
+
+    cfg, node, seat = spec["config"], spec["node"], spec["first"]
+    python = os.environ.get("PYTHON_EXEC") or sys.executable  # env.python_exec (env: dataclasses)
+    if (
+        any(cfg.get(k) != v for k, v in _LANE_CONFIG.items())
+        or cfg.get("signals_to_handle")  # (worker_env: --signals-to-handle, --hang-timeout)
+        or cfg.get("hang_timeout", 0) > 0
+        or not os.path.isabs(python)  # (subprocess searches the worker's PATH)
+        or not hasattr(os, "pidfd_open")
+    ):
+        return None
+    e = Started(cfg["run_id"], guard, relay, base_env)
+    e.master_port = seat["master_port"]
+    try:
+        e.scratch = make_scratch(e.run_id, guard)
+    except OSError:  # specs.make_scratch raises it, as before
+        return None
+    count = node.get("slots") or cfg["nproc_per_node"]  # as NodeAgent counts them
+    slots = [  # topology.seat_slots' (WorkerSlot is a dataclass)
+        SimpleNamespace(
+            rank=seat["first_rank"] + i,
+            local_rank=i,
+            node_rank=seat["node_rank"],
+            world_size=seat["world_size"],
+            local_world_size=count,
+            num_nodes=seat["num_nodes"],
+        )
+        for i in range(count)
+    ]
+    host, port = spec["store"]
+    try:
+        spawn(
+            e,
+            slots,
+            [python, cfg["entrypoint"], *cfg["args"]],
+            cfg,
+            (seat["master_addr"], seat["master_port"]),
+            (host, port, spec["token"]),
+            {**base_env, **dict(cfg["env"])},  # (specs.worker_env's; the head passes PYTHONPATH)
+        )
+    except NotImplementedError:  # posix_spawn without setsid (an old libc): nothing started
+        remove_tree(e.scratch)
+        return None
+    except BaseException:
+        e.abandon()
+        raise
+    return e
+
+
+def _adopt_planned(job: JobSpec, early: Started) -> FirstRound:
+    """``_spawn_planned``'s workers of ``job`` taken over (``specs.adopt_first_round``)."""
+    from .specs import StoreFields, adopt_first_round
+
+    assert job.first is not None
+    node, store = job.node, job.store
+    count = node.get("slots") or job.config.nproc_per_node
+    return adopt_first_round(
+        job.config,
+        job.first.slots(count),
+        job.first.master_addr,
+        StoreFields(store.host, store.port, store.token),
+        early,
+        host_label=node.get("host_label", ""),
+        prefix_host=node.get("prefix_host", False),
+    )
 
 
 def _start_planned(
@@ -219,13 +257,13 @@ def main() -> NoReturn:
     try:
         from ..errors import DistlaunchError, LaunchInterrupted, WorkerFailedError
         from ..report import say
-        from ..store.client import StoreAddress  # noqa: F401  (the spec's store)
-        from . import specs  # noqa: F401
 
         if "SLURM_STEP_ID" in os.environ:  # the Slurm engine's one line for every node
             from ..remote import srun  # noqa: F401  (its select_spec picks this node's spec)
+            from . import lane  # noqa: F401  (its spawn starts a head-planned round 0)
         else:  # SSH: the head sends specs once every host said hello; the node agent loads meanwhile
-            from . import node  # noqa: F401
+            from ..store.client import StoreAddress  # noqa: F401  (the spec's store)
+            from . import node, specs  # noqa: F401
     except ImportError as e:
         print(f"distlaunch agent: cannot start here: {e} (reinstall distlaunch)", file=sys.stderr)
         os._exit(1)

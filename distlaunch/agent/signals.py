@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from types import FrameType, TracebackType
 
 from ..errors import LaunchInterrupted
+from ..workerenv import in_slurm_step
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the fast lane's path)
 
@@ -83,8 +84,6 @@ class SignalRelay:
     ) -> None:
         self.targets = targets
         if forward_all is None:
-            from ..env import in_slurm_step  # here: the fast lane passes forward_all
-
             forward_all = not in_slurm_step()
         self.forward_all = forward_all
         self.stop_signal: int | None = None

@@ -27,7 +27,7 @@ from .process import WorkerProcess
 from .signals import SignalRelay, parse_signals
 
 if TYPE_CHECKING:
-    from ..quick import Early
+    from .lane import Started
     from .merged import DedupConsole
 
 
@@ -293,12 +293,16 @@ def adopt_first_round(
     slots: list[WorkerSlot],
     master_addr: str,
     store: StoreFields,
-    early: Early,
+    early: Started,
+    host_label: str = "",
+    prefix_host: bool = False,
 ) -> FirstRound:
-    """Round 0's workers of a single node as the fast lane (``quick.py``) started them,
-    taken over: their specs are built here as ``start_first_round`` would build them,
-    and each must match what the worker was started with (command line, environment,
-    CPUs), else RuntimeError (a bug: the fast lane must start exactly these workers)."""
+    """Round 0's workers of ``slots`` as the fast lane's spawn (``agent/lane.py``) started
+    them (a single node's, or a Slurm agent's head-planned seat), taken over: their
+    specs are built here as ``start_first_round`` / ``start_planned_round`` would build
+    them (``host_label``, ``prefix_host``: their prefixes), and each must match what
+    the worker was started with (command line, environment, CPUs), else RuntimeError (a
+    bug: the fast lane must start exactly these workers)."""
     specs = build_specs(
         cfg,
         slots,
@@ -308,6 +312,8 @@ def adopt_first_round(
         store,
         early.base_env,
         early.scratch,
+        host_label=host_label,
+        prefix_host=prefix_host,
         create_files=False,
     )
     if len(specs) != len(early.workers):
@@ -346,7 +352,7 @@ def adopt_first_round(
 
 
 if TYPE_CHECKING:  # the head builds it without importing this module
-    from .entry import PlannedSeat
+    from .jobspec import PlannedSeat
 
 
 def start_planned_round(

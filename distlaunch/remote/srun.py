@@ -101,10 +101,11 @@ def select_spec(message: Mapping[str, Any], environ: Mapping[str, str] | None = 
     name: per-node part}, "common": {...}}``), chosen by ``SLURMD_NODENAME`` (the Slurm
     node this task runs on, distinct even for several slurmd on one machine). Pure.
     Raises ConfigError when the variable is missing or names no node of the line."""
-    from ..env import lookup  # (loaded in the agent already: agent.specs)
     from ..errors import ConfigError
 
-    name = lookup("SLURMD_NODENAME", environ)
+    # (env.lookup's table has it; env is not loaded here: it pulls in dataclasses, which
+    # an agent loads only once its workers are spawned)
+    name = (os.environ if environ is None else environ).get("SLURMD_NODENAME")
     if not name:
         raise ConfigError("SLURMD_NODENAME is not set: this agent was not started by srun")
     nodes = message[SPECS_KEY]
