@@ -73,8 +73,7 @@ COLLECTIVES_VARS = {
     "DISTLAUNCH_SHM": "0 disables the shared-memory collectives (TCP only)",
     "DISTLAUNCH_SHM_SLOT": "bytes per shared-memory data buffer (default 4 MiB)",
     "DISTLAUNCH_SHM_CHUNK": "bytes per chunk of a large shared-memory all_reduce (default 2 MiB)",
-    "DISTLAUNCH_SHM_SPIN": "counter checks before a shared-memory waiter sleeps (default 400; 0 on a "
-    "node with more ranks than CPUs)",
+    "DISTLAUNCH_SHM_SPIN": "counter checks before a shared-memory waiter sleeps (default 400)",
     "DISTLAUNCH_SHM_YIELD": "0: spin without sched_yield while waiting on shared memory",
     "DISTLAUNCH_COLL_HOST": "address the collectives transport listens on (default: the one "
     "routing to the store)",

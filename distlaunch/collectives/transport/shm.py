@@ -49,8 +49,7 @@ ShmFullError and use TCP instead, and one of them prints one warning line.
 Sizes (``ShmConfig``, read from the environment by init_process_group, not at import):
 SLOT bytes per data buffer (DISTLAUNCH_SHM_SLOT, default 4 MiB), all_reduce CHUNK
 (DISTLAUNCH_SHM_CHUNK, default 2 MiB), spins before sleeping (DISTLAUNCH_SHM_SPIN,
-default 400, none when the node has more ranks than CPUs: ``ShmConfig.spins``), yielding
-while spinning (DISTLAUNCH_SHM_YIELD, default on).
+default 400), yielding while spinning (DISTLAUNCH_SHM_YIELD, default on).
 """
 
 from __future__ import annotations
@@ -76,7 +75,6 @@ from ..wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, OP_CODES, OP_NA
 
 SLOT = 4 << 20  # default bytes per data buffer
 CHUNK = 2 << 20  # default all_reduce bytes per chunk
-SPIN = 400  # default counter checks before a waiter sleeps (ShmConfig.spins)
 # all_reduce: one-phase algorithm up to here (measured: it wins below ~384 KiB at n = 2
 # and 4); one buffer must hold it
 SMALL_MAX = 256 * 1024
@@ -121,24 +119,13 @@ class ShmConfig(NamedTuple):
 
     slot: int = SLOT  # bytes per data buffer
     chunk: int = CHUNK  # all_reduce bytes per chunk
-    spin: int | None = None  # counter checks before sleeping in the kernel (None: ``spins``)
+    spin: int = 400  # counter checks before sleeping in the kernel
     yield_spin: bool = True  # sched_yield between checks
 
     @property
     def small(self) -> int:
         """Largest all_reduce (bytes) run with the one-phase algorithm."""
         return min(SMALL_MAX, self.slot)
-
-    def spins(self, members: int) -> int:
-        """Counter checks before a waiter among ``members`` ranks of this node sleeps in
-        the kernel: DISTLAUNCH_SHM_SPIN if set; else 400, or none when the node runs more
-        ranks than it has CPUs. Then a waiter that spins (even yielding) only takes CPU
-        time from the peer it waits for: Open MPI's yield-when-idle, which it turns on
-        by itself when a node is oversubscribed (4 ranks on 2 CPUs under load: half the
-        CPU time and ~40% less wall time for a run of small collectives)."""
-        if self.spin is not None:
-            return self.spin
-        return SPIN if members <= (os.cpu_count() or 1) else 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> ShmConfig:
@@ -148,7 +135,7 @@ class ShmConfig(NamedTuple):
         return cls(
             slot=int(env.get("DISTLAUNCH_SHM_SLOT", SLOT)),
             chunk=int(env.get("DISTLAUNCH_SHM_CHUNK", CHUNK)),
-            spin=int(spin) if spin.isdigit() else None,
+            spin=int(spin) if spin.isdigit() else 400,
             # yield while spinning: other processes on the machine (other ranks, other
             # nodes of a loopback job, their progress threads) may need this core
             yield_spin=env.get("DISTLAUNCH_SHM_YIELD", "1") != "0",
@@ -340,7 +327,7 @@ class ShmChannel:
             self._unlinked = True
             _unlink(self.path)
         self._next_check = 0.0
-        self.spin = config.spins(self.n)
+        self.spin = config.spin
         self.yield_spin = config.yield_spin
 
     # -- layout

@@ -201,7 +201,7 @@ class ShmLinks:
         self.me = self.index[self.rank]
         self.others = [i for i in range(len(local)) if i != self.me]  # local indices of the peers
         self.ring = ring = max(_REC, ring // _REC * _REC)
-        self.spin, self.yield_spin = config.spins(len(local)), config.yield_spin
+        self.spin, self.yield_spin = config.spin, config.yield_spin
         self._busy: float | None = None  # see busy
         self._busy_retry = 0.0  # when to look again for the pids of the local ranks
         self.lock = threading.RLock()
