@@ -32,11 +32,10 @@ def main() -> None:
         from .cli import main as cli_main
 
         cli_main()
-    except KeyboardInterrupt:  # Ctrl-C while the CLI loads, before its own handling:
-        from .startup import leave  # as click's Abort (no traceback of the imports), and
+    except KeyboardInterrupt as e:  # Ctrl-C while the CLI loads, before its own handling:
+        from .command import leave, report_abort  # as click's Abort (no traceback of the
 
-        sys.stderr.write("\n")
-        leave(130)  # an early agent step is ended
+        leave(report_abort(e))  # imports); leave() ends an early agent step
 
 
 if __name__ == "__main__":
