@@ -146,20 +146,20 @@ def _spawn_planned(
         e.scratch = make_scratch(e.run_id, guard)
     except OSError:  # specs.make_scratch raises it, as before
         return None
-    count = node.get("slots") or cfg["nproc_per_node"]  # as NodeAgent counts them
-    slots = [  # topology.seat_slots' (WorkerSlot is a dataclass)
-        SimpleNamespace(
-            rank=seat["first_rank"] + i,
-            local_rank=i,
-            node_rank=seat["node_rank"],
-            world_size=seat["world_size"],
-            local_world_size=count,
-            num_nodes=seat["num_nodes"],
-        )
-        for i in range(count)
-    ]
-    host, port = spec["store"]
-    try:
+    try:  # (from here a malformed spec leaves no scratch directory behind: abandon)
+        count = node.get("slots") or cfg["nproc_per_node"]  # as NodeAgent counts them
+        slots = [  # topology.seat_slots' (WorkerSlot is a dataclass)
+            SimpleNamespace(
+                rank=seat["first_rank"] + i,
+                local_rank=i,
+                node_rank=seat["node_rank"],
+                world_size=seat["world_size"],
+                local_world_size=count,
+                num_nodes=seat["num_nodes"],
+            )
+            for i in range(count)
+        ]
+        host, port = spec["store"]
         spawn(
             e,
             slots,
