@@ -524,7 +524,9 @@ class Engine:
     # -- receiving
 
     def post(self, recv: PostedRecv) -> None:
-        """Match ``recv`` against the kept messages, else post it."""
+        """Match ``recv`` against the kept messages, else post it. (``Comm.Irecv`` writes
+        this out for a receive from this node's shared memory, on the hot path: a change of
+        these rules goes there too.)"""
         with self.lock:
             pump = self.pump
             if pump is not None and pump.done:
