@@ -90,6 +90,7 @@ from .shm import available as shm_available
 
 RING = 1 << 20  # default bytes per (sender, receiver) ring
 _HDR, _CTL, _REC = 4096, 256, 64
+_PAD, _ALIGN = 2 * _REC - 1, -_REC  # (nbytes + _PAD) & _ALIGN: a record's bytes
 _ONE_STORE = 4096  # payload bytes up to which a putter writes header and payload together
 BUSY = 100e-6  # default seconds of busy-polling the bell before yielding the core
 # a record's header start (the 32 bytes of a 32-byte ``expect``; 28 and the signed
@@ -607,9 +608,11 @@ class ShmLinks:
                 return ()
             mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
             ring = self.ring
-            start = pos = self.tails[i]
+            start = self.tails[i]
             head = quads[hi]
+            left = head - start  # bytes in the ring from the next record on
             stop = at + ring  # the ring's end in the mapping
+            a = at + start % ring  # the next record in the mapping
             f: Any = True
             k = 0
             # a window's receives mostly share their expect and buffer view: their
@@ -626,10 +629,9 @@ class ShmLinks:
                     if expect is None:
                         f = ()
                         break
-                    if head == pos:
+                    if not left:
                         f = None if item.src == src else ()
                         break
-                    a = at + pos % ring
                     if expect is not last_expect:
                         head32 = len(expect) == 32
                         unpack = _HEAD32 if head32 else _HEAD28
@@ -645,16 +647,21 @@ class ShmLinks:
                     if buf is not last_buf:
                         size = len(buf)
                         last_buf = buf
-                    if n > size or n > head - pos - _REC:  # a partial one streams: route it
+                    if n > size or n > left - _REC:  # a partial one streams: route it
                         f = ()
                         break
                     if n:
                         b = a + _REC  # records start 64-byte aligned: at most ``stop``
-                        if b + n <= stop:
-                            buf[:n] = mv[b : b + n]
+                        e = b + n
+                        if e <= stop:
+                            buf[:n] = mv[b:e]
                         else:
                             _ring_read(buf, mv, at, ring, b - at, n)
-                    pos += _REC + ((n + _REC - 1) & -_REC)
+                    r = (n + _PAD) & _ALIGN  # the record's bytes
+                    left -= r
+                    a += r
+                    if a >= stop:
+                        a -= ring
                     k += 1
                     if not head32:  # else ``root`` was compared: it is item.tag
                         item.tag = root
@@ -663,8 +670,7 @@ class ShmLinks:
             finally:  # also when a copy raises (a released buffer): what was taken is gone
                 if k:
                     del recvs[:k]
-                if pos != start:
-                    self._free_to(i, pos)
+                    self._free_to(i, head - left)
             return f
         finally:
             self._release()
