@@ -610,7 +610,7 @@ class ShmLinks:
             ring = self.ring
             start = self.tails[i]
             head = quads[hi]
-            left = head - start  # bytes in the ring from the next record on
+            left = head - start - _REC  # bytes in the ring past the next record's header
             stop = at + ring  # the ring's end in the mapping
             a = at + start % ring  # the next record in the mapping
             f: Any = True
@@ -629,7 +629,7 @@ class ShmLinks:
                     if expect is None:
                         f = ()
                         break
-                    if not left:
+                    if left < 0:  # no record
                         f = None if item.src == src else ()
                         break
                     if expect is not last_expect:
@@ -647,7 +647,7 @@ class ShmLinks:
                     if buf is not last_buf:
                         size = len(buf)
                         last_buf = buf
-                    if n > size or n > left - _REC:  # a partial one streams: route it
+                    if n > size or n > left:  # a partial one streams: route it
                         f = ()
                         break
                     if n:
@@ -670,7 +670,7 @@ class ShmLinks:
             finally:  # also when a copy raises (a released buffer): what was taken is gone
                 if k:
                     del recvs[:k]
-                    self._free_to(i, head - left)
+                    self._free_to(i, head - left - _REC)
             return f
         finally:
             self._release()
