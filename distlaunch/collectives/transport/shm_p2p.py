@@ -94,7 +94,7 @@ _PAD, _ALIGN = 2 * _REC - 1, -_REC  # (nbytes + _PAD) & _ALIGN: a record's bytes
 _ONE_STORE = 4096  # payload bytes up to which a putter writes header and payload together
 BUSY = 100e-6  # default seconds of busy-polling the bell before yielding the core
 # a record's header start (the 32 bytes of a 32-byte ``expect``; 28 and the signed
-# ``root``) and its nbytes in one call: take_run's per-message look (a slice, its
+# ``root``) and its nbytes in one call: take_run's and take_prefix's look (a slice, its
 # comparison, a shift and an item each cost about as much as this call)
 _HEAD32 = struct.Struct("<32s8xQ").unpack_from
 _HEAD28 = struct.Struct("<28si8xQ").unpack_from
@@ -555,12 +555,18 @@ class ShmLinks:
                 return ()
             ring = self.ring
             a = at + pos % ring  # a multiple of 8 (records are 64-byte aligned)
-            if mm[a : a + len(expect)] != expect:
-                return ()
-            n = quads[(a >> 3) + 5]  # nbytes
+            if len(expect) == 32:  # names ``root``
+                h, n = _HEAD32(mm, a)
+                if h != expect:
+                    return ()
+                root = words[(a >> 2) + 7]
+                root = root if root < 0x80000000 else root - 0x100000000
+            else:
+                h, root, n = _HEAD28(mm, a)
+                if h != expect:
+                    return ()
             if n > len(buf) or n > head - pos - _REC:
                 return ()
-            root = words[(a >> 2) + 7]
             if n:
                 b = a + _REC  # records start 64-byte aligned: at most the ring's end
                 if b + n <= at + ring:
@@ -570,7 +576,7 @@ class ShmLinks:
             pos += _REC + ((n + _REC - 1) & -_REC)
             self.tails[i] = pos
             quads[ti] = pos
-            got = root if root < 0x80000000 else root - 0x100000000, n
+            got = root, n
             if inner:
                 self._fence_acquire()
                 self._fence_release()
