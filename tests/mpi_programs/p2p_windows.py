@@ -6,7 +6,8 @@ Testany / Waitany / Waitsome over a window, a blocking Recv behind posted receiv
 receives of one sender posted before ANY_SOURCE ones; a window taken as one run while
 messages of another tag or sender sit between its messages (posted before and after
 they came), a cancelled receive inside a Waitall's run, Waitall over sends and
-receives mixed, one window of receives from the senders in turn. 2 or 3 ranks: rank 0
+receives mixed, one window of receives from the senders in turn, rounds of windows
+whose runs cross a small ring's end (ANY_TAG or a tag, Statuses or none). 2 or 3 ranks: rank 0
 receives and prints, the others send; every window is posted before the senders are
 let go (a Barrier) unless said otherwise."""
 
@@ -251,3 +252,26 @@ for when in ("before", "after"):
         for k in range(6 // len(senders)):
             comm.Send(sent(10 * rank + k, 15, 8), 0, 15)
         go()
+
+# 10. rounds of a window of 16 from rank 1, sizes 1-128 bytes changing each round (with
+# a 4 KiB ring, runs taken as the messages come cross its end), ANY_TAG or a tag,
+# Waitall with Statuses or without: every payload, count and tag in place
+ok = 0
+for r in range(24):
+    n, tag = 1 + (37 * r) % 128, 16 + r % 2
+    if rank == 0:
+        bufs = [np.zeros(130, np.uint8) for _ in range(16)]
+        reqs = [comm.Irecv([b, 130, MPI.BYTE], 1, MPI.ANY_TAG if r % 3 == 0 else tag) for b in bufs]
+        go()
+        sts = [MPI.Status() for _ in reqs] if r % 2 else None
+        MPI.Request.Waitall(reqs, sts)
+        good = all((b[:n] == sent(r + k, tag, n)).all() and not b[n:].any() for k, b in enumerate(bufs))
+        if sts:
+            good = good and all(st.Get_count(MPI.BYTE) == n and st.Get_tag() == tag for st in sts)
+        ok += good and all(not q for q in reqs)
+    else:
+        go()
+        if rank == 1:
+            MPI.Request.Waitall([comm.Isend(sent(r + k, tag, n), 0, tag) for k in range(16)])
+if rank == 0:
+    show("rounds across the ring's end", ok, "of 24")

@@ -62,6 +62,7 @@ import ctypes
 import hashlib
 import mmap
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence, Sized
@@ -89,8 +90,14 @@ from .shm import available as shm_available
 
 RING = 1 << 20  # default bytes per (sender, receiver) ring
 _HDR, _CTL, _REC = 4096, 256, 64
+_PAD, _ALIGN = 2 * _REC - 1, -_REC  # (nbytes + _PAD) & _ALIGN: a record's bytes
 _ONE_STORE = 4096  # payload bytes up to which a putter writes header and payload together
 BUSY = 100e-6  # default seconds of busy-polling the bell before yielding the core
+# a record's header start (the 32 bytes of a 32-byte ``expect``; 28 and the signed
+# ``root``) and its nbytes in one call: take_run's and take_prefix's look (a slice, its
+# comparison, a shift and an item each cost about as much as this call)
+_HEAD32 = struct.Struct("<32s8xQ").unpack_from
+_HEAD28 = struct.Struct("<28si8xQ").unpack_from
 _POLLS = range(64)  # bell checks between two looks at the clock while busy-polling
 _PID_RETRY = 0.001  # seconds between looks for the local ranks' pids until all are known
 
@@ -548,12 +555,18 @@ class ShmLinks:
                 return ()
             ring = self.ring
             a = at + pos % ring  # a multiple of 8 (records are 64-byte aligned)
-            if mm[a : a + len(expect)] != expect:
-                return ()
-            n = quads[(a >> 3) + 5]  # nbytes
+            if len(expect) == 32:  # names ``root``
+                h, n = _HEAD32(mm, a)
+                if h != expect:
+                    return ()
+                root = words[(a >> 2) + 7]
+                root = root if root < 0x80000000 else root - 0x100000000
+            else:
+                h, root, n = _HEAD28(mm, a)
+                if h != expect:
+                    return ()
             if n > len(buf) or n > head - pos - _REC:
                 return ()
-            root = words[(a >> 2) + 7]
             if n:
                 b = a + _REC  # records start 64-byte aligned: at most the ring's end
                 if b + n <= at + ring:
@@ -563,7 +576,7 @@ class ShmLinks:
             pos += _REC + ((n + _REC - 1) & -_REC)
             self.tails[i] = pos
             quads[ti] = pos
-            got = root if root < 0x80000000 else root - 0x100000000, n
+            got = root, n
             if inner:
                 self._fence_acquire()
                 self._fence_release()
@@ -601,15 +614,17 @@ class ShmLinks:
                 return ()
             mm, mv, quads, words, at, hi, bi, ti = self.ins[i]
             ring = self.ring
-            start = pos = self.tails[i]
+            start = self.tails[i]
             head = quads[hi]
+            left = head - start - _REC  # bytes in the ring past the next record's header
             stop = at + ring  # the ring's end in the mapping
+            a = at + start % ring  # the next record in the mapping
             f: Any = True
             k = 0
             # a window's receives mostly share their expect and buffer view: their
             # lengths are looked up once for a run of the same objects
-            last_expect = last_buf = None
-            m = size = 0
+            last_expect = last_buf = head32 = None
+            size = 0
             try:
                 if recvs and recvs[0].src != src:
                     return ()
@@ -620,42 +635,48 @@ class ShmLinks:
                     if expect is None:
                         f = ()
                         break
-                    if head == pos:
+                    if left < 0:  # no record
                         f = None if item.src == src else ()
                         break
-                    a = at + pos % ring
                     if expect is not last_expect:
-                        m = len(expect)
+                        head32 = len(expect) == 32
+                        unpack = _HEAD32 if head32 else _HEAD28
                         last_expect = expect
-                    if mm[a : a + m] != expect:
+                    if head32:
+                        h, n = unpack(mm, a)
+                    else:
+                        h, root, n = unpack(mm, a)
+                    if h != expect:
                         f = ()
                         break
-                    n = quads[(a >> 3) + 5]  # nbytes
                     buf = item.direct
                     if buf is not last_buf:
                         size = len(buf)
                         last_buf = buf
-                    if n > size or n > head - pos - _REC:  # a partial one streams: route it
+                    if n > size or n > left:  # a partial one streams: route it
                         f = ()
                         break
                     if n:
                         b = a + _REC  # records start 64-byte aligned: at most ``stop``
-                        if b + n <= stop:
-                            buf[:n] = mv[b : b + n]
+                        e = b + n
+                        if e <= stop:
+                            buf[:n] = mv[b:e]
                         else:
                             _ring_read(buf, mv, at, ring, b - at, n)
-                    pos += _REC + ((n + _REC - 1) & -_REC)
+                    r = (n + _PAD) & _ALIGN  # the record's bytes
+                    left -= r
+                    a += r
+                    if a >= stop:
+                        a -= ring
                     k += 1
-                    if m != 32:  # else ``root`` was compared: it is item.tag
-                        root = words[(a >> 2) + 7]
-                        item.tag = root if root < 0x80000000 else root - 0x100000000
+                    if not head32:  # else ``root`` was compared: it is item.tag
+                        item.tag = root
                     item.data = buf if n == size else buf[:n]
                     item.msg = mark  # last: a thread that sees it finds the rest in place
             finally:  # also when a copy raises (a released buffer): what was taken is gone
                 if k:
                     del recvs[:k]
-                if pos != start:
-                    self._free_to(i, pos)
+                    self._free_to(i, head - left - _REC)
             return f
         finally:
             self._release()
