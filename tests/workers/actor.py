@@ -64,8 +64,10 @@ if args.mark_dir:
 
 if args.spawn_child:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    with open(os.path.join(args.spawn_child, f"child.{rank}"), "w") as f:
+    path = os.path.join(args.spawn_child, f"child.{rank}")
+    with open(path + ".tmp", "w") as f:  # then renamed: a test that sees the file sees the pid
         f.write(str(child.pid))
+    os.replace(path + ".tmp", path)
 
 for i in range(args.lines):
     # A line in three writes with pauses: the launcher must never split or mix it.
