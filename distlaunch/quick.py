@@ -38,10 +38,9 @@ import select
 import signal
 import sys
 import time
-from types import SimpleNamespace
 
 from .agent.guard import OrphanGuard, remove_matching, remove_tree
-from .agent.lane import Started, spawn
+from .agent.lane import Started, seat_slots, spawn, usable_python
 from .agent.output import StreamSink
 from .agent.signals import SignalRelay
 from .report import say
@@ -126,14 +125,13 @@ def start(parsed: Parsed) -> Early | None:
     script, script_args, options, _given = parsed
     count = int(options["nproc_per_node"])
     environ = os.environ
-    python = environ.get("PYTHON_EXEC") or sys.executable  # env.python_exec
+    python = usable_python()
     if (
         not 1 <= count <= MAX_WORKERS
         # a Slurm allocation's head runs a job over its nodes; in a step the relay's
         # forwarding differs (signals.py)
         or in_slurm_job(environ)
-        or not os.path.isabs(python)  # (subprocess searches the worker's PATH)
-        or not hasattr(os, "pidfd_open")
+        or python is None
         or options["max_restarts"] > MAX_RESTARTS  # (the full path's error)
         or not os.path.isfile(script)  # (the full path's error; one stat)
     ):
@@ -146,12 +144,7 @@ def start(parsed: Parsed) -> Early | None:
         if e.scratch == "":  # no temporary directory this lane can use: the full path's errors
             e.abandon()
             return None
-        slots = [  # (topology.WorkerSlot: a dataclass)
-            SimpleNamespace(
-                rank=r, local_rank=r, world_size=count, local_world_size=count, node_rank=0, num_nodes=1
-            )
-            for r in range(count)
-        ]
+        slots = seat_slots(0, count, 0, count, 1)
         store = (STORE_HOST, e.store_port, e.token)
         spawn(e, slots, [python, script, *script_args], options, ("localhost", e.master_port), store)
     except NotImplementedError:  # posix_spawn without setsid (an old libc): the full path's

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from types import SimpleNamespace
 
 from .. import AGENT_HELLO, __version__
 
@@ -128,16 +127,15 @@ def _spawn_planned(
     nothing left running."""
     from ..workerenv import make_scratch
     from .guard import remove_tree
-    from .lane import Started, spawn
+    from .lane import Started, seat_slots, spawn, usable_python
 
     cfg, node, seat = spec["config"], spec["node"], spec["first"]
-    python = os.environ.get("PYTHON_EXEC") or sys.executable  # env.python_exec (env: dataclasses)
+    python = usable_python()
     if (
         any(cfg.get(k) != v for k, v in _LANE_CONFIG.items())
         or cfg.get("signals_to_handle")  # (worker_env: --signals-to-handle, --hang-timeout)
         or cfg.get("hang_timeout", 0) > 0
-        or not os.path.isabs(python)  # (subprocess searches the worker's PATH)
-        or not hasattr(os, "pidfd_open")
+        or python is None
     ):
         return None
     e = Started(cfg["run_id"], guard, relay, base_env)
@@ -148,17 +146,9 @@ def _spawn_planned(
         return None
     try:  # (from here a malformed spec leaves no scratch directory behind: abandon)
         count = node.get("slots") or cfg["nproc_per_node"]  # as NodeAgent counts them
-        slots = [  # topology.seat_slots' (WorkerSlot is a dataclass)
-            SimpleNamespace(
-                rank=seat["first_rank"] + i,
-                local_rank=i,
-                node_rank=seat["node_rank"],
-                world_size=seat["world_size"],
-                local_world_size=count,
-                num_nodes=seat["num_nodes"],
-            )
-            for i in range(count)
-        ]
+        slots = seat_slots(
+            seat["first_rank"], count, seat["node_rank"], seat["world_size"], seat["num_nodes"]
+        )
         host, port = spec["store"]
         spawn(
             e,

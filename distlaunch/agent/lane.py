@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+from types import SimpleNamespace
 
 from ..cpus import cpu_sets
 from ..errors import LaunchInterrupted, SpawnError
@@ -116,6 +118,30 @@ class Started:
             self.scratch = ""
         self.relay.restore()
         self.guard.close(wait=1.0)
+
+
+def usable_python() -> str | None:
+    """The interpreter the lane starts workers with (``env.python_exec``'s: PYTHON_EXEC,
+    else this one), or None where the lane cannot start them: a relative path (the
+    agent's subprocess would search the worker's PATH) or no ``os.pidfd_open``."""
+    python = os.environ.get("PYTHON_EXEC") or sys.executable
+    return python if os.path.isabs(python) and hasattr(os, "pidfd_open") else None
+
+
+def seat_slots(first_rank: int, count: int, node_rank: int, world_size: int, num_nodes: int) -> list[Any]:
+    """The ``count`` slots of one node's seat as ``topology.WorkerSlot`` has them (a
+    dataclass, not loaded here): ranks ``first_rank`` on, local ranks from 0."""
+    return [
+        SimpleNamespace(
+            rank=first_rank + i,
+            local_rank=i,
+            node_rank=node_rank,
+            world_size=world_size,
+            local_world_size=count,
+            num_nodes=num_nodes,
+        )
+        for i in range(count)
+    ]
 
 
 def spawn(
