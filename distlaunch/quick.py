@@ -39,19 +39,17 @@ import signal
 import sys
 import time
 
-from .agent.guard import OrphanGuard, remove_matching, remove_tree
+from .agent.guard import OrphanGuard
 from .agent.lane import Started, seat_slots, spawn, usable_python
 from .agent.output import StreamSink
 from .agent.signals import SignalRelay
 from .report import say
 from .workerenv import (
     MAX_RESTARTS,
-    SHM_DIR,
     STORE_HOST,
     in_slurm_job,
     make_scratch,
     omp_notice,
-    shm_prefix,
 )
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -289,8 +287,4 @@ def finish(e: Early) -> None:
         w.pidfd = None
     e.guard.kill_strays()  # (after the reaping: an unreaped leader would count as one)
     e.workers = []
-    remove_tree(e.scratch)  # (os alone: guard.py)
-    e.scratch = ""
-    # the segments, as node.py removes them
-    remove_matching(os.path.join(SHM_DIR, shm_prefix(e.run_id, os.getpid()) + "*"))
-    e.abandon()  # (nothing left to kill): the listener, the relay, the guard
+    e.abandon()  # (nothing left to kill): scratch, segments, the listener, the relay, the guard

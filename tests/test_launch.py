@@ -1217,6 +1217,50 @@ def test_a_short_job_ends_in_the_fast_lane_and_leaves_nothing(tmp_path):
     assert end == {"full": [], "tmp": [], "shm": [], "n": 2}, end
 
 
+# The launcher's take-over of the fast lane's workers fails (as adopt_first_round does
+# when a worker was not started as the launcher would start it) once both workers made a
+# segment; at exit: the workers' segments left.
+REFUSED_TAKEOVER = """
+import json, os, sys, time
+marks = sys.argv[1]
+from distlaunch.agent import specs
+from distlaunch.errors import SpawnError
+def refuse(*a, **k):
+    end = time.monotonic() + 30
+    while len(os.listdir(marks)) < 2 and time.monotonic() < end:
+        time.sleep(0.01)
+    raise SpawnError("injected: cannot take the workers over")
+specs.adopt_first_round = refuse
+me, leave = os.getpid(), os._exit
+def exit_(code):
+    if os.getpid() == me:  # not the forked guard
+        prefixes = [open(os.path.join(marks, n)).read() for n in os.listdir(marks)]
+        shm = [n for n in os.listdir("/dev/shm") if n.startswith(tuple(prefixes))]
+        print("END " + json.dumps({"shm": shm, "n": len(prefixes)}), flush=True)
+    leave(code)
+os._exit = exit_
+from distlaunch.__main__ import main
+sys.argv[1:] = sys.argv[2:]
+main()
+"""
+
+
+def test_workers_the_launcher_cannot_take_over_leave_no_segment(tmp_path):
+    """Workers the fast lane started and the launcher could not take over are undone
+    (``Started.abandon``) with their shared-memory segments, as a round's end removes
+    them (they were left in /dev/shm: the guard, told to quit, removes nothing); the
+    launcher says why in one line and exits 1."""
+    script, marks = tmp_path / "segment.py", tmp_path / "marks"
+    script.write_text(SEGMENT + "import time\ntime.sleep(60)\n")
+    marks.mkdir()
+    cmd = [sys.executable, "-c", REFUSED_TAKEOVER, str(marks), "run", "--nproc-per-node", "2", script, marks]
+    res = subprocess.run(cmd, env=narrow_env(), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr
+    assert "distlaunch: error: injected: cannot take the workers over" in res.stderr.splitlines(), res.stderr
+    end = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("END "))[4:])
+    assert end == {"shm": [], "n": 2}, end
+
+
 @pytest.mark.parametrize("case", ["ok", "fails", "launcher-killed"])
 def test_scratch_is_removed_under_a_tmpdir_with_glob_characters(tmp_path, case):
     """$TMPDIR is the user's, and may hold glob's special characters: the scratch

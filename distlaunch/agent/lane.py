@@ -23,8 +23,8 @@ from types import SimpleNamespace
 
 from ..cpus import cpu_sets
 from ..errors import LaunchInterrupted, SpawnError
-from ..workerenv import create_progress, shm_prefix, slot_env
-from .guard import OrphanGuard, remove_tree
+from ..workerenv import SHM_DIR, create_progress, shm_prefix, slot_env
+from .guard import OrphanGuard, remove_matching, remove_tree
 from .signals import SignalRelay
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
@@ -96,7 +96,8 @@ class Started:
     def abandon(self) -> None:
         """Undo everything (a start that failed, or one the launcher could not take
         over): SIGKILL each worker's group, reap it, close its pipes, remove the scratch
-        directory, restore the signals, quit the guard. Idempotent."""
+        directory and the workers' shared-memory segments, restore the signals, quit
+        the guard. Idempotent."""
         self.taken()
         self.relay.targets = lambda: ()  # (a signal now must not reach a reaped pid)
         live = [w for w in self.workers if w.pid > 0]
@@ -116,6 +117,8 @@ class Started:
         if self.scratch:
             remove_tree(self.scratch)
             self.scratch = ""
+        # the segments, as node.py removes a round's (the guard, quit normally, does not)
+        remove_matching(os.path.join(SHM_DIR, shm_prefix(self.run_id, os.getpid()) + "*"))
         self.relay.restore()
         self.guard.close(wait=1.0)
 
