@@ -41,6 +41,7 @@ from .p2p import (
     ANY_SOURCE,
     ANY_TAG,
     PROC_NULL,
+    SENT,
     DirectRecv,
     DoneOp,
     Engine,
@@ -49,7 +50,6 @@ from .p2p import (
     RecvOp,
     Request,
     SendOp,
-    SentOp,
     Status,
     _new,
     _text,
@@ -411,7 +411,7 @@ class Comm:
                 if put is not None:
                     if put(data):  # written whole: already complete
                         r = _new(Request)  # request_of, inline (one call less a message)
-                        r._op, r._engine = _new(SentOp), eng
+                        r._op, r._engine = SENT, eng
                         return r
                     return self._isend(data, dest, tag)
         return self._isend(parse(buf, False).pack(), dest, tag)

@@ -855,6 +855,7 @@ class SentOp(_Op):
 
 # ops complete when started whose finish without a Status only returns None
 _BARE = frozenset((SentOp,))
+SENT = SentOp()  # (stateless: every such send's Request shares it)
 
 
 class Request:
