@@ -40,6 +40,20 @@ def test_feature(mode, n):
     _run(mode, n)
 
 
+@pytest.mark.parametrize("n", [3, 4])
+def test_chunked_all_reduce(n, transport):
+    """n > 2 ranks' chunked all_reduce and reduce: bit-identical results in rank order
+    for 1, 2 and many chunks (a ragged last), dtypes, ops, every root, NaN payloads, a
+    stalling rank. A 1 MiB slot and 384 KiB chunks keep it small (the default 2 MiB
+    chunks take the same path)."""
+    if transport == "tcp":  # (the autouse fixture's other half)
+        pytest.skip("the rank-order bits are the shared-memory algorithm's promise")
+    env = {"DISTLAUNCH_SHM_SLOT": str(1 << 20), "DISTLAUNCH_SHM_CHUNK": str(384 << 10)}
+    rc, out, err = launch.launch("features.py", n, args=["chunked"], env=env, timeout=180)
+    assert rc == 0, f"chunked failed at world size {n}:\n{out[-3000:]}\n{err[-6000:]}"
+    assert sum("checks passed" in line for line in out.splitlines()) == n, out
+
+
 @pytest.mark.parametrize("mode,n", [("subgroups", 4), ("async", 3), ("large", 2), ("badargs", 2)])
 def test_feature_torch(mode, n):
     pytest.importorskip("torch")

@@ -6,6 +6,9 @@ async      isend/irecv overlap, async_op=True collectives, Work.wait/is_complete
 objects    object collectives with arbitrary picklable objects (small and > 1 MiB)
 large      8 B .. 16 MiB messages across the algorithm thresholds
 runahead   two ranks' chunked all_reduce runs a slot ahead of a stalled peer; results
+chunked    n > 2 ranks' chunked all_reduce and reduce: every rank gets the bits of the
+           reduction in rank order (dtypes, ops, roots, NaN payloads, 1/2/many chunks, a
+           stalling rank; run with a small slot and chunk)
 badargs    bad buffers/arguments raise CollectiveArgumentError locally; group still works
 basic      a small all_reduce + broadcast (used for the init-method tests)
 """
@@ -353,6 +356,117 @@ elif mode == "runahead":
             z = np.full(16, rank, np.float32)  # and an eager one-phase operation after that
             F.run(f"small broadcast after {nbytes}B", lambda: dist.broadcast(W(z), src=0))
             F.check(f"small broadcast after {nbytes}B root={root}", z, np.zeros(16, np.float32))
+
+elif mode == "chunked":
+    # n > 2 ranks' chunked all_reduce / reduce (shared memory: reduce-scatter and
+    # all-gather per chunk). Floats
+    # of random values (the order of the reduction shows in the bits) and NaN payloads:
+    # every rank must hold the bits of ((x0 op x1) op x2) op ... (rank order), or, a
+    # reduce's non-root, its input untouched. Sizes: one chunk, two, many with a ragged
+    # last; back to back, so each operation starts on the buffers (and phase parity) the
+    # one before left. The test runs it with a 1 MiB slot and 384 KiB chunks.
+    import hashlib
+    import time
+
+    from distlaunch.collectives.ops import finalize, ufunc
+
+    assert n > 2
+    world = dist.GroupMember.WORLD
+    F.run("first all_reduce", lambda: dist.all_reduce(W(np.ones(4))))  # (picks the backend)
+    shm = world.backend == "shm"
+    ch = world._fast.channel if shm else None
+
+    def inputs(dtype, size, seed, nan):
+        rng = np.random.default_rng(seed)
+        dt = np.dtype(dtype)
+        ins = []
+        for r in range(n):
+            if dt.kind in "fc":
+                x = (rng.standard_normal(size) * 3).astype(dt)
+                if dt.kind == "c":
+                    x.imag = rng.standard_normal(size)
+            else:
+                x = data(r, dtype, size, seed)
+            if nan:  # some positions: every rank's NaN, others: one rank's
+                payload = np.array([0x7FC00001 + r], np.uint32).view(np.float32)[0]
+                x[r::61] = payload
+                x[n::53] = payload
+            ins.append(x)
+        return ins
+
+    def want_of(ins, op):
+        uf = ufunc(op)
+        w = uf(ins[0], ins[1])
+        for x in ins[2:]:
+            uf(w, x, out=w)
+        finalize(w, op, n)
+        return w
+
+    def stall_in(rank_to_stall, seed):
+        """Rank ``rank_to_stall`` sleeps 0-4 ms before each of its publishes."""
+        if not shm or rank != rank_to_stall:
+            return lambda: None
+        signal, rng = ch.signal, np.random.default_rng(seed)
+
+        def slow_signal(p):
+            time.sleep(rng.uniform(0, 0.004))
+            signal(p)
+
+        ch.signal = slow_signal
+        return lambda: vars(ch).pop("signal")
+
+    cases = [
+        ("float32", R.SUM, True),
+        ("float32", R.AVG, False),
+        ("float32", R.PRODUCT, True),
+        ("float32", R.MAX, False),
+        ("float64", R.SUM, False),
+        ("float16", R.SUM, False),
+        ("complex64", R.SUM, False),
+        ("int64", R.SUM, False),
+        ("int32", R.MIN, False),
+        ("uint8", R.BXOR, False),
+        ("bool", R.SUM, False),
+    ]
+    # many chunks (ragged last), a one-phase one, one chunk, two chunks
+    sizes = [(2 << 20) - 12345, 40, 300 << 10, 700 << 10]
+    calls = 0
+    for ci, (dtype, op, nan) in enumerate(cases):
+        isz = np.dtype(dtype).itemsize
+        for nbytes in sizes:
+            size = nbytes // isz | 1  # odd: uneven slices
+            ins = inputs(dtype, size, ci * 101 + nbytes % 97, nan)
+            want = want_of(ins, op)
+            for root in (None, *range(n)):
+                what = f"{'all_reduce' if root is None else f'reduce to {root}'} {dtype} {op.name} {size}"
+                x = ins[rank].copy()
+                calls += 1
+                unstall = stall_in(calls % n, calls) if ci < 2 else (lambda: None)
+                try:
+                    if root is None:
+                        F.run(what, lambda: dist.all_reduce(W(x), op=op))
+                    else:
+                        F.run(what, lambda: dist.reduce(W(x), dst=root, op=op))
+                finally:
+                    unstall()
+                if root not in (None, rank):
+                    F.check(f"{what}: input untouched", x.view(np.uint8), ins[rank].view(np.uint8))
+                elif nan:  # (numpy's own loops keep either NaN's payload: not compared)
+                    nans = np.isnan(want)
+                    F.check(f"{what}: NaNs", np.isnan(x), nans)
+                    F.check(f"{what}: bits", x[~nans].view(np.uint8), want[~nans].view(np.uint8))
+                else:
+                    F.check(f"{what}: bits", x.view(np.uint8), want.view(np.uint8))
+                if root is None:  # every rank the same bits, NaN payloads included
+                    mine = np.frombuffer(hashlib.sha256(x.tobytes()).digest(), np.uint8).copy()
+                    every = np.zeros(32 * n, np.uint8)
+                    F.run(f"{what}: digests", lambda: dist.all_gather_into_tensor(W(every), W(mine)))
+                    F.check(f"{what}: same bits on every rank", every, np.tile(mine, n))
+    if shm:
+        F.check("many chunks in the largest size", (2 << 20) // ch.config.chunk >= 4, True)
+    y = np.arange(8.0) * (rank + 1)  # the group is still in step
+    F.run("broadcast after", lambda: dist.broadcast(W(y), src=n - 1))
+    F.check("broadcast after", y, np.arange(8.0) * n)
 
 elif mode == "badargs":
     A = dist.CollectiveArgumentError
