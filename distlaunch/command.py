@@ -41,7 +41,8 @@ def run_parsed(
     from .startup import resume_gc
 
     mode = resolve(script, script_args, options, given)
-    if not isinstance(mode, SingleNode):  # may wait long for other nodes before its workers
+    # may wait long for other nodes before its workers (head mode: from the agents' start)
+    if not isinstance(mode, (SingleNode, HeadNodes)):
         resume_gc()
     if isinstance(mode, HeadNodes):
         if dry_run:

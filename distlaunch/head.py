@@ -21,6 +21,7 @@ from .config import LaunchConfig
 from .errors import ConfigError, LaunchInterrupted
 from .modes import STORE_HOST, HeadOptions
 from .report import say
+from .startup import resume_gc
 
 if TYPE_CHECKING:  # imported when head mode starts (run_hosts), not with this module
     from .agent.jobspec import PlannedSeat
@@ -138,6 +139,7 @@ def run_hosts(
         startup.close()
         relay.restore()
         relay = None
+        resume_gc()  # start-up is over (startup.py); from here the head waits for the job
 
         def ended(k: int, status: int | None) -> None:
             if not rdzv.agent_exited(k):  # ended before the job

@@ -4,11 +4,13 @@ Start-up allocates tens of thousands of objects that live as long as the process
 (modules, classes, functions) and makes next to no reference cycles, yet its
 allocations trigger some 25 young-generation collections and a few older ones: ~5 ms of
 a ~85 ms single-node launch. ``pause_gc`` turns the collector off for `run` (from the
-start of the pre-parsed form, ``preparse``; from click's ``run`` callback);
-``resume_gc`` turns it back on, with what start-up made moved to the permanent
-generation (``gc.freeze``: later collections skip it), once the workers' supervision
-starts (``WorkerGroup.run``) or the mode turns out to be another
-(``command.run_parsed``). Reference counting frees everything else meanwhile, as always.
+start of the pre-parsed form, ``preparse``; from click's ``run`` callback) and for an
+engine's agent (``agent/entry.py``, from its hello); ``resume_gc`` turns it back on, with
+what start-up made moved to the permanent generation (``gc.freeze``: later collections
+skip it), once the workers' supervision starts (``WorkerGroup.run``; in head mode once
+the head's agents run, ``head.run_hosts``; in an agent before its node agent runs) or
+the mode turns out to be another (``command.run_parsed``). Reference counting frees
+everything else meanwhile, as always.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ BEFORE_SPAWN_NEVER = {
 DELAY = 1.5  # seconds the agents' import of the node agent takes here
 
 AGENT_SITE = """\
-import json, os, subprocess, sys, time
+import gc, json, os, subprocess, sys, time
 if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
     marks, node = {marks!r}, os.environ["SLURMD_NODENAME"]
     spawned = []
@@ -72,6 +72,8 @@ if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
         if not spawned:
             with open(os.path.join(marks, "spawn." + node), "w") as f:
                 json.dump(sorted(sys.modules), f)
+            with open(os.path.join(marks, "gc-spawn." + node), "w") as f:
+                f.write(str(gc.isenabled()))
         spawned.append(1)
 
     def execute_child(self, *a, **k):
@@ -89,6 +91,8 @@ if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
         if os.getpid() == me:  # not the forked guard
             with open(os.path.join(marks, "exit." + node), "w") as f:
                 json.dump(sorted(sys.modules), f)
+            with open(os.path.join(marks, "gc-exit." + node), "w") as f:
+                f.write(str(gc.isenabled()))
         leave(code)
 
     os._exit = exit_
@@ -160,7 +164,8 @@ def _node_marks(marks):
 
 def test_agents_spawn_before_the_node_agent_is_imported(slurm_cluster, tmp_path):  # noqa: F811
     """Each agent spawns its first worker before the node agent, the rendezvous, the
-    observer and the events are imported, and never imports NEVER; the ranks, MASTER_ADDR and MASTER_PORT the
+    observer and the events are imported, with the cyclic collector off until its node
+    agent runs, and never imports NEVER; the ranks, MASTER_ADDR and MASTER_PORT the
     workers got are the ones the rendezvous then agrees on (the job succeeds, one
     MASTER_PORT for all), and output is prefixed from the first line."""
     marks, script, path = _setup(slurm_cluster, tmp_path)
@@ -178,6 +183,9 @@ def test_agents_spawn_before_the_node_agent_is_imported(slurm_cluster, tmp_path)
         assert not BEFORE_SPAWN_NEVER & seen, (node, sorted(BEFORE_SPAWN_NEVER & seen))
         at_exit = set(json.loads((marks / f"exit.{node}").read_text()))
         assert "distlaunch.agent.node" in at_exit and not NEVER & at_exit, (node, sorted(NEVER & at_exit))
+        # the collector is off through the agent's start-up and back on once it runs
+        gc_at = {w: (marks / f"gc-{w}.{node}").read_text() for w in ("spawn", "exit")}
+        assert gc_at == {"spawn": "False", "exit": "True"}, (node, gc_at)
     assert all(m["spawned_before"] for m in _node_marks(marks).values()), _node_marks(marks)
     assert len(_node_marks(marks)) == 2
 

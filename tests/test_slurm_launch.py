@@ -207,7 +207,8 @@ def test_head_starts_the_agent_step_first_and_imports_no_click(slurm_cluster, tm
     the step could start; where the site has not loaded them): with that import held
     until the job has the step (tests/slurm_programs/head_gate), the job still runs;
     and the head takes the common form without click (preparse) and without loading
-    the single-node fast lane, and resolves addresses without the idna codec."""
+    the single-node fast lane, and resolves addresses without the idna codec; the
+    cyclic collector stays off until the agents run (startup.py)."""
     gate = ROOT / "tests" / "slurm_programs" / "head_gate"
     path = os.pathsep.join([str(gate), os.environ.get("PYTHONPATH", "")])
     modules = tmp_path / "head_modules.json"
@@ -218,6 +219,9 @@ def test_head_starts_the_agent_step_first_and_imports_no_click(slurm_cluster, tm
     assert "distlaunch.head" in loaded and "click" not in loaded, [m for m in loaded if "click" in m]
     assert "distlaunch.quick" not in loaded  # the fast lane declines in an allocation: never loaded
     assert "encodings.idna" not in loaded  # addresses are resolved as bytes: no idna codec
+    # the cyclic collector is off through the head's start-up, on once its agents run
+    gc_at = json.loads((tmp_path / "head_modules.json.gc").read_text())
+    assert gc_at == {"controller": False, "exit": True}, gc_at
     at_step = set(json.loads((tmp_path / "head_modules.json.step").read_text()))
     heavier = {"dataclasses", "inspect", "distlaunch.env", "distlaunch.config"}
     assert "distlaunch.remote.srun" in at_step and not heavier & at_step, sorted(heavier & at_step)

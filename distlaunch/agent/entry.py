@@ -58,6 +58,7 @@ def run_agent(spec: dict[str, Any]) -> int:
     configuration, the store client and the agent's own modules are loaded (their
     dataclasses and typing are most of an agent's start), and taken over once they are
     (``specs.adopt_first_round``, which checks each was started exactly so)."""
+    from ..startup import resume_gc
     from .guard import OrphanGuard
     from .jobspec import JobSpec
     from .signals import SignalRelay, parse_signals
@@ -85,6 +86,7 @@ def run_agent(spec: dict[str, Any]) -> int:
 
         agent = NodeAgent(cfg, store, NodeOptions(**job.node), guard, base_env, job.master_addr, first=first)
         first, ran = None, True  # the agent's now: its run() ends them
+        resume_gc()  # start-up is over (main paused the collector); run() may wait long
         return agent.run()
     finally:
         if first is not None:  # the agent never got to run them: stop them now
@@ -240,6 +242,11 @@ def main() -> NoReturn:
     workers' failure or stop signal code (the head reports those), a DistlaunchError's
     code (said here), or 0 when stdin ends before a spec (the head started nothing)."""
     print(AGENT_HELLO, __version__, flush=True)
+    # Without the cyclic collector until the node agent runs (startup.py: the imports
+    # and set-up make next to no cycles, yet some 25 collections, ~4 ms of CPU here).
+    from ..startup import pause_gc
+
+    pause_gc()
     # the imports run while the head waits for the other hosts' hellos (SSH) or starts
     # up (Slurm); the version in the hello matched, so only a broken install fails here.
     # Under Slurm only what starting workers needs (specs): the rest loads once a

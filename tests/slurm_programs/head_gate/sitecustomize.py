@@ -5,7 +5,9 @@ head that imports anything more before starting the step fails with one line (at
 20 s); writes the modules the head had loaded when it started srun, beyond those the
 interpreter had loaded before this file, to ``$HEAD_MODULES.srun`` (one a line), the
 modules loaded by the gate to ``$HEAD_MODULES.step``, and those loaded by its exit to
-``$HEAD_MODULES``. Imports nothing itself before the gate (``time`` is built in)."""
+``$HEAD_MODULES``; whether the cyclic collector was on when the head imported its
+controller (after the specs went out) and at its exit, to ``$HEAD_MODULES.gc``. Imports
+nothing itself before the gate (``time`` and ``gc`` are built in)."""
 
 import os
 import sys
@@ -24,11 +26,16 @@ if sys.orig_argv[-4:-2] == ["run", "--nproc-per-node"] and "SLURM_STEP_ID" not i
 
     sys.addaudithook(_spawned)
 
+    import gc
+
+    _gc = {}
+
     class _Gate:
         def find_spec(self, name, path=None, target=None):
+            if name == "distlaunch.head_controller":
+                _gc["controller"] = gc.isenabled()
             if name != "distlaunch.preparse":
                 return None
-            sys.meta_path.remove(self)
             loaded = sorted(sys.modules)
             import json
             import subprocess
@@ -54,6 +61,8 @@ if sys.orig_argv[-4:-2] == ["run", "--nproc-per-node"] and "SLURM_STEP_ID" not i
 
         with open(os.environ["HEAD_MODULES"], "w") as f:
             json.dump(sorted(sys.modules), f)
+        with open(os.environ["HEAD_MODULES"] + ".gc", "w") as f:
+            json.dump({**_gc, "exit": gc.isenabled()}, f)
         _leave(code)
 
     os._exit = _exit
