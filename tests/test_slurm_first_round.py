@@ -31,8 +31,10 @@ AFTER_SPAWN = {
 # discovery (a restart's GPU release wait), the events (the head reports the rounds),
 # the engine registry, the Slurm engine and the step's command line (remote.srun picks
 # the agent's spec), the idna codec (store addresses are resolved as bytes), glob (the
-# scratch directory and the segments are removed with os alone)
+# scratch directory and the segments are removed with os alone), subprocess (its workers
+# are the fast lane's: the worker group adopts them)
 NEVER = {
+    "subprocess",
     "glob",
     "encodings.idna",
     "distlaunch.remote.command",
@@ -45,7 +47,7 @@ NEVER = {
 # what an agent has not imported at its first spawn either: its workers start from the
 # spec's dict with the fast lane's spawn (agent.lane.spawn) before the configuration, the
 # store client and the worker group are built (their dataclasses and typing: most of an
-# agent's start); the sitecustomize below loads json and subprocess itself
+# agent's start); the sitecustomize below loads json itself
 BEFORE_SPAWN_NEVER = {
     "dataclasses",
     "inspect",
@@ -60,13 +62,14 @@ BEFORE_SPAWN_NEVER = {
 DELAY = 1.5  # seconds the agents' import of the node agent takes here
 
 AGENT_SITE = """\
-import gc, json, os, subprocess, sys, time
+import gc, json, os, sys, time
 if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
     marks, node = {marks!r}, os.environ["SLURMD_NODENAME"]
     spawned = []
-    execute, pspawn = subprocess.Popen._execute_child, os.posix_spawn
 
-    def spawning():
+    def spawning(event, args):  # an audit hook: subprocess's spawns and the fast lane's
+        if event not in ("subprocess.Popen", "os.posix_spawn"):
+            return
         if os.environ.get("FAIL_SPAWN_ON") == node:  # this node cannot start its workers
             raise PermissionError(13, "Permission denied (test)")
         if not spawned:
@@ -76,15 +79,7 @@ if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
                 f.write(str(gc.isenabled()))
         spawned.append(1)
 
-    def execute_child(self, *a, **k):
-        spawning()
-        return execute(self, *a, **k)
-
-    def posix_spawn(*a, **k):  # the fast lane's spawn (agent.lane.spawn)
-        spawning()
-        return pspawn(*a, **k)
-
-    subprocess.Popen._execute_child, os.posix_spawn = execute_child, posix_spawn
+    sys.addaudithook(spawning)
     me, leave = os.getpid(), os._exit
 
     def exit_(code):
