@@ -16,12 +16,12 @@ from .config import LaunchConfig
 from .errors import DistlaunchError, StoreTimeoutError
 from .events import EventLog, round_end_event, round_event
 from .hosts import Host, slots_of
-from .policy import End, HeadHistory, HeadPlanned
 from .rendezvous import Rendezvous
 from .report import live, progress
 from .rounds import Cause, Lost, Over
 
 if TYPE_CHECKING:
+    from .policy import HeadHistory, HeadPlanned
     from .store import StoreClient
 
 
@@ -47,16 +47,41 @@ class HeadController:
     ) -> None:
         self.client, self.hosts = client, hosts
         self.events, self.kill = events, kill
-        self.policy = HeadPlanned(cfg.max_restarts, min_nodes)
+        self._limits = (cfg.max_restarts, min_nodes)
+        # the policy and the head's view of the job (policy.py) are built once a round
+        # stops or an agent is gone: a job that succeeds needs neither (~4 ms of imports)
+        self._policy: HeadPlanned | None = None
+        self._history: HeadHistory | None = None
         self.rdzv = Rendezvous(client, cfg.run_id, 0, len(hosts))
         self.rnd = 0
-        self.history = HeadHistory(tuple(range(len(hosts))))
-        self.plans = {0: self.history.members}  # round -> member ids
-        self.rdzv.publish_plan(0, list(self.history.members), 0)
+        self.plans = {0: tuple(range(len(hosts)))}  # round -> member ids
+        self.rdzv.publish_plan(0, list(self.plans[0]), 0)
         self._gone: queue.SimpleQueue[tuple[int, int | None]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="head-controller", daemon=True)
         self.thread.start()
+
+    @property
+    def policy(self) -> HeadPlanned:
+        """The head-planned policy (``policy.HeadPlanned``) of this job."""
+        if self._policy is None:
+            from .policy import HeadPlanned
+
+            self._policy = HeadPlanned(*self._limits)
+        return self._policy
+
+    @property
+    def history(self) -> HeadHistory:
+        """The head's view of the job (``policy.HeadHistory``; the controller's thread)."""
+        if self._history is None:
+            from .policy import HeadHistory
+
+            self._history = HeadHistory(self.plans[0])
+        return self._history
+
+    @history.setter
+    def history(self, h: HeadHistory) -> None:
+        self._history = h
 
     def agent_gone(self, node_id: int, status: int | None) -> None:
         self._gone.put((node_id, status))
@@ -112,7 +137,7 @@ class HeadController:
             if live():
                 self._startup()
             while self._wait(r.keys(self.rnd).master):
-                r.num_nodes = len(self.history.members)
+                r.num_nodes = len(self.plans[self.rnd])  # (the history's members)
                 _, _, restarts = r.master(self.rnd)
                 members = r.members(self.rnd, 30.0)
                 workers = sum(m.slots for m in members)
@@ -132,6 +157,8 @@ class HeadController:
     def _plan_next(self, cause: Cause) -> bool:
         """Decide the next round after ``cause`` (the policy) and execute the decision:
         kill, report drops, publish the plan; False when the job ends."""
+        from .policy import End
+
         decision = self.policy.decide(self.history, cause)
         if decision.kill is not None:
             self.kill(decision.kill)  # it may still run (e.g. stopped, or cut off from the store)
