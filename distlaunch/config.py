@@ -325,11 +325,11 @@ class LaunchConfig:
         return self
 
     def _check_devices(self) -> None:
-        from .numa import NUMA_MODES
-
         if self.gpus_per_rank is not None and self.gpus_per_rank < 1:
             raise ConfigError(f"--gpus-per-rank {self.gpus_per_rank} is invalid: give at least 1")
         if self.numa_binding is not None:
+            from .numa import NUMA_MODES  # (only then: a head never loads numa otherwise)
+
             if self.numa_binding not in NUMA_MODES:
                 raise ConfigError(
                     f"--numa-binding {self.numa_binding!r} is invalid: give one of {', '.join(NUMA_MODES)}"

@@ -220,6 +220,7 @@ def test_head_starts_the_agent_step_first_and_imports_no_click(slurm_cluster, tm
     assert "distlaunch.quick" not in loaded  # the fast lane declines in an allocation: never loaded
     assert "encodings.idna" not in loaded  # addresses are resolved as bytes: no idna codec
     assert "distlaunch.policy" not in loaded  # the head's policy: only once a round stops
+    assert "distlaunch.numa" not in loaded  # (the agents bind their workers' CPUs)
     # the cyclic collector is off through the head's start-up, on once its agents run
     gc_at = json.loads((tmp_path / "head_modules.json.gc").read_text())
     assert gc_at == {"controller": False, "exit": True}, gc_at
