@@ -52,6 +52,8 @@ def run_hosts(
     # Through Slurm every node's agent runs in the agent step, this machine's too (inside
     # the job, under Slurm's accounting and scancel).
     in_process = chosen.local_agent_in_process
+    if in_process:  # SSH: paramiko's connections run with the cyclic collector (startup.py)
+        resume_gc()
     remote = [k for k, h in enumerate(hosts) if not (in_process and is_local(h))]
     local = [k for k in range(len(hosts)) if k not in remote]
     guard = None
@@ -139,7 +141,7 @@ def run_hosts(
         startup.close()
         relay.restore()
         relay = None
-        resume_gc()  # start-up is over (startup.py); from here the head waits for the job
+        resume_gc()  # start-up is over (startup.py): from here the head waits for the job
 
         def ended(k: int, status: int | None) -> None:
             if not rdzv.agent_exited(k):  # ended before the job

@@ -7,9 +7,9 @@ a ~85 ms single-node launch. ``pause_gc`` turns the collector off for `run` (fro
 start of the pre-parsed form, ``preparse``; from click's ``run`` callback) and for an
 engine's agent (``agent/entry.py``, from its hello); ``resume_gc`` turns it back on, with
 what start-up made moved to the permanent generation (``gc.freeze``: later collections
-skip it), once the workers' supervision starts (``WorkerGroup.run``; in head mode once
-the head's agents run, ``head.run_hosts``; in an agent before its node agent runs) or
-the mode turns out to be another (``command.run_parsed``). Reference counting frees
+skip it), once the workers' supervision starts (``WorkerGroup.run``; a head over Slurm
+once its agents run, over SSH before paramiko connects, ``head.run_hosts``; an agent
+before its node agent runs) or the mode turns out to be another (``command.run_parsed``). Reference counting frees
 everything else meanwhile, as always.
 """
 
