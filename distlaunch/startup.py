@@ -9,8 +9,8 @@ engine's agent (``agent/entry.py``, from its hello); ``resume_gc`` turns it back
 what start-up made moved to the permanent generation (``gc.freeze``: later collections
 skip it), once the workers' supervision starts (``WorkerGroup.run``; a head over Slurm
 once its agents run, over SSH before paramiko connects, ``head.run_hosts``; an agent
-before its node agent runs) or the mode turns out to be another (``command.run_parsed``). Reference counting frees
-everything else meanwhile, as always.
+before its node agent runs) or the mode turns out to be another (``command.run_parsed``).
+Reference counting frees everything else meanwhile, as always.
 """
 
 from __future__ import annotations
