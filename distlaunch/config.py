@@ -15,7 +15,6 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, cast
 
 from .errors import ConfigError
 from .topology import MAX_SLOTS_PER_NODE
@@ -72,18 +71,25 @@ def run_id_from(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]", "-", text).lstrip(".-")[:128] or "job"
 
 
-class RdzvOptions(TypedDict, total=False):
-    """--rdzv-conf keys (torchrun's names where torchrun has one), each a NodeOptions
-    field, in seconds."""
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
+if TYPE_CHECKING:
+    from typing import Any, TypedDict
 
-    join_timeout: float
-    heartbeat_timeout: float
-    heartbeat_interval: float
-    exit_barrier_timeout: float
-    last_call_timeout: float
+    class RdzvOptions(TypedDict, total=False):
+        """--rdzv-conf keys (torchrun's names where torchrun has one), each a NodeOptions
+        field, in seconds: RDZV_KEYS."""
+
+        join_timeout: float
+        heartbeat_timeout: float
+        heartbeat_interval: float
+        exit_barrier_timeout: float
+        last_call_timeout: float
 
 
-RDZV_KEYS = frozenset(RdzvOptions.__annotations__)
+# RdzvOptions' keys, each a NodeOptions field (tests/test_pure.py)
+RDZV_KEYS = frozenset(
+    {"join_timeout", "heartbeat_timeout", "heartbeat_interval", "exit_barrier_timeout", "last_call_timeout"}
+)
 # torchrun's other --rdzv-conf keys (torch.distributed.elastic.rendezvous: the dynamic
 # handler's settings and the c10d backend's): "timeout" is the overall join timeout;
 # keep_alive_interval / keep_alive_max_attempt are the heartbeat (a node is lost after
@@ -260,7 +266,7 @@ class LaunchConfig:
                 out[RDZV_ALIASES.get(key, key)] = value
         if attempts is not None and "heartbeat_timeout" not in out:
             out["heartbeat_timeout"] = attempts * out.get("heartbeat_interval", HEARTBEAT_INTERVAL)
-        return cast(RdzvOptions, out)  # its keys are checked against RDZV_KEYS above
+        return out  # type: ignore[return-value]  # its keys are checked against RDZV_KEYS above
 
     def rdzv_is_host(self) -> bool | None:
         """--rdzv-conf is_host (torchrun's c10d backend): True, this launcher must host the

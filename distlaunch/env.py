@@ -19,7 +19,6 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from .errors import ConfigError
 from .hostlist import expand_hostlist, parse_tasks_per_node
@@ -252,7 +251,11 @@ class SchedulerIdentity:
     context: str  # public, separates jobs in the store token (secret.shared_token)
 
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 # Store ports derived when nothing names one, below Linux's ephemeral ports (32768-60999);
 # srun's and mpiexec's halves are disjoint, so a Slurm step and an mpiexec job that share
 # a node never derive the same port.

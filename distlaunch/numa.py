@@ -26,10 +26,10 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .errors import ConfigError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:  # devices: only where GPUs are placed (not on a plain launch's path)
     from .config import LaunchConfig
     from .devices import Device, VisibleDevices

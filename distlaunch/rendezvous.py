@@ -19,13 +19,15 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from .agent.phases import JoinAction, admitted_rank, closing_size, join_action
 from .errors import LaunchInterrupted, RendezvousError, StoreTimeoutError
 from .rounds import Cause, Lost, Over, RoundKeys, Signal, agent_exit_key, decode_cause, encode_cause
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:  # imported by the agent when it connects: not on this module's import path
+    from typing import Any
+
     from .store import StoreClient
 
 # Blocking rendezvous waits go in slices this long (seconds) to look for a stop signal

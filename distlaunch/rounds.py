@@ -45,7 +45,10 @@ import dataclasses
 import json
 import signal
 from dataclasses import dataclass
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
+if TYPE_CHECKING:
+    from typing import Any
 
 
 @dataclass(frozen=True, eq=False)  # never compared: no __eq__/__hash__ built at import

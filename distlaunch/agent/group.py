@@ -23,7 +23,6 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, cast
 
 from ..report import say
 from ..startup import resume_gc
@@ -33,6 +32,7 @@ from .output import StreamSink
 from .process import WorkerProcess
 from .signals import SignalRelay
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:  # made by the node agent (watch.py sits above this module: it reads stacks)
     from ..rounds import WorkerFailure  # only at a failure: not on the launch path
     from .merged import DedupConsole
@@ -271,7 +271,7 @@ class WorkerGroup:
                             self.watchdog.output(time.monotonic())
                     else:
                         sel.unregister(key.fileobj)
-                        cast(IO[bytes], key.fileobj).close()  # registered as a worker's pipe
+                        key.fileobj.close()  # type: ignore[union-attr]  # registered as a worker's pipe (a file)
                         open_pipes -= 1
                 else:
                     w, spec = target

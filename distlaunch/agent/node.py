@@ -17,7 +17,6 @@ import signal
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..config import HEARTBEAT_INTERVAL, LaunchConfig
 from ..errors import LaunchInterrupted, RendezvousError, StoreError
@@ -38,6 +37,7 @@ from .watch import Watchdog, nccl_trace_env
 
 GPU_RELEASE_TIMEOUT = 30.0  # seconds a restart waits for the old workers' GPU memory
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:  # built by the launcher, the head or entry; the store client loads in run()
     from ..events import EventLog
     from ..store.client import StoreAddress

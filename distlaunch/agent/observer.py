@@ -20,12 +20,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from ..errors import StoreError, StoreTimeoutError
 from ..observe import registry
 from .output import warn_once
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:
     from ..observe.records import Publisher, Sampler
     from ..store.client import StoreAddress, StoreClient

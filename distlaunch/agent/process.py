@@ -19,13 +19,14 @@ import signal
 import socket
 import time
 from collections.abc import Iterable
-from typing import IO, TYPE_CHECKING
 
 from ..errors import SpawnError
 from ..topology import WorkerSlot
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:
     import subprocess  # loaded by the first spawn here: an adopted worker needs none of it
+    from typing import IO
 
     from ..rounds import WorkerFailure  # only at a failure: not on the launch path
 

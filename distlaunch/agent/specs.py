@@ -11,7 +11,6 @@ import signal
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
 
 from .. import progress, workerenv
 from ..config import STD_ERR, STD_OUT, LaunchConfig
@@ -26,18 +25,27 @@ from .output import DuplicateLines, StreamSink, warn_once
 from .process import WorkerProcess
 from .signals import SignalRelay, parse_signals
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:
     from .lane import Started
     from .merged import DedupConsole
 
 
-class StoreFields(NamedTuple):
-    """What a worker's environment says of the store (``store.client.StoreAddress``'s
-    fields, without importing the store)."""
+if TYPE_CHECKING:
+    from typing import NamedTuple
 
-    host: str
-    port: int
-    token: str
+    class StoreFields(NamedTuple):
+        """What a worker's environment says of the store (``store.client.StoreAddress``'s
+        fields, without importing the store)."""
+
+        host: str
+        port: int
+        token: str
+
+else:  # the same record, without typing's NamedTuple
+    from collections import namedtuple
+
+    StoreFields = namedtuple("StoreFields", "host port token")
 
 
 # torchrun's --run-path: the script runs through runpy.run_path in the interpreter

@@ -12,10 +12,9 @@ which only need the client, import as little as possible. See docs/store.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .client import PrefixStore, StoreAddress, StoreClient
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:  # imported lazily at run time, by __getattr__
     from .server import StoreServer, serve_forever
 

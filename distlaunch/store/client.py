@@ -20,12 +20,15 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NoReturn
 
 from ..env import lookup, resolver_name
 from ..errors import StoreAuthError, StoreConnectionError, StoreError, StoreProtocolError, StoreTimeoutError
 from . import protocol as P
 from .protocol import HEADER, HEADER_SIZE, Reader
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 __all__ = ["StoreClient", "PrefixStore"]
 
