@@ -132,7 +132,10 @@ if len(sys.argv) > 1:
         open(os.path.join(marks, "term." + rank), "w").write(str(signum))
         sys.exit(128 + signum)
     signal.signal(signal.SIGTERM, term)
-    open(os.path.join(marks, "pid." + rank), "w").write(str(os.getpid()))
+    tmp = os.path.join(marks, ".pid." + rank)  # renamed: a reader never sees it empty
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(tmp, os.path.join(marks, "pid." + rank))
     time.sleep(120)
 """
 
