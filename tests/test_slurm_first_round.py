@@ -97,8 +97,10 @@ if sys.orig_argv[-3:] == ["-m", "distlaunch", "agent"]:
         def find_spec(self, name, path=None, target=None):
             if name == "distlaunch.agent.node":
                 sys.meta_path.remove(self)
-                with open(os.path.join(marks, "node." + node), "w") as f:
+                tmp = os.path.join(marks, ".node." + node)  # renamed: never read half-written
+                with open(tmp, "w") as f:
                     json.dump({{"spawned_before": bool(spawned), "pid": os.getpid()}}, f)
+                os.rename(tmp, os.path.join(marks, "node." + node))
                 time.sleep({delay})
             return None
 
@@ -227,6 +229,8 @@ def _signal_in_window(cluster, tmp_path, target, sig=signal.SIGTERM):
     try:
         pids = [int(p.read_text()) for p in _wait_for(marks, "pid.*", 4)]
         assert len(pids) == 4, "the workers did not start"
+        # (an agent under load may reach its node agent's import after its workers run)
+        assert len(_wait_for(marks, "node.*", 2)) == 2, "an agent did not import its node agent"
         nodes = _node_marks(marks)
         assert len(nodes) == 2 and all(m["spawned_before"] for m in nodes.values()), nodes
         if target == "head-before-plan":  # the head still imports its controller
