@@ -63,7 +63,9 @@ class HeadController:
 
     @property
     def policy(self) -> HeadPlanned:
-        """The head-planned policy (``policy.HeadPlanned``) of this job."""
+        """The head-planned policy (``policy.HeadPlanned``) of this job, built at its
+        first use: a job that succeeds never loads ``policy``. (The main thread, on a
+        stop signal, and the controller's may both build it: equal frozen objects.)"""
         if self._policy is None:
             from .policy import HeadPlanned
 

@@ -159,15 +159,39 @@ def test_srun_and_mpiexec_derive_disjoint_store_ports():
     assert max(slurm) < mpi.store_port < 32768 and min(slurm) >= 20000
 
 
+def _typed_fields(module, name: str) -> list[str]:
+    """The annotated fields of class ``name`` in ``module``'s source, in order (the type
+    checker's copy, defined under TYPE_CHECKING and never run)."""
+    import ast
+
+    tree = ast.parse(open(module.__file__).read())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+    return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
+
+
 def test_rdzv_keys_are_node_options_fields():
-    """--rdzv-conf's keys (config.RDZV_KEYS, the type checker's RdzvOptions) are each a
-    NodeOptions field, which the head passes on by name."""
+    """--rdzv-conf's keys (config.RDZV_KEYS) are the type checker's RdzvOptions keys, each
+    a NodeOptions field, which the head passes on by name."""
     import dataclasses
 
+    from distlaunch import config
     from distlaunch.agent.node import NodeOptions
-    from distlaunch.config import RDZV_KEYS
 
-    assert len(RDZV_KEYS) == 5 and RDZV_KEYS <= {f.name for f in dataclasses.fields(NodeOptions)}
+    assert config.RDZV_KEYS == set(_typed_fields(config, "RdzvOptions"))
+    assert config.RDZV_KEYS <= {f.name for f in dataclasses.fields(NodeOptions)}
+
+
+def test_records_without_typing_match_the_type_checkers():
+    """The job spec's and the store fields' records are collections' namedtuples at run
+    time and typing's NamedTuples for the type checker (an agent loads no typing): both
+    copies name the same fields in the same order (review finding: a field added to one
+    alone would pass mypy and break at run time)."""
+    from distlaunch.agent import jobspec, specs
+
+    assert list(jobspec._Seat._fields) == _typed_fields(jobspec, "_Seat")
+    assert list(jobspec._Job._fields) == _typed_fields(jobspec, "_Job")
+    assert jobspec._Job._field_defaults == {"first": None}
+    assert list(specs.StoreFields._fields) == _typed_fields(specs, "StoreFields")
 
 
 def test_a_slurm_agents_modules_load_no_typing():

@@ -27,12 +27,10 @@ from .signals import SignalRelay, parse_signals
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a Slurm agent's path)
 if TYPE_CHECKING:
+    from typing import NamedTuple
+
     from .lane import Started
     from .merged import DedupConsole
-
-
-if TYPE_CHECKING:
-    from typing import NamedTuple
 
     class StoreFields(NamedTuple):
         """What a worker's environment says of the store (``store.client.StoreAddress``'s
