@@ -24,7 +24,9 @@ import os, sys, time
 print(os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ.get("SLURMD_NODENAME"),
       "SLURM_PROCID" in os.environ, flush=True)
 if len(sys.argv) > 1:
-    open(os.path.join(sys.argv[1], f"pid.{os.environ['RANK']}"), "w").write(str(os.getpid()))
+    tmp = os.path.join(sys.argv[1], f".pid.{os.environ['RANK']}")  # renamed: never read empty
+    open(tmp, "w").write(str(os.getpid()))
+    os.rename(tmp, os.path.join(sys.argv[1], f"pid.{os.environ['RANK']}"))
     time.sleep(300)
 if os.environ["RANK"] == os.environ.get("FAIL_RANK"):
     sys.exit(3)
@@ -84,9 +86,9 @@ def test_scancel_leaves_no_survivor(slurm_cluster, tmp_path):  # noqa: F811
         env=slurm_cluster.env(PYTHONPATH=os.environ.get("PYTHONPATH", "")),
     )
     deadline = time.monotonic() + 60
-    while len(list(marks.iterdir())) < 4 and time.monotonic() < deadline:
+    while len(list(marks.glob("pid.*"))) < 4 and time.monotonic() < deadline:
         time.sleep(0.1)
-    pids = [int(p.read_text()) for p in marks.iterdir()]
+    pids = [int(p.read_text()) for p in marks.glob("pid.*")]
     assert len(pids) == 4, (tmp_path / "out.txt").read_text() if (tmp_path / "out.txt").exists() else ""
     slurm_cluster.scancel(job)
     slurm_cluster.wait_job_end(job, 60)
