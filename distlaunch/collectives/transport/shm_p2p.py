@@ -687,11 +687,18 @@ class ShmLinks:
         oversubscribed); returns its last result (None: nothing came in time). The
         blocking receives' fast path (``take``: :meth:`take_prefix`, or a :meth:`take`
         under the lock)."""
-        bell = self.bell
-        seen = bell[0]  # before the first look: whatever is published after it rings
+        seen = self.bell[0]  # before the first look: whatever is published after it rings
         got = take(*args)
         if got is not None:
             return got
+        return self.poll_after(seen, take, *args)
+
+    def poll_after(self, seen: int, take: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`poll_take` after its first look came back None, ``seen`` the bell read
+        before that look (a caller that made the look itself: one call layer less a
+        message that is there)."""
+        bell = self.bell
+        got = None
         busy = self.busy
         if not busy:
             return None
