@@ -421,19 +421,9 @@ class Comm:
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:
         """Send ``buf``; returns once it may be reused (eager: does not wait for the
         receive, so Ssend/Bsend/Rsend are the same call)."""
-        # STATE.live() and fast_bytes' look at its last [buf, count, type] inline, as in
-        # Isend: in a ping-pong they come before the message is out
-        st, h = STATE, self._handle
-        eng = st.engine
-        if eng is not None and h is not None and eng.rt is st.rtmod._runtime and not st.finalized:
-            data = None
-            if type(buf) is list and len(buf) == 3:
-                b, count, t = buf
-                s = _SPEC[0]
-                if s[0] is b and s[1] is count and s[2] is t:
-                    data = s[3]
-            if data is None:
-                data = fast_bytes(buf, False)
+        eng, h = STATE.live(), self._handle
+        if eng is not None and h is not None:
+            data = fast_bytes(buf, False)
             if data is not None:  # the common case, without Request and Spec objects
                 c = h.last_send
                 if c[0] is not dest or c[1] is not tag or c[2] != len(data) or c[3] is not eng:
@@ -513,20 +503,8 @@ class Comm:
     ) -> None:
         """Receive into ``buf`` (the message may be shorter: see ``status.Get_count``;
         a longer one raises MPIException ERR_TRUNCATE)."""
-        # STATE.live() and fast_bytes' look at its last [buf, count, type] inline, as in
-        # Irecv: two calls of osu_latency's ~2 µs Recv
-        st, h = STATE, self._handle
-        eng = st.engine
-        if eng is None or eng.rt is not st.rtmod._runtime or st.finalized:
-            eng = None
-        data = None
-        if type(buf) is list and len(buf) == 3:
-            b, count, t = buf
-            s = _SPEC[1]
-            if s[0] is b and s[1] is count and s[2] is t and b.flags.writeable:
-                data = s[3]
-        if data is None:
-            data = fast_bytes(buf, True)
+        eng, h = STATE.live(), self._handle
+        data = fast_bytes(buf, True)
         if data is not None and eng is not None and h is not None:  # the common case, no Request
             c = h.last_recv
             if c[0] is not source or c[1] is not tag or c[2] is not eng:
