@@ -163,8 +163,9 @@ def _typed_fields(module, name: str) -> list[str]:
     """The annotated fields of class ``name`` in ``module``'s source, in order (the type
     checker's copy, defined under TYPE_CHECKING and never run)."""
     import ast
+    import pathlib
 
-    tree = ast.parse(open(module.__file__).read())
+    tree = ast.parse(pathlib.Path(module.__file__).read_text())
     cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
     return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)]
 

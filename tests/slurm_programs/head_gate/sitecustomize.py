@@ -30,7 +30,7 @@ if sys.orig_argv[-4:-2] == ["run", "--nproc-per-node"] and "SLURM_STEP_ID" not i
 
     _gc = {}
 
-    class _Gate:
+    class _Gate:  # stays in sys.meta_path: it also notes the collector at the controller's import
         def find_spec(self, name, path=None, target=None):
             if name == "distlaunch.head_controller":
                 _gc["controller"] = gc.isenabled()
