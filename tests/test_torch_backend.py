@@ -68,8 +68,9 @@ def test_ddp_ends_with_identical_parameters(world):
     assert sorted(lines(res, "ddp ok")) == [str(r) for r in range(world)], res.stderr[-3000:]
 
 
-def spawn(worker: str, *args, world: int, timeout: float = 60) -> list:
-    """Start ``world`` ranks of a worker by hand (no launcher): [(rank, rc, stdout, stderr)]."""
+def spawn(worker: str, *args, world: int, timeout: float = 180) -> list:
+    """Start ``world`` ranks of a worker by hand (no launcher): [(rank, rc, stdout, stderr)].
+    (``timeout``: seconds per rank; each imports torch, 20 s and more on a loaded machine)"""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTLAUNCH_", "RANK", "WORLD_SIZE"))}
     procs = [
         subprocess.Popen(
