@@ -1035,9 +1035,9 @@ class Request:
                 status._set(ANY_SOURCE, ANY_TAG, 0)
             return UNDEFINED, None
         while True:
-            for i, r in enumerate(requests):
-                if r._op is not None and r._poll():
-                    return i, r._complete(status)
+            i = _first_done(requests)
+            if i >= 0:
+                return i, requests[i]._complete(status)
             Request._wait_any(requests)
 
     @staticmethod
@@ -1049,9 +1049,9 @@ class Request:
     def testany(requests: Sequence[Request], status: Status | None = None) -> tuple[int, bool, Any]:
         if all(r._op is None for r in requests):
             return UNDEFINED, True, None
-        for i, r in enumerate(requests):
-            if r._op is not None and r._poll():
-                return i, True, r._complete(status)
+        i = _first_done(requests)
+        if i >= 0:
+            return i, True, requests[i]._complete(status)
         return UNDEFINED, False, None
 
     @staticmethod
@@ -1069,6 +1069,22 @@ class Request:
         for k, i in enumerate(done):
             requests[i]._complete(statuses[k] if statuses is not None and k < len(statuses) else None)
         return done
+
+
+def _first_done(requests: Sequence[Request]) -> int:
+    """The lowest index of a completed request of ``requests``, or -1 (none yet). A poll
+    may move the transport on and so complete requests polled before it (a sender's
+    messages arrive in order): those are looked at again, so Waitany and Testany return
+    the first completed request in array order, as MPICH's scan after its progress does
+    (MPI allows any; programs and their expected outputs rely on MPICH's)."""
+    for i, r in enumerate(requests):
+        if r._op is not None and r._poll():
+            for j in range(i):
+                q = requests[j]
+                if q._op is not None and q._poll():
+                    return j
+            return i
+    return -1
 
 
 class Prequest(Request):
