@@ -818,8 +818,7 @@ class ProcessGroup(Members):
         if not missing and not lost:
             msg += ": every rank arrived, but messages did not (a rank is stuck or overloaded)"
         msg += f"; this rank was waiting for ranks {waiting}"
-        cls = PeerLostError if lost and not missing else CollectiveTimeoutError
-        err = cls(msg)
+        err = _timeout_class(missing, lost)(msg)
         err.missing_ranks = missing
         err.unreachable_ranks = lost
         return err
@@ -852,6 +851,7 @@ class ProcessGroup(Members):
             fields = head.split(";")
             if len(fields) == 2:
                 missing, lost = ([int(r) for r in f.split(",") if r.isdigit()] for f in fields)
+            cls = _timeout_class(missing, lost)  # the class the aborting rank raised
         err = cls(f"rank {hdr.src} aborted {self.name}: {text}")
         if hdr.op == ABORT_TIMEOUT:
             err.missing_ranks = missing
@@ -865,6 +865,13 @@ class ProcessGroup(Members):
             if c.broken is None:
                 c.broken = err
             self.runtime.transport.fail_owner(c.gid, err)
+
+
+def _timeout_class(missing: list, lost: list) -> type[CollectiveError]:
+    """The error of a timed-out operation: PeerLostError when only unreachable ranks kept
+    it from completing, else CollectiveTimeoutError (the same on every member: the rank
+    that timed out, and those its ABORT reaches first)."""
+    return PeerLostError if lost and not missing else CollectiveTimeoutError
 
 
 def _reraise(cause: BaseException, message: str) -> BaseException:

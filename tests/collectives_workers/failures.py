@@ -8,6 +8,9 @@ mismatch-{shape,dtype,op,root,kind}
           for ranks that had already completed it, in the next call on the group
 kill      rank 2 kills itself (SIGKILL) during large all_reduces: the survivors raise
           PeerLostError well within the timeout (20 s)
+stopped   rank 2 stops (SIGSTOP) before an all_reduce; rank 0 times out (2 s) and finds
+          it unreachable: PeerLostError; rank 1 (timeout 30 s) gets rank 0's ABORT first
+          and raises PeerLostError too
 recv-timeout  rank 0 receives from rank 1, which never sends: CollectiveTimeoutError
 destroy-early  a new group's first call is a small broadcast, rank 1 makes it 0.5 s
           late, then the group is destroyed: rank 1 gets the data at once
@@ -17,6 +20,7 @@ destroy-last  the last call on a new group is a broadcast whose root the ranks d
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -28,6 +32,8 @@ import distlaunch.collectives as dist
 
 mode = sys.argv[1]
 timeout = {"skip": 1.5, "recv-timeout": 1.5}.get(mode, 20.0)
+if mode == "stopped":  # rank 0 times out first; the others hear of it from its ABORT
+    timeout = 2.0 if os.environ.get("RANK") == "0" else 30.0
 rank, n = init(timeout=timeout)
 
 
@@ -90,6 +96,20 @@ elif mode == "kill":
     except dist.PeerLostError as e:
         took = time.monotonic() - t0
         result(took < 10, f"PeerLostError after {took:.2f}s: {e}")
+    except Exception as e:
+        result(False, f"{type(e).__name__} instead of PeerLostError: {e}")
+
+elif mode == "stopped":
+    x = np.ones(4, np.float32)
+    dist.all_reduce(x)  # (every rank connected)
+    if rank == 2:  # alive but unreachable; killed 10 s later (a stopped process can be)
+        subprocess.Popen(["sh", "-c", f"sleep 10; kill -9 {os.getpid()}"])
+        os.kill(os.getpid(), signal.SIGSTOP)
+    try:
+        dist.all_reduce(x)
+        result(False, "all_reduce returned")
+    except dist.PeerLostError as e:
+        result("ranks [2] are unreachable" in str(e), f"PeerLostError: {e}")
     except Exception as e:
         result(False, f"{type(e).__name__} instead of PeerLostError: {e}")
 
