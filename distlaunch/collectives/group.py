@@ -506,10 +506,20 @@ class ProcessGroup(Members):
 
     def scatter(self, out: np.ndarray, ins: list | None, root: int, async_op: bool = False) -> Work | None:
         """``out`` on member i receives ``ins[i]`` of ``root`` (``ins`` None elsewhere)."""
+        fast = self._fast
+        if fast is not None and not async_op and out.nbytes <= fast.scatter_spread:
+            plan = fast.small_plan("scatter", out.dtype, out.size, root, spread=fast.scatter_spread)
+            self._run_small(plan, fast.small_scatter, out, ins, plan)
+            return None
         return self.collective("scatter", out, ins, root, async_op=async_op, **_meta(out, root=root))
 
     def gather(self, inp: np.ndarray, outs: list | None, root: int, async_op: bool = False) -> Work | None:
         """``outs[i]`` on ``root`` receives member i's ``inp`` (``outs`` None elsewhere)."""
+        fast = self._fast
+        if fast is not None and not async_op and inp.nbytes <= fast.small:
+            plan = fast.small_plan("gather", inp.dtype, inp.size, root)
+            self._run_small(plan, fast.small_gather, inp, outs, plan)
+            return None
         return self.collective("gather", inp, outs, root, async_op=async_op, **_meta(inp, root=root))
 
     def all_to_all(self, outs: list, ins: list, async_op: bool = False, count: int = 0) -> Work | None:

@@ -13,7 +13,7 @@ destroy-early  a new group's first call is a small broadcast, rank 1 makes it 0.
           late, then the group is destroyed: rank 1 gets the data at once
 destroy-last  the last call on a new group is a broadcast whose root the ranks disagree
           on, then the group is destroyed: CollectiveMismatchError from destroy
-reuse-{size,dtype,root}-{broadcast,all_gather,reduce_scatter}
+reuse-{size,dtype,root}-{broadcast,all_gather,reduce_scatter,gather,scatter}
           small calls on the same arrays, every rank agreeing, with the results checked
           (varied counts, dtypes and roots, revisited); then rank 1 changes its array in
           place (resize, dtype) or its root: every rank raises CollectiveMismatchError
@@ -143,6 +143,15 @@ elif mode.startswith("reuse-"):
                 x[:] = np.arange(m) + root
             dist.broadcast(x, src=root)
             return x, np.arange(m) + root
+        if opname == "gather":
+            x[:] = rank + 1
+            outs = [np.zeros(m, x.dtype) for _ in range(n)] if rank == root else None
+            dist.gather(x, outs, dst=root)
+            return (np.concatenate(outs), np.repeat(np.arange(1, n + 1), m)) if outs else (x, x)
+        if opname == "scatter":
+            ins = [np.full(m, i + root, x.dtype) for i in range(n)] if rank == root else None
+            dist.scatter(x, ins, src=root)
+            return x, np.full(m, rank + root)
         if opname == "all_gather":
             x[:] = rank + 1
             dist.all_gather_into_tensor(out, x)

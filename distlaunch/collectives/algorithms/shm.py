@@ -119,6 +119,47 @@ def small_all_gather(ctx: OpContext, outs: np.ndarray | list, inp: np.ndarray, p
             outs[blocks[j]] = v
 
 
+def small_gather(ctx: OpContext, inp: np.ndarray, outs: list | None, plan: SmallPlan) -> None:
+    """The one-slot gather of ``inp`` (into ``outs`` on the root, None elsewhere) with
+    the constant work done once in ``plan``: the same eager phase (non-roots write
+    and leave, the root copies each rank's as soon as it is there)."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    p = s.open(ctx)
+    views = plan.views[p & 1]
+    if outs is None:
+        views[s.r][:] = inp
+        s.publish(ctx, p, plan.record, False)
+        return
+    s.publish(ctx, p, plan.record)
+    for j, v in enumerate(views):
+        if j == s.r:
+            outs[j][:] = inp
+        else:
+            s.take(ctx, p, j)
+            outs[j][:] = v
+
+
+def small_scatter(ctx: OpContext, out: np.ndarray, ins: list | None, plan: SmallPlan) -> None:
+    """The one-phase scatter into ``out`` (``ins`` on the root, None elsewhere; blocks
+    of at most ``_width(s, n, 0)`` bytes) with the constant work done once in ``plan``
+    (made with that ``spread``): the same eager phase (the root writes and leaves)."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    p = s.open(ctx)
+    if ins is None:
+        s.publish(ctx, p, plan.record, s.n <= 2)
+        s.take(ctx, p, plan.root)
+        out[:] = plan.views[p & 1][plan.root]
+        return
+    r = s.r
+    for i, (b, v) in enumerate(zip(ins, plan.spreads[p & 1])):
+        if i != r:
+            v[:] = b
+    s.publish(ctx, p, plan.record, False)
+    out[:] = ins[r]
+
+
 def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list, plan: SmallPlan) -> None:
     """:func:`reduce_scatter` of ``inp`` (n blocks of ``out``'s size, one array or a
     list; at most a slot in all) with the constant work done once in ``plan`` (made
@@ -505,6 +546,12 @@ def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) ->
     got[root][:] = u8
     got[root] = None
     route(ctx, None, got, 1, len(u8))
+
+
+def scatter_spread(s: ShmChannel) -> int:
+    """Bytes between the blocks of a one-phase scatter in the root's buffer (also the
+    largest block it takes)."""
+    return _width(s, s.n, 0)
 
 
 @implements("scatter", "shm")

@@ -713,17 +713,18 @@ class ShmChannel:
         root: int = -1,
         op: ReduceOp | None = None,
         piece: bool = False,
+        spread: int = 0,
     ) -> SmallPlan:
         """The cached :class:`SmallPlan` of a one-phase ``name`` call on ``count``
         elements of ``dtype`` (``root``: a group rank or -1; ``op``: the reduce op or
-        None; ``piece``: see SmallPlan). Raises CollectiveArgumentError for an op the
-        dtype does not support."""
+        None; ``piece``, ``spread``: see SmallPlan, the same for every call of ``name``).
+        Raises CollectiveArgumentError for an op the dtype does not support."""
         key = (name, dtype.char, count, root, op)
         plan = self._small.get(key)
         if plan is None:
             if len(self._small) > 64:
                 self._small.clear()
-            plan = self._small[key] = SmallPlan(self, name, dtype, count, root, op, piece)
+            plan = self._small[key] = SmallPlan(self, name, dtype, count, root, op, piece, spread)
         return plan
 
     def close(self) -> None:
@@ -795,8 +796,11 @@ class SmallPlan:
     that phase parity as ``count`` elements of the dtype, from byte 0, or (``piece``,
     reduce_scatter) from this rank's block, ``r * count`` elements on; ``mine[parity]``
     (``piece`` only): this rank's buffer as its n blocks, ``n * count`` elements;
-    ``blocks``: the slices of the n blocks of a joined buffer; ``uf``/``avg``: the
-    reduction's ufunc and whether AVG divides after it (None/False without ``op``)."""
+    with ``spread`` (bytes, scatter) instead: ``views`` from byte ``r * spread`` and
+    ``spreads[parity][i]``: this rank's buffer from byte ``i * spread``, ``count``
+    elements (the block for rank i); ``blocks``: the slices of the n blocks of a joined
+    buffer; ``uf``/``avg``: the reduction's ufunc and whether AVG divides after it
+    (None/False without ``op``)."""
 
     __slots__ = (
         "name",
@@ -808,6 +812,7 @@ class SmallPlan:
         "record",
         "views",
         "mine",
+        "spreads",
         "blocks",
         "uf",
         "avg",
@@ -822,6 +827,7 @@ class SmallPlan:
         root: int,
         op: ReduceOp | None,
         piece: bool,
+        spread: int,
     ):
         if op is not None:
             check_op(op, dtype)
@@ -829,9 +835,12 @@ class SmallPlan:
         self.name, self.op, self.dtype, self.count = name, OP_CODES[name], DTYPE_CODES[dtype], count
         self.root, self.redop = root, NO_REDOP if op is None else int(op)
         self.record = _CALL.pack(self.op, self.dtype, count, root, self.redop)
-        offset = s.r * count * dtype.itemsize if piece else 0
+        offset = s.r * (spread or count * dtype.itemsize) if piece or spread else 0
         self.views = [[s.view(j, p, dtype, count, offset) for j in range(n)] for p in (0, 1)]
         self.mine = [s.view(s.r, p, dtype, n * count) for p in (0, 1)] if piece else []
+        self.spreads = (
+            [[s.view(s.r, p, dtype, count, i * spread) for i in range(n)] for p in (0, 1)] if spread else []
+        )
         self.blocks = [slice(j * count, (j + 1) * count) for j in range(n)]
         self.uf = None if op is None else ufunc(op)
         self.avg = op is ReduceOp.AVG
