@@ -68,14 +68,21 @@ def _reduce_into(uf: np.ufunc, srcs: list[np.ndarray], out: np.ndarray) -> None:
         uf(out, s, out=out)
 
 
-def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> None:
-    """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
-    reduces all n itself), with the constant work done once in ``plan``."""
-    s: ShmChannel = ctx.shm
+def _writable_phase(s: ShmChannel, ctx: OpContext) -> int:
+    """The next phase of a one-phase operation that exchanges every rank's call, once
+    this rank's buffer of its parity is free to write (no rank still reads it)."""
     assert s is not None  # (only run on a shared-memory channel)
     p = s.phase + 1
     if (s.all_at - p + 1) & _M >= _H:  # our buffer of this parity may still be read
         s.need_all(p - 1, ctx)
+    return p
+
+
+def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> None:
+    """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
+    reduces all n itself), with the constant work done once in ``plan``."""
+    s: ShmChannel = ctx.shm
+    p = _writable_phase(s, ctx)
     views = plan.views[p & 1]
     views[s.r][:] = arr
     s.exchange_calls(ctx, p, plan.record)
@@ -165,10 +172,7 @@ def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list
     list; at most a slot in all) with the constant work done once in ``plan`` (made
     with ``piece``): the same one phase."""
     s: ShmChannel = ctx.shm
-    assert s is not None  # (only run on a shared-memory channel)
-    p = s.phase + 1
-    if (s.all_at - p + 1) & _M >= _H:  # our buffer of this parity may still be read
-        s.need_all(p - 1, ctx)
+    p = _writable_phase(s, ctx)
     mine = plan.mine[p & 1]
     if isinstance(inp, np.ndarray):
         mine[:] = inp
