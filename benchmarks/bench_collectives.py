@@ -24,6 +24,13 @@ TCP between the two (hierarchical collectives); MPICH is left out there.
 binding with ``--bind-to none`` (the same workers; the ratio column then reads
 bound / unbound).
 
+``--before TREE`` adds the library "before": the same workers with the distlaunch of
+another checkout (e.g. a worktree at the base commit), so that a change is measured
+side by side with what it changes, the ratio column "ours/before".
+
+``--ops`` also takes gather, scatter (root 0; size: the larger buffer, as all_gather)
+and all_to_all (``all_to_all_single``, MPI's Alltoall; size: either buffer).
+
 A worker can also be run by hand, e.g.::
 
     distlaunch run --nproc-per-node 4 benchmarks/bench_collectives.py --worker distlaunch --sizes 1MiB
@@ -42,7 +49,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, REPO)
+# a "before" worker imports the distlaunch of the tree it was given (see _launch)
+sys.path.insert(0, os.environ.get("BENCH_COLL_TREE", REPO))
 from distlaunch.collectives.bench import parse_size  # noqa: E402
 
 OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
@@ -83,10 +91,12 @@ class _Lib:
     def call(self, op, nbytes):
         """A zero-argument function running ``op`` once on buffers of ``nbytes``."""
         n = self.n
-        blocked = op in ("all_gather", "reduce_scatter")
+        blocked = op in ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")
         per = max(1, nbytes // 4 // n) if blocked else max(1, nbytes // 4)
         x = np.ones(per, np.float32)
         big = np.ones(per * n, np.float32)
+        big2 = np.ones(per * n, np.float32)
+        root = self.rank == 0
         if self.name == "mpich":
             c, MPI = self.comm, self.MPI
             return {
@@ -94,18 +104,20 @@ class _Lib:
                 "broadcast": lambda: c.Bcast(x, root=0),
                 "all_gather": lambda: c.Allgather(x, big),
                 "reduce_scatter": lambda: c.Reduce_scatter_block(big, x, op=MPI.SUM),
+                "gather": lambda: c.Gather(x, big if root else None, root=0),
+                "scatter": lambda: c.Scatter(big if root else None, x, root=0),
+                "all_to_all": lambda: c.Alltoall(big, big2),
             }[op]
-        d, tx, tbig = self.d, self.wrap(x), self.wrap(big)
-        if self.name == "gloo":
-            ag = d.all_gather_into_tensor
-            rs = d.reduce_scatter_tensor
-        else:
-            ag, rs = d.all_gather_into_tensor, d.reduce_scatter_tensor
+        d, tx, tbig, tbig2 = self.d, self.wrap(x), self.wrap(big), self.wrap(big2)
+        blocks = [self.wrap(b) for b in big.reshape(n, per)] if root else None
         return {
             "all_reduce": lambda: d.all_reduce(tx),
             "broadcast": lambda: d.broadcast(tx, src=0),
-            "all_gather": lambda: ag(tbig, tx),
-            "reduce_scatter": lambda: rs(tx, tbig),
+            "all_gather": lambda: d.all_gather_into_tensor(tbig, tx),
+            "reduce_scatter": lambda: d.reduce_scatter_tensor(tx, tbig),
+            "gather": lambda: d.gather(tx, blocks, dst=0),
+            "scatter": lambda: d.scatter(tx, blocks, src=0),
+            "all_to_all": lambda: d.all_to_all_single(tbig2, tbig),
         }[op]
 
     def barrier(self):
@@ -169,14 +181,17 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _launch(lib, n, ops, sizes, nodes=1):
+def _launch(lib, n, ops, sizes, nodes=1, before=None):
     # "distlaunch-unbound": the same workers under `distlaunch run --bind-to none`
     bind = ["--bind-to", "none"] if lib == "distlaunch-unbound" else []
-    worker = "distlaunch" if lib.startswith("distlaunch") else lib
+    worker = "distlaunch" if lib.startswith("distlaunch") or lib == "before" else lib
     args = ["--worker", worker, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes))]
+    tree = before if lib == "before" else REPO
     env = dict(
-        os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1"
+        os.environ, PYTHONPATH=tree + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1"
     )
+    if lib == "before":
+        env["BENCH_COLL_TREE"] = tree
     if nodes > 1:  # loopback "nodes": one launcher per node, TCP between them
         port = _free_port()
         procs = [
@@ -247,7 +262,7 @@ def _fmt_size(b):
 
 def driver(args):
     ops, sizes = args.ops.split(","), [parse_size(s) for s in args.sizes.split(",")]
-    libs = args.libs.split(",")
+    libs = args.libs.split(",") + (["before"] if args.before else [])
     if args.nodes > 1:
         libs = [lib for lib in libs if lib != "mpich"]
     results = {}
@@ -256,7 +271,7 @@ def driver(args):
             for lib in libs if rnd % 2 == 0 else libs[::-1]:
                 if args.nodes > 1 and lib == "mpich":
                     continue
-                for row in _launch(lib, n, ops, sizes, args.nodes):
+                for row in _launch(lib, n, ops, sizes, args.nodes, args.before):
                     results.setdefault((row["n"], row["op"], row["size"], lib), []).append(row["us"])
     med = {k: statistics.median(v) for k, v in results.items()}
     head = (
@@ -295,6 +310,11 @@ def main():
         type=int,
         default=1,
         help="loopback nodes (one distlaunch launcher each, TCP between them; no MPICH)",
+    )
+    p.add_argument(
+        "--before",
+        metavar="TREE",
+        help="also run the distlaunch workers with the distlaunch of checkout TREE (library 'before')",
     )
     args = p.parse_args()
     if args.worker:

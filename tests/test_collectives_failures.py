@@ -91,3 +91,18 @@ def test_mismatch_in_the_last_call_is_raised_by_destroy(transport):
         pytest.skip("shared memory only")
     rc, out, err = launch.launch("failures.py", 2, args=["destroy-last"], timeout=60)
     _check(rc, out, err, range(2))
+
+
+@pytest.mark.parametrize("op", ["broadcast", "all_gather", "reduce_scatter", "gather", "scatter"])
+@pytest.mark.parametrize("what", ["size", "dtype", "root"])
+def test_reused_arrays_changed_in_place_still_mismatch(what, op, transport):
+    """Small calls repeated on the same array objects (varied, revisited counts, dtypes
+    and roots: results checked) take cached per-call plans on shared memory; then one
+    rank resizes its array in place, changes its dtype in place, or names another root:
+    every rank still raises CollectiveMismatchError."""
+    if what == "root" and op in ("all_gather", "reduce_scatter"):
+        pytest.skip("no root")
+    if what == "root" and op in ("gather", "scatter") and transport == "tcp":
+        pytest.skip("over TCP two ranks that each take the root wait for each other: a timeout")
+    rc, out, err = launch.launch("failures.py", 3, args=[f"reuse-{what}-{op}"], timeout=90)
+    _check(rc, out, err, range(3))

@@ -58,12 +58,13 @@ def as_array(obj: Any, name: str, writable: bool = True) -> np.ndarray:
                 f"{name} must be a numpy array, a torch CPU tensor or a writable buffer, "
                 f"not {type(obj).__name__}"
             ) from None
-    if not arr.flags.c_contiguous:
+    flags = arr.flags  # (a new object per access: read once)
+    if not flags.c_contiguous:
         raise CollectiveArgumentError(
             f"{name} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
             f"pass np.ascontiguousarray(...) / tensor.contiguous()"
         )
-    if writable and not arr.flags.writeable:
+    if writable and not flags.writeable:
         raise CollectiveArgumentError(f"{name} is read-only; the result is written into it")
     if arr.dtype not in DTYPE_CODES:
         if arr.dtype.kind in "biufc" and not arr.dtype.isnative:

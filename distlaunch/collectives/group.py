@@ -51,7 +51,7 @@ from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutE
 from .ops import ReduceOp, check_op
 from .optable import OPS, algorithm
 from .transport import Request
-from .transport.shm import ShmChannel, ShmFullError, SmallAllReduce, call_record, warn_full
+from .transport.shm import ShmChannel, ShmFullError, SmallAllReduce, SmallPlan, call_record, warn_full
 from .transport.shm_p2p import links_for
 from .wire import (
     ABORT,
@@ -95,9 +95,8 @@ def _shm_algorithm(name: str) -> Callable[..., None]:
     return fn
 
 
-# the blocking small-operation fast path's algorithms
+# the blocking barrier's fast-path algorithm
 _SHM_BARRIER = _shm_algorithm("barrier")
-_SHM_BROADCAST = _shm_algorithm("broadcast")
 
 _SEND = OP_CODES["send"]
 
@@ -214,7 +213,7 @@ class ProcessGroup(Members):
         self._fast: ShmBackend | None = None  # the backend when it has a small-op fast path
         self.fast_channel: ShmChannel | None = None  # its channel (None: none, or shut down)
         self._fast_ctx: OpContext | None = None  # reused by _run_small
-        self._fast_call: SmallCall | SmallAllReduce | None = None  # the call _fast_ctx describes
+        self._fast_call: SmallCall | SmallAllReduce | SmallPlan | None = None  # the call _fast_ctx describes
         self._open: list[Request] = []  # receives posted on the transport, maybe unmatched
         # irecvs not posted yet (at most one: a receive started after it posts it first)
         self._deferred: list[_LazyRecv] = []
@@ -407,11 +406,13 @@ class ProcessGroup(Members):
         raises it; the group is then broken and the other members told)."""
         return self._failed(ctx, e)
 
-    def _run_small(self, call: SmallCall | SmallAllReduce, fn: Callable[..., None], *args: Any) -> None:
+    def _run_small(
+        self, call: SmallCall | SmallAllReduce | SmallPlan, fn: Callable[..., None], *args: Any
+    ) -> None:
         """Blocking fast path of ``run`` for an operation native on a shared-memory group
         (the caller checked ``self._fast``): ``fn(ctx, *args)`` with a reused context, no
-        closures, no TCP leftovers to check. ``call``: a SmallCall (or a SmallAllReduce
-        plan, which has its fields) describing the call for mismatch checks; reusing the
+        closures, no TCP leftovers to check. ``call``: a SmallCall (or a SmallAllReduce or
+        SmallPlan, which have its fields) describing the call for mismatch checks; reusing the
         same object for repeated calls skips copying it. Same sequence numbers, deadline
         and failure handling as ``run``; returns None."""
         ctx = self._fast_ctx
@@ -446,12 +447,8 @@ class ProcessGroup(Members):
         """``arr`` of ``root`` into ``arr`` on every member (read-only on the root is fine)."""
         fast = self._fast
         if fast is not None and not async_op and arr.nbytes <= fast.small:
-            self._run_small(
-                SmallCall("broadcast", OP_CODES["broadcast"], DTYPE_CODES[arr.dtype], arr.size, root),
-                _SHM_BROADCAST,
-                arr,
-                root,
-            )
+            plan = fast.small_plan("broadcast", arr.dtype, arr.size, root)
+            self._run_small(plan, fast.small_broadcast, arr, plan)
             return None
         return self.collective("broadcast", arr, root, async_op=async_op, **_meta(arr, root=root))
 
@@ -469,12 +466,26 @@ class ProcessGroup(Members):
         """The reduction into ``arr`` on ``root``; other members' ``arr`` is unchanged."""
         return self.collective("reduce", arr, op, root, async_op=async_op, **_meta(arr, root=root, redop=op))
 
+    def _small_all_gather(self, name: str, outs: np.ndarray | list, inp: np.ndarray, async_op: bool) -> bool:
+        """Run all_gather ``name`` on the fast path when it takes it (blocking, a
+        shared-memory group, ``inp`` up to ``small`` bytes); whether it did."""
+        fast = self._fast
+        if fast is None or async_op or inp.nbytes > fast.small:
+            return False
+        plan = fast.small_plan(name, inp.dtype, inp.size)
+        self._run_small(plan, fast.small_all_gather, outs, inp, plan)
+        return True
+
     def all_gather(self, outs: list, inp: np.ndarray, async_op: bool = False) -> Work | None:
         """``outs[i]`` (n arrays of ``inp``'s size and dtype) receives member i's ``inp``."""
+        if self._small_all_gather("all_gather", outs, inp, async_op):
+            return None
         return self.collective("all_gather", outs, inp, async_op=async_op, **_meta(inp))
 
     def all_gather_into_tensor(self, out: np.ndarray, inp: np.ndarray, async_op: bool = False) -> Work | None:
         """``out`` (n times ``inp``'s size) receives the members' inputs concatenated."""
+        if self._small_all_gather("all_gather_into_tensor", out, inp, async_op):
+            return None
         m = inp.size
         outs = [out[i * m : (i + 1) * m] for i in range(self.size)]
         return self.collective("all_gather_into_tensor", outs, inp, async_op=async_op, **_meta(inp))
@@ -486,14 +497,29 @@ class ProcessGroup(Members):
         ``ins[i]`` of a list of n arrays, or the i-th of n equal blocks of one array
         (``reduce_scatter_tensor``); inputs are not modified."""
         name = "reduce_scatter_tensor" if isinstance(ins, np.ndarray) else "reduce_scatter"
+        fast = self._fast
+        if fast is not None and not async_op and out.nbytes * self.size <= fast.small:
+            plan = fast.small_plan(name, out.dtype, out.size, -1, op, True)  # checks op against the dtype
+            self._run_small(plan, fast.small_reduce_scatter, out, ins, plan)
+            return None
         return self.collective(name, out, ins, op, async_op=async_op, **_meta(out, redop=op))
 
     def scatter(self, out: np.ndarray, ins: list | None, root: int, async_op: bool = False) -> Work | None:
         """``out`` on member i receives ``ins[i]`` of ``root`` (``ins`` None elsewhere)."""
+        fast = self._fast
+        if fast is not None and not async_op and out.nbytes <= fast.scatter_spread:
+            plan = fast.small_plan("scatter", out.dtype, out.size, root, spread=fast.scatter_spread)
+            self._run_small(plan, fast.small_scatter, out, ins, plan)
+            return None
         return self.collective("scatter", out, ins, root, async_op=async_op, **_meta(out, root=root))
 
     def gather(self, inp: np.ndarray, outs: list | None, root: int, async_op: bool = False) -> Work | None:
         """``outs[i]`` on ``root`` receives member i's ``inp`` (``outs`` None elsewhere)."""
+        fast = self._fast
+        if fast is not None and not async_op and inp.nbytes <= fast.small:
+            plan = fast.small_plan("gather", inp.dtype, inp.size, root)
+            self._run_small(plan, fast.small_gather, inp, outs, plan)
+            return None
         return self.collective("gather", inp, outs, root, async_op=async_op, **_meta(inp, root=root))
 
     def all_to_all(self, outs: list, ins: list, async_op: bool = False, count: int = 0) -> Work | None:

@@ -16,6 +16,11 @@ destroy-early  a new group's first call is a small broadcast, rank 1 makes it 0.
           late, then the group is destroyed: rank 1 gets the data at once
 destroy-last  the last call on a new group is a broadcast whose root the ranks disagree
           on, then the group is destroyed: CollectiveMismatchError from destroy
+reuse-{size,dtype,root}-{broadcast,all_gather,reduce_scatter,gather,scatter}
+          small calls on the same arrays, every rank agreeing, with the results checked
+          (varied counts, dtypes and roots, revisited); then rank 1 changes its array in
+          place (resize, dtype) or its root: every rank raises CollectiveMismatchError
+          (the small-call plans are keyed on the call, never on the array object)
 """
 
 import os
@@ -145,5 +150,67 @@ elif mode == "destroy-last":
         result(False, "destroy_process_group raised nothing")
     except dist.CollectiveMismatchError as e:
         result("broadcast #2 on" in str(e) and "on destroy" in str(e), f"in destroy: {e}")
+elif mode.startswith("reuse-"):
+    _, what, opname = mode.split("-", 2)
+    x = np.zeros(4, np.float32)  # the input (all_gather, reduce_scatter) or the buffer
+    out = np.zeros(4 * n, np.float32)  # all_gather's output
+
+    def call(root=0):
+        """One ``opname`` on x (and out); returns what every rank must get."""
+        m = x.size
+        if opname == "broadcast":
+            if rank == root:
+                x[:] = np.arange(m) + root
+            dist.broadcast(x, src=root)
+            return x, np.arange(m) + root
+        if opname == "gather":
+            x[:] = rank + 1
+            outs = [np.zeros(m, x.dtype) for _ in range(n)] if rank == root else None
+            dist.gather(x, outs, dst=root)
+            return (np.concatenate(outs), np.repeat(np.arange(1, n + 1), m)) if outs else (x, x)
+        if opname == "scatter":
+            ins = [np.full(m, i + root, x.dtype) for i in range(n)] if rank == root else None
+            dist.scatter(x, ins, src=root)
+            return x, np.full(m, rank + root)
+        if opname == "all_gather":
+            x[:] = rank + 1
+            dist.all_gather_into_tensor(out, x)
+            return out, np.repeat(np.arange(1, n + 1), m)
+        x[:] = np.arange(m)  # reduce_scatter: x holds n blocks
+        got = np.zeros(m // n, x.dtype)
+        dist.reduce_scatter_tensor(got, x)
+        return got, n * np.arange(m)[rank * (m // n) : (rank + 1) * (m // n)]
+
+    def reshape(size, dtype):
+        """x (and out) changed in place: the same objects, another size or dtype."""
+        x.resize(size, refcheck=False)
+        out.resize(size * n, refcheck=False)
+        x.dtype = out.dtype = dtype
+
+    bad = []
+    for size, dtype, root in [(4, "float32", 0), (4, "int32", 1), (8, "float32", 0)] * 3 + [
+        (4, "float32", 1)
+    ]:
+        reshape(size * n, dtype)
+        got, want = call(root % n)
+        if not np.array_equal(got, want.astype(got.dtype)):
+            bad.append(f"{size} x {dtype} root {root}: {got.tolist()} != {want.tolist()}")
+    if bad:
+        result(False, "; ".join(bad))
+    if rank == 1:
+        if what == "size":
+            reshape(x.size + n, x.dtype)
+        elif what == "dtype":
+            reshape(x.size, np.int32)
+    where = "call"
+    try:
+        call(1 if rank == 1 and what == "root" else 0)
+        where = "next call"
+        dist.barrier()
+        result(False, "no error in the call nor in the next one")
+    except dist.CollectiveMismatchError as e:
+        result(True, f"CollectiveMismatchError in the {where}: {e}")
+    except Exception as e:
+        result(False, f"{type(e).__name__} instead of CollectiveMismatchError: {e}")
 else:
     raise SystemExit(f"unknown mode {mode}")

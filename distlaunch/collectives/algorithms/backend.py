@@ -73,12 +73,20 @@ class ShmBackend(Backend):
     operation's shared-memory algorithm, else the calls compared on the channel and the
     TCP algorithm.
 
-    ``small``: bytes up to which blocking all_reduce and broadcast take the group's
-    reused-context fast path (with ``small_all_reduce_plan`` / ``small_all_reduce``).
+    ``small``: bytes up to which blocking all_reduce, broadcast, all_gather and gather
+    (their input) and reduce_scatter (its input) take the group's reused-context fast
+    path (with ``small_all_reduce_plan`` / ``small_all_reduce``, ``small_plan`` /
+    ``small_broadcast``, ``small_all_gather``, ``small_gather``, ``small_reduce_scatter``);
+    scatter's blocks take it up to ``scatter_spread`` bytes (``small_scatter``).
     """
 
     kind = "shm"
     small_all_reduce = staticmethod(shm_alg.small_all_reduce)
+    small_broadcast = staticmethod(shm_alg.small_broadcast)
+    small_all_gather = staticmethod(shm_alg.small_all_gather)
+    small_reduce_scatter = staticmethod(shm_alg.small_reduce_scatter)
+    small_gather = staticmethod(shm_alg.small_gather)
+    small_scatter = staticmethod(shm_alg.small_scatter)
 
     channel: ShmChannel  # never None here
 
@@ -86,6 +94,8 @@ class ShmBackend(Backend):
         self.channel = channel
         self.small = channel.config.small
         self.small_all_reduce_plan = channel.small_all_reduce_plan
+        self.small_plan = channel.small_plan
+        self.scatter_spread = shm_alg.scatter_spread(channel)  # scatter's fast path: blocks up to it
 
     def run(self, op: OpSpec, ctx: OpContext, *args: Any) -> None:
         fn = algorithm(op, "shm")

@@ -43,7 +43,7 @@ from ..ops import ReduceOp, finalize, ufunc
 from ..optable import implements
 from ..transport.shm import PHASE_HALF as _H
 from ..transport.shm import PHASE_MASK as _M
-from ..transport.shm import ShmChannel, SmallAllReduce, call_record
+from ..transport.shm import ShmChannel, SmallAllReduce, SmallPlan, call_record
 from .tcp import block_bounds
 
 
@@ -68,20 +68,127 @@ def _reduce_into(uf: np.ufunc, srcs: list[np.ndarray], out: np.ndarray) -> None:
         uf(out, s, out=out)
 
 
-def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> None:
-    """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
-    reduces all n itself), with the constant work done once in ``plan``."""
-    s: ShmChannel = ctx.shm
+def _writable_phase(s: ShmChannel, ctx: OpContext) -> int:
+    """The next phase of a one-phase operation that exchanges every rank's call, once
+    this rank's buffer of its parity is free to write (no rank still reads it)."""
     assert s is not None  # (only run on a shared-memory channel)
     p = s.phase + 1
     if (s.all_at - p + 1) & _M >= _H:  # our buffer of this parity may still be read
         s.need_all(p - 1, ctx)
+    return p
+
+
+def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> None:
+    """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
+    reduces all n itself), with the constant work done once in ``plan``."""
+    s: ShmChannel = ctx.shm
+    p = _writable_phase(s, ctx)
     views = plan.views[p & 1]
     views[s.r][:] = arr
     s.exchange_calls(ctx, p, plan.record)
     _reduce_into(plan.uf, views, arr)
     if plan.avg:  # skip the call otherwise: this path is all per-call overhead
         finalize(arr, ReduceOp.AVG, s.n)
+
+
+def small_broadcast(ctx: OpContext, arr: np.ndarray, plan: SmallPlan) -> None:
+    """:func:`broadcast` of ``arr`` (at most a slot) with the constant work done once
+    in ``plan``: the same eager phase (the root writes and leaves, the others copy)."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    p = s.open(ctx)
+    root = plan.root
+    if s.r == root:
+        plan.views[p & 1][root][:] = arr
+        s.publish(ctx, p, plan.record, False)
+    else:
+        s.publish(ctx, p, plan.record, s.n <= 2)  # (n = 2: compared with all)
+        s.take(ctx, p, root)
+        arr[:] = plan.views[p & 1][root]
+
+
+def small_all_gather(ctx: OpContext, outs: np.ndarray | list, inp: np.ndarray, plan: SmallPlan) -> None:
+    """:func:`all_gather` of ``inp`` (at most a slot) into ``outs`` (n arrays, or one
+    of n blocks) with the constant work done once in ``plan``: the same one phase."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    p = s.open(ctx)
+    r, views = s.r, plan.views[p & 1]
+    views[r][:] = inp
+    s.publish(ctx, p, plan.record)
+    blocks = plan.blocks if isinstance(outs, np.ndarray) else None
+    for j, v in enumerate(views):
+        if j != r:
+            s.take(ctx, p, j)
+        if blocks is None:
+            outs[j][:] = v
+        else:
+            outs[blocks[j]] = v
+
+
+def small_gather(ctx: OpContext, inp: np.ndarray, outs: list | None, plan: SmallPlan) -> None:
+    """The one-slot gather of ``inp`` (into ``outs`` on the root, None elsewhere) with
+    the constant work done once in ``plan``: the same eager phase (non-roots write
+    and leave, the root copies each rank's as soon as it is there)."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    p = s.open(ctx)
+    views = plan.views[p & 1]
+    if outs is None:
+        views[s.r][:] = inp
+        s.publish(ctx, p, plan.record, False)
+        return
+    s.publish(ctx, p, plan.record)
+    for j, v in enumerate(views):
+        if j == s.r:
+            outs[j][:] = inp
+        else:
+            s.take(ctx, p, j)
+            outs[j][:] = v
+
+
+def small_scatter(ctx: OpContext, out: np.ndarray, ins: list | None, plan: SmallPlan) -> None:
+    """The one-phase scatter into ``out`` (``ins`` on the root, None elsewhere; blocks
+    of at most ``_width(s, n, 0)`` bytes) with the constant work done once in ``plan``
+    (made with that ``spread``): the same eager phase (the root writes and leaves)."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    p = s.open(ctx)
+    if ins is None:
+        s.publish(ctx, p, plan.record, s.n <= 2)
+        s.take(ctx, p, plan.root)
+        out[:] = plan.views[p & 1][plan.root]
+        return
+    r = s.r
+    for i, (b, v) in enumerate(zip(ins, plan.spreads[p & 1])):
+        if i != r:
+            v[:] = b
+    s.publish(ctx, p, plan.record, False)
+    out[:] = ins[r]
+
+
+def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list, plan: SmallPlan) -> None:
+    """:func:`reduce_scatter` of ``inp`` (n blocks of ``out``'s size, one array or a
+    list; at most a slot in all) with the constant work done once in ``plan`` (made
+    with ``piece``): the same one phase."""
+    s: ShmChannel = ctx.shm
+    p = _writable_phase(s, ctx)
+    mine = plan.mine[p & 1]
+    if isinstance(inp, np.ndarray):
+        mine[:] = inp
+    else:
+        for b, a in zip(plan.blocks, inp):
+            mine[b] = a
+    s.exchange_calls(ctx, p, plan.record)
+    views = plan.views[p & 1]
+    uf = plan.uf
+    assert uf is not None  # (a plan made with the reduce op)
+    if s.n == 1:
+        out[:] = views[0]
+    else:
+        _reduce_into(uf, views, out)
+    if plan.avg:
+        finalize(out, ReduceOp.AVG, s.n)
 
 
 def _pair_all_reduce(
@@ -443,6 +550,12 @@ def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) ->
     got[root][:] = u8
     got[root] = None
     route(ctx, None, got, 1, len(u8))
+
+
+def scatter_spread(s: ShmChannel) -> int:
+    """Bytes between the blocks of a one-phase scatter in the root's buffer (also the
+    largest block it takes)."""
+    return _width(s, s.n, 0)
 
 
 @implements("scatter", "shm")

@@ -71,7 +71,7 @@ import numpy as np
 from ..context import OpContext, OpTimeout
 from ..errors import CollectiveError, CollectiveMismatchError, PeerLostError
 from ..ops import ReduceOp, check_op, ufunc
-from ..wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, OP_CODES, OP_NAMES
+from ..wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, NO_REDOP, OP_CODES, OP_NAMES
 
 SLOT = 4 << 20  # default bytes per data buffer
 CHUNK = 2 << 20  # default all_reduce bytes per chunk
@@ -311,6 +311,7 @@ class ShmChannel:
         self._fence = threading.Lock()
         self._views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
         self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
+        self._small: dict[tuple, SmallPlan] = {}  # small_plan's, by call
         # byte offsets of every rank's two meta records (phase parity)
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
         self._rec_off = [offs[self.r] for offs in self._meta_offs]
@@ -704,6 +705,28 @@ class ShmChannel:
             plan = self._plans[key] = SmallAllReduce(self, arr, op)
         return plan
 
+    def small_plan(
+        self,
+        name: str,
+        dtype: np.dtype,
+        count: int,
+        root: int = -1,
+        op: ReduceOp | None = None,
+        piece: bool = False,
+        spread: int = 0,
+    ) -> SmallPlan:
+        """The cached :class:`SmallPlan` of a one-phase ``name`` call on ``count``
+        elements of ``dtype`` (``root``: a group rank or -1; ``op``: the reduce op or
+        None; ``piece``, ``spread``: see SmallPlan, the same for every call of ``name``).
+        Raises CollectiveArgumentError for an op the dtype does not support."""
+        key = (name, dtype.char, count, root, op)
+        plan = self._small.get(key)
+        if plan is None:
+            if len(self._small) > 64:
+                self._small.clear()
+            plan = self._small[key] = SmallPlan(self, name, dtype, count, root, op, piece, spread)
+        return plan
+
     def close(self) -> None:
         """Unlink the segment once every member has mapped it, and unmap it (unless a
         user-visible view still holds it). A member that has not mapped it yet (an eager
@@ -717,7 +740,17 @@ class ShmChannel:
             pass
         try:
             # drop every export of the mapping; a closed channel has none of these
-            del self.bufs, self.mine, self._views, self._plans, self.raw, self.mv, self.words, self.quads
+            del (
+                self.bufs,
+                self.mine,
+                self._views,
+                self._plans,
+                self._small,
+                self.raw,
+                self.mv,
+                self.words,
+                self.quads,
+            )
             del self._anchor
             self.mm.close()
         except (BufferError, AttributeError):  # AttributeError: closed before
@@ -753,6 +786,64 @@ class SmallAllReduce:
         self.record = _CALL.pack(self.op, self.dtype, self.count, self.root, self.redop)
         self.uf, self.avg = ufunc(op), op is ReduceOp.AVG
         self.views = [[s.view(j, p, arr.dtype, arr.size) for j in range(s.n)] for p in (0, 1)]
+
+
+class SmallPlan:
+    """What does not change between one-phase calls of a small operation with the same
+    name, dtype, element count, root and reduce op, computed once (as SmallAllReduce
+    for all_reduce): the call record and the ``call`` fields the group's fast path reads
+    (name, op, dtype, count, root, redop); ``views[parity][j]``: rank j's buffer of
+    that phase parity as ``count`` elements of the dtype, from byte 0, or (``piece``,
+    reduce_scatter) from this rank's block, ``r * count`` elements on; ``mine[parity]``
+    (``piece`` only): this rank's buffer as its n blocks, ``n * count`` elements;
+    with ``spread`` (bytes, scatter) instead: ``views`` from byte ``r * spread`` and
+    ``spreads[parity][i]``: this rank's buffer from byte ``i * spread``, ``count``
+    elements (the block for rank i); ``blocks``: the slices of the n blocks of a joined
+    buffer; ``uf``/``avg``: the reduction's ufunc and whether AVG divides after it
+    (None/False without ``op``)."""
+
+    __slots__ = (
+        "name",
+        "op",
+        "dtype",
+        "count",
+        "root",
+        "redop",
+        "record",
+        "views",
+        "mine",
+        "spreads",
+        "blocks",
+        "uf",
+        "avg",
+    )
+
+    def __init__(
+        self,
+        s: ShmChannel,
+        name: str,
+        dtype: np.dtype,
+        count: int,
+        root: int,
+        op: ReduceOp | None,
+        piece: bool,
+        spread: int,
+    ):
+        if op is not None:
+            check_op(op, dtype)
+        n = s.n
+        self.name, self.op, self.dtype, self.count = name, OP_CODES[name], DTYPE_CODES[dtype], count
+        self.root, self.redop = root, NO_REDOP if op is None else int(op)
+        self.record = _CALL.pack(self.op, self.dtype, count, root, self.redop)
+        offset = s.r * (spread or count * dtype.itemsize) if piece or spread else 0
+        self.views = [[s.view(j, p, dtype, count, offset) for j in range(n)] for p in (0, 1)]
+        self.mine = [s.view(s.r, p, dtype, n * count) for p in (0, 1)] if piece else []
+        self.spreads = (
+            [[s.view(s.r, p, dtype, count, i * spread) for i in range(n)] for p in (0, 1)] if spread else []
+        )
+        self.blocks = [slice(j * count, (j + 1) * count) for j in range(n)]
+        self.uf = None if op is None else ufunc(op)
+        self.avg = op is ReduceOp.AVG
 
 
 def _round(x: int) -> int:
