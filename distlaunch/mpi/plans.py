@@ -14,9 +14,11 @@ about ten Python calls, each of which costs here what a few dozen bytecodes do).
 A plan holds no reference to a buffer (it must not keep a dead buffer alive, nor stop
 the program from closing its mmap or resizing its array): it keys on the buffer object's
 id, and a call whose buffer has the plan's type, size, count and datatype has its bytes
-viewed anew (a memoryview) from the object it passes. A buffer that no longer fits (a
-closed mmap, a resized array, a read-only receive buffer) sends the call down the
-general path, which says what is wrong.
+viewed anew (a memoryview) from the object it passes, or, for small blocks of a bytes,
+bytearray or mmap, sliced on the object itself (a weak reference to a receive mmap
+tells when it dies: one made at its address may be read-only). A buffer that no longer
+fits (a closed mmap, a resized array, a read-only receive buffer) sends the call down
+the general path, which says what is wrong.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class Buf:
     __slots__ = ("tp", "rest", "three", "off", "nb", "nbytes", "cast", "write", "direct", "ref")
 
     def __init__(self, spec: Any, obj: Any, s: Spec, blocks: int, write: bool) -> None:
-        self.tp = type(obj)
+        self.tp: Any = type(obj)  # (None once a receive mmap died: see _gone)
         self.rest = spec[1:] if type(spec) is list else None
         # [obj, count, datatype], the common form: its two items compared unpacked
         self.three = self.rest is not None and len(self.rest) == 2
@@ -81,10 +83,14 @@ class Buf:
         # the object itself, without a memoryview per call (its slices copy what they
         # read: a larger block is read through a view); its size is its len, which a
         # closed mmap refuses. An mmap's access never changes, so a receive mmap stays
-        # writable: a weak reference tells that it is the same object (one the program
-        # made at a freed one's address may be read-only)
+        # writable while it lives; when it dies, no object matches this Buf any more (one
+        # the program makes at its address, the plan's key, may be read-only)
         self.direct = self.tp in _DIRECT and s.nbytes <= DIRECT_MAX
-        self.ref = weakref.ref(obj) if self.direct and write and self.tp is mmap.mmap else None
+        self.ref = weakref.ref(obj, self._gone) if self.direct and write and self.tp is mmap.mmap else None
+
+    def _gone(self, _: Any) -> None:
+        """The weak reference's callback: the receive mmap died (see ``direct``)."""
+        self.tp = None
 
     def view(self, spec: Any) -> Any:
         """The bytes of ``spec``'s whole buffer (the plan's are ``[off, end)`` of it,
@@ -114,8 +120,7 @@ class Buf:
                     return None
             except ValueError:  # a closed mmap
                 return None
-            ref = self.ref
-            return spec if ref is None or ref() is spec else None
+            return spec
         try:
             m = memoryview(spec)
             if self.cast:
