@@ -152,3 +152,21 @@ def test_roots_that_disagree_after_planned_calls(tmp_path):
         [line] = [ln for ln in lines if ln.startswith(f"{r} roots:")] or [f"no line: {lines} {err[-3000:]}"]
         assert line.count("CollectiveMismatchError") == 2, line
         assert "root=0)" in line and "root=1)" in line and "the call before this one" in line, line
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_planned_calls_on_byte_buffers(tmp_path, n):
+    """Repeated calls on bytearray, mmap and bytes buffers (which the plans slice
+    without a memoryview up to 4 KiB per block) give the right bytes at block sizes
+    around that limit, displaced too; a grown bytearray, a closed mmap and a read-only
+    mmap made at a freed receive mmap's id leave the plan: the last is refused before
+    anything moves (MPIException; without the plans' weak reference to a receive mmap
+    the planned path writes into it: a TypeError that breaks the communicator), and the
+    communicator stays usable."""
+    rc, lines, err = run("coll_plan_buffers", n, tmp_path, True, timeout=180)
+    assert rc == 0, f"rc={rc}\n{err[-4000:]}"
+    grown = [2 + r for r in range(n)] + [40 + r for r in range(n)]
+    for r in range(n):
+        assert f"{r} planned ok" in lines, lines
+        want = f"{r} fallbacks grown {grown} closed ValueError readonly MPIException same id True"
+        assert f"{want} usable {list(range(n))}" in lines, lines

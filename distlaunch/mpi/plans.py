@@ -14,9 +14,11 @@ about ten Python calls, each of which costs here what a few dozen bytecodes do).
 A plan holds no reference to a buffer (it must not keep a dead buffer alive, nor stop
 the program from closing its mmap or resizing its array): it keys on the buffer object's
 id, and a call whose buffer has the plan's type, size, count and datatype has its bytes
-viewed anew (a memoryview) from the object it passes. A buffer that no longer fits (a
-closed mmap, a resized array, a read-only receive buffer) sends the call down the
-general path, which says what is wrong.
+viewed anew (a memoryview) from the object it passes, or, for small blocks of a bytes,
+bytearray or mmap, sliced on the object itself (a weak reference to a receive mmap
+tells when it dies: one made at its address may be read-only). A buffer that no longer
+fits (a closed mmap, a resized array, a read-only receive buffer) sends the call down
+the general path, which says what is wrong.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import mmap
 import os
 import struct
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -43,6 +46,8 @@ from .datatypes import Spec
 _monotonic_ns, _started = time.monotonic_ns, progress.started
 MAX_PLANS = 16  # per communicator (a program making new buffers per call thrashes, bounded)
 _TYPES = (np.ndarray, bytearray, mmap.mmap, bytes, array.array)  # viewed anew per call
+_DIRECT = (bytearray, mmap.mmap, bytes)  # byte-indexed: sliced without a view (Buf.direct)
+DIRECT_MAX = 4 << 10  # bytes per block: a larger one is read through a view (one copy)
 _HEAD = struct.Struct("<q")  # all_to_all: the head of a phase buffer, the longest block
 # waiting for a peer: rounds of busy-polling its phase counter (POLL checks, about 50 µs;
 # a sched_yield after each, as MPICH's polls before a yield) for the point-to-point
@@ -61,30 +66,61 @@ class Buf:
     bytes, given as ``[obj, *rest]`` (``rest`` compared by value: the count, the
     datatype) or as the object (``rest`` None)."""
 
-    __slots__ = ("tp", "rest", "off", "nb", "nbytes", "cast", "write")
+    __slots__ = ("tp", "rest", "three", "off", "nb", "nbytes", "cast", "write", "direct", "ref")
 
     def __init__(self, spec: Any, obj: Any, s: Spec, blocks: int, write: bool) -> None:
-        self.tp = type(obj)
+        self.tp: Any = type(obj)  # (None once a receive mmap died: see _gone)
         self.rest = spec[1:] if type(spec) is list else None
+        # [obj, count, datatype], the common form: its two items compared unpacked
+        self.three = self.rest is not None and len(self.rest) == 2
         self.off = s.displ * s.datatype.extent
         self.nb = s.nbytes * blocks
         m = memoryview(obj)
         self.nbytes = m.nbytes
         self.cast = m.format != "B" or m.ndim != 1  # numpy arrays of other dtypes, array('d')
         self.write = write  # this rank writes into it: it must still be writable
+        # small blocks of a byte-indexed object (bytes, bytearray, mmap) are sliced on
+        # the object itself, without a memoryview per call (its slices copy what they
+        # read: a larger block is read through a view); its size is its len, which a
+        # closed mmap refuses. An mmap's access never changes, so a receive mmap stays
+        # writable while it lives; when it dies, no object matches this Buf any more (one
+        # the program makes at its address, the plan's key, may be read-only)
+        self.direct = self.tp in _DIRECT and s.nbytes <= DIRECT_MAX
+        self.ref = weakref.ref(obj, self._gone) if self.direct and write and self.tp is mmap.mmap else None
 
-    def view(self, spec: Any) -> memoryview | None:
-        """The bytes of ``spec``'s whole buffer (a flat byte memoryview: the plan's are
-        ``[off, end)`` of it, which the phase's copies slice, so no slice is made
-        here), or None when ``spec`` is not like the one the plan was made from or its
-        buffer cannot give them."""
+    def _gone(self, _: Any) -> None:
+        """The weak reference's callback: the receive mmap died (see ``direct``)."""
+        self.tp = None
+
+    def view(self, spec: Any) -> Any:
+        """The bytes of ``spec``'s whole buffer (the plan's are ``[off, end)`` of it,
+        which the phase's copies slice, so no slice is made here): a flat byte
+        memoryview, or the object itself when ``direct``; None when ``spec`` is not like
+        the one the plan was made from or its buffer cannot give them."""
         rest = self.rest
         if rest is not None:
-            if type(spec) is not list or spec[1:] != rest:
+            if type(spec) is not list:
                 return None
-            spec = spec[0]
+            if self.three:
+                try:
+                    spec, c, t = spec
+                except ValueError:
+                    return None
+                if c != rest[0] or t != rest[1]:
+                    return None
+            elif spec[1:] != rest:
+                return None
+            else:
+                spec = spec[0]
         if type(spec) is not self.tp:
             return None
+        if self.direct:
+            try:
+                if len(spec) != self.nbytes:
+                    return None
+            except ValueError:  # a closed mmap
+                return None
+            return spec
         try:
             m = memoryview(spec)
             if self.cast:
