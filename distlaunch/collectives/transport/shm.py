@@ -725,7 +725,7 @@ class ShmChannel:
         whose sizes vary, e.g. of pickled objects, never pay for one). Both caches
         are bounded, the oldest entry going first. Raises CollectiveArgumentError for
         an op the dtype does not support (when making the plan)."""
-        key = (name, dtype.char, count, root, op, piece, spread)
+        key = (name, dtype, count, root, op, piece, spread)  # (the dtype itself: chars alias)
         plan = self._small.get(key)
         if plan is None:
             seen = self._seen
