@@ -317,7 +317,7 @@ def main():
         help="also run the distlaunch workers with the distlaunch of checkout TREE (library 'before')",
     )
     args = p.parse_args()
-    if args.before:  # (the workers run in another directory: a relative TREE would not be found)
+    if args.before:  # (for PYTHONPATH and sys.path: the same tree from whatever directory a worker starts in)
         args.before = os.path.abspath(args.before)
     if args.worker:
         with np.errstate(all="ignore"):  # repeated in-place sums overflow to inf, harmlessly
