@@ -317,6 +317,8 @@ def main():
         help="also run the distlaunch workers with the distlaunch of checkout TREE (library 'before')",
     )
     args = p.parse_args()
+    if args.before:  # (for PYTHONPATH and sys.path: the same tree from whatever directory a worker starts in)
+        args.before = os.path.abspath(args.before)
     if args.worker:
         with np.errstate(all="ignore"):  # repeated in-place sums overflow to inf, harmlessly
             worker(args.worker, args.ops.split(","), [parse_size(s) for s in args.sizes.split(",")])

@@ -110,6 +110,8 @@ def check_same(arrs: Sequence[np.ndarray], ref: np.ndarray, what: str, size: int
     """CollectiveArgumentError naming ``what[i]`` unless every array has ``ref``'s dtype
     and ``size`` elements (default: ``ref``'s)."""
     want = ref.size if size is None else size
+    if len(arrs) == 1 and arrs[0].size == want and arrs[0].dtype == ref.dtype:
+        return  # (one array, each call of a *_tensor operation: the cheap test alone)
     for i, a in enumerate(arrs):
         if a.dtype != ref.dtype or a.size != want:
             raise CollectiveArgumentError(

@@ -95,8 +95,9 @@ def _shm_algorithm(name: str) -> Callable[..., None]:
     return fn
 
 
-# the blocking barrier's fast-path algorithm
+# the blocking small-operation fast path's algorithms (broadcast's: a call without a plan yet)
 _SHM_BARRIER = _shm_algorithm("barrier")
+_SHM_BROADCAST = _shm_algorithm("broadcast")
 
 _SEND = OP_CODES["send"]
 
@@ -448,7 +449,11 @@ class ProcessGroup(Members):
         fast = self._fast
         if fast is not None and not async_op and arr.nbytes <= fast.small:
             plan = fast.small_plan("broadcast", arr.dtype, arr.size, root)
-            self._run_small(plan, fast.small_broadcast, arr, plan)
+            if plan is not None:
+                self._run_small(plan, fast.small_broadcast, arr, plan)
+            else:  # met once so far: the general one, on a call record made each time
+                call = SmallCall("broadcast", OP_CODES["broadcast"], DTYPE_CODES[arr.dtype], arr.size, root)
+                self._run_small(call, _SHM_BROADCAST, arr, root)
             return None
         return self.collective("broadcast", arr, root, async_op=async_op, **_meta(arr, root=root))
 
@@ -468,11 +473,13 @@ class ProcessGroup(Members):
 
     def _small_all_gather(self, name: str, outs: np.ndarray | list, inp: np.ndarray, async_op: bool) -> bool:
         """Run all_gather ``name`` on the fast path when it takes it (blocking, a
-        shared-memory group, ``inp`` up to ``small`` bytes); whether it did."""
+        shared-memory group, ``inp`` up to ``small`` bytes, a repeated call); whether it did."""
         fast = self._fast
         if fast is None or async_op or inp.nbytes > fast.small:
             return False
         plan = fast.small_plan(name, inp.dtype, inp.size)
+        if plan is None:
+            return False
         self._run_small(plan, fast.small_all_gather, outs, inp, plan)
         return True
 
@@ -500,8 +507,9 @@ class ProcessGroup(Members):
         fast = self._fast
         if fast is not None and not async_op and out.nbytes * self.size <= fast.small:
             plan = fast.small_plan(name, out.dtype, out.size, -1, op, True)  # checks op against the dtype
-            self._run_small(plan, fast.small_reduce_scatter, out, ins, plan)
-            return None
+            if plan is not None:
+                self._run_small(plan, fast.small_reduce_scatter, out, ins, plan)
+                return None
         return self.collective(name, out, ins, op, async_op=async_op, **_meta(out, redop=op))
 
     def scatter(self, out: np.ndarray, ins: list | None, root: int, async_op: bool = False) -> Work | None:
@@ -509,8 +517,9 @@ class ProcessGroup(Members):
         fast = self._fast
         if fast is not None and not async_op and out.nbytes <= fast.scatter_spread:
             plan = fast.small_plan("scatter", out.dtype, out.size, root, spread=fast.scatter_spread)
-            self._run_small(plan, fast.small_scatter, out, ins, plan)
-            return None
+            if plan is not None:
+                self._run_small(plan, fast.small_scatter, out, ins, plan)
+                return None
         return self.collective("scatter", out, ins, root, async_op=async_op, **_meta(out, root=root))
 
     def gather(self, inp: np.ndarray, outs: list | None, root: int, async_op: bool = False) -> Work | None:
@@ -518,8 +527,9 @@ class ProcessGroup(Members):
         fast = self._fast
         if fast is not None and not async_op and inp.nbytes <= fast.small:
             plan = fast.small_plan("gather", inp.dtype, inp.size, root)
-            self._run_small(plan, fast.small_gather, inp, outs, plan)
-            return None
+            if plan is not None:
+                self._run_small(plan, fast.small_gather, inp, outs, plan)
+                return None
         return self.collective("gather", inp, outs, root, async_op=async_op, **_meta(inp, root=root))
 
     def all_to_all(self, outs: list, ins: list, async_op: bool = False, count: int = 0) -> Work | None:

@@ -1,6 +1,10 @@
 """A seeded random sequence of collectives (same on every rank): random op, dtype, size
 (0 .. ~600 KB, log-uniform, so both sides of every algorithm threshold), root, reduce op,
-group (world or a subgroup) and async_op, each checked against a numpy reference.
+group (world or a subgroup), each checked against a numpy reference; async_op drawn for
+each rank (one rank's blocking call meets another's asynchronous one), and a quarter of
+the calls repeat the previous one's op, group, dtype, size, reduce op and root (small
+blocking calls on shared memory then take cached plans, on some ranks only when the
+others' call is asynchronous or new to them).
 Usage: random_ops.py SEED COUNT"""
 
 import sys
@@ -30,13 +34,17 @@ UF = {
     R.BXOR: np.bitwise_xor,
 }
 pending = []  # (work, check) of async collectives, checked after their wait
+last = None  # the previous call's (group, members, dtype, size, kind, op, root_pos)
 
 for i in range(count):
     g, members = groups[rng.integers(len(groups))]
     dtype = str(rng.choice(["float32", "float64", "int32", "int64", "uint8", "bool", "float16"]))
     size = int(np.exp(rng.uniform(0, np.log(150_000)))) - 1
     kind = str(
-        rng.choice(["all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"])
+        rng.choice(
+            ["all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"]
+            + ["gather", "scatter"]
+        )
     )
     ops = [R.SUM, R.MIN, R.MAX] + (
         [R.BAND, R.BOR, R.BXOR] if dtype in ("int32", "int64", "uint8", "bool") else []
@@ -45,7 +53,10 @@ for i in range(count):
     if dtype in ("float16", "uint8", "bool") and op == R.SUM:
         op = R.MAX  # keep sums exact/meaningful in narrow dtypes
     root_pos = int(rng.integers(len(members)))
-    async_op = bool(rng.integers(2))
+    if rng.integers(4) == 0 and last is not None:
+        g, members, dtype, size, kind, op, root_pos = last
+    last = g, members, dtype, size, kind, op, root_pos
+    async_op = bool(rng.integers(2, size=n)[rank])  # (all n drawn: the stream stays identical)
     flush = rng.integers(3) == 0  # drawn on every rank: the stream must stay identical
     if rank not in members:
         continue
@@ -71,6 +82,16 @@ for i in range(count):
         out = np.zeros(size * m, dtype)
         w = dist.all_gather_into_tensor(out, x, group=g, async_op=async_op)
         check = lambda out=out, want=np.concatenate(ins), name=name: F.check(name, out, want)
+    elif kind == "gather":
+        outs = [np.zeros(size, dtype) for _ in members] if me == root_pos else None
+        w = dist.gather(x, outs, dst=members[root_pos], group=g, async_op=async_op)
+        got, want = (outs, ins) if outs is not None else ([x], [ins[me]])
+        check = lambda got=got, want=np.concatenate(want), name=name: F.check(name, np.concatenate(got), want)
+    elif kind == "scatter":
+        blocks = [data(r, dtype, size, seed * 100000 + i + 7) for r in members]
+        sent = blocks if me == root_pos else None
+        w = dist.scatter(x, sent, src=members[root_pos], group=g, async_op=async_op)
+        check = lambda x=x, want=blocks[me], name=name: F.check(name, x, want)
     else:
         big = [data(r, dtype, size * m, seed * 100000 + i + 7) for r in members]
         redb = big[0].copy()

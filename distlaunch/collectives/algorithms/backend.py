@@ -77,7 +77,9 @@ class ShmBackend(Backend):
     (their input) and reduce_scatter (its input) take the group's reused-context fast
     path (with ``small_all_reduce_plan`` / ``small_all_reduce``, ``small_plan`` /
     ``small_broadcast``, ``small_all_gather``, ``small_gather``, ``small_reduce_scatter``);
-    scatter's blocks take it up to ``scatter_spread`` bytes (``small_scatter``).
+    scatter's blocks take it up to ``scatter_spread`` bytes (``small_scatter``). Those
+    with a ``small_plan`` take it from a call's second time on (the first: the general
+    path; broadcast: its shared-memory algorithm, still on the fast path).
     """
 
     kind = "shm"

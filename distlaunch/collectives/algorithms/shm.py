@@ -99,12 +99,12 @@ def small_broadcast(ctx: OpContext, arr: np.ndarray, plan: SmallPlan) -> None:
     p = s.open(ctx)
     root = plan.root
     if s.r == root:
-        plan.views[p & 1][root][:] = arr
+        plan.one[p & 1][:] = arr
         s.publish(ctx, p, plan.record, False)
     else:
         s.publish(ctx, p, plan.record, s.n <= 2)  # (n = 2: compared with all)
         s.take(ctx, p, root)
-        arr[:] = plan.views[p & 1][root]
+        arr[:] = plan.one[p & 1]
 
 
 def small_all_gather(ctx: OpContext, outs: np.ndarray | list, inp: np.ndarray, plan: SmallPlan) -> None:
@@ -133,13 +133,12 @@ def small_gather(ctx: OpContext, inp: np.ndarray, outs: list | None, plan: Small
     s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     p = s.open(ctx)
-    views = plan.views[p & 1]
     if outs is None:
-        views[s.r][:] = inp
+        plan.one[p & 1][:] = inp
         s.publish(ctx, p, plan.record, False)
         return
     s.publish(ctx, p, plan.record)
-    for j, v in enumerate(views):
+    for j, v in enumerate(plan.views[p & 1]):
         if j == s.r:
             outs[j][:] = inp
         else:
@@ -157,7 +156,7 @@ def small_scatter(ctx: OpContext, out: np.ndarray, ins: list | None, plan: Small
     if ins is None:
         s.publish(ctx, p, plan.record, s.n <= 2)
         s.take(ctx, p, plan.root)
-        out[:] = plan.views[p & 1][plan.root]
+        out[:] = plan.one[p & 1]
         return
     r = s.r
     for i, (b, v) in enumerate(zip(ins, plan.spreads[p & 1])):

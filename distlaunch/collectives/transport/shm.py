@@ -75,6 +75,7 @@ from ..wire import ABORT_MISMATCH, ABORT_PEER_LOST, DTYPE_CODES, NO_REDOP, OP_CO
 
 SLOT = 4 << 20  # default bytes per data buffer
 CHUNK = 2 << 20  # default all_reduce bytes per chunk
+_CACHED = 64  # small_plan's plans, and the calls it met once, kept at most
 # all_reduce: one-phase algorithm up to here (measured: it wins below ~384 KiB at n = 2
 # and 4); one buffer must hold it
 SMALL_MAX = 256 * 1024
@@ -311,7 +312,8 @@ class ShmChannel:
         self._fence = threading.Lock()
         self._views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
         self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
-        self._small: dict[tuple, SmallPlan] = {}  # small_plan's, by call
+        self._small: dict[tuple, SmallPlan] = {}  # small_plan's, by call (oldest first)
+        self._seen: dict[tuple, bool] = {}  # calls met once without a plan (oldest first)
         # byte offsets of every rank's two meta records (phase parity)
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
         self._rec_off = [offs[self.r] for offs in self._meta_offs]
@@ -714,17 +716,28 @@ class ShmChannel:
         op: ReduceOp | None = None,
         piece: bool = False,
         spread: int = 0,
-    ) -> SmallPlan:
+    ) -> SmallPlan | None:
         """The cached :class:`SmallPlan` of a one-phase ``name`` call on ``count``
         elements of ``dtype`` (``root``: a group rank or -1; ``op``: the reduce op or
-        None; ``piece``, ``spread``: see SmallPlan, the same for every call of ``name``).
-        Raises CollectiveArgumentError for an op the dtype does not support."""
-        key = (name, dtype.char, count, root, op)
+        None; ``piece``, ``spread``: see SmallPlan, the same for every call of ``name``),
+        or None the first time such a call is met: the caller then takes the general
+        path. A plan costs O(n) to make, so it is made for calls that repeat only (calls
+        whose sizes vary, e.g. of pickled objects, never pay for one). Both caches
+        are bounded, the oldest entry going first. Raises CollectiveArgumentError for
+        an op the dtype does not support (when making the plan)."""
+        key = (name, dtype, count, root, op, piece, spread)  # (the dtype itself: chars alias)
         plan = self._small.get(key)
         if plan is None:
-            if len(self._small) > 64:
-                self._small.clear()
-            plan = self._small[key] = SmallPlan(self, name, dtype, count, root, op, piece, spread)
+            seen = self._seen
+            if seen.pop(key, True):  # (True: not met before; it is now)
+                seen[key] = False
+                if len(seen) > _CACHED:
+                    del seen[next(iter(seen))]
+                return None
+            plans = self._small
+            if len(plans) >= _CACHED:
+                del plans[next(iter(plans))]
+            plan = plans[key] = SmallPlan(self, name, dtype, count, root, op, piece, spread)
         return plan
 
     def close(self) -> None:
@@ -792,15 +805,18 @@ class SmallPlan:
     """What does not change between one-phase calls of a small operation with the same
     name, dtype, element count, root and reduce op, computed once (as SmallAllReduce
     for all_reduce): the call record and the ``call`` fields the group's fast path reads
-    (name, op, dtype, count, root, redop); ``views[parity][j]``: rank j's buffer of
-    that phase parity as ``count`` elements of the dtype, from byte 0, or (``piece``,
-    reduce_scatter) from this rank's block, ``r * count`` elements on; ``mine[parity]``
-    (``piece`` only): this rank's buffer as its n blocks, ``n * count`` elements;
-    with ``spread`` (bytes, scatter) instead: ``views`` from byte ``r * spread`` and
-    ``spreads[parity][i]``: this rank's buffer from byte ``i * spread``, ``count``
-    elements (the block for rank i); ``blocks``: the slices of the n blocks of a joined
-    buffer; ``uf``/``avg``: the reduction's ufunc and whether AVG divides after it
-    (None/False without ``op``)."""
+    (name, op, dtype, count, root, redop). Only the buffers this rank touches get views
+    (the plan is O(n) to make otherwise): ``views[parity][j]`` (no root, or the root
+    of a gather; else empty): rank j's buffer of that phase parity as ``count``
+    elements of the dtype, from byte 0, or (``piece``, reduce_scatter) from this rank's
+    block, ``r * count`` elements on; ``one[parity]`` (a root; else empty): the one
+    buffer the call touches, the root's (broadcast; scatter: from byte ``r * spread``)
+    or this rank's (gather); ``mine[parity]`` (``piece`` only): this rank's buffer as
+    its n blocks, ``n * count`` elements; ``spreads[parity][i]`` (``spread``, bytes,
+    on scatter's root only): this rank's buffer from byte ``i * spread``, ``count``
+    elements (the block for rank i); ``blocks`` (no root): the slices of the n blocks
+    of a joined buffer; ``uf``/``avg``: the reduction's ufunc and whether AVG divides
+    after it (None/False without ``op``)."""
 
     __slots__ = (
         "name",
@@ -811,6 +827,7 @@ class SmallPlan:
         "redop",
         "record",
         "views",
+        "one",
         "mine",
         "spreads",
         "blocks",
@@ -831,17 +848,22 @@ class SmallPlan:
     ):
         if op is not None:
             check_op(op, dtype)
-        n = s.n
+        n, r = s.n, s.r
         self.name, self.op, self.dtype, self.count = name, OP_CODES[name], DTYPE_CODES[dtype], count
         self.root, self.redop = root, NO_REDOP if op is None else int(op)
         self.record = _CALL.pack(self.op, self.dtype, count, root, self.redop)
-        offset = s.r * (spread or count * dtype.itemsize) if piece or spread else 0
-        self.views = [[s.view(j, p, dtype, count, offset) for j in range(n)] for p in (0, 1)]
-        self.mine = [s.view(s.r, p, dtype, n * count) for p in (0, 1)] if piece else []
+        offset = r * (spread or count * dtype.itemsize) if piece or spread else 0
+        every = root < 0 or (name == "gather" and root == r)
+        self.views = [[s.view(j, p, dtype, count, offset) for j in range(n)] for p in (0, 1)] if every else []
+        j = r if name == "gather" else root
+        self.one = [s.view(j, p, dtype, count, offset) for p in (0, 1)] if root >= 0 else []
+        self.mine = [s.view(r, p, dtype, n * count) for p in (0, 1)] if piece else []
         self.spreads = (
-            [[s.view(s.r, p, dtype, count, i * spread) for i in range(n)] for p in (0, 1)] if spread else []
+            [[s.view(r, p, dtype, count, i * spread) for i in range(n)] for p in (0, 1)]
+            if spread and root == r
+            else []
         )
-        self.blocks = [slice(j * count, (j + 1) * count) for j in range(n)]
+        self.blocks = [slice(j * count, (j + 1) * count) for j in range(n)] if root < 0 else []
         self.uf = None if op is None else ufunc(op)
         self.avg = op is ReduceOp.AVG
 
