@@ -1074,14 +1074,15 @@ class Request:
 def _first_done(requests: Sequence[Request]) -> int:
     """The lowest index of a completed request of ``requests``, or -1 (none yet). A poll
     may move the transport on and so complete requests polled before it (a sender's
-    messages arrive in order): those are looked at again, so Waitany and Testany return
-    the first completed request in array order, as MPICH's scan after its progress does
-    (MPI allows any; programs and their expected outputs rely on MPICH's)."""
+    messages arrive in order): those are looked at again, without moving it on, so
+    Waitany and Testany return the first completed request in array order, as MPICH's
+    scan after its progress does (MPI allows any; programs and their expected outputs
+    rely on MPICH's)."""
     for i, r in enumerate(requests):
         if r._op is not None and r._poll():
             for j in range(i):
-                q = requests[j]
-                if q._op is not None and q._poll():
+                op = requests[j]._op
+                if op is not None and op.test():
                     return j
             return i
     return -1
