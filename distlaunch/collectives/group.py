@@ -802,7 +802,8 @@ class ProcessGroup(Members):
         elif isinstance(e, OpTimeout):
             err = self._diagnose_timeout(ctx, what, e.peers)
             ranks = ";".join(",".join(map(str, rs)) for rs in (err.missing_ranks, err.unreachable_ranks))
-            self._abort_members(seq, ABORT_TIMEOUT, f"{ranks}\n{err}")
+            lost = isinstance(err, PeerLostError)  # (woken shared-memory members raise it too)
+            self._abort_members(seq, ABORT_TIMEOUT, f"{ranks}\n{err}", ABORT_PEER_LOST if lost else None)
         elif isinstance(e, CollectiveError) and getattr(e, "_from_abort", False):
             err = e
         elif isinstance(e, (CollectiveMismatchError, PeerLostError)):
@@ -819,12 +820,16 @@ class ProcessGroup(Members):
             setattr(err, "seq", seq)  # noqa: B010  (BaseException declares no seq)
         return err
 
-    def _abort_members(self, seq: int, reason: int, text: str) -> None:
-        """Fail operation ``seq`` on every other member: wake the shared-memory waiters,
-        send the TCP ABORT (``reason``, ``text``) to each member (bounded wait)."""
+    def _abort_members(self, seq: int, reason: int, text: str, word: int | None = None) -> None:
+        """Fail operation ``seq`` on every other member: wake the shared-memory waiters
+        (with ``word``, default ``reason`` for a mismatch or lost peer, else ABORT_OTHER:
+        the class a woken member raises when the TCP ABORT is late), send the TCP ABORT
+        (``reason``, ``text``) to each member (bounded wait)."""
         backend = self._backend
         if backend is not None:
-            backend.abort(reason if reason in (ABORT_MISMATCH, ABORT_PEER_LOST) else ABORT_OTHER)
+            if word is None:
+                word = reason if reason in (ABORT_MISMATCH, ABORT_PEER_LOST) else ABORT_OTHER
+            backend.abort(word)
         deadline = time.monotonic() + _STATUS_WAIT
         hdr = Header(ABORT, 0, reason, NO_REDOP, self.runtime.rank, self.gid, seq, 0, -1, 0, 0)
         payload = text.encode()[:65536]
