@@ -60,12 +60,14 @@ def test_killed_peer_makes_survivors_raise(transport):
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(prefix)]
 
 
-def test_abort_of_a_timeout_with_an_unreachable_rank_is_peer_lost_everywhere():
+def test_abort_of_a_timeout_with_an_unreachable_rank_is_peer_lost_everywhere(transport):
     """Rank 2 stops; rank 0's all_reduce times out and finds only rank 2 unreachable
     (PeerLostError); rank 1, whose timeout is far later, learns it from rank 0's ABORT
     and raises the same class (it raised CollectiveTimeoutError, the class of every
     timeout's ABORT)."""
-    rc, out, err = launch.spawn("failures.py", 3, args=["stopped"], timeout=60)
+    prefix = f"dltest-stopped-{os.getpid()}-"
+    env = {"DISTLAUNCH_NODE_ID": "n0", "DISTLAUNCH_SHM_PREFIX": prefix} if transport == "shm" else {}
+    rc, out, err = launch.spawn("failures.py", 3, args=["stopped"], timeout=60, env=env)
     _check(rc, out, err, [0, 1])
     assert "rank 0 aborted" in out  # rank 1's error came from the ABORT
 
