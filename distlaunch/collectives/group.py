@@ -51,7 +51,7 @@ from .errors import CollectiveError, CollectiveMismatchError, CollectiveTimeoutE
 from .ops import ReduceOp, check_op
 from .optable import OPS, algorithm
 from .transport import Request
-from .transport.shm import ShmChannel, ShmFullError, SmallAllReduce, SmallPlan, call_record, warn_full
+from .transport.shm import ShmChannel, ShmFullError, SmallPlan, call_record, warn_full
 from .transport.shm_p2p import links_for
 from .wire import (
     ABORT,
@@ -214,7 +214,7 @@ class ProcessGroup(Members):
         self._fast: ShmBackend | None = None  # the backend when it has a small-op fast path
         self.fast_channel: ShmChannel | None = None  # its channel (None: none, or shut down)
         self._fast_ctx: OpContext | None = None  # reused by _run_small
-        self._fast_call: SmallCall | SmallAllReduce | SmallPlan | None = None  # the call _fast_ctx describes
+        self._fast_call: SmallCall | SmallPlan | None = None  # the call _fast_ctx describes
         self._open: list[Request] = []  # receives posted on the transport, maybe unmatched
         # irecvs not posted yet (at most one: a receive started after it posts it first)
         self._deferred: list[_LazyRecv] = []
@@ -407,13 +407,11 @@ class ProcessGroup(Members):
         raises it; the group is then broken and the other members told)."""
         return self._failed(ctx, e)
 
-    def _run_small(
-        self, call: SmallCall | SmallAllReduce | SmallPlan, fn: Callable[..., None], *args: Any
-    ) -> None:
+    def _run_small(self, call: SmallCall | SmallPlan, fn: Callable[..., None], *args: Any) -> None:
         """Blocking fast path of ``run`` for an operation native on a shared-memory group
         (the caller checked ``self._fast``): ``fn(ctx, *args)`` with a reused context, no
-        closures, no TCP leftovers to check. ``call``: a SmallCall (or a SmallAllReduce or
-        SmallPlan, which have its fields) describing the call for mismatch checks; reusing the
+        closures, no TCP leftovers to check. ``call``: a SmallCall (or a SmallPlan, which
+        has its fields) describing the call for mismatch checks; reusing the
         same object for repeated calls skips copying it. Same sequence numbers, deadline
         and failure handling as ``run``; returns None."""
         ctx = self._fast_ctx
@@ -471,27 +469,43 @@ class ProcessGroup(Members):
         """The reduction into ``arr`` on ``root``; other members' ``arr`` is unchanged."""
         return self.collective("reduce", arr, op, root, async_op=async_op, **_meta(arr, root=root, redop=op))
 
-    def _small_all_gather(self, name: str, outs: np.ndarray | list, inp: np.ndarray, async_op: bool) -> bool:
-        """Run all_gather ``name`` on the fast path when it takes it (blocking, a
-        shared-memory group, ``inp`` up to ``small`` bytes, a repeated call); whether it did."""
+    def _run_planned(self, run: str, args: tuple, async_op: bool, nbytes: int, *call: Any) -> bool:
+        """Run the call ``call`` (:meth:`~.ShmChannel.small_plan`'s name, dtype, count
+        and, as needed, root, op, piece) as ``ShmBackend.<run>(ctx, *args, plan)`` on its
+        cached plan when it takes one: blocking, a shared-memory group, ``nbytes`` within
+        one phase (``small``; scatter's blocks: its spread), a call met before. Whether
+        it did; CollectiveArgumentError for an op the dtype does not support."""
         fast = self._fast
-        if fast is None or async_op or inp.nbytes > fast.small:
+        if fast is None or async_op:
             return False
-        plan = fast.small_plan(name, inp.dtype, inp.size)
+        spread = fast.scatter_spread if call[0] == "scatter" else 0
+        if nbytes > (spread or fast.small):
+            return False
+        plan = fast.small_plan(*call, spread=spread)
         if plan is None:
             return False
-        self._run_small(plan, fast.small_all_gather, outs, inp, plan)
+        self._run_small(plan, getattr(fast, run), *args, plan)
         return True
 
     def all_gather(self, outs: list, inp: np.ndarray, async_op: bool = False) -> Work | None:
         """``outs[i]`` (n arrays of ``inp``'s size and dtype) receives member i's ``inp``."""
-        if self._small_all_gather("all_gather", outs, inp, async_op):
+        if self._run_planned(
+            "small_all_gather", (outs, inp), async_op, inp.nbytes, "all_gather", inp.dtype, inp.size
+        ):
             return None
         return self.collective("all_gather", outs, inp, async_op=async_op, **_meta(inp))
 
     def all_gather_into_tensor(self, out: np.ndarray, inp: np.ndarray, async_op: bool = False) -> Work | None:
         """``out`` (n times ``inp``'s size) receives the members' inputs concatenated."""
-        if self._small_all_gather("all_gather_into_tensor", out, inp, async_op):
+        if self._run_planned(
+            "small_all_gather",
+            (out, inp),
+            async_op,
+            inp.nbytes,
+            "all_gather_into_tensor",
+            inp.dtype,
+            inp.size,
+        ):
             return None
         m = inp.size
         outs = [out[i * m : (i + 1) * m] for i in range(self.size)]
@@ -504,32 +518,27 @@ class ProcessGroup(Members):
         ``ins[i]`` of a list of n arrays, or the i-th of n equal blocks of one array
         (``reduce_scatter_tensor``); inputs are not modified."""
         name = "reduce_scatter_tensor" if isinstance(ins, np.ndarray) else "reduce_scatter"
-        fast = self._fast
-        if fast is not None and not async_op and out.nbytes * self.size <= fast.small:
-            plan = fast.small_plan(name, out.dtype, out.size, -1, op, True)  # checks op against the dtype
-            if plan is not None:
-                self._run_small(plan, fast.small_reduce_scatter, out, ins, plan)
-                return None
+        nbytes = out.nbytes * self.size
+        if self._run_planned(
+            "small_reduce_scatter", (out, ins), async_op, nbytes, name, out.dtype, out.size, -1, op, True
+        ):
+            return None
         return self.collective(name, out, ins, op, async_op=async_op, **_meta(out, redop=op))
 
     def scatter(self, out: np.ndarray, ins: list | None, root: int, async_op: bool = False) -> Work | None:
         """``out`` on member i receives ``ins[i]`` of ``root`` (``ins`` None elsewhere)."""
-        fast = self._fast
-        if fast is not None and not async_op and out.nbytes <= fast.scatter_spread:
-            plan = fast.small_plan("scatter", out.dtype, out.size, root, spread=fast.scatter_spread)
-            if plan is not None:
-                self._run_small(plan, fast.small_scatter, out, ins, plan)
-                return None
+        if self._run_planned(
+            "small_scatter", (out, ins), async_op, out.nbytes, "scatter", out.dtype, out.size, root
+        ):
+            return None
         return self.collective("scatter", out, ins, root, async_op=async_op, **_meta(out, root=root))
 
     def gather(self, inp: np.ndarray, outs: list | None, root: int, async_op: bool = False) -> Work | None:
         """``outs[i]`` on ``root`` receives member i's ``inp`` (``outs`` None elsewhere)."""
-        fast = self._fast
-        if fast is not None and not async_op and inp.nbytes <= fast.small:
-            plan = fast.small_plan("gather", inp.dtype, inp.size, root)
-            if plan is not None:
-                self._run_small(plan, fast.small_gather, inp, outs, plan)
-                return None
+        if self._run_planned(
+            "small_gather", (inp, outs), async_op, inp.nbytes, "gather", inp.dtype, inp.size, root
+        ):
+            return None
         return self.collective("gather", inp, outs, root, async_op=async_op, **_meta(inp, root=root))
 
     def all_to_all(self, outs: list, ins: list, async_op: bool = False, count: int = 0) -> Work | None:

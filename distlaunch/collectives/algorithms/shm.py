@@ -43,7 +43,7 @@ from ..ops import ReduceOp, finalize, ufunc
 from ..optable import implements
 from ..transport.shm import PHASE_HALF as _H
 from ..transport.shm import PHASE_MASK as _M
-from ..transport.shm import ShmChannel, SmallAllReduce, SmallPlan, call_record
+from ..transport.shm import ShmChannel, SmallPlan, call_record
 from .tcp import block_bounds
 
 
@@ -78,7 +78,7 @@ def _writable_phase(s: ShmChannel, ctx: OpContext) -> int:
     return p
 
 
-def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> None:
+def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallPlan) -> None:
     """all_reduce of at most ``config.small`` bytes in one phase (every rank publishes its buffer and
     reduces all n itself), with the constant work done once in ``plan``."""
     s: ShmChannel = ctx.shm
@@ -86,7 +86,9 @@ def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallAllReduce) -> N
     views = plan.views[p & 1]
     views[s.r][:] = arr
     s.exchange_calls(ctx, p, plan.record)
-    _reduce_into(plan.uf, views, arr)
+    uf = plan.uf
+    assert uf is not None  # (a plan made with the reduce op)
+    _reduce_into(uf, views, arr)
     if plan.avg:  # skip the call otherwise: this path is all per-call overhead
         finalize(arr, ReduceOp.AVG, s.n)
 

@@ -311,8 +311,7 @@ class ShmChannel:
         self._peer_flags = [self._flag_idx[j] for j in range(self.n) if j != self.r]
         self._fence = threading.Lock()
         self._views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
-        self._plans: dict[tuple[str, int, ReduceOp], SmallAllReduce] = {}
-        self._small: dict[tuple, SmallPlan] = {}  # small_plan's, by call (oldest first)
+        self._small: dict[tuple, SmallPlan] = {}  # the plans, by call (oldest first)
         self._seen: dict[tuple, bool] = {}  # calls met once without a plan (oldest first)
         # byte offsets of every rank's two meta records (phase parity)
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
@@ -696,15 +695,23 @@ class ShmChannel:
             self.need_all(q, ctx)
             self.compare(ctx, q, self._peers, _LAST)
 
-    def small_all_reduce_plan(self, arr: np.ndarray, op: ReduceOp) -> SmallAllReduce:
-        """The cached SmallAllReduce for ``arr``'s dtype and size and ``op`` (raises
-        CollectiveArgumentError for an op the dtype does not support)."""
-        key = (arr.dtype.char, arr.size, op)
-        plan = self._plans.get(key)
+    def small_all_reduce_plan(self, arr: np.ndarray, op: ReduceOp) -> SmallPlan:
+        """The cached :class:`SmallPlan` of a one-phase all_reduce of ``arr``'s dtype and
+        size with ``op``, made at the first call (every rank's buffer is read: no view
+        to spare; the cache as :meth:`small_plan`'s). Raises CollectiveArgumentError for
+        an op the dtype does not support."""
+        key = ("all_reduce", arr.dtype, arr.size, -1, op, False, 0)
+        plan = self._small.get(key)
         if plan is None:
-            if len(self._plans) > 64:
-                self._plans.clear()
-            plan = self._plans[key] = SmallAllReduce(self, arr, op)
+            plan = self._keep(key, SmallPlan(self, "all_reduce", arr.dtype, arr.size, -1, op, False, 0))
+        return plan
+
+    def _keep(self, key: tuple, plan: SmallPlan) -> SmallPlan:
+        """Cache ``plan`` under ``key``, the oldest plan going when the cache is full."""
+        plans = self._small
+        if len(plans) >= _CACHED:
+            del plans[next(iter(plans))]
+        plans[key] = plan
         return plan
 
     def small_plan(
@@ -715,6 +722,7 @@ class ShmChannel:
         root: int = -1,
         op: ReduceOp | None = None,
         piece: bool = False,
+        *,
         spread: int = 0,
     ) -> SmallPlan | None:
         """The cached :class:`SmallPlan` of a one-phase ``name`` call on ``count``
@@ -734,10 +742,7 @@ class ShmChannel:
                 if len(seen) > _CACHED:
                     del seen[next(iter(seen))]
                 return None
-            plans = self._small
-            if len(plans) >= _CACHED:
-                del plans[next(iter(plans))]
-            plan = plans[key] = SmallPlan(self, name, dtype, count, root, op, piece, spread)
+            plan = self._keep(key, SmallPlan(self, name, dtype, count, root, op, piece, spread))
         return plan
 
     def close(self) -> None:
@@ -757,7 +762,6 @@ class ShmChannel:
                 self.bufs,
                 self.mine,
                 self._views,
-                self._plans,
                 self._small,
                 self.raw,
                 self.mv,
@@ -779,33 +783,11 @@ call_record = _CALL.pack  # (op, dtype, count, root, redop) -> the packed call r
 _Q = struct.Struct("<q")
 
 
-class SmallAllReduce:
-    """Everything about a small all_reduce that does not change between calls with the
-    same dtype, element count and op, computed once: the call record, the numpy ufunc,
-    and every rank's buffer of both parities viewed as the dtype. Also the ``call`` that
-    the group's small-operation fast path reads (name, op, dtype, count, root, redop)."""
-
-    __slots__ = ("name", "op", "dtype", "count", "root", "redop", "record", "uf", "avg", "views")
-
-    def __init__(self, s: ShmChannel, arr: np.ndarray, op: ReduceOp):
-        check_op(op, arr.dtype)
-        self.name, self.op, self.dtype, self.count = (
-            "all_reduce",
-            OP_CODES["all_reduce"],
-            DTYPE_CODES[arr.dtype],
-            arr.size,
-        )
-        self.root, self.redop = -1, int(op)
-        self.record = _CALL.pack(self.op, self.dtype, self.count, self.root, self.redop)
-        self.uf, self.avg = ufunc(op), op is ReduceOp.AVG
-        self.views = [[s.view(j, p, arr.dtype, arr.size) for j in range(s.n)] for p in (0, 1)]
-
-
 class SmallPlan:
-    """What does not change between one-phase calls of a small operation with the same
-    name, dtype, element count, root and reduce op, computed once (as SmallAllReduce
-    for all_reduce): the call record and the ``call`` fields the group's fast path reads
-    (name, op, dtype, count, root, redop). Only the buffers this rank touches get views
+    """What does not change between one-phase calls of a small operation (all_reduce
+    too) with the same name, dtype, element count, root and reduce op, computed once:
+    the call record and the ``call`` fields the group's fast path reads (name, op,
+    dtype, count, root, redop). Only the buffers this rank touches get views
     (the plan is O(n) to make otherwise): ``views[parity][j]`` (no root, or the root
     of a gather; else empty): rank j's buffer of that phase parity as ``count``
     elements of the dtype, from byte 0, or (``piece``, reduce_scatter) from this rank's
