@@ -69,6 +69,9 @@ def pytest_configure(config):
     # once, in the controller (.pyc files are written atomically; checked against the
     # source's hash, not its mtime, so an edit within the same second is never missed)
     if not hasattr(config, "workerinput"):
+        # MPICH's output of a program is the same whatever distlaunch setting a test
+        # varies: one run per program, world size and arguments (tests/mpi_run.py)
+        os.environ["MPICH_CACHE"] = config._mpich_cache = tempfile.mkdtemp(prefix="dltest-mpich-")
         for d in ("distlaunch", "tests"):
             compileall.compile_dir(
                 ROOT / d, quiet=2, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH
@@ -84,3 +87,9 @@ def pytest_collection_modifyitems(config, items):
             if fixture in item.fixturenames:
                 item.add_marker(pytest.mark.xdist_group(fixture))
                 break
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_mpich_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)

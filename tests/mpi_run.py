@@ -2,6 +2,9 @@
 `distlaunch run` with the import swapped; used by tests/test_mpi_programs.py and by hand:
 ``python tests/mpi_run.py ring 3``."""
 
+import fcntl
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -32,7 +35,25 @@ def program(name: str, tmp: Path, ours: bool) -> Path:
 
 
 def run(name: str, n: int, tmp: Path, ours: bool, args: tuple = (), timeout: float = 60):
-    """(returncode, sorted stdout lines, stderr) of ``name`` at world size ``n``."""
+    """(returncode, sorted stdout lines, stderr) of ``name`` at world size ``n``. MPICH's
+    successful runs are kept for the test session (``MPICH_CACHE``, set by conftest):
+    tests that vary only distlaunch's settings compare with one MPICH run."""
+    cache = os.environ.get("MPICH_CACHE")
+    if ours or not cache:
+        return _run(name, n, tmp, ours, args, timeout)
+    key = hashlib.sha256(repr(((PROGRAMS / f"{name}.py").read_text(), n, args)).encode()).hexdigest()
+    entry = Path(cache) / key
+    with open(entry.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (xdist workers share the cache: one runs MPICH)
+        if entry.exists():
+            return 0, json.loads(entry.read_text()), ""
+        rc, lines, err = _run(name, n, tmp, ours, args, timeout)
+        if rc == 0:
+            entry.write_text(json.dumps(lines))
+        return rc, lines, err
+
+
+def _run(name: str, n: int, tmp: Path, ours: bool, args: tuple, timeout: float):
     path = program(name, tmp, ours)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     if ours:

@@ -54,8 +54,15 @@ def test_chunked_all_reduce(n, transport):
     assert sum("checks passed" in line for line in out.splitlines()) == n, out
 
 
-@pytest.mark.parametrize("mode,n", [("subgroups", 4), ("async", 3), ("large", 2), ("badargs", 2)])
-def test_feature_torch(mode, n):
+# torch tensors become arrays before the transport is chosen (api.as_array), so each
+# torch case runs on one transport: the numpy cases above cover both for every mode
+TORCH_CASES = [("subgroups", 4, "shm"), ("async", 3, "tcp"), ("large", 2, "shm"), ("badargs", 2, "tcp")]
+
+
+@pytest.mark.parametrize("mode,n,on", TORCH_CASES)
+def test_feature_torch(mode, n, on, transport):
+    if transport != on:  # (the autouse fixture's other half)
+        pytest.skip(f"the torch {mode} case runs on {on} only")
     pytest.importorskip("torch")
     _run(mode, n, "--torch")
 

@@ -33,8 +33,11 @@ def test_matrix_numpy(n):
 
 # torch tensors become numpy views at the API (collectives/buffers.as_array) before any
 # algorithm runs, so the algorithms of every world size are the numpy matrix's; here the
-# tensors' path on one rank and on several (3 ranks: ~15 s each, most of it torch's import)
-@pytest.mark.parametrize("n", [1, 3])
-def test_matrix_torch(n):
+# tensors' path on one rank and on several (3 ranks: ~15 s each, most of it torch's
+# import), each on one transport (one rank has no peer to reach)
+@pytest.mark.parametrize("n,on", [(1, "tcp"), (3, "shm")])
+def test_matrix_torch(n, on, transport):
+    if transport != on:  # (the autouse fixture's other half)
+        pytest.skip(f"the torch matrix of {n} ranks runs on {on} only")
     pytest.importorskip("torch")
     _run_matrix(n, "--torch")

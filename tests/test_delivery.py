@@ -39,8 +39,9 @@ def busy():
         p.wait()
 
 
-@pytest.mark.parametrize("api", APIS)
-@pytest.mark.parametrize("world", [3, 4])
+# (at 4 ranks the torch backend runs the collectives API's code path of the 3-rank case;
+# the case would add little but torch's import, ~10 s of CPU)
+@pytest.mark.parametrize("api,world", [(a, w) for w in (3, 4) for a in APIS if (a, w) != ("torch", 4)])
 def test_receives_posted_before_the_sender_exits_are_delivered(api, world):
     # deterministic: the receives are posted, the receivers sleep while rank 0 sends,
     # destroys its group and exits, and only then wait (the end of rank 0's TCP

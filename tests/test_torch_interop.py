@@ -51,8 +51,10 @@ def test_environment_matches_torchrun(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 3])
-def test_tutorial_program_same_as_torchrun(world):
+def test_tutorial_program_same_as_torchrun():
+    # (one world size: what is compared is the launchers' environment and output; the
+    # backend's world-size cases are tests/test_torch_backend.py's)
+    world = 3
     ours = dl("run", "--nproc-per-node", world, WORKERS / "torch_tutorial.py", timeout=180)
     assert ours.returncode == 0, ours.stderr
     theirs = torchrun("--nproc-per-node", world, WORKERS / "torch_tutorial.py", timeout=180)
