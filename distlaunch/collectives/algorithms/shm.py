@@ -41,9 +41,9 @@ from ..buffers import joined
 from ..context import OpContext
 from ..ops import ReduceOp, finalize, ufunc
 from ..optable import implements
+from ..transport.shm import HEAD, ShmChannel, SmallPlan, call_record
 from ..transport.shm import PHASE_HALF as _H
 from ..transport.shm import PHASE_MASK as _M
-from ..transport.shm import ShmChannel, SmallPlan, call_record
 from .tcp import block_bounds
 
 
@@ -428,7 +428,7 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
     finalize(out, op, n)
 
 
-_TOTAL = 64  # all_to_all: a phase buffer's head holds its rank's largest block (int64)
+_TOTAL = HEAD  # all_to_all: a phase buffer's head holds its rank's largest block (int64)
 
 
 def _width(s: ShmChannel, width: int, head: int) -> int:

@@ -84,6 +84,9 @@ _HDR, _CTL = 4096, 256
 PHASE_MASK, PHASE_HALF = 0xFFFFFFFF, 0x80000000
 _M, _H = PHASE_MASK, PHASE_HALF
 _SLICE = 0.05  # seconds per futex sleep between liveness checks
+# bytes at the head of a phase buffer whose first int64 holds a value of its rank's
+# (all_to_all: its longest block; ``set_head``/``heads``), a cache line
+HEAD = 64
 POLL = 1000  # busy checks of a counter per round of take's ``spin`` (about 50 µs)
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202}.get(platform.machine().lower())
@@ -365,6 +368,10 @@ class ShmChannel:
                 self._views.clear()
             v = self._views[key] = [self.view(j, p, dtype, count) for j in range(self.n)]
         return v
+
+    def head_index(self, j: int, p: int) -> int:
+        """Index in ``quads`` of the int64 at the head of rank j's phase-``p`` buffer."""
+        return self._buf_offs[j][p & 1] >> 3
 
     def set_head(self, p: int, value: int) -> None:
         """Store ``value`` (int64) at the head of this rank's phase-``p`` buffer."""
