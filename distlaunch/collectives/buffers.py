@@ -119,16 +119,21 @@ def check_same(arrs: Sequence[np.ndarray], ref: np.ndarray, what: str, size: int
             )
 
 
-def split_bounds(shape: Sequence[int], size: int, sizes: Sequence[int] | None, n: int, what: str) -> list:
+def split_bounds(
+    shape: Sequence[int], size: int, sizes: Sequence[int] | None, n: int, what: str, lazy: bool = False
+) -> list | None:
     """Element ranges [(start, end)] of the n splits along the first dimension of a
     buffer of ``shape`` and ``size`` elements, ``sizes[i]`` rows each (None: equal
-    splits); CollectiveArgumentError naming ``what`` when they do not fit."""
+    splits; ``lazy``: then None instead of the ranges); CollectiveArgumentError naming
+    ``what`` when they do not fit."""
     rows = shape[0] if len(shape) else 1
-    per_row = size // rows if rows else 0
     if sizes is None:
         if rows % n:
             raise CollectiveArgumentError(f"{what} has {rows} rows, not divisible by the group size {n}")
+        if lazy:
+            return None
         sizes = [rows // n] * n
+    per_row = size // rows if rows else 0
     sizes = list(sizes)
     if len(sizes) != n or sum(sizes) != rows or any(s < 0 for s in sizes):
         raise CollectiveArgumentError(f"{what}_split_sizes={sizes} must be {n} sizes summing to {rows}")

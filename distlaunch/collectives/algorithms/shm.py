@@ -437,6 +437,10 @@ def _width(s: ShmChannel, width: int, head: int) -> int:
     return max(64, (s.slot - head) // width // 64 * 64)
 
 
+def _idle(buf: np.ndarray) -> None:
+    """A phase's fill with nothing to write."""
+
+
 def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int | None) -> None:
     """Move blocks through the publishers' phase buffers. ``ins``: this rank's
     ``width`` flat uint8 blocks (None entries are not published; None: this rank
@@ -482,7 +486,7 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
         elif a == 0:
             p = s.begin(ctx, fill if ins is not None else None)
         else:
-            p = s.step(ctx, fill if ins is not None else (lambda buf: None), first=False)
+            p = s.step(ctx, fill if ins is not None else _idle, first=False)
         for j, o in enumerate(outs):
             if o is not None and len(o) > a:
                 m = min(L, len(o) - a)
@@ -490,6 +494,46 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
         a += L
         if a >= end:
             return
+
+
+def small_all_to_all(
+    ctx: OpContext, outs: np.ndarray | list, ins: np.ndarray | list, plan: SmallPlan
+) -> None:
+    """all_to_all of blocks of ``plan.block`` elements, at most ``plan.width`` bytes
+    (``ins``/``outs``: n arrays each, or one array of n blocks each: all_to_all_single)
+    with the constant work done once in ``plan``: :func:`route`'s eager phase,
+    this rank's longest block in its buffer's head as route's writers put it (a rank
+    on the general path learns the number of phases from the heads), then, when
+    another rank's block is longer than one phase, route's further phases, with
+    nothing to move on this rank (its blocks fit the first)."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    p = s.open(ctx)
+    k, r, q = p & 1, s.r, s.quads
+    heads = plan.heads[k]
+    q[heads[0]] = plan.longest
+    if isinstance(ins, np.ndarray):
+        assert isinstance(outs, np.ndarray)
+        plan.mine[k][:] = ins.reshape(s.n, -1)
+        s.publish(ctx, p, plan.record)
+        for j in range(s.n):
+            if j != r:
+                s.take(ctx, p, j)
+        outs.reshape(s.n, -1)[:] = plan.one[k]  # (this rank's own block came through its buffer)
+    else:
+        for i, (v, b) in enumerate(zip(plan.spreads[k], ins)):
+            if i != r:
+                v[:] = b
+        s.publish(ctx, p, plan.record)
+        outs[r][:] = ins[r]
+        for j, v in enumerate(plan.views[k]):
+            if j != r:
+                s.take(ctx, p, j)
+                outs[j][:] = v
+    L = plan.width
+    end = max(map(q.__getitem__, heads))
+    for _ in range(L, end, L):  # (route's: until every rank's longest block has moved)
+        s.step(ctx, _idle, first=False)
 
 
 def _u8(arrs: list) -> list:
@@ -551,6 +595,11 @@ def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) ->
     got[root][:] = u8
     got[root] = None
     route(ctx, None, got, 1, len(u8))
+
+
+def all_to_all_width(s: ShmChannel) -> int:
+    """Bytes per block in one phase of all_to_all (its one-phase plans' largest)."""
+    return _width(s, s.n, _TOTAL)
 
 
 def scatter_spread(s: ShmChannel) -> int:

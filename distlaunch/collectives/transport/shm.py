@@ -67,6 +67,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..context import OpContext, OpTimeout
 from ..errors import CollectiveError, CollectiveMismatchError, PeerLostError
@@ -707,7 +708,7 @@ class ShmChannel:
         size with ``op``, made at the first call (every rank's buffer is read: no view
         to spare; the cache as :meth:`small_plan`'s). Raises CollectiveArgumentError for
         an op the dtype does not support."""
-        key = ("all_reduce", arr.dtype, arr.size, -1, op, False, 0)
+        key = ("all_reduce", arr.dtype, arr.size, -1, op, False, 0, 0)
         plan = self._small.get(key)
         if plan is None:
             plan = self._keep(key, SmallPlan(self, "all_reduce", arr.dtype, arr.size, -1, op, False, 0))
@@ -731,16 +732,18 @@ class ShmChannel:
         piece: bool = False,
         *,
         spread: int = 0,
+        block: int = 0,
     ) -> SmallPlan | None:
         """The cached :class:`SmallPlan` of a one-phase ``name`` call on ``count``
         elements of ``dtype`` (``root``: a group rank or -1; ``op``: the reduce op or
-        None; ``piece``, ``spread``: see SmallPlan, the same for every call of ``name``),
+        None; ``piece``, ``spread``: see SmallPlan, the same for every call of ``name``;
+        ``block``: all_to_all's elements per block, ``count`` then its call record's),
         or None the first time such a call is met: the caller then takes the general
         path. A plan costs O(n) to make, so it is made for calls that repeat only (calls
         whose sizes vary, e.g. of pickled objects, never pay for one). Both caches
         are bounded, the oldest entry going first. Raises CollectiveArgumentError for
         an op the dtype does not support (when making the plan)."""
-        key = (name, dtype, count, root, op, piece, spread)  # (the dtype itself: chars alias)
+        key = (name, dtype, count, root, op, piece, spread, block)  # (the dtype itself: chars alias)
         plan = self._small.get(key)
         if plan is None:
             seen = self._seen
@@ -749,7 +752,7 @@ class ShmChannel:
                 if len(seen) > _CACHED:
                     del seen[next(iter(seen))]
                 return None
-            plan = self._keep(key, SmallPlan(self, name, dtype, count, root, op, piece, spread))
+            plan = self._keep(key, SmallPlan(self, name, dtype, count, root, op, piece, spread, block))
         return plan
 
     def close(self) -> None:
@@ -805,7 +808,16 @@ class SmallPlan:
     on scatter's root only): this rank's buffer from byte ``i * spread``, ``count``
     elements (the block for rank i); ``blocks`` (no root): the slices of the n blocks
     of a joined buffer; ``uf``/``avg``: the reduction's ufunc and whether AVG divides
-    after it (None/False without ``op``)."""
+    after it (None/False without ``op``).
+
+    all_to_all (``block`` elements per block, ``count`` the call record's: 0 or
+    ``block``): every buffer holds its rank's n blocks ``spread`` bytes apart after
+    its :data:`HEAD`; ``views[parity][j]``: rank j's block for this rank;
+    ``spreads[parity][i]``: this rank's block for rank i; ``mine[parity]``: those n
+    as one (n, block) array; ``one[parity]``: the n blocks for this rank, one per rank,
+    as one (n, block) array; ``heads[parity]``: the ``quads`` indices of the heads of
+    this rank's buffer then the others'; ``longest``: the head this rank writes (its
+    block's bytes); ``width``: ``spread``."""
 
     __slots__ = (
         "name",
@@ -822,6 +834,9 @@ class SmallPlan:
         "blocks",
         "uf",
         "avg",
+        "heads",
+        "longest",
+        "width",
     )
 
     def __init__(
@@ -834,6 +849,7 @@ class SmallPlan:
         op: ReduceOp | None,
         piece: bool,
         spread: int,
+        block: int = 0,
     ):
         if op is not None:
             check_op(op, dtype)
@@ -841,6 +857,11 @@ class SmallPlan:
         self.name, self.op, self.dtype, self.count = name, OP_CODES[name], DTYPE_CODES[dtype], count
         self.root, self.redop = root, NO_REDOP if op is None else int(op)
         self.record = _CALL.pack(self.op, self.dtype, count, root, self.redop)
+        self.uf = None if op is None else ufunc(op)
+        self.avg = op is ReduceOp.AVG
+        if block:
+            self._blocks(s, dtype, block, spread)
+            return
         offset = r * (spread or count * dtype.itemsize) if piece or spread else 0
         every = root < 0 or (name == "gather" and root == r)
         self.views = [[s.view(j, p, dtype, count, offset) for j in range(n)] for p in (0, 1)] if every else []
@@ -853,8 +874,24 @@ class SmallPlan:
             else []
         )
         self.blocks = [slice(j * count, (j + 1) * count) for j in range(n)] if root < 0 else []
-        self.uf = None if op is None else ufunc(op)
-        self.avg = op is ReduceOp.AVG
+
+    def _blocks(self, s: ShmChannel, dtype: np.dtype, block: int, spread: int) -> None:
+        """all_to_all's views (see the class): blocks side by side after each head."""
+        n, r, size = s.n, s.r, dtype.itemsize
+        nb = block * size
+        self.longest, self.width = nb, spread
+        self.views = [[s.view(j, p, dtype, block, HEAD + r * spread) for j in range(n)] for p in (0, 1)]
+        self.spreads = [[s.view(r, p, dtype, block, HEAD + i * spread) for i in range(n)] for p in (0, 1)]
+        raw = s.raw
+        self.mine, self.one = [], []
+        for p in (0, 1):
+            at = s.data_offset(r, p) + HEAD
+            self.mine.append(raw[at : at + n * spread].reshape(n, spread)[:, :nb].view(dtype))
+            at = s.data_offset(0, p) + HEAD + r * spread  # (rank j's: 2 * slot * j bytes on)
+            rows = as_strided(raw[at:], (n, nb), (2 * s.slot, 1), writeable=False)
+            self.one.append(rows.view(dtype))
+        self.heads = [[s.head_index(j, p) for j in [r, *s._peers]] for p in (0, 1)]
+        self.blocks = []
 
 
 def _round(x: int) -> int:
