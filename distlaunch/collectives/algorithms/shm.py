@@ -510,30 +510,32 @@ def small_all_to_all(
     assert s is not None  # (only run on a shared-memory channel)
     p = s.open(ctx)
     k, r, q = p & 1, s.r, s.quads
-    heads = plan.heads[k]
-    q[heads[0]] = plan.longest
+    q[plan.head[k]] = plan.longest
     if isinstance(ins, np.ndarray):
         assert isinstance(outs, np.ndarray)
-        plan.mine[k][:] = ins.reshape(s.n, -1)
+        plan.mine[k][...] = ins.reshape(s.n, -1)
         s.publish(ctx, p, plan.record)
         for j in range(s.n):
             if j != r:
                 s.take(ctx, p, j)
-        outs.reshape(s.n, -1)[:] = plan.one[k]  # (this rank's own block came through its buffer)
+        outs.reshape(s.n, -1)[...] = plan.one[k]  # (this rank's own block came through its buffer)
     else:
         for i, (v, b) in enumerate(zip(plan.spreads[k], ins)):
             if i != r:
-                v[:] = b
+                v[...] = b
         s.publish(ctx, p, plan.record)
-        outs[r][:] = ins[r]
+        outs[r][...] = ins[r]
         for j, v in enumerate(plan.views[k]):
             if j != r:
                 s.take(ctx, p, j)
-                outs[j][:] = v
+                outs[j][...] = v
     L = plan.width
-    end = max(map(q.__getitem__, heads))
-    for _ in range(L, end, L):  # (route's: until every rank's longest block has moved)
-        s.step(ctx, _idle, first=False)
+    heads = plan.heads[k]
+    for h in heads:
+        if q[h] > L:  # (route's further phases: until every rank's longest block has moved)
+            for _ in range(L, max(q[h] for h in heads), L):
+                s.step(ctx, _idle, first=False)
+            return
 
 
 def _u8(arrs: list) -> list:

@@ -815,9 +815,9 @@ class SmallPlan:
     its :data:`HEAD`; ``views[parity][j]``: rank j's block for this rank;
     ``spreads[parity][i]``: this rank's block for rank i; ``mine[parity]``: those n
     as one (n, block) array; ``one[parity]``: the n blocks for this rank, one per rank,
-    as one (n, block) array; ``heads[parity]``: the ``quads`` indices of the heads of
-    this rank's buffer then the others'; ``longest``: the head this rank writes (its
-    block's bytes); ``width``: ``spread``."""
+    as one (n, block) array; ``head[parity]``, ``heads[parity]``: the ``quads``
+    indices of the head of this rank's buffer, and of the others'; ``longest``: the
+    head this rank writes (its block's bytes); ``width``: ``spread``."""
 
     __slots__ = (
         "name",
@@ -834,6 +834,7 @@ class SmallPlan:
         "blocks",
         "uf",
         "avg",
+        "head",
         "heads",
         "longest",
         "width",
@@ -890,7 +891,8 @@ class SmallPlan:
             at = s.data_offset(0, p) + HEAD + r * spread  # (rank j's: 2 * slot * j bytes on)
             rows = as_strided(raw[at:], (n, nb), (2 * s.slot, 1), writeable=False)
             self.one.append(rows.view(dtype))
-        self.heads = [[s.head_index(j, p) for j in [r, *s._peers]] for p in (0, 1)]
+        self.head = [s.head_index(r, p) for p in (0, 1)]
+        self.heads = [[s.head_index(j, p) for j in s._peers] for p in (0, 1)]
         self.blocks = []
 
 
