@@ -320,6 +320,9 @@ class ShmChannel:
         # byte offsets of every rank's two meta records (phase parity)
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
         self._rec_off = [offs[self.r] for offs in self._meta_offs]
+        # the call (bytes) this rank's record of each parity holds after the op sequence
+        # number: a plan's, which repeats, is not rewritten
+        self._calls: list[bytes | None] = [None, None]
         self._peers = [j for j in range(self.n) if j != self.r]
         self._cidx = [self._ctl(j) // 4 for j in range(self.n)]  # every rank's counter (word index)
         self.mine = self.bufs[self.r]  # this rank's two data buffers
@@ -608,9 +611,12 @@ class ShmChannel:
         publish ``p`` (after :meth:`settle`, with this rank's data of ``p`` in place).
         ``checked``: this operation compares this rank's call with every other rank's
         (else the next operation does, in :meth:`settle`)."""
-        off = self._rec_off[p & 1]
+        k = p & 1
+        off = self._rec_off[k]
         self.quads[off >> 3] = ctx.seq
-        self.mm[off + 8 : off + 48] = call
+        if self._calls[k] is not call:
+            self.mm[off + 8 : off + 48] = call
+            self._calls[k] = call
         # signal(p) written out (every eager operation publishes once)
         self.phase = p
         w = self.words
@@ -627,9 +633,10 @@ class ShmChannel:
 
     def take(self, ctx: OpContext, p: int, j: int, spin: int = 0) -> None:
         """Wait until rank ``j`` published phase ``p`` (its data is then readable until
-        this rank publishes ``p + 1``) and compare its call with ours (as ``need``
-        and :meth:`compare` raise). ``spin``: rounds of :data:`POLL` busy checks of
-        j's counter first, a ``sched_yield`` after each (see :meth:`poll`)."""
+        this rank publishes ``p + 1``) and compare its call with ours, which this
+        rank published for ``p`` (as ``need`` and :meth:`compare` raise). ``spin``:
+        rounds of :data:`POLL` busy checks of j's counter first, a ``sched_yield``
+        after each (see :meth:`poll`)."""
         w, idx = self.words, self._cidx[j]
         if (w[idx] - p) & _M >= _H:
             for _ in range(spin):
@@ -647,10 +654,11 @@ class ShmChannel:
                 self.all_at = p
             else:
                 self.reached(p)
-        offs = self._meta_offs[p & 1]
-        mm, oj, off = self.mm, offs[j], offs[self.r]
-        if mm[oj : oj + 48] != mm[off : off + 48]:
-            raise self._mismatch(ctx, j, oj, off)
+        k = p & 1
+        oj = self._meta_offs[k][j]
+        # (ours: this operation's sequence number and the call its publish wrote)
+        if self.quads[oj >> 3] != ctx.seq or self.mm[oj + 8 : oj + 48] != self._calls[k]:
+            raise self._mismatch(ctx, j, oj, self._rec_off[k])
 
     def compare(self, ctx: OpContext, p: int, ranks: list[int], earlier: str = "") -> None:
         """Compare the call records of phase ``p`` of ``ranks`` (who reached it) with
