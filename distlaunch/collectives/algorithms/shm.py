@@ -84,7 +84,7 @@ def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallPlan) -> None:
     s: ShmChannel = ctx.shm
     p = _writable_phase(s, ctx)
     views = plan.views[p & 1]
-    views[s.r][:] = arr
+    views[s.r][...] = arr
     s.exchange_calls(ctx, p, plan.record)
     uf = plan.uf
     assert uf is not None  # (a plan made with the reduce op)
@@ -101,12 +101,12 @@ def small_broadcast(ctx: OpContext, arr: np.ndarray, plan: SmallPlan) -> None:
     p = s.open(ctx)
     root = plan.root
     if s.r == root:
-        plan.one[p & 1][:] = arr
+        plan.one[p & 1][...] = arr
         s.publish(ctx, p, plan.record, False)
     else:
         s.publish(ctx, p, plan.record, s.n <= 2)  # (n = 2: compared with all)
         s.take(ctx, p, root)
-        arr[:] = plan.one[p & 1]
+        arr[...] = plan.one[p & 1]
 
 
 def small_all_gather(ctx: OpContext, outs: np.ndarray | list, inp: np.ndarray, plan: SmallPlan) -> None:
@@ -116,14 +116,14 @@ def small_all_gather(ctx: OpContext, outs: np.ndarray | list, inp: np.ndarray, p
     assert s is not None  # (only run on a shared-memory channel)
     p = s.open(ctx)
     r, views = s.r, plan.views[p & 1]
-    views[r][:] = inp
+    views[r][...] = inp
     s.publish(ctx, p, plan.record)
     blocks = plan.blocks if isinstance(outs, np.ndarray) else None
     for j, v in enumerate(views):
         if j != r:
             s.take(ctx, p, j)
         if blocks is None:
-            outs[j][:] = v
+            outs[j][...] = v
         else:
             outs[blocks[j]] = v
 
@@ -136,16 +136,16 @@ def small_gather(ctx: OpContext, inp: np.ndarray, outs: list | None, plan: Small
     assert s is not None  # (only run on a shared-memory channel)
     p = s.open(ctx)
     if outs is None:
-        plan.one[p & 1][:] = inp
+        plan.one[p & 1][...] = inp
         s.publish(ctx, p, plan.record, False)
         return
     s.publish(ctx, p, plan.record)
     for j, v in enumerate(plan.views[p & 1]):
         if j == s.r:
-            outs[j][:] = inp
+            outs[j][...] = inp
         else:
             s.take(ctx, p, j)
-            outs[j][:] = v
+            outs[j][...] = v
 
 
 def small_scatter(ctx: OpContext, out: np.ndarray, ins: list | None, plan: SmallPlan) -> None:
@@ -158,14 +158,14 @@ def small_scatter(ctx: OpContext, out: np.ndarray, ins: list | None, plan: Small
     if ins is None:
         s.publish(ctx, p, plan.record, s.n <= 2)
         s.take(ctx, p, plan.root)
-        out[:] = plan.one[p & 1]
+        out[...] = plan.one[p & 1]
         return
     r = s.r
     for i, (b, v) in enumerate(zip(ins, plan.spreads[p & 1])):
         if i != r:
-            v[:] = b
+            v[...] = b
     s.publish(ctx, p, plan.record, False)
-    out[:] = ins[r]
+    out[...] = ins[r]
 
 
 def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list, plan: SmallPlan) -> None:
@@ -176,7 +176,7 @@ def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list
     p = _writable_phase(s, ctx)
     mine = plan.mine[p & 1]
     if isinstance(inp, np.ndarray):
-        mine[:] = inp
+        mine[...] = inp
     else:
         for b, a in zip(plan.blocks, inp):
             mine[b] = a
@@ -185,7 +185,7 @@ def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list
     uf = plan.uf
     assert uf is not None  # (a plan made with the reduce op)
     if s.n == 1:
-        out[:] = views[0]
+        out[...] = views[0]
     else:
         _reduce_into(uf, views, out)
     if plan.avg:
