@@ -58,7 +58,9 @@ def as_array(obj: Any, name: str, writable: bool = True) -> np.ndarray:
                 f"{name} must be a numpy array, a torch CPU tensor or a writable buffer, "
                 f"not {type(obj).__name__}"
             ) from None
-    flags = arr.flags  # (a new object per access: read once)
+    if _usable(arr, writable):
+        return arr
+    flags = arr.flags
     if not flags.c_contiguous:
         raise CollectiveArgumentError(
             f"{name} is not C-contiguous (shape {arr.shape}, strides {arr.strides}); "
@@ -73,13 +75,24 @@ def as_array(obj: Any, name: str, writable: bool = True) -> np.ndarray:
     return arr
 
 
+def _usable(arr: np.ndarray, writable: bool) -> bool:
+    """``arr`` passes as_array's checks (C-contiguous, writable if it must be, a
+    supported dtype)."""
+    flags = arr.flags  # (a new object per access: read once)
+    return flags.c_contiguous and (flags.writeable or not writable) and arr.dtype in DTYPE_CODES
+
+
 def as_array_list(objs: Any, name: str, length: int | None = None, writable: bool = True) -> list:
     """``as_array`` on every element of a list; checks its length when given."""
     if objs is None or isinstance(objs, (str, bytes)) or not hasattr(objs, "__len__"):
         raise CollectiveArgumentError(f"{name} must be a list of buffers, not {type(objs).__name__}")
     if length is not None and len(objs) != length:
         raise CollectiveArgumentError(f"{name} has {len(objs)} elements; the group has {length} ranks")
-    return [as_array(o, f"{name}[{i}]", writable) for i, o in enumerate(objs)]
+    # (numpy arrays that pass: without formatting each one's name, the small calls' cost)
+    return [
+        o if type(o) is np.ndarray and _usable(o, writable) else as_array(o, f"{name}[{i}]", writable)
+        for i, o in enumerate(objs)
+    ]
 
 
 def flat(arr: np.ndarray) -> np.ndarray:
@@ -119,16 +132,21 @@ def check_same(arrs: Sequence[np.ndarray], ref: np.ndarray, what: str, size: int
             )
 
 
-def split_bounds(shape: Sequence[int], size: int, sizes: Sequence[int] | None, n: int, what: str) -> list:
+def split_bounds(
+    shape: Sequence[int], size: int, sizes: Sequence[int] | None, n: int, what: str, lazy: bool = False
+) -> list | None:
     """Element ranges [(start, end)] of the n splits along the first dimension of a
     buffer of ``shape`` and ``size`` elements, ``sizes[i]`` rows each (None: equal
-    splits); CollectiveArgumentError naming ``what`` when they do not fit."""
+    splits; ``lazy``: then None instead of the ranges); CollectiveArgumentError naming
+    ``what`` when they do not fit."""
     rows = shape[0] if len(shape) else 1
-    per_row = size // rows if rows else 0
     if sizes is None:
         if rows % n:
             raise CollectiveArgumentError(f"{what} has {rows} rows, not divisible by the group size {n}")
+        if lazy:
+            return None
         sizes = [rows // n] * n
+    per_row = size // rows if rows else 0
     sizes = list(sizes)
     if len(sizes) != n or sum(sizes) != rows or any(s < 0 for s in sizes):
         raise CollectiveArgumentError(f"{what}_split_sizes={sizes} must be {n} sizes summing to {rows}")

@@ -469,19 +469,22 @@ class ProcessGroup(Members):
         """The reduction into ``arr`` on ``root``; other members' ``arr`` is unchanged."""
         return self.collective("reduce", arr, op, root, async_op=async_op, **_meta(arr, root=root, redop=op))
 
-    def _run_planned(self, run: str, args: tuple, async_op: bool, nbytes: int, *call: Any) -> bool:
+    def _run_planned(
+        self, run: str, args: tuple, async_op: bool, nbytes: int, *call: Any, block: int = 0
+    ) -> bool:
         """Run the call ``call`` (:meth:`~.ShmChannel.small_plan`'s name, dtype, count
-        and, as needed, root, op, piece) as ``ShmBackend.<run>(ctx, *args, plan)`` on its
-        cached plan when it takes one: blocking, a shared-memory group, ``nbytes`` within
-        one phase (``small``; scatter's blocks: its spread), a call met before. Whether
-        it did; CollectiveArgumentError for an op the dtype does not support."""
+        and, as needed, root, op, piece; ``block``: all_to_all's elements per block) as
+        ``ShmBackend.<run>(ctx, *args, plan)`` on its cached plan when it takes one:
+        blocking, a shared-memory group, ``nbytes`` within one phase (``small``;
+        scatter's blocks: its spread; all_to_all's: its width), a call met before.
+        Whether it did; CollectiveArgumentError for an op the dtype does not support."""
         fast = self._fast
         if fast is None or async_op:
             return False
-        spread = fast.scatter_spread if call[0] == "scatter" else 0
+        spread = fast.all_to_all_width if block else fast.scatter_spread if call[0] == "scatter" else 0
         if nbytes > (spread or fast.small):
             return False
-        plan = fast.small_plan(*call, spread=spread)
+        plan = fast.small_plan(*call, spread=spread, block=block)
         if plan is None:
             return False
         self._run_small(plan, getattr(fast, run), *args, plan)
@@ -547,14 +550,49 @@ class ProcessGroup(Members):
         every member sends blocks of one size (MPI's Alltoall): compared with every
         member's (CollectiveMismatchError); 0: block sizes only their sender and
         receiver know (torch's all_to_all, MPI's Alltoallv)."""
-        return self.collective("all_to_all", outs, ins, async_op=async_op, **_meta(ins[0], count=count))
+        ref = ins[0]
+        m = ref.size
+        if (
+            _blocks_of(m, ins)
+            and _blocks_of(m, outs)
+            and self._run_planned(
+                "small_all_to_all", (outs, ins), async_op, ref.nbytes, "all_to_all", ref.dtype, count, block=m
+            )
+        ):
+            return None
+        return self.collective("all_to_all", outs, ins, async_op=async_op, **_meta(ref, count=count))
 
     def all_to_all_single(
-        self, out: np.ndarray, inp: np.ndarray, out_bounds: list, in_bounds: list, async_op: bool = False
+        self,
+        out: np.ndarray,
+        inp: np.ndarray,
+        out_bounds: list | None,
+        in_bounds: list | None,
+        async_op: bool = False,
     ) -> Work | None:
-        """As all_to_all on the element ranges ``[(start, end)]`` of ``out`` and ``inp``."""
-        outs = [out[a:b] for a, b in out_bounds]
-        ins = [inp[a:b] for a, b in in_bounds]
+        """As all_to_all on the element ranges ``[(start, end)]`` of ``out`` and ``inp``
+        (None: n equal blocks; the size is then a multiple of n)."""
+        n = self.size
+        m = inp.size // n
+        if (
+            m
+            and inp.size == out.size == n * m
+            and _splits_of(m, in_bounds)
+            and _splits_of(m, out_bounds)
+            and self._run_planned(
+                "small_all_to_all",
+                (out, inp),
+                async_op,
+                m * inp.itemsize,
+                "all_to_all_single",
+                inp.dtype,
+                0,
+                block=m,
+            )
+        ):
+            return None
+        outs = [out[a:b] for a, b in out_bounds or _equal_bounds(out.size, n)]
+        ins = [inp[a:b] for a, b in in_bounds or _equal_bounds(inp.size, n)]
         return self.collective("all_to_all_single", outs, ins, async_op=async_op, **_meta(inp, count=0))
 
     # -- point to point (shared memory with ranks of this node, else TCP; not sequenced)
@@ -915,6 +953,32 @@ class ProcessGroup(Members):
             if c.broken is None:
                 c.broken = err
             self.runtime.transport.fail_owner(c.gid, err)
+
+
+def _blocks_of(m: int, arrs: list) -> bool:
+    """Every array of ``arrs`` has ``m`` elements, and ``m`` is not 0 (all_to_all's plans)."""
+    for a in arrs:
+        if a.size != m:
+            return False
+    return m > 0
+
+
+def _splits_of(m: int, bounds: list | None) -> bool:
+    """``bounds`` (element ranges, None: equal splits) are consecutive blocks of ``m``."""
+    if bounds is None:
+        return True
+    at = 0
+    for a, b in bounds:
+        if a != at or b != at + m:
+            return False
+        at = b
+    return True
+
+
+def _equal_bounds(size: int, n: int) -> list:
+    """The element ranges of n equal blocks of ``size`` elements."""
+    m = size // n
+    return [(i * m, (i + 1) * m) for i in range(n)]
 
 
 def _timeout_class(missing: list, lost: list) -> type[CollectiveError]:

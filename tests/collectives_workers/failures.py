@@ -16,11 +16,15 @@ destroy-early  a new group's first call is a small broadcast, rank 1 makes it 0.
           late, then the group is destroyed: rank 1 gets the data at once
 destroy-last  the last call on a new group is a broadcast whose root the ranks disagree
           on, then the group is destroyed: CollectiveMismatchError from destroy
-reuse-{size,dtype,root}-{broadcast,all_gather,reduce_scatter,gather,scatter}
+reuse-{size,dtype,root}-{broadcast,all_gather,reduce_scatter,gather,scatter,
+      all_to_all,all_to_all_single}
           small calls on the same arrays, every rank agreeing, with the results checked
-          (varied counts, dtypes and roots, revisited); then rank 1 changes its array in
-          place (resize, dtype) or its root: every rank raises CollectiveMismatchError
-          (the small-call plans are keyed on the call, never on the array object)
+          (varied counts, dtypes and roots, revisited; all_to_all: rank 2 asynchronous
+          every other call, and, once each count was met, rank 1's block to rank 2
+          longer than a phase); each operation's plans were made; then rank 1 changes
+          its array in place (resize, dtype) or its root: every rank raises
+          CollectiveMismatchError (the small-call plans are keyed on the call, never on
+          the array object)
 """
 
 import os
@@ -34,6 +38,7 @@ import numpy as np
 from common import init
 
 import distlaunch.collectives as dist
+from distlaunch.collectives.api import resolve_group
 
 mode = sys.argv[1]
 timeout = {"skip": 1.5, "recv-timeout": 1.5}.get(mode, 20.0)
@@ -166,9 +171,40 @@ elif mode.startswith("reuse-"):
     x = np.zeros(4, np.float32)  # the input (all_gather, reduce_scatter) or the buffer
     out = np.zeros(4 * n, np.float32)  # all_gather's output
 
-    def call(root=0):
+    calls = 0
+
+    def call(root=0, long=False):
         """One ``opname`` on x (and out); returns what every rank must get."""
+        global calls
+        calls += 1
         m = x.size
+        if opname.startswith("all_to_all"):  # x: n blocks, out: what comes back
+            b = m // n
+            sizes = [[b] * n for _ in range(n)]  # elements rank i sends rank j
+            if long:
+                sizes[1][2] = (4 << 20) // n // x.itemsize + 3  # (a 4 MiB slot's phase: slot / n)
+            x[:] = np.repeat(rank * 10 + np.arange(n), b)
+            async_op = rank == 2 and calls % 2 == 0
+            want = np.concatenate([np.full(sizes[j][rank], j * 10 + rank) for j in range(n)])
+            if opname == "all_to_all":
+                ins = [x[j * b : (j + 1) * b] for j in range(n)]
+                if long and rank == 1:
+                    ins[2] = np.full(sizes[1][2], 12, x.dtype)
+                outs = [np.zeros(sizes[j][rank], x.dtype) for j in range(n)]
+                w = dist.all_to_all(outs, ins, async_op=async_op)
+                got = outs
+            else:
+                got = [out[:m]] if not long or rank == 0 else [np.zeros(want.size, x.dtype)]
+                inp = x
+                if long and rank == 1:
+                    inp = np.concatenate([x[: 2 * b], np.full(sizes[1][2], 12, x.dtype)])
+                splits = [sizes[rank][j] for j in range(n)], [sizes[j][rank] for j in range(n)]
+                w = dist.all_to_all_single(
+                    got[0], inp, *(reversed(splits) if long else (None, None)), async_op=async_op
+                )
+            if w is not None:
+                w.wait()
+            return np.concatenate(got), want
         if opname == "broadcast":
             if rank == root:
                 x[:] = np.arange(m) + root
@@ -203,9 +239,15 @@ elif mode.startswith("reuse-"):
         (4, "float32", 1)
     ]:
         reshape(size * n, dtype)
-        got, want = call(root % n)
-        if not np.array_equal(got, want.astype(got.dtype)):
-            bad.append(f"{size} x {dtype} root {root}: {got.tolist()} != {want.tolist()}")
+        for long in [False, True] if opname.startswith("all_to_all") and calls >= 6 else [False]:
+            got, want = call(root % n, long)
+            if not np.array_equal(got, want.astype(got.dtype)):
+                got, want = got[:64], want[:64]
+                bad.append(f"{size} x {dtype} root {root} long {long}: {got.tolist()} != {want.tolist()}")
+    # the calls repeated, so every operation made plans (a name's prefix: *_tensor)
+    plans = [key[0] for key in resolve_group(None).fast_channel._small]
+    if not any(name.startswith(opname) for name in plans):
+        bad.append(f"no plan of {opname} was made (plans: {plans})")
     if bad:
         result(False, "; ".join(bad))
     if rank == 1:

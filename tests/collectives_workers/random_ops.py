@@ -4,9 +4,14 @@ group (world or a subgroup), each checked against a numpy reference; async_op dr
 each rank (one rank's blocking call meets another's asynchronous one), and a quarter of
 the calls repeat the previous one's op, group, dtype, size, reduce op and root (small
 blocking calls on shared memory then take cached plans, on some ranks only when the
-others' call is asynchronous or new to them).
+others' call is asynchronous or new to them). all_to_all and all_to_all_single move
+blocks of one size, or (a third of them) with one block longer than a phase of the
+shared-memory channel (``long``; from the second member to the third, so a rank whose
+own blocks are all of one size may be on its plan while the others run that long
+block's further phases), their split sizes given or (equal) left out.
 Usage: random_ops.py SEED COUNT"""
 
+import os
 import sys
 
 import numpy as np
@@ -19,6 +24,7 @@ rank, n = init(timeout=60)
 F = Failures(rank)
 R = dist.ReduceOp
 rng = np.random.default_rng(seed)  # identical stream on every rank
+SLOT = int(os.environ.get("DISTLAUNCH_SHM_SLOT", 4 << 20))  # (bytes per shared-memory phase buffer)
 groups = [(dist.GroupMember.WORLD, list(range(n)))]
 for members in ([0, n - 1], list(range(1, n)), list(range(0, n, 2))):
     members = sorted(set(members))
@@ -43,9 +49,10 @@ for i in range(count):
     kind = str(
         rng.choice(
             ["all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"]
-            + ["gather", "scatter"]
+            + ["gather", "scatter", "all_to_all", "all_to_all_single"]
         )
     )
+    long = bool(rng.integers(3) == 0)  # (all_to_all)
     ops = [R.SUM, R.MIN, R.MAX] + (
         [R.BAND, R.BOR, R.BXOR] if dtype in ("int32", "int64", "uint8", "bool") else []
     )
@@ -54,8 +61,8 @@ for i in range(count):
         op = R.MAX  # keep sums exact/meaningful in narrow dtypes
     root_pos = int(rng.integers(len(members)))
     if rng.integers(4) == 0 and last is not None:
-        g, members, dtype, size, kind, op, root_pos = last
-    last = g, members, dtype, size, kind, op, root_pos
+        g, members, dtype, size, kind, op, root_pos, long = last
+    last = g, members, dtype, size, kind, op, root_pos, long
     async_op = bool(rng.integers(2, size=n)[rank])  # (all n drawn: the stream stays identical)
     flush = rng.integers(3) == 0  # drawn on every rank: the stream must stay identical
     if rank not in members:
@@ -67,6 +74,7 @@ for i in range(count):
     for x in ins[1:]:
         UF[op](red, x, out=red)
     name = f"#{i} {kind} {dtype}[{size}] {op.name} group={members} root={members[root_pos]} async={async_op}"
+    name += f" long={long}" if kind.startswith("all_to_all") else ""
     x = ins[me].copy()
     if kind == "all_reduce":
         w = dist.all_reduce(x, op=op, group=g, async_op=async_op)
@@ -92,6 +100,33 @@ for i in range(count):
         sent = blocks if me == root_pos else None
         w = dist.scatter(x, sent, src=members[root_pos], group=g, async_op=async_op)
         check = lambda x=x, want=blocks[me], name=name: F.check(name, x, want)
+    elif kind.startswith("all_to_all"):
+        sizes = [[size] * m for _ in members]  # elements member a sends member b
+        if long and m > 1:  # longer than a phase's block (slot / m) for this group
+            sizes[min(1, m - 2)][min(2, m - 1)] = SLOT // m // np.dtype(dtype).itemsize + 3
+        blocks = [
+            [data(r, dtype, sizes[a][b], seed * 100000 + i + 11 * b) for b in range(m)]
+            for a, r in enumerate(members)
+        ]
+        want = np.concatenate([blocks[a][me] for a in range(m)])
+        sent = [sizes[me][b] for b in range(m)]
+        got = [sizes[a][me] for a in range(m)]
+        if kind == "all_to_all":
+            outs = [np.zeros(k, dtype) for k in got]
+            w = dist.all_to_all(outs, blocks[me], group=g, async_op=async_op)
+            check = lambda outs=outs, want=want, name=name: F.check(name, np.concatenate(outs), want)
+        else:
+            out = np.zeros(sum(got), dtype)
+            equal = len(set(sent + got)) == 1 and root_pos % 2  # (the split sizes left out)
+            w = dist.all_to_all_single(
+                out,
+                np.concatenate(blocks[me]),
+                None if equal else got,
+                None if equal else sent,
+                group=g,
+                async_op=async_op,
+            )
+            check = lambda out=out, want=want, name=name: F.check(name, out, want)
     else:
         big = [data(r, dtype, size * m, seed * 100000 + i + 7) for r in members]
         redb = big[0].copy()

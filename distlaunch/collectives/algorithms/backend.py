@@ -77,7 +77,8 @@ class ShmBackend(Backend):
     (their input) and reduce_scatter (its input) take the group's reused-context fast
     path (with ``small_all_reduce_plan`` / ``small_all_reduce``, ``small_plan`` /
     ``small_broadcast``, ``small_all_gather``, ``small_gather``, ``small_reduce_scatter``);
-    scatter's blocks take it up to ``scatter_spread`` bytes (``small_scatter``). Those
+    scatter's blocks take it up to ``scatter_spread`` bytes (``small_scatter``), all_to_all's
+    blocks of one size up to ``all_to_all_width`` bytes (``small_all_to_all``). Those
     with a ``small_plan`` take it from a call's second time on (the first: the general
     path; broadcast: its shared-memory algorithm, still on the fast path).
     """
@@ -89,6 +90,7 @@ class ShmBackend(Backend):
     small_reduce_scatter = staticmethod(shm_alg.small_reduce_scatter)
     small_gather = staticmethod(shm_alg.small_gather)
     small_scatter = staticmethod(shm_alg.small_scatter)
+    small_all_to_all = staticmethod(shm_alg.small_all_to_all)
 
     channel: ShmChannel  # never None here
 
@@ -98,6 +100,7 @@ class ShmBackend(Backend):
         self.small_all_reduce_plan = channel.small_all_reduce_plan
         self.small_plan = channel.small_plan
         self.scatter_spread = shm_alg.scatter_spread(channel)  # scatter's fast path: blocks up to it
+        self.all_to_all_width = shm_alg.all_to_all_width(channel)  # all_to_all's: blocks up to it
 
     def run(self, op: OpSpec, ctx: OpContext, *args: Any) -> None:
         fn = algorithm(op, "shm")

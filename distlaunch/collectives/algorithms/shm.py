@@ -41,9 +41,9 @@ from ..buffers import joined
 from ..context import OpContext
 from ..ops import ReduceOp, finalize, ufunc
 from ..optable import implements
+from ..transport.shm import HEAD, ShmChannel, SmallPlan, call_record
 from ..transport.shm import PHASE_HALF as _H
 from ..transport.shm import PHASE_MASK as _M
-from ..transport.shm import ShmChannel, SmallPlan, call_record
 from .tcp import block_bounds
 
 
@@ -84,7 +84,7 @@ def small_all_reduce(ctx: OpContext, arr: np.ndarray, plan: SmallPlan) -> None:
     s: ShmChannel = ctx.shm
     p = _writable_phase(s, ctx)
     views = plan.views[p & 1]
-    views[s.r][:] = arr
+    views[s.r][...] = arr
     s.exchange_calls(ctx, p, plan.record)
     uf = plan.uf
     assert uf is not None  # (a plan made with the reduce op)
@@ -101,12 +101,12 @@ def small_broadcast(ctx: OpContext, arr: np.ndarray, plan: SmallPlan) -> None:
     p = s.open(ctx)
     root = plan.root
     if s.r == root:
-        plan.one[p & 1][:] = arr
+        plan.one[p & 1][...] = arr
         s.publish(ctx, p, plan.record, False)
     else:
         s.publish(ctx, p, plan.record, s.n <= 2)  # (n = 2: compared with all)
         s.take(ctx, p, root)
-        arr[:] = plan.one[p & 1]
+        arr[...] = plan.one[p & 1]
 
 
 def small_all_gather(ctx: OpContext, outs: np.ndarray | list, inp: np.ndarray, plan: SmallPlan) -> None:
@@ -116,14 +116,14 @@ def small_all_gather(ctx: OpContext, outs: np.ndarray | list, inp: np.ndarray, p
     assert s is not None  # (only run on a shared-memory channel)
     p = s.open(ctx)
     r, views = s.r, plan.views[p & 1]
-    views[r][:] = inp
+    views[r][...] = inp
     s.publish(ctx, p, plan.record)
     blocks = plan.blocks if isinstance(outs, np.ndarray) else None
     for j, v in enumerate(views):
         if j != r:
             s.take(ctx, p, j)
         if blocks is None:
-            outs[j][:] = v
+            outs[j][...] = v
         else:
             outs[blocks[j]] = v
 
@@ -136,16 +136,16 @@ def small_gather(ctx: OpContext, inp: np.ndarray, outs: list | None, plan: Small
     assert s is not None  # (only run on a shared-memory channel)
     p = s.open(ctx)
     if outs is None:
-        plan.one[p & 1][:] = inp
+        plan.one[p & 1][...] = inp
         s.publish(ctx, p, plan.record, False)
         return
     s.publish(ctx, p, plan.record)
     for j, v in enumerate(plan.views[p & 1]):
         if j == s.r:
-            outs[j][:] = inp
+            outs[j][...] = inp
         else:
             s.take(ctx, p, j)
-            outs[j][:] = v
+            outs[j][...] = v
 
 
 def small_scatter(ctx: OpContext, out: np.ndarray, ins: list | None, plan: SmallPlan) -> None:
@@ -158,14 +158,14 @@ def small_scatter(ctx: OpContext, out: np.ndarray, ins: list | None, plan: Small
     if ins is None:
         s.publish(ctx, p, plan.record, s.n <= 2)
         s.take(ctx, p, plan.root)
-        out[:] = plan.one[p & 1]
+        out[...] = plan.one[p & 1]
         return
     r = s.r
     for i, (b, v) in enumerate(zip(ins, plan.spreads[p & 1])):
         if i != r:
-            v[:] = b
+            v[...] = b
     s.publish(ctx, p, plan.record, False)
-    out[:] = ins[r]
+    out[...] = ins[r]
 
 
 def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list, plan: SmallPlan) -> None:
@@ -176,7 +176,7 @@ def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list
     p = _writable_phase(s, ctx)
     mine = plan.mine[p & 1]
     if isinstance(inp, np.ndarray):
-        mine[:] = inp
+        mine[...] = inp
     else:
         for b, a in zip(plan.blocks, inp):
             mine[b] = a
@@ -185,7 +185,7 @@ def small_reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray | list
     uf = plan.uf
     assert uf is not None  # (a plan made with the reduce op)
     if s.n == 1:
-        out[:] = views[0]
+        out[...] = views[0]
     else:
         _reduce_into(uf, views, out)
     if plan.avg:
@@ -428,13 +428,17 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
     finalize(out, op, n)
 
 
-_TOTAL = 64  # all_to_all: a phase buffer's head holds its rank's largest block (int64)
+_TOTAL = HEAD  # all_to_all: a phase buffer's head holds its rank's largest block (int64)
 
 
 def _width(s: ShmChannel, width: int, head: int) -> int:
     """Bytes of each of ``width`` blocks side by side in one phase buffer after a
     ``head``: a multiple of 64 (cache lines), at least 64."""
     return max(64, (s.slot - head) // width // 64 * 64)
+
+
+def _idle(buf: np.ndarray) -> None:
+    """A phase's fill with nothing to write."""
 
 
 def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int | None) -> None:
@@ -482,13 +486,55 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
         elif a == 0:
             p = s.begin(ctx, fill if ins is not None else None)
         else:
-            p = s.step(ctx, fill if ins is not None else (lambda buf: None), first=False)
+            p = s.step(ctx, fill if ins is not None else _idle, first=False)
         for j, o in enumerate(outs):
             if o is not None and len(o) > a:
                 m = min(L, len(o) - a)
                 o[a : a + m] = s.bufs[j][p & 1][head + k * L : head + k * L + m]
         a += L
         if a >= end:
+            return
+
+
+def small_all_to_all(
+    ctx: OpContext, outs: np.ndarray | list, ins: np.ndarray | list, plan: SmallPlan
+) -> None:
+    """all_to_all of blocks of ``plan.block`` elements, at most ``plan.width`` bytes
+    (``ins``/``outs``: n arrays each, or one array of n blocks each: all_to_all_single)
+    with the constant work done once in ``plan``: :func:`route`'s eager phase,
+    this rank's longest block in its buffer's head as route's writers put it (a rank
+    on the general path learns the number of phases from the heads), then, when
+    another rank's block is longer than one phase, route's further phases, with
+    nothing to move on this rank (its blocks fit the first)."""
+    s: ShmChannel = ctx.shm
+    assert s is not None  # (only run on a shared-memory channel)
+    p = s.open(ctx)
+    k, r, q = p & 1, s.r, s.quads
+    q[plan.head[k]] = plan.longest
+    if isinstance(ins, np.ndarray):
+        assert isinstance(outs, np.ndarray)
+        plan.mine[k][...] = ins.reshape(s.n, -1)
+        s.publish(ctx, p, plan.record)
+        for j in range(s.n):
+            if j != r:
+                s.take(ctx, p, j)
+        outs.reshape(s.n, -1)[...] = plan.one[k]  # (this rank's own block came through its buffer)
+    else:
+        for i, (v, b) in enumerate(zip(plan.spreads[k], ins)):
+            if i != r:
+                v[...] = b
+        s.publish(ctx, p, plan.record)
+        outs[r][...] = ins[r]
+        for j, v in enumerate(plan.views[k]):
+            if j != r:
+                s.take(ctx, p, j)
+                outs[j][...] = v
+    L = plan.width
+    heads = plan.heads[k]
+    for h in heads:
+        if q[h] > L:  # (route's further phases: until every rank's longest block has moved)
+            for _ in range(L, max(q[h] for h in heads), L):
+                s.step(ctx, _idle, first=False)
             return
 
 
@@ -551,6 +597,11 @@ def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) ->
     got[root][:] = u8
     got[root] = None
     route(ctx, None, got, 1, len(u8))
+
+
+def all_to_all_width(s: ShmChannel) -> int:
+    """Bytes per block in one phase of all_to_all (its one-phase plans' largest)."""
+    return _width(s, s.n, _TOTAL)
 
 
 def scatter_spread(s: ShmChannel) -> int:

@@ -67,6 +67,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..context import OpContext, OpTimeout
 from ..errors import CollectiveError, CollectiveMismatchError, PeerLostError
@@ -84,6 +85,9 @@ _HDR, _CTL = 4096, 256
 PHASE_MASK, PHASE_HALF = 0xFFFFFFFF, 0x80000000
 _M, _H = PHASE_MASK, PHASE_HALF
 _SLICE = 0.05  # seconds per futex sleep between liveness checks
+# bytes at the head of a phase buffer whose first int64 holds a value of its rank's
+# (all_to_all: its longest block; ``set_head``/``heads``), a cache line
+HEAD = 64
 POLL = 1000  # busy checks of a counter per round of take's ``spin`` (about 50 µs)
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202}.get(platform.machine().lower())
@@ -316,6 +320,9 @@ class ShmChannel:
         # byte offsets of every rank's two meta records (phase parity)
         self._meta_offs = [[self._ctl(j) + 16 + 64 * k for j in range(self.n)] for k in (0, 1)]
         self._rec_off = [offs[self.r] for offs in self._meta_offs]
+        # the call (bytes) this rank's record of each parity holds after the op sequence
+        # number: a plan's, which repeats, is not rewritten
+        self._calls: list[bytes | None] = [None, None]
         self._peers = [j for j in range(self.n) if j != self.r]
         self._cidx = [self._ctl(j) // 4 for j in range(self.n)]  # every rank's counter (word index)
         self.mine = self.bufs[self.r]  # this rank's two data buffers
@@ -365,6 +372,10 @@ class ShmChannel:
                 self._views.clear()
             v = self._views[key] = [self.view(j, p, dtype, count) for j in range(self.n)]
         return v
+
+    def head_index(self, j: int, p: int) -> int:
+        """Index in ``quads`` of the int64 at the head of rank j's phase-``p`` buffer."""
+        return self._buf_offs[j][p & 1] >> 3
 
     def set_head(self, p: int, value: int) -> None:
         """Store ``value`` (int64) at the head of this rank's phase-``p`` buffer."""
@@ -600,9 +611,12 @@ class ShmChannel:
         publish ``p`` (after :meth:`settle`, with this rank's data of ``p`` in place).
         ``checked``: this operation compares this rank's call with every other rank's
         (else the next operation does, in :meth:`settle`)."""
-        off = self._rec_off[p & 1]
+        k = p & 1
+        off = self._rec_off[k]
         self.quads[off >> 3] = ctx.seq
-        self.mm[off + 8 : off + 48] = call
+        if self._calls[k] is not call:
+            self.mm[off + 8 : off + 48] = call
+            self._calls[k] = call
         # signal(p) written out (every eager operation publishes once)
         self.phase = p
         w = self.words
@@ -619,9 +633,10 @@ class ShmChannel:
 
     def take(self, ctx: OpContext, p: int, j: int, spin: int = 0) -> None:
         """Wait until rank ``j`` published phase ``p`` (its data is then readable until
-        this rank publishes ``p + 1``) and compare its call with ours (as ``need``
-        and :meth:`compare` raise). ``spin``: rounds of :data:`POLL` busy checks of
-        j's counter first, a ``sched_yield`` after each (see :meth:`poll`)."""
+        this rank publishes ``p + 1``) and compare its call with ours, which this
+        rank published for ``p`` (as ``need`` and :meth:`compare` raise). ``spin``:
+        rounds of :data:`POLL` busy checks of j's counter first, a ``sched_yield``
+        after each (see :meth:`poll`)."""
         w, idx = self.words, self._cidx[j]
         if (w[idx] - p) & _M >= _H:
             for _ in range(spin):
@@ -639,10 +654,11 @@ class ShmChannel:
                 self.all_at = p
             else:
                 self.reached(p)
-        offs = self._meta_offs[p & 1]
-        mm, oj, off = self.mm, offs[j], offs[self.r]
-        if mm[oj : oj + 48] != mm[off : off + 48]:
-            raise self._mismatch(ctx, j, oj, off)
+        k = p & 1
+        oj = self._meta_offs[k][j]
+        # (ours: this operation's sequence number and the call its publish wrote)
+        if self.quads[oj >> 3] != ctx.seq or self.mm[oj + 8 : oj + 48] != self._calls[k]:
+            raise self._mismatch(ctx, j, oj, self._rec_off[k])
 
     def compare(self, ctx: OpContext, p: int, ranks: list[int], earlier: str = "") -> None:
         """Compare the call records of phase ``p`` of ``ranks`` (who reached it) with
@@ -700,7 +716,7 @@ class ShmChannel:
         size with ``op``, made at the first call (every rank's buffer is read: no view
         to spare; the cache as :meth:`small_plan`'s). Raises CollectiveArgumentError for
         an op the dtype does not support."""
-        key = ("all_reduce", arr.dtype, arr.size, -1, op, False, 0)
+        key = ("all_reduce", arr.dtype, arr.size, -1, op, False, 0, 0)
         plan = self._small.get(key)
         if plan is None:
             plan = self._keep(key, SmallPlan(self, "all_reduce", arr.dtype, arr.size, -1, op, False, 0))
@@ -724,16 +740,18 @@ class ShmChannel:
         piece: bool = False,
         *,
         spread: int = 0,
+        block: int = 0,
     ) -> SmallPlan | None:
         """The cached :class:`SmallPlan` of a one-phase ``name`` call on ``count``
         elements of ``dtype`` (``root``: a group rank or -1; ``op``: the reduce op or
-        None; ``piece``, ``spread``: see SmallPlan, the same for every call of ``name``),
+        None; ``piece``, ``spread``: see SmallPlan, the same for every call of ``name``;
+        ``block``: all_to_all's elements per block, ``count`` then its call record's),
         or None the first time such a call is met: the caller then takes the general
         path. A plan costs O(n) to make, so it is made for calls that repeat only (calls
         whose sizes vary, e.g. of pickled objects, never pay for one). Both caches
         are bounded, the oldest entry going first. Raises CollectiveArgumentError for
         an op the dtype does not support (when making the plan)."""
-        key = (name, dtype, count, root, op, piece, spread)  # (the dtype itself: chars alias)
+        key = (name, dtype, count, root, op, piece, spread, block)  # (the dtype itself: chars alias)
         plan = self._small.get(key)
         if plan is None:
             seen = self._seen
@@ -742,7 +760,7 @@ class ShmChannel:
                 if len(seen) > _CACHED:
                     del seen[next(iter(seen))]
                 return None
-            plan = self._keep(key, SmallPlan(self, name, dtype, count, root, op, piece, spread))
+            plan = self._keep(key, SmallPlan(self, name, dtype, count, root, op, piece, spread, block))
         return plan
 
     def close(self) -> None:
@@ -798,7 +816,16 @@ class SmallPlan:
     on scatter's root only): this rank's buffer from byte ``i * spread``, ``count``
     elements (the block for rank i); ``blocks`` (no root): the slices of the n blocks
     of a joined buffer; ``uf``/``avg``: the reduction's ufunc and whether AVG divides
-    after it (None/False without ``op``)."""
+    after it (None/False without ``op``).
+
+    all_to_all (``block`` elements per block, ``count`` the call record's: 0 or
+    ``block``): every buffer holds its rank's n blocks ``spread`` bytes apart after
+    its :data:`HEAD`; ``views[parity][j]``: rank j's block for this rank;
+    ``spreads[parity][i]``: this rank's block for rank i; ``mine[parity]``: those n
+    as one (n, block) array; ``one[parity]``: the n blocks for this rank, one per rank,
+    as one (n, block) array; ``head[parity]``, ``heads[parity]``: the ``quads``
+    indices of the head of this rank's buffer, and of the others'; ``longest``: the
+    head this rank writes (its block's bytes); ``width``: ``spread``."""
 
     __slots__ = (
         "name",
@@ -815,6 +842,10 @@ class SmallPlan:
         "blocks",
         "uf",
         "avg",
+        "head",
+        "heads",
+        "longest",
+        "width",
     )
 
     def __init__(
@@ -827,6 +858,7 @@ class SmallPlan:
         op: ReduceOp | None,
         piece: bool,
         spread: int,
+        block: int = 0,
     ):
         if op is not None:
             check_op(op, dtype)
@@ -834,6 +866,11 @@ class SmallPlan:
         self.name, self.op, self.dtype, self.count = name, OP_CODES[name], DTYPE_CODES[dtype], count
         self.root, self.redop = root, NO_REDOP if op is None else int(op)
         self.record = _CALL.pack(self.op, self.dtype, count, root, self.redop)
+        self.uf = None if op is None else ufunc(op)
+        self.avg = op is ReduceOp.AVG
+        if block:
+            self._blocks(s, dtype, block, spread)
+            return
         offset = r * (spread or count * dtype.itemsize) if piece or spread else 0
         every = root < 0 or (name == "gather" and root == r)
         self.views = [[s.view(j, p, dtype, count, offset) for j in range(n)] for p in (0, 1)] if every else []
@@ -846,8 +883,25 @@ class SmallPlan:
             else []
         )
         self.blocks = [slice(j * count, (j + 1) * count) for j in range(n)] if root < 0 else []
-        self.uf = None if op is None else ufunc(op)
-        self.avg = op is ReduceOp.AVG
+
+    def _blocks(self, s: ShmChannel, dtype: np.dtype, block: int, spread: int) -> None:
+        """all_to_all's views (see the class): blocks side by side after each head."""
+        n, r, size = s.n, s.r, dtype.itemsize
+        nb = block * size
+        self.longest, self.width = nb, spread
+        self.views = [[s.view(j, p, dtype, block, HEAD + r * spread) for j in range(n)] for p in (0, 1)]
+        self.spreads = [[s.view(r, p, dtype, block, HEAD + i * spread) for i in range(n)] for p in (0, 1)]
+        raw = s.raw
+        self.mine, self.one = [], []
+        for p in (0, 1):
+            at = s.data_offset(r, p) + HEAD
+            self.mine.append(raw[at : at + n * spread].reshape(n, spread)[:, :nb].view(dtype))
+            at = s.data_offset(0, p) + HEAD + r * spread  # (rank j's: 2 * slot * j bytes on)
+            rows = as_strided(raw[at:], (n, nb), (2 * s.slot, 1), writeable=False)
+            self.one.append(rows.view(dtype))
+        self.head = [s.head_index(r, p) for p in (0, 1)]
+        self.heads = [[s.head_index(j, p) for j in s._peers] for p in (0, 1)]
+        self.blocks = []
 
 
 def _round(x: int) -> int:
