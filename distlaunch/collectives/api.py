@@ -367,7 +367,7 @@ def all_to_all_single(
     in_arr = as_array(input, "input", writable=False)
     if out_arr.dtype != in_arr.dtype:
         raise CollectiveArgumentError(f"output has dtype {out_arr.dtype} but input has {in_arr.dtype}")
-    # (equal splits: None, the group's planned path checks nothing more)
+    # (equal splits: None; the group makes the ranges only when it takes the general path)
     ob = split_bounds(out_arr.shape, out_arr.size, output_split_sizes, g.size, "output", True)
     ib = split_bounds(in_arr.shape, in_arr.size, input_split_sizes, g.size, "input", True)
     return g.all_to_all_single(flat(out_arr), flat(in_arr), ob, ib, async_op)

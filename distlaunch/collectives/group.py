@@ -481,7 +481,12 @@ class ProcessGroup(Members):
         fast = self._fast
         if fast is None or async_op:
             return False
-        spread = fast.all_to_all_width if block else fast.scatter_spread if call[0] == "scatter" else 0
+        if block:
+            spread = fast.all_to_all_width
+        elif call[0] == "scatter":
+            spread = fast.scatter_spread
+        else:
+            spread = 0
         if nbytes > (spread or fast.small):
             return False
         plan = fast.small_plan(*call, spread=spread, block=block)
@@ -553,7 +558,9 @@ class ProcessGroup(Members):
         ref = ins[0]
         m = ref.size
         if (
-            _blocks_of(m, ins)
+            self._fast is not None
+            and not async_op
+            and _blocks_of(m, ins)
             and _blocks_of(m, outs)
             and self._run_planned(
                 "small_all_to_all", (outs, ins), async_op, ref.nbytes, "all_to_all", ref.dtype, count, block=m

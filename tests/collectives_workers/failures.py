@@ -45,6 +45,7 @@ timeout = {"skip": 1.5, "recv-timeout": 1.5}.get(mode, 20.0)
 if mode == "stopped":  # rank 0 times out first; the others hear of it from its ABORT
     timeout = 2.0 if os.environ.get("RANK") == "0" else 30.0
 rank, n = init(timeout=timeout)
+SLOT = int(os.environ.get("DISTLAUNCH_SHM_SLOT", 4 << 20))  # (bytes per shared-memory phase buffer)
 
 
 def result(ok, text):
@@ -182,9 +183,9 @@ elif mode.startswith("reuse-"):
             b = m // n
             sizes = [[b] * n for _ in range(n)]  # elements rank i sends rank j
             if long:
-                sizes[1][2] = (4 << 20) // n // x.itemsize + 3  # (a 4 MiB slot's phase: slot / n)
+                sizes[1][2] = SLOT // n // x.itemsize + 3  # (longer than a phase's block: slot / n)
             x[:] = np.repeat(rank * 10 + np.arange(n), b)
-            async_op = rank == 2 and calls % 2 == 0
+            async_op = rank == 2 and calls % 3 == 0  # (rank 2 receives the long block: both ways)
             want = np.concatenate([np.full(sizes[j][rank], j * 10 + rank) for j in range(n)])
             if opname == "all_to_all":
                 ins = [x[j * b : (j + 1) * b] for j in range(n)]
@@ -244,9 +245,10 @@ elif mode.startswith("reuse-"):
             if not np.array_equal(got, want.astype(got.dtype)):
                 got, want = got[:64], want[:64]
                 bad.append(f"{size} x {dtype} root {root} long {long}: {got.tolist()} != {want.tolist()}")
-    # the calls repeated, so every operation made plans (a name's prefix: *_tensor)
+    # the calls repeated, so every operation made plans (all_gather and reduce_scatter
+    # run as their *_tensor forms)
     plans = [key[0] for key in resolve_group(None).fast_channel._small]
-    if not any(name.startswith(opname) for name in plans):
+    if not {opname, opname + "_tensor", opname + "_into_tensor"} & set(plans):
         bad.append(f"no plan of {opname} was made (plans: {plans})")
     if bad:
         result(False, "; ".join(bad))

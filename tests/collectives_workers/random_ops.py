@@ -6,7 +6,8 @@ the calls repeat the previous one's op, group, dtype, size, reduce op and root (
 blocking calls on shared memory then take cached plans, on some ranks only when the
 others' call is asynchronous or new to them). all_to_all and all_to_all_single move
 blocks of one size, or (a third of them) with one block longer than a phase of the
-shared-memory channel (``long``; from the second member to the third, so a rank whose
+shared-memory channel (``long``; from the second member to the third, or in a group of
+two from the first to the second, so a rank whose
 own blocks are all of one size may be on its plan while the others run that long
 block's further phases), their split sizes given or (equal) left out.
 Usage: random_ops.py SEED COUNT"""

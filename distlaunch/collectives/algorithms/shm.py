@@ -499,7 +499,7 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
 def small_all_to_all(
     ctx: OpContext, outs: np.ndarray | list, ins: np.ndarray | list, plan: SmallPlan
 ) -> None:
-    """all_to_all of blocks of ``plan.block`` elements, at most ``plan.width`` bytes
+    """all_to_all of blocks of ``plan.longest`` bytes, at most ``plan.width``
     (``ins``/``outs``: n arrays each, or one array of n blocks each: all_to_all_single)
     with the constant work done once in ``plan``: :func:`route`'s eager phase,
     this rank's longest block in its buffer's head as route's writers put it (a rank
@@ -531,11 +531,9 @@ def small_all_to_all(
                 outs[j][...] = v
     L = plan.width
     heads = plan.heads[k]
-    for h in heads:
-        if q[h] > L:  # (route's further phases: until every rank's longest block has moved)
-            for _ in range(L, max(q[h] for h in heads), L):
-                s.step(ctx, _idle, first=False)
-            return
+    if any(q[h] > L for h in heads):  # (route's further phases: until every rank's longest block moved)
+        for _ in range(L, max(q[h] for h in heads), L):
+            s.step(ctx, _idle, first=False)
 
 
 def _u8(arrs: list) -> list:
