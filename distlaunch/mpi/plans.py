@@ -192,6 +192,7 @@ class Plan:
         "ex",
         "ao",
         "bo",
+        "reached",
     )
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
@@ -218,6 +219,7 @@ class Plan:
         busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
         # rounds of POLL checks; none for large blocks: a peer copying them takes longer
         self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
+        self.reached = False  # open called the channel's reached (see there)
 
     def open(self) -> int:
         """Open the operation's one phase (as ShmChannel.open; after the group's enter)
@@ -236,7 +238,11 @@ class Plan:
                         _wait(ch, j, q, self.spin)
                     if (w[idx] - q) & _M >= _H:
                         ch.need(j, q, self.ctx)
-            ch.reached(q)
+            if self.reached:  # (ch.reached(q) after its first call: it only sets all_at)
+                ch.all_at = q
+            else:
+                ch.reached(q)
+                self.reached = True
         u = ch.unchecked
         if u:
             if u == q:
