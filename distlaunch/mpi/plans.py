@@ -66,13 +66,28 @@ class Buf:
     bytes, given as ``[obj, *rest]`` (``rest`` compared by value: the count, the
     datatype) or as the object (``rest`` None)."""
 
-    __slots__ = ("tp", "rest", "three", "off", "nb", "nbytes", "cast", "write", "direct", "ref")
+    __slots__ = (
+        "tp",
+        "rest",
+        "three",
+        "count",
+        "datatype",
+        "off",
+        "nb",
+        "nbytes",
+        "cast",
+        "write",
+        "direct",
+        "ref",
+    )
 
     def __init__(self, spec: Any, obj: Any, s: Spec, blocks: int, write: bool) -> None:
         self.tp: Any = type(obj)  # (None once a receive mmap died: see _gone)
         self.rest = spec[1:] if type(spec) is list else None
         # [obj, count, datatype], the common form: its two items compared unpacked
         self.three = self.rest is not None and len(self.rest) == 2
+        self.count: Any = spec[1] if self.three else None
+        self.datatype: Any = spec[2] if self.three else None
         self.off = s.displ * s.datatype.extent
         self.nb = s.nbytes * blocks
         m = memoryview(obj)
@@ -97,21 +112,19 @@ class Buf:
         which the phase's copies slice, so no slice is made here): a flat byte
         memoryview, or the object itself when ``direct``; None when ``spec`` is not like
         the one the plan was made from or its buffer cannot give them."""
-        rest = self.rest
-        if rest is not None:
+        if self.three:
             if type(spec) is not list:
                 return None
-            if self.three:
-                try:
-                    spec, c, t = spec
-                except ValueError:
-                    return None
-                if c != rest[0] or t != rest[1]:
-                    return None
-            elif spec[1:] != rest:
+            try:
+                spec, c, t = spec
+            except ValueError:
                 return None
-            else:
-                spec = spec[0]
+            if c != self.count or t != self.datatype:
+                return None
+        elif self.rest is not None:
+            if type(spec) is not list or spec[1:] != self.rest:
+                return None
+            spec = spec[0]
         if type(spec) is not self.tp:
             return None
         if self.direct:
