@@ -66,13 +66,28 @@ class Buf:
     bytes, given as ``[obj, *rest]`` (``rest`` compared by value: the count, the
     datatype) or as the object (``rest`` None)."""
 
-    __slots__ = ("tp", "rest", "three", "off", "nb", "nbytes", "cast", "write", "direct", "ref")
+    __slots__ = (
+        "tp",
+        "rest",
+        "three",
+        "count",
+        "datatype",
+        "off",
+        "nb",
+        "nbytes",
+        "cast",
+        "write",
+        "direct",
+        "ref",
+    )
 
     def __init__(self, spec: Any, obj: Any, s: Spec, blocks: int, write: bool) -> None:
         self.tp: Any = type(obj)  # (None once a receive mmap died: see _gone)
         self.rest = spec[1:] if type(spec) is list else None
         # [obj, count, datatype], the common form: its two items compared unpacked
         self.three = self.rest is not None and len(self.rest) == 2
+        self.count: Any = spec[1] if self.three else None
+        self.datatype: Any = spec[2] if self.three else None
         self.off = s.displ * s.datatype.extent
         self.nb = s.nbytes * blocks
         m = memoryview(obj)
@@ -97,21 +112,19 @@ class Buf:
         which the phase's copies slice, so no slice is made here): a flat byte
         memoryview, or the object itself when ``direct``; None when ``spec`` is not like
         the one the plan was made from or its buffer cannot give them."""
-        rest = self.rest
-        if rest is not None:
+        if self.three:
             if type(spec) is not list:
                 return None
-            if self.three:
-                try:
-                    spec, c, t = spec
-                except ValueError:
-                    return None
-                if c != rest[0] or t != rest[1]:
-                    return None
-            elif spec[1:] != rest:
+            try:
+                spec, c, t = spec
+            except ValueError:
                 return None
-            else:
-                spec = spec[0]
+            if c != self.count or t != self.datatype:
+                return None
+        elif self.rest is not None:
+            if type(spec) is not list or spec[1:] != self.rest:
+                return None
+            spec = spec[0]
         if type(spec) is not self.tp:
             return None
         if self.direct:
@@ -192,6 +205,7 @@ class Plan:
         "ex",
         "ao",
         "bo",
+        "reached",
     )
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
@@ -218,6 +232,7 @@ class Plan:
         busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
         # rounds of POLL checks; none for large blocks: a peer copying them takes longer
         self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
+        self.reached = False  # open called the channel's reached (see there)
 
     def open(self) -> int:
         """Open the operation's one phase (as ShmChannel.open; after the group's enter)
@@ -236,7 +251,11 @@ class Plan:
                         _wait(ch, j, q, self.spin)
                     if (w[idx] - q) & _M >= _H:
                         ch.need(j, q, self.ctx)
-            ch.reached(q)
+            if self.reached:  # (ch.reached(q) after its first call: it only sets all_at)
+                ch.all_at = q
+            else:
+                ch.reached(q)
+                self.reached = True
         u = ch.unchecked
         if u:
             if u == q:
@@ -312,92 +331,119 @@ def _wait(ch: Any, j: int, p: int, rounds: int) -> None:
         os.sched_yield()
 
 
+def _at(o: int, nb: int) -> slice:
+    """The ``nb`` bytes from byte ``o``: the phases' copies index with slices made
+    once per plan (no bound arithmetic, no int objects per call)."""
+    return slice(o, o + nb)
+
+
 class Bcast(Plan):
     """algorithms.shm.broadcast's eager phase: the root writes and leaves; the others
     take the root's buffer (and compare its call)."""
 
-    __slots__ = ()
+    __slots__ = ("seg", "own")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.seg = [_at(offs[self.root], self.nb) for offs in self.offs]  # per parity
+        self.own = _at(self.ao, self.nb)
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb, a = self.ch, self.ctx, self.nb, self.ao
-        o = self.offs[p & 1][self.root]
+        ch = self.ch
         if self.r == self.root:
-            ch.mv[o : o + nb] = src[a : a + nb]
-            ch.publish(ctx, p, self.rec, False)
+            ch.mv[self.seg[p & 1]] = src[self.own]
+            ch.publish(self.ctx, p, self.rec, False)
         else:
-            ch.publish(ctx, p, self.rec, self.n <= 2)  # (n = 2: compared with all)
-            ch.take(ctx, p, self.root, self.spin)
-            src[a : a + nb] = ch.mv[o : o + nb]
+            ch.publish(self.ctx, p, self.rec, self.n <= 2)  # (n = 2: compared with all)
+            ch.take(self.ctx, p, self.root, self.spin)
+            src[self.own] = ch.mv[self.seg[p & 1]]
 
 
 class Gather(Plan):
     """algorithms.shm's gather, one eager phase: the others write and leave; the root
     takes each rank's block into its receive buffer (``a`` None: IN_PLACE)."""
 
-    __slots__ = ()
+    __slots__ = ("seg", "own", "into", "takes")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        nb, b = self.nb, self.bo
+        self.seg = [_at(o, nb) for o in self.mine]  # (a non-root's block, per parity)
+        self.own = _at(self.ao, nb)
+        self.into = _at(b + self.r * nb, nb)  # (the root's own block in its receive buffer)
+        # per parity: (rank, its block in the segment, where it goes in the receive buffer)
+        self.takes = [[(j, _at(offs[j], nb), _at(b + j * nb, nb)) for j in self.peers] for offs in self.offs]
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb, r, a = self.ch, self.ctx, self.nb, self.r, self.ao
-        if r != self.root:
-            o = self.mine[p & 1]
-            ch.mv[o : o + nb] = src[a : a + nb]
+        ch, ctx = self.ch, self.ctx
+        if self.r != self.root:
+            ch.mv[self.seg[p & 1]] = src[self.own]
             ch.publish(ctx, p, self.rec, False)
         else:
             ch.publish(ctx, p, self.rec)
-            b = self.bo
             if src is not None:  # (while the others write theirs)
-                dst[b + r * nb : b + (r + 1) * nb] = src[a : a + nb]
-            offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
-            for j in self.peers:
+                dst[self.into] = src[self.own]
+            mv, spin = ch.mv, self.spin
+            for j, seg, into in self.takes[p & 1]:
                 ch.take(ctx, p, j, spin)
-                dst[b + j * nb : b + (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
+                dst[into] = mv[seg]
 
 
 class Scatter(Plan):
     """algorithms.shm's scatter, one eager phase: the root writes block i at ``i * L``
     of its buffer and leaves; rank i takes its block (``b`` None: the root's IN_PLACE)."""
 
-    __slots__ = ("width",)
+    __slots__ = ("width", "puts", "own", "into", "seg")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.width = _width(self.ch, self.n, 0)
+        L = self.width = _width(self.ch, self.n, 0)
+        nb, a, r = self.nb, self.ao, self.r
+        # the root, per parity: (block i in its segment, block i of its send buffer)
+        self.puts = [[(_at(o + i * L, nb), _at(a + i * nb, nb)) for i in self.peers] for o in self.mine]
+        self.own = _at(a + r * nb, nb)  # (the root's own block, kept when not IN_PLACE)
+        self.into = _at(self.bo, nb)
+        self.seg = [_at(offs[self.root] + r * L, nb) for offs in self.offs]  # (a non-root's)
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
-        if r == self.root:
-            o, mv, a = self.mine[p & 1], ch.mv, self.ao
-            for i in self.peers:
-                mv[o + i * L : o + i * L + nb] = src[a + i * nb : a + (i + 1) * nb]
-            ch.publish(ctx, p, self.rec, False)
+        ch = self.ch
+        if self.r == self.root:
+            mv = ch.mv
+            for seg, blk in self.puts[p & 1]:
+                mv[seg] = src[blk]
+            ch.publish(self.ctx, p, self.rec, False)
             if dst is not None:
-                b = self.bo
-                dst[b : b + nb] = src[a + r * nb : a + (r + 1) * nb]
+                dst[self.into] = src[self.own]
         else:
-            ch.publish(ctx, p, self.rec, self.n <= 2)
-            ch.take(ctx, p, self.root, self.spin)
-            o, b = self.offs[p & 1][self.root] + r * L, self.bo
-            dst[b : b + nb] = ch.mv[o : o + nb]
+            ch.publish(self.ctx, p, self.rec, self.n <= 2)
+            ch.take(self.ctx, p, self.root, self.spin)
+            dst[self.into] = ch.mv[self.seg[p & 1]]
 
 
 class Allgather(Plan):
     """algorithms.shm.all_gather's eager phase: every rank writes its block, then takes
     every other rank's (``a`` None: IN_PLACE, its block is in the receive buffer)."""
 
-    __slots__ = ()
+    __slots__ = ("seg", "own", "into", "takes")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        nb, b = self.nb, self.bo
+        self.seg = [_at(o, nb) for o in self.mine]
+        self.own = _at(self.ao, nb)
+        self.into = _at(b + self.r * nb, nb)  # (this rank's block in the receive buffer)
+        self.takes = [[(j, _at(offs[j], nb), _at(b + j * nb, nb)) for j in self.peers] for offs in self.offs]
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb, r, b = self.ch, self.ctx, self.nb, self.r, self.bo
-        offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
-        o = b + r * nb  # (this rank's block in the receive buffer)
-        own = dst[o : o + nb] if src is None else src[self.ao : self.ao + nb]
-        mv[offs[r] : offs[r] + nb] = own
+        ch, ctx, mv, spin = self.ch, self.ctx, self.ch.mv, self.spin
+        own = dst[self.into] if src is None else src[self.own]
+        mv[self.seg[p & 1]] = own
         ch.publish(ctx, p, self.rec)
         if src is not None:  # (while the others write theirs)
-            dst[o : o + nb] = own
-        for j in self.peers:
+            dst[self.into] = own
+        for j, seg, into in self.takes[p & 1]:
             ch.take(ctx, p, j, spin)
-            dst[b + j * nb : b + (j + 1) * nb] = mv[offs[j] : offs[j] + nb]
+            dst[into] = mv[seg]
 
 
 class Alltoall(Plan):
@@ -408,29 +454,36 @@ class Alltoall(Plan):
     path's): a rank sending another block size runs a different call, which
     :meth:`~.ShmChannel.take` finds (CollectiveMismatchError)."""
 
-    __slots__ = ("width", "head")
+    __slots__ = ("width", "head", "heads", "puts", "own", "into", "takes")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.width = _width(self.ch, self.n, _TOTAL)
+        L = self.width = _width(self.ch, self.n, _TOTAL)
         self.head = _HEAD.pack(self.nb)
+        nb, a, b, r = self.nb, self.ao, self.bo, self.r
+        self.heads = [_at(o, 8) for o in self.mine]
+        # per parity: (block i in this rank's segment, block i of the send buffer)
+        self.puts = [
+            [(_at(o + _TOTAL + i * L, nb), _at(a + i * nb, nb)) for i in self.peers] for o in self.mine
+        ]
+        self.own, self.into = _at(a + r * nb, nb), _at(b + r * nb, nb)
+        # per parity: (rank j, block r in j's segment, block j of the receive buffer)
+        at = _TOTAL + r * L
+        self.takes = [
+            [(j, _at(offs[j] + at, nb), _at(b + j * nb, nb)) for j in self.peers] for offs in self.offs
+        ]
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
-        ch, ctx, nb, r, L = self.ch, self.ctx, self.nb, self.r, self.width
-        offs, mv, spin = self.offs[p & 1], ch.mv, self.spin
-        a, b = self.ao, self.bo
-        o = offs[r]
-        mv[o : o + 8] = self.head
-        o += _TOTAL
-        for i in self.peers:
-            mv[o + i * L : o + i * L + nb] = src[a + i * nb : a + (i + 1) * nb]
+        ch, ctx, mv, spin = self.ch, self.ctx, self.ch.mv, self.spin
+        k = p & 1
+        mv[self.heads[k]] = self.head
+        for seg, blk in self.puts[k]:
+            mv[seg] = src[blk]
         ch.publish(ctx, p, self.rec)
-        dst[b + r * nb : b + (r + 1) * nb] = src[a + r * nb : a + (r + 1) * nb]  # (while the others write)
-        at = _TOTAL + r * L
-        for j in self.peers:
+        dst[self.into] = src[self.own]  # (while the others write)
+        for j, seg, into in self.takes[k]:
             ch.take(ctx, p, j, spin)
-            o = offs[j] + at
-            dst[b + j * nb : b + (j + 1) * nb] = mv[o : o + nb]
+            dst[into] = mv[seg]
 
 
 # operation -> (plan class, the largest eager block in bytes for a channel of n ranks)
