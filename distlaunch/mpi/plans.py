@@ -63,8 +63,9 @@ SPIN_MAX = 64 << 10  # bytes per block: larger calls wait as the channel does
 class Buf:
     """How to view the data bytes of one buffer specification of a planned call:
     ``nb`` bytes from byte ``off`` of an object of type ``tp`` holding ``nbytes``
-    bytes, given as ``[obj, *rest]`` (``rest`` compared by value: the count, the
-    datatype) or as the object (``rest`` None)."""
+    bytes, given as ``[obj, *rest]`` (``[obj, count, datatype]``: ``count`` and
+    ``datatype`` compared by value, held apart; other forms: ``rest`` compared by
+    value) or as the object (``rest`` None)."""
 
     __slots__ = (
         "tp",
@@ -205,7 +206,7 @@ class Plan:
         "ex",
         "ao",
         "bo",
-        "reached",
+        "reached_once",
     )
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
@@ -232,7 +233,7 @@ class Plan:
         busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
         # rounds of POLL checks; none for large blocks: a peer copying them takes longer
         self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
-        self.reached = False  # open called the channel's reached (see there)
+        self.reached_once = False  # open called the channel's reached() (see there)
 
     def open(self) -> int:
         """Open the operation's one phase (as ShmChannel.open; after the group's enter)
@@ -251,11 +252,11 @@ class Plan:
                         _wait(ch, j, q, self.spin)
                     if (w[idx] - q) & _M >= _H:
                         ch.need(j, q, self.ctx)
-            if self.reached:  # (ch.reached(q) after its first call: it only sets all_at)
+            if self.reached_once:  # (ch.reached(q) after its first call: it only sets all_at)
                 ch.all_at = q
             else:
                 ch.reached(q)
-                self.reached = True
+                self.reached_once = True
         u = ch.unchecked
         if u:
             if u == q:

@@ -355,7 +355,9 @@ class ShmChannel:
 
     def record_offset(self, j: int, p: int) -> int:
         """Byte offset in the segment of rank j's call record of phase p (48 bytes: op
-        seq, op, dtype, count, root, redop)."""
+        seq, op, dtype, count, root, redop). For reading only: :meth:`publish` is the
+        one writer of this rank's records (it skips rewriting a repeated call, and
+        :meth:`take` compares with what it wrote)."""
         return self._meta_offs[p & 1][j]
 
     def data_offset(self, j: int, p: int) -> int:
@@ -610,11 +612,14 @@ class ShmChannel:
         """Write this rank's call record of phase ``p`` (``ctx.seq`` + ``call``) and
         publish ``p`` (after :meth:`settle`, with this rank's data of ``p`` in place).
         ``checked``: this operation compares this rank's call with every other rank's
-        (else the next operation does, in :meth:`settle`)."""
+        (else the next operation does, in :meth:`settle`). ``call`` is immutable
+        bytes: the same object as the last one published for this parity is not
+        written again."""
         k = p & 1
         off = self._rec_off[k]
         self.quads[off >> 3] = ctx.seq
         if self._calls[k] is not call:
+            self._calls[k] = None  # (an interrupted write leaves nothing believed in place)
             self.mm[off + 8 : off + 48] = call
             self._calls[k] = call
         # signal(p) written out (every eager operation publishes once)
