@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from .. import progress
-from ..collectives.algorithms.shm import _TOTAL, _width
+from ..collectives.algorithms.shm import all_to_all_width, scatter_spread
 from ..collectives.context import OpTimeout
+from ..collectives.transport.shm import HEAD, POLL
 from ..collectives.transport.shm import PHASE_HALF as _H
 from ..collectives.transport.shm import PHASE_MASK as _M
-from ..collectives.transport.shm import POLL
 from ..collectives.transport.shm_p2p import BUSY, busy_seconds
 from .comm import STATE, Handle
 from .datatypes import Spec
@@ -398,7 +398,7 @@ class Scatter(Plan):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        L = self.width = _width(self.ch, self.n, 0)
+        L = self.width = scatter_spread(self.ch)
         nb, a, r = self.nb, self.ao, self.r
         # the root, per parity: (block i in its segment, block i of its send buffer)
         self.puts = [[(_at(o + i * L, nb), _at(a + i * nb, nb)) for i in self.peers] for o in self.mine]
@@ -459,17 +459,17 @@ class Alltoall(Plan):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        L = self.width = _width(self.ch, self.n, _TOTAL)
+        L = self.width = all_to_all_width(self.ch)
         self.head = _HEAD.pack(self.nb)
         nb, a, b, r = self.nb, self.ao, self.bo, self.r
         self.heads = [_at(o, 8) for o in self.mine]
         # per parity: (block i in this rank's segment, block i of the send buffer)
         self.puts = [
-            [(_at(o + _TOTAL + i * L, nb), _at(a + i * nb, nb)) for i in self.peers] for o in self.mine
+            [(_at(o + HEAD + i * L, nb), _at(a + i * nb, nb)) for i in self.peers] for o in self.mine
         ]
         self.own, self.into = _at(a + r * nb, nb), _at(b + r * nb, nb)
         # per parity: (rank j, block r in j's segment, block j of the receive buffer)
-        at = _TOTAL + r * L
+        at = HEAD + r * L
         self.takes = [
             [(j, _at(offs[j] + at, nb), _at(b + j * nb, nb)) for j in self.peers] for offs in self.offs
         ]
@@ -491,9 +491,9 @@ class Alltoall(Plan):
 KINDS = {
     "broadcast": (Bcast, lambda ch, n: ch.slot),
     "gather": (Gather, lambda ch, n: ch.slot),
-    "scatter": (Scatter, lambda ch, n: _width(ch, n, 0)),
+    "scatter": (Scatter, lambda ch, n: scatter_spread(ch)),
     "all_gather": (Allgather, lambda ch, n: ch.slot),
-    "all_to_all": (Alltoall, lambda ch, n: _width(ch, n, _TOTAL)),
+    "all_to_all": (Alltoall, lambda ch, n: all_to_all_width(ch)),
 }
 
 

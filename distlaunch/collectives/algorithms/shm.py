@@ -428,9 +428,6 @@ def reduce_scatter(ctx: OpContext, out: np.ndarray, inp: np.ndarray, op: ReduceO
     finalize(out, op, n)
 
 
-_TOTAL = HEAD  # all_to_all: a phase buffer's head holds its rank's largest block (int64)
-
-
 def _width(s: ShmChannel, width: int, head: int) -> int:
     """Bytes of each of ``width`` blocks side by side in one phase buffer after a
     ``head``: a multiple of 64 (cache lines), at least 64."""
@@ -453,7 +450,7 @@ def route(ctx: OpContext, ins: list | None, outs: list, width: int, total: int |
     s: ShmChannel = ctx.shm
     assert s is not None  # (only run on a shared-memory channel)
     r = s.r
-    head = _TOTAL if total is None else 0
+    head = HEAD if total is None else 0
     L = _width(s, width, head)
     k = r if width > 1 else 0
     p = a = 0
@@ -599,7 +596,7 @@ def _gather_op(ctx: OpContext, inp: np.ndarray, outs: list | None, root: int) ->
 
 def all_to_all_width(s: ShmChannel) -> int:
     """Bytes per block in one phase of all_to_all (its one-phase plans' largest)."""
-    return _width(s, s.n, _TOTAL)
+    return _width(s, s.n, HEAD)
 
 
 def scatter_spread(s: ShmChannel) -> int:

@@ -901,8 +901,9 @@ class SmallPlan:
         for p in (0, 1):
             at = s.data_offset(r, p) + HEAD
             self.mine.append(raw[at : at + n * spread].reshape(n, spread)[:, :nb].view(dtype))
-            at = s.data_offset(0, p) + HEAD + r * spread  # (rank j's: 2 * slot * j bytes on)
-            rows = as_strided(raw[at:], (n, nb), (2 * s.slot, 1), writeable=False)
+            at = s.data_offset(0, p) + HEAD + r * spread
+            step = s.data_offset(1, p) - s.data_offset(0, p) if n > 1 else 0  # (rank to rank)
+            rows = as_strided(raw[at:], (n, nb), (step, 1), writeable=False)
             self.one.append(rows.view(dtype))
         self.head = [s.head_index(r, p) for p in (0, 1)]
         self.heads = [[s.head_index(j, p) for j in s._peers] for p in (0, 1)]
