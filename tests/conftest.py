@@ -78,10 +78,12 @@ def pytest_configure(config):
             )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (`-n N --dist loadgroup`, the README's command) every test that
     # shares the session's Slurm cluster, or its sshd, runs in one worker: each is started
-    # once, as in a serial run (tests/slurm.py, tests/sshd.py).
+    # once, as in a serial run (tests/slurm.py, tests/sshd.py). First: xdist's own hook
+    # reads the marks into the node ids it schedules by.
     for item in items:
         for fixture in ("slurm_cluster", "sshd_hosts"):
             if fixture in item.fixturenames:
