@@ -18,6 +18,12 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # (distlaunch/secret.py): keep the tests' one out of the real home directory.
 os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="distlaunch-test-config-")
 atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
+# numpy's OpenBLAS starts a thread per core at import, and the threads spin before they
+# sleep: ~0.1 s of CPU (measured) in each interpreter the suite starts that imports
+# numpy outside `distlaunch run` (workers started by hand or under mpiexec; the launcher
+# sets OMP_NUM_THREADS=1 for its workers, which OpenBLAS also reads). The tests' BLAS
+# work is small: one thread is enough.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.pop("DISTLAUNCH_STORE_TOKEN", None)
 os.environ.pop("DISTLAUNCH_STORE_TOKEN_FILE", None)
 WORKERS = ROOT / "tests" / "workers"
