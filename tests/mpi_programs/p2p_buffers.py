@@ -4,18 +4,22 @@ MPI.BYTE]`` sending exactly ``count`` bytes, received into a part of a larger bu
 (the bytes around it must stay untouched), bare buffers, typed specs, a truncated
 receive, Isend/Irecv windows with mixed tags (delivered in order per tag) partly sent
 before the receives were posted, ANY_TAG with statuses, and a persistent receive.
-2 ranks: rank 0 sends, rank 1 prints what it received."""
+2 ranks: rank 0 sends, rank 1 prints what it received. ``--no-torch``: leave torch
+tensors out (importing torch costs each rank seconds of CPU)."""
 
 import array
 import mmap
+import sys
 
 import numpy as np
 from mpi4py import MPI
 
-try:
-    import torch
-except ImportError:
-    torch = None
+torch = None
+if "--no-torch" not in sys.argv[1:]:
+    try:
+        import torch
+    except ImportError:
+        pass
 
 comm = MPI.COMM_WORLD
 rank = comm.Get_rank()
