@@ -20,12 +20,12 @@ def test_buffer_collectives(tmp_path, monkeypatch, n, transport):
     # torch tensors in one case: they reach the collectives as numpy views of their
     # memory (buffer resolution is before any transport) and each rank's torch import
     # costs seconds of CPU
-    torch = () if (n, transport) == (2, "shm") else ("--no-torch",)
+    no_torch = () if (n, transport) == (2, "shm") else ("--no-torch",)
     monkeypatch.setenv("DISTLAUNCH_SHM_SLOT", str(SLOT))
     monkeypatch.setenv("DISTLAUNCH_SHM", "1" if transport == "shm" else "0")
     if transport == "shm":
         monkeypatch.setenv("COLL_EXPECT_NO_TCP", "1")
-    rc, lines, err = run("coll_buffers", n, tmp_path, True, (str(SLOT), *torch), timeout=180)
+    rc, lines, err = run("coll_buffers", n, tmp_path, True, (str(SLOT), *no_torch), timeout=180)
     assert rc == 0, f"rc={rc}\n{err[-4000:]}"
     passed = [ln for ln in lines if "checks passed" in ln]
     assert len(passed) == n, lines

@@ -3,7 +3,8 @@ slice, mmap, array.array, numpy, a torch CPU tensor when torch is installed), as
 ``[buf, count, MPI.BYTE]`` with the buffers larger than the count (the count must be
 honoured), at sizes across the shared-memory slot given as argv[1] (bytes); every
 result is checked against numpy's. argv[2] ``--no-torch``: leave torch tensors out
-(importing torch costs each rank seconds of CPU). Prints one line per rank: the number of checks.
+(importing torch costs each rank seconds of CPU). Prints one line per rank: the number
+of checks.
 With COLL_EXPECT_NO_TCP=1 (one node, shared memory on), a rank that opened a TCP
 connection during the collectives fails: they must all run over shared memory."""
 
