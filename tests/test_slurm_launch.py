@@ -45,6 +45,14 @@ def ranks(cp):
     return [tuple(r) for r in rows]
 
 
+def test_the_slurm_tests_share_one_xdist_worker(request, slurm_cluster):  # noqa: F811
+    # under the README's `--dist loadgroup` the cluster's tests are one xdist group (conftest
+    # marks them): a mark added after xdist read the marks left each worker its own cluster
+    if not request.config.getoption("loadgroup", False):  # (xdist sets it in its workers)
+        pytest.skip("only under pytest-xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@slurm_cluster"), request.node.nodeid
+
+
 def test_allocation_agents_start_through_srun(slurm_cluster, tmp_path):  # noqa: F811
     cp = run(slurm_cluster, tmp_path, "salloc", "-N2")
     assert cp.returncode == 0, cp.stderr
