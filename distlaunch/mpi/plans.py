@@ -206,7 +206,6 @@ class Plan:
         "ex",
         "ao",
         "bo",
-        "reached_once",
     )
 
     def __init__(self, pg: Any, ctx: Any, a: Buf | None, b: Buf | None, nb: int, root: int) -> None:
@@ -233,7 +232,12 @@ class Plan:
         busy = busy_seconds(pids) if all(pids) else float(self.n <= (os.cpu_count() or 1)) * BUSY
         # rounds of POLL checks; none for large blocks: a peer copying them takes longer
         self.spin = int(busy / _SPIN_S + 0.999) if nb <= SPIN_MAX else 0
-        self.reached_once = False  # open called the channel's reached() (see there)
+
+    def _takes(self, at: int) -> list:
+        """Per parity: (rank j, the block ``at`` bytes into j's buffer, block j of the
+        receive buffer) for every other rank j, as the phases' loops read them."""
+        nb, b = self.nb, self.bo
+        return [[(j, _at(offs[j] + at, nb), _at(b + j * nb, nb)) for j in self.peers] for offs in self.offs]
 
     def open(self) -> int:
         """Open the operation's one phase (as ShmChannel.open; after the group's enter)
@@ -252,11 +256,10 @@ class Plan:
                         _wait(ch, j, q, self.spin)
                     if (w[idx] - q) & _M >= _H:
                         ch.need(j, q, self.ctx)
-            if self.reached_once:  # (ch.reached(q) after its first call: it only sets all_at)
+            if ch.unlinked:  # (reached() without the call, as the channel's need_all)
                 ch.all_at = q
             else:
                 ch.reached(q)
-                self.reached_once = True
         u = ch.unchecked
         if u:
             if u == q:
@@ -369,11 +372,10 @@ class Gather(Plan):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         nb, b = self.nb, self.bo
-        self.seg = [_at(o, nb) for o in self.mine]  # (a non-root's block, per parity)
+        self.seg = [_at(o, nb) for o in self.mine]  # (this rank's block, per parity)
         self.own = _at(self.ao, nb)
-        self.into = _at(b + self.r * nb, nb)  # (the root's own block in its receive buffer)
-        # per parity: (rank, its block in the segment, where it goes in the receive buffer)
-        self.takes = [[(j, _at(offs[j], nb), _at(b + j * nb, nb)) for j in self.peers] for offs in self.offs]
+        self.into = _at(b + self.r * nb, nb)  # (this rank's own block in the receive buffer)
+        self.takes = self._takes(0)
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx = self.ch, self.ctx
@@ -421,19 +423,12 @@ class Scatter(Plan):
             dst[self.into] = ch.mv[self.seg[p & 1]]
 
 
-class Allgather(Plan):
+class Allgather(Gather):
     """algorithms.shm.all_gather's eager phase: every rank writes its block, then takes
-    every other rank's (``a`` None: IN_PLACE, its block is in the receive buffer)."""
+    every other rank's (``a`` None: IN_PLACE, its block is in the receive buffer), with
+    Gather's slices: every rank is a gather's root, and writes as its other ranks do."""
 
-    __slots__ = ("seg", "own", "into", "takes")
-
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        nb, b = self.nb, self.bo
-        self.seg = [_at(o, nb) for o in self.mine]
-        self.own = _at(self.ao, nb)
-        self.into = _at(b + self.r * nb, nb)  # (this rank's block in the receive buffer)
-        self.takes = [[(j, _at(offs[j], nb), _at(b + j * nb, nb)) for j in self.peers] for offs in self.offs]
+    __slots__ = ()
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, mv, spin = self.ch, self.ctx, self.ch.mv, self.spin
@@ -468,11 +463,7 @@ class Alltoall(Plan):
             [(_at(o + HEAD + i * L, nb), _at(a + i * nb, nb)) for i in self.peers] for o in self.mine
         ]
         self.own, self.into = _at(a + r * nb, nb), _at(b + r * nb, nb)
-        # per parity: (rank j, block r in j's segment, block j of the receive buffer)
-        at = HEAD + r * L
-        self.takes = [
-            [(j, _at(offs[j] + at, nb), _at(b + j * nb, nb)) for j in self.peers] for offs in self.offs
-        ]
+        self.takes = self._takes(HEAD + r * L)  # (block r of each rank's buffer)
 
     def phase(self, p: int, src: Any, dst: Any) -> None:
         ch, ctx, mv, spin = self.ch, self.ctx, self.ch.mv, self.spin

@@ -527,10 +527,9 @@ def small_all_to_all(
                 s.take(ctx, p, j)
                 outs[j][...] = v
     L = plan.width
-    heads = plan.heads[k]
-    if any(q[h] > L for h in heads):  # (route's further phases: until every rank's longest block moved)
-        for _ in range(L, max(q[h] for h in heads), L):
-            s.step(ctx, _idle, first=False)
+    # route's further phases, until every rank's longest block has moved (none at n = 1)
+    for _ in range(L, max([q[h] for h in plan.heads[k]], default=0), L):
+        s.step(ctx, _idle, first=False)
 
 
 def _u8(arrs: list) -> list:

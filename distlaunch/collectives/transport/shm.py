@@ -294,7 +294,9 @@ class ShmChannel:
         self.path = os.path.join("/dev/shm", name)
         self.size = _HDR + _round(self.n * _CTL) + self.n * 2 * slot
         self.mm = map_segment(self.path, self.size)  # raises ShmFullError
-        self._unlinked = False
+        # every member has mapped the segment and it is unlinked (read-only outside: then
+        # reached(p) only sets all_at, which the hot paths do themselves)
+        self.unlinked = False
         self.words = memoryview(self.mm).cast("I")
         self.quads = memoryview(self.mm).cast("q")
         self.raw = np.frombuffer(self.mm, np.uint8)
@@ -333,7 +335,7 @@ class ShmChannel:
         self._fence.acquire()  # (a full barrier: our pid before reading the others')
         self._fence.release()
         if self._mapped_all():  # the last member to map it unlinks it
-            self._unlinked = True
+            self.unlinked = True
             _unlink(self.path)
         self._next_check = 0.0
         self.spin = config.spin
@@ -467,7 +469,7 @@ class ShmChannel:
         for j in self._peers:
             if (w[cidx[j]] - p) & _M >= _H:
                 self.need(j, p, ctx)
-        if self._unlinked:  # (reached() without the call: every small op runs this)
+        if self.unlinked:  # (reached() without the call: every small op runs this)
             self.all_at = p
         else:
             self.reached(p)
@@ -475,8 +477,8 @@ class ShmChannel:
     def reached(self, p: int) -> None:
         """Every rank is known to have published phase ``p``."""
         self.all_at = p
-        if not self._unlinked:
-            self._unlinked = True  # every member has mapped the segment
+        if not self.unlinked:
+            self.unlinked = True  # every member has mapped the segment
             if self.r == 0:
                 _unlink(self.path)
 
@@ -655,7 +657,7 @@ class ShmChannel:
             else:
                 self.need(j, p, ctx)
         if self.n == 2:  # (we published p: the next settle has nothing to wait for)
-            if self._unlinked:  # (reached() without the call, as in need_all)
+            if self.unlinked:  # (reached() without the call, as in need_all)
                 self.all_at = p
             else:
                 self.reached(p)
@@ -775,7 +777,7 @@ class ShmChannel:
         unlinks it; unlinking it now would leave that member a fresh, empty segment to
         wait in until the timeout."""
         try:
-            if self._unlinked or self._mapped_all():
+            if self.unlinked or self._mapped_all():
                 _unlink(self.path)
         except (ValueError, AttributeError):  # closed before
             pass
